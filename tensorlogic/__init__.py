@@ -1,0 +1,25 @@
+"""tensorlogic: TensorLogic-style programs as optimized, compiled einsum graphs.
+
+Build a graph (``EinsumGraph``), compile it once (``compile``), call the plan many times.
+"""
+
+from __future__ import annotations
+
+from . import errors
+from .backends import available_backends, get_backend, register_backend
+from .compiler.compile import clear_cache, compile
+from .compiler.plan import CompiledPlan
+from .errors import (
+    BackendError, DTypeError, GraphError, InputError, MemoryBudgetError, ProgramError,
+    SerializationError, ShapeError, SpecError, TensorLogicError,
+)
+from .ir.graph import EinsumGraph, Tensor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError", "CompiledPlan", "DTypeError", "EinsumGraph", "GraphError", "InputError",
+    "MemoryBudgetError", "ProgramError", "SerializationError", "ShapeError", "SpecError", "Tensor",
+    "TensorLogicError", "available_backends", "clear_cache", "compile", "errors", "get_backend",
+    "register_backend",
+]

@@ -1,0 +1,66 @@
+"""Observation hooks: how a profiler sees plan calls and compile-time work.
+
+The executor asks ``active()`` once per call; with no observer installed it runs its plain loop,
+so an unprofiled call pays one list lookup.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Protocol
+
+
+class Observer(Protocol):
+    """What the executor and compiler report to (the profiler implements it)."""
+
+    def run_steps(self, plan: Any, env: list, program: list) -> None:
+        """Run ``program`` over ``env`` while recording each step."""
+
+    def compile_event(self, category: str, name: str, start: float, seconds: float, info: dict) -> None:
+        """Record compile-time work (an optimizer pass, code generation, a cache hit or miss)."""
+
+    def counter(self, name: str, value: float) -> None:
+        """Record a counter sample (pool bytes, device memory)."""
+
+
+_observers: list[Observer] = []
+_lock = threading.Lock()
+
+
+def active() -> Observer | None:
+    """The innermost installed observer, or None."""
+    return _observers[-1] if _observers else None
+
+
+def push(obs: Observer) -> None:
+    """Install an observer."""
+    with _lock:
+        _observers.append(obs)
+
+
+def pop(obs: Observer) -> None:
+    """Remove an observer installed with ``push``."""
+    with _lock:
+        if obs in _observers:
+            _observers.remove(obs)
+
+
+def compile_event(category: str, name: str, start: float, seconds: float, **info: Any) -> None:
+    """Report compile-time work to the active observer, if any."""
+    obs = active()
+    if obs is not None:
+        obs.compile_event(category, name, start, seconds, info)
+
+
+@contextmanager
+def timed(category: str, name: str, **info: Any) -> Iterator[dict]:
+    """Time a block and report it as a compile event; yields a dict for extra info."""
+    t0 = time.perf_counter()
+    extra: dict = {}
+    try:
+        yield extra
+    finally:
+        if _observers:
+            compile_event(category, name, t0, time.perf_counter() - t0, **info, **extra)

@@ -1,0 +1,327 @@
+"""CompiledPlan: the plan as data (steps, buffers, memory plan) plus prepared kernels.
+
+A ``CompiledPlan`` is what ``tl.compile`` returns. Graphs with symbolic dimensions get one
+``ConcretePlan`` per binding of their symbols, built on first use and cached; a fully concrete
+graph is specialized at compile time.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ..errors import GraphError, InputError, MemoryBudgetError
+from ..ir.graph import EinsumGraph
+from . import hooks
+from .memory import MemoryPlan, _fmt
+from .pool import TensorPool
+from .schedule import Buffer
+
+
+@dataclass(frozen=True)
+class Step:
+    """One kernel launch: a node's computation from input buffers into an output buffer."""
+
+    index: int
+    node_id: int
+    name: str
+    kind: str
+    op: str | None
+    label: str
+    inputs: tuple[int, ...]
+    output: int
+    shape: tuple[int, ...]
+    dtype: str
+    flops: int
+    bytes: int
+    args: Mapping[str, Any] = field(default_factory=dict)
+    info: str = ""  # backend notes, e.g. the contraction path
+
+    @property
+    def view(self) -> bool:
+        """True when the step returns a view and owns no memory."""
+        return bool(self.args.get("_view"))
+
+
+Kernel = Callable[[list, Any], Any]
+
+
+@dataclass
+class ConcretePlan:
+    """A plan for concrete shapes: steps, buffers, memory plan, kernels and a tensor pool."""
+
+    graph: EinsumGraph
+    steps: tuple[Step, ...]
+    buffers: tuple[Buffer, ...]
+    memory: MemoryPlan
+    kernels: tuple[Kernel, ...]
+    input_ids: dict[str, int]
+    output_ids: dict[str, int]
+    constants: dict[int, Any]
+    backend: Any
+    binding: dict[str, int]
+    optimizer_report: Any = None
+    pool: TensorPool = field(init=False)
+    program: list = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pool = TensorPool(self._make_arena, sum(self.memory.slot_bytes))
+        self.program = [(k, s.inputs, s.output) for k, s in zip(self.kernels, self.steps)]
+        self.flops = sum(s.flops for s in self.steps)
+
+    def _make_arena(self) -> list:
+        env: list = [None] * len(self.buffers)
+        for bid, arr in self.constants.items():
+            env[bid] = arr
+        raws = [self.backend.alloc_bytes(n) for n in self.memory.slot_bytes]
+        for bid, slot in self.memory.slots.items():
+            b = self.buffers[bid]
+            env[bid] = self.backend.view_bytes(raws[slot], b.shape, b.dtype)
+        return env
+
+    def run(self, inputs: Mapping[str, Any], out: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Execute on validated backend arrays; returns fresh (or caller-given) outputs."""
+        env = self.pool.acquire()
+        try:
+            for name, bid in self.input_ids.items():
+                env[bid] = inputs[name]
+            results: dict[str, Any] = {}
+            fresh: dict[int, Any] = {}
+            for name, bid in self.output_ids.items():
+                b = self.buffers[bid]
+                if b.role != "output":
+                    continue
+                arr = out.get(name) if out else None
+                if arr is None:
+                    arr = fresh.get(bid)
+                    if arr is None:
+                        arr = self.backend.empty(b.shape, b.dtype)
+                fresh[bid] = arr
+                env[bid] = arr
+            obs = hooks.active()
+            with np.errstate(all="ignore"):
+                if obs is None:
+                    for fn, ins, o in self.program:
+                        env[o] = fn([env[i] for i in ins], env[o])
+                else:
+                    obs.run_steps(self, env, self.program)
+            for name, bid in self.output_ids.items():
+                b = self.buffers[bid]
+                if b.role == "output":
+                    results[name] = env[bid]
+                else:  # an output that is an input or a constant: hand back a copy
+                    arr = out.get(name) if out else None
+                    results[name] = self.backend.copy(env[bid], arr)
+            return results
+        finally:
+            for bid in self.input_ids.values():
+                env[bid] = None
+            for bid in self.output_ids.values():
+                if self.buffers[bid].role == "output":
+                    env[bid] = None
+            self.pool.release(env)
+
+    def table(self) -> str:
+        """The steps as a text table with FLOPs and bytes."""
+        rows = [("#", "step", "op", "shape", "dtype", "MFLOP", "bytes")]
+        for s in self.steps:
+            rows.append((str(s.index), s.name, s.label + (f" {s.info}" if s.info else ""),
+                         "x".join(map(str, s.shape)) or "scalar", s.dtype,
+                         f"{s.flops / 1e6:.3f}", _fmt(s.bytes)))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+        lines.insert(1, "  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+
+class CompiledPlan:
+    """A graph compiled for one backend and opt level; call it with inputs to run it.
+
+    ``plan(x=array, ...)`` or ``plan({"x": array})`` returns a dict of output arrays.
+    Keyword options: ``out`` (dict of arrays to write outputs into), ``check_finite`` (reject
+    NaN/inf inputs), ``to_host`` (return numpy arrays from a device backend).
+    """
+
+    def __init__(self, graph: EinsumGraph, backend: Any, opt_level: int, options: dict,
+                 build: Callable[["CompiledPlan", dict[str, int]], ConcretePlan]) -> None:
+        self.graph = graph
+        self.backend = backend
+        self.opt_level = opt_level
+        self.options = dict(options)
+        self._build = build
+        self._specs: dict[tuple, ConcretePlan] = {}
+        self._last: ConcretePlan | None = None
+        self._lock = threading.Lock()
+        self._inputs = {name: graph.node(nid) for name, nid in graph.inputs.items()}
+        self.symbols = graph.symbols
+        if not self.symbols:
+            self._last = self.specialize()
+
+    # ------------------------------------------------------------------ specialization
+    def specialize(self, **sizes: int) -> ConcretePlan:
+        """The concrete plan for the given symbol sizes (built once, then cached)."""
+        missing = [s for s in self.symbols if s not in sizes]
+        if missing:
+            raise InputError(f"sizes for symbolic dimension(s) {missing} are needed to specialize")
+        key = tuple(int(sizes[s]) for s in self.symbols)
+        cp = self._specs.get(key)
+        if cp is None:
+            with self._lock:
+                cp = self._specs.get(key)
+                if cp is None:
+                    cp = self._build(self, dict(zip(self.symbols, key)))
+                    self._specs[key] = cp
+        self._last = cp
+        return cp
+
+    @property
+    def concrete(self) -> ConcretePlan:
+        """The concrete plan used last (the only one for a graph without symbols)."""
+        if self._last is None:
+            raise GraphError(
+                f"the graph has symbolic dimensions {list(self.symbols)}; call the plan or use "
+                "plan.specialize(...) before asking for its steps"
+            )
+        return self._last
+
+    @property
+    def steps(self) -> tuple[Step, ...]:
+        """Ordered steps of the current concrete plan."""
+        return self.concrete.steps
+
+    @property
+    def memory(self) -> MemoryPlan:
+        """Memory plan of the current concrete plan."""
+        return self.concrete.memory
+
+    @property
+    def optimized_graph(self) -> EinsumGraph:
+        """The graph after optimization (for the current binding)."""
+        return self.concrete.graph
+
+    @property
+    def optimizer_report(self) -> Any:
+        """Per-pass timings and statistics of the optimizer."""
+        return self.concrete.optimizer_report
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """Names of the graph inputs."""
+        return tuple(self._inputs)
+
+    @property
+    def output_names(self) -> tuple[str, ...]:
+        """Names of the graph outputs."""
+        return tuple(self.graph.outputs)
+
+    # ------------------------------------------------------------------ calling
+    def _bind_inputs(self, given: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
+        missing = [n for n in self._inputs if n not in given]
+        extra = [n for n in given if n not in self._inputs]
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append(f"missing input(s) {missing}")
+            if extra:
+                parts.append(f"unknown input(s) {extra}")
+            raise InputError(f"{'; '.join(parts)}; the plan expects {list(self._inputs)}")
+        sizes: dict[str, int] = {}
+        origin: dict[str, str] = {}
+        arrays: dict[str, Any] = {}
+        for name, node in self._inputs.items():
+            x = self.backend.check_input(given[name], name)
+            shape = tuple(x.shape)
+            if x.dtype != np.dtype(node.dtype):
+                raise InputError(
+                    f"input {name!r}: dtype {x.dtype} but the graph declares {node.dtype}; "
+                    f"convert it with .astype('{node.dtype}')"
+                )
+            if len(shape) != len(node.shape):
+                raise InputError(
+                    f"input {name!r}: shape {shape} has rank {len(shape)} but the graph declares "
+                    f"{tuple(node.shape)} (rank {len(node.shape)})"
+                )
+            for k, (want, got) in enumerate(zip(node.shape, shape)):
+                if isinstance(want, str):
+                    if want in sizes and sizes[want] != got:
+                        raise InputError(
+                            f"input {name!r}: dimension {k} is {got} but symbol {want!r} is already "
+                            f"{sizes[want]} from input {origin[want]!r}"
+                        )
+                    sizes[want], origin[want] = got, name
+                elif want != got:
+                    raise InputError(
+                        f"input {name!r}: shape {shape} but the graph declares {tuple(node.shape)} "
+                        f"(dimension {k}: expected {want}, got {got})"
+                    )
+            arrays[name] = x
+        return arrays, sizes
+
+    def __call__(self, inputs: Mapping[str, Any] | None = None, /, *, out: Mapping[str, Any] | None = None,
+                 check_finite: bool = False, to_host: bool = False, **kwargs: Any) -> dict[str, Any]:
+        if inputs is not None and not isinstance(inputs, Mapping):
+            raise InputError(f"inputs must be a dict of name -> array, got {type(inputs).__name__}")
+        given = {**(inputs or {}), **kwargs}
+        arrays, sizes = self._bind_inputs(given)
+        if check_finite:
+            for name, x in arrays.items():
+                if not self.backend.all_finite(x):
+                    raise InputError(f"input {name!r} contains NaN or inf (check_finite=True)")
+        cp = self.specialize(**sizes) if self.symbols else self._last
+        if out:
+            self._check_out(cp, out)
+        arrays = {n: self.backend.to_device(x) for n, x in arrays.items()}
+        results = cp.run(arrays, out)
+        if to_host:
+            results = {k: self.backend.to_host(v) for k, v in results.items()}
+        return results
+
+    def _check_out(self, cp: ConcretePlan, out: Mapping[str, Any]) -> None:
+        for name, arr in out.items():
+            if name not in cp.output_ids:
+                raise InputError(f"out: unknown output {name!r}; outputs are {list(cp.output_ids)}")
+            b = cp.buffers[cp.output_ids[name]]
+            if not self.backend.is_array(arr) or tuple(arr.shape) != b.shape or arr.dtype != np.dtype(b.dtype):
+                raise InputError(
+                    f"out[{name!r}]: expected a {self.backend.name} array of shape {b.shape} and dtype "
+                    f"{b.dtype}, got {type(arr).__name__} {getattr(arr, 'shape', '')} {getattr(arr, 'dtype', '')}"
+                )
+            if not getattr(arr, "flags", None) or not arr.flags.c_contiguous:
+                raise InputError(f"out[{name!r}]: the array must be C-contiguous")
+
+    def check_budget(self, limit: int | None) -> None:
+        """Raise MemoryBudgetError if the current concrete plan's peak exceeds ``limit`` bytes."""
+        if limit is None or self._last is None:
+            return
+        need = self._last.memory.peak_bytes + sum(
+            b.nbytes for b in self._last.buffers if b.role == "output")
+        if need > limit:
+            raise MemoryBudgetError(
+                f"plan needs {need} bytes ({_fmt(need)}: intermediates peak "
+                f"{_fmt(self._last.memory.peak_bytes)} plus outputs) but the memory limit is "
+                f"{limit} bytes ({_fmt(limit)})"
+            )
+
+    # ------------------------------------------------------------------ display
+    def __str__(self) -> str:
+        head = (f"CompiledPlan(backend={self.backend.name}, opt_level={self.opt_level}, "
+                f"inputs={list(self._inputs)}, outputs={list(self.graph.outputs)})")
+        if self._last is None:
+            return head + f"\n  symbolic dims {list(self.symbols)}: not specialized yet"
+        cp = self._last
+        lines = [head]
+        if cp.binding:
+            lines.append(f"binding: {cp.binding}")
+        lines.append(cp.table())
+        lines.append(f"total: {len(cp.steps)} steps, {cp.flops / 1e6:.3f} MFLOP")
+        lines.append(str(cp.memory))
+        if cp.optimizer_report is not None:
+            lines.append(str(cp.optimizer_report))
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return (f"<CompiledPlan backend={self.backend.name} opt_level={self.opt_level} "
+                f"steps={len(self._last.steps) if self._last else '?'}>")

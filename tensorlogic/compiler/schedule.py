@@ -1,0 +1,66 @@
+"""Scheduling: which nodes run, in what order, and the buffer each one produces."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..ir import ops
+from ..ir.graph import EinsumGraph
+
+# Nodes whose result can be a view of their input instead of a new buffer.
+VIEW_KINDS = (ops.TRANSPOSE, ops.RESHAPE)
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A tensor the plan holds: a graph input, a constant, an intermediate or an output."""
+
+    id: int
+    node_id: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    role: str  # "input" | "constant" | "intermediate" | "output"
+    view_of: int | None = None  # buffer id this one is a view of (views own no memory)
+
+    @property
+    def nbytes(self) -> int:
+        """Size in bytes."""
+        return int(math.prod(self.shape)) * np.dtype(self.dtype).itemsize
+
+
+def needed_nodes(g: EinsumGraph) -> list[int]:
+    """Ids of the nodes the outputs depend on, in topological (insertion) order."""
+    need: set[int] = set()
+    stack = list(g.outputs.values())
+    while stack:
+        n = stack.pop()
+        if n in need:
+            continue
+        need.add(n)
+        stack.extend(g.node(n).inputs)
+    return [n.id for n in g.nodes if n.id in need]
+
+
+def make_buffers(g: EinsumGraph, order: list[int]) -> dict[int, Buffer]:
+    """One buffer per scheduled node, keyed by node id (buffer id = position in ``order``)."""
+    outputs = set(g.outputs.values())
+    buffers: dict[int, Buffer] = {}
+    for pos, nid in enumerate(order):
+        node = g.node(nid)
+        if node.kind == ops.INPUT:
+            role = "input"
+        elif node.kind == ops.CONSTANT:
+            role = "constant"
+        elif nid in outputs:
+            role = "output"
+        else:
+            role = "intermediate"
+        view_of = None
+        if node.kind in VIEW_KINDS and role == "intermediate":
+            view_of = buffers[node.inputs[0]].id
+        buffers[nid] = Buffer(pos, nid, node.name, tuple(node.shape), node.dtype, role, view_of)
+    return buffers

@@ -1,0 +1,32 @@
+"""The one module that reads environment variables.
+
+Everything else in the library takes explicit arguments; defaults come from here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def debug_level() -> int:
+    """TL_DEBUG: 0 (off), 1 (validate the final graph), 2 (validate after every pass)."""
+    try:
+        return int(os.environ.get("TL_DEBUG", "0") or 0)
+    except ValueError:
+        return 0
+
+
+def default_backend() -> str:
+    """TL_BACKEND: the backend that ``backend="auto"`` resolves to, if set."""
+    return os.environ.get("TL_BACKEND", "auto") or "auto"
+
+
+def cache_dir() -> Path:
+    """TL_CACHE_DIR: where generated kernels and calibration data are cached."""
+    base = os.environ.get("TL_CACHE_DIR")
+    if base:
+        return Path(base)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    root = Path(xdg) if xdg else Path.home() / ".cache"
+    return root / "tensorlogic"

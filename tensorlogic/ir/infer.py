@@ -1,0 +1,142 @@
+"""Shape and dtype inference for every node kind.
+
+A dimension is an ``int`` or a symbol name (``str``) that a plan binds to a size when it is called.
+Every function raises a TensorLogicError subclass naming the node and the offending shapes.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Mapping, Sequence
+
+from .. import dtypes
+from ..errors import GraphError, ShapeError
+from . import ops, spec as einspec
+
+Dim = int | str
+Shape = tuple[Dim, ...]
+
+
+def broadcast(shapes: Sequence[Shape], where: str) -> Shape:
+    """numpy broadcasting over shapes whose dims may be symbols."""
+    rank = max((len(s) for s in shapes), default=0)
+    out: list[Dim] = []
+    for k in range(rank):
+        dim: Dim = 1
+        for s in shapes:
+            j = k - (rank - len(s))
+            if j < 0:
+                continue
+            d = s[j]
+            if d == 1 or d == dim:
+                continue
+            if dim == 1:
+                dim = d
+            else:
+                shown = ", ".join(str(tuple(s)) for s in shapes)
+                raise ShapeError(
+                    f"{where}: shapes {shown} cannot be broadcast together (dimension {k} from the "
+                    f"left of the result: {dim} vs {d}); expected equal sizes or 1"
+                )
+        out.append(dim)
+    return tuple(out)
+
+
+def normalize_axes(axes, rank: int, where: str) -> tuple[int, ...]:
+    """Axes as sorted non-negative ints; None means all axes."""
+    if axes is None:
+        return tuple(range(rank))
+    if isinstance(axes, int):
+        axes = (axes,)
+    result = []
+    for a in axes:
+        if not isinstance(a, int) or isinstance(a, bool):
+            raise GraphError(f"{where}: axis {a!r} is not an integer")
+        if not -rank <= a < rank:
+            raise ShapeError(f"{where}: axis {a} is out of range for a tensor of rank {rank}")
+        result.append(a % rank)
+    if len(set(result)) != len(result):
+        raise GraphError(f"{where}: repeated axis in {tuple(axes)}")
+    return tuple(sorted(result))
+
+
+def _product(shape: Sequence[Dim]) -> tuple[int, Counter]:
+    n, syms = 1, Counter()
+    for d in shape:
+        if isinstance(d, str):
+            syms[d] += 1
+        else:
+            n *= d
+    return n, syms
+
+
+def reshape_target(shape: Shape, newshape: Sequence[Dim], where: str) -> Shape:
+    """Resolve a reshape's target (one -1 allowed) against an input shape with symbols."""
+    if sum(1 for d in newshape if d == -1) > 1:
+        raise ShapeError(f"{where}: reshape target {tuple(newshape)} has more than one -1")
+    for d in newshape:
+        if not (isinstance(d, str) or (isinstance(d, int) and not isinstance(d, bool) and d >= -1)):
+            raise ShapeError(f"{where}: invalid reshape dimension {d!r} in {tuple(newshape)}")
+    n_in, s_in = _product(shape)
+    known = [d for d in newshape if d != -1]
+    n_new, s_new = _product(known)
+    if -1 in newshape:
+        rest = s_in - s_new
+        if s_new - s_in or (n_new == 0 or n_in % n_new) or len(rest) > 1 or (rest and n_in // n_new != 1):
+            raise ShapeError(
+                f"{where}: cannot reshape {tuple(shape)} into {tuple(newshape)}; the -1 does not resolve"
+            )
+        fill: Dim = next(iter(rest)) if rest else n_in // n_new
+        return tuple(fill if d == -1 else d for d in newshape)
+    if n_in != n_new or s_in != s_new:
+        raise ShapeError(
+            f"{where}: cannot reshape {tuple(shape)} into {tuple(newshape)}; sizes differ"
+        )
+    return tuple(newshape)
+
+
+def infer(kind: str, op: str | None, inputs: Sequence, args: Mapping, where: str) -> tuple[Shape, str]:
+    """Return (shape, dtype) of a node given its input nodes (objects with shape and dtype)."""
+    shapes = [tuple(n.shape) for n in inputs]
+    dts = [n.dtype for n in inputs]
+    if kind == ops.EINSUM:
+        es = einspec.parse(args["spec"], [len(s) for s in shapes])
+        for k, (term, s) in enumerate(zip(es.inputs, shapes)):
+            for ch in set(term):
+                ds = {d for c, d in zip(term, s) if c == ch}
+                if len(ds) > 1:
+                    raise ShapeError(
+                        f"{where}: einsum {args['spec']}: repeated index {ch!r} in operand {k} spans "
+                        f"dimensions of different sizes {sorted(map(str, ds))} (shape {s}); expected equal"
+                    )
+        sizes = einspec.letter_sizes(es, shapes, args["spec"], f"{where}: ")
+        return einspec.output_shape(es, sizes), dtypes.promote(*dts)
+    if kind == ops.UNARY:
+        return shapes[0], dts[0]
+    if kind == ops.BINARY:
+        return broadcast(shapes, f"{where} ({op})"), dtypes.promote(*dts)
+    if kind == ops.WHERE:
+        return broadcast(shapes, f"{where} (where)"), dtypes.promote(dts[1], dts[2])
+    if kind == ops.REDUCE:
+        axes = normalize_axes(args["axes"], len(shapes[0]), where)
+        if args.get("keepdims"):
+            shape = tuple(1 if i in axes else d for i, d in enumerate(shapes[0]))
+        else:
+            shape = tuple(d for i, d in enumerate(shapes[0]) if i not in axes)
+        return shape, dts[0]
+    if kind == ops.ROWOP:
+        normalize_axes(args["axis"], len(shapes[0]), where)
+        return shapes[0], dts[0]
+    if kind == ops.TRANSPOSE:
+        perm = tuple(args["perm"])
+        if sorted(perm) != list(range(len(shapes[0]))):
+            raise ShapeError(
+                f"{where}: transpose permutation {perm} is not a permutation of the "
+                f"{len(shapes[0])} axes of shape {shapes[0]}"
+            )
+        return tuple(shapes[0][p] for p in perm), dts[0]
+    if kind == ops.RESHAPE:
+        return reshape_target(shapes[0], args["shape"], where), dts[0]
+    if kind == ops.CAST:
+        return shapes[0], dtypes.normalize(args["dtype"], f"{where}: ")
+    raise GraphError(f"{where}: unknown node kind {kind!r}")

@@ -1,0 +1,158 @@
+"""Op kinds and the one table of elementwise ops.
+
+Each elementwise op has one row: its arity, its numpy implementation (writing into ``out``), its
+numba expression, its CUDA C expression, and its FLOPs per element. Code generators render fused
+groups from these rows; nothing else spells out what an op computes.
+
+Expressions are Python format strings over the operand names ``{x}`` (unary) or ``{a}``/``{b}``
+(binary); ``{T}`` is the C scalar type in CUDA C.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+# Node kinds of the graph.
+INPUT = "input"
+CONSTANT = "constant"
+EINSUM = "einsum"
+UNARY = "unary"
+BINARY = "binary"
+WHERE = "where"
+REDUCE = "reduce"
+ROWOP = "rowop"  # softmax / log_softmax over one axis
+TRANSPOSE = "transpose"
+RESHAPE = "reshape"
+CAST = "cast"
+FUSED = "fused"  # made by the optimizer's fusion pass
+
+NODE_KINDS = (
+    INPUT, CONSTANT, EINSUM, UNARY, BINARY, WHERE, REDUCE, ROWOP, TRANSPOSE, RESHAPE, CAST, FUSED,
+)
+
+
+@dataclass(frozen=True)
+class ElementwiseOp:
+    """One row of the elementwise op table."""
+
+    name: str
+    arity: int
+    numpy: Callable[..., object]  # numpy(*args, out=out) writes into out
+    numba: str
+    cuda: str
+    flops: int
+    commutative: bool = False
+
+
+_SQRT_2_OVER_PI = 0.7978845608028654
+
+
+def _relu(x, out):
+    return np.maximum(x, 0, out=out)
+
+
+def _sigmoid(x, out):
+    # tanh form never overflows: sigmoid(x) = 0.5 * tanh(x / 2) + 0.5
+    np.multiply(x, 0.5, out=out)
+    np.tanh(out, out=out)
+    np.multiply(out, 0.5, out=out)
+    return np.add(out, 0.5, out=out)
+
+
+def _softplus(x, out):
+    return np.logaddexp(x, 0, out=out)
+
+
+def _gelu(x, out):
+    # tanh approximation (PyTorch's approximate="tanh")
+    t = np.multiply(x, x)
+    np.multiply(t, 0.044715 * _SQRT_2_OVER_PI, out=t)
+    np.add(t, _SQRT_2_OVER_PI, out=t)
+    np.multiply(t, x, out=t)
+    np.tanh(t, out=t)
+    np.add(t, 1.0, out=t)
+    np.multiply(t, x, out=t)
+    return np.multiply(t, 0.5, out=out)
+
+
+def _step(x, out):
+    return np.greater(x, 0, out=out)
+
+
+def _one_minus(x, out):
+    return np.subtract(1, x, out=out)
+
+
+def _cmp(ufunc):
+    def run(a, b, out):
+        return ufunc(a, b, out=out)
+
+    return run
+
+
+def _unary(ufunc):
+    def run(x, out):
+        return ufunc(x, out=out)
+
+    return run
+
+
+def _binary(ufunc):
+    def run(a, b, out):
+        return ufunc(a, b, out=out)
+
+    return run
+
+
+_GELU_C = "(({T})0.5*{x}*(({T})1+tanh(({T})0.7978845608028654*({x}+({T})0.044715*{x}*{x}*{x}))))"
+_GELU_NB = "(0.5*{x}*(1.0+math.tanh(0.7978845608028654*({x}+0.044715*{x}*{x}*{x}))))"
+
+ELEMENTWISE: dict[str, ElementwiseOp] = {
+    op.name: op
+    for op in [
+        # unary
+        ElementwiseOp("neg", 1, _unary(np.negative), "(-{x})", "(-{x})", 1),
+        ElementwiseOp("abs", 1, _unary(np.abs), "abs({x})", "fabs({x})", 1),
+        ElementwiseOp("exp", 1, _unary(np.exp), "math.exp({x})", "exp({x})", 8),
+        ElementwiseOp("log", 1, _unary(np.log), "math.log({x})", "log({x})", 8),
+        ElementwiseOp("sqrt", 1, _unary(np.sqrt), "math.sqrt({x})", "sqrt({x})", 4),
+        ElementwiseOp("square", 1, _unary(np.square), "({x}*{x})", "({x}*{x})", 1),
+        ElementwiseOp("reciprocal", 1, _unary(np.reciprocal), "(1.0/{x})", "(({T})1/{x})", 1),
+        ElementwiseOp("relu", 1, _relu, "max({x}, 0.0)", "fmax({x}, ({T})0)", 1),
+        ElementwiseOp(
+            "sigmoid", 1, _sigmoid, "(0.5*math.tanh(0.5*{x})+0.5)",
+            "(({T})0.5*tanh(({T})0.5*{x})+({T})0.5)", 10,
+        ),
+        ElementwiseOp("tanh", 1, _unary(np.tanh), "math.tanh({x})", "tanh({x})", 10),
+        ElementwiseOp(
+            "softplus", 1, _softplus, "(max({x}, 0.0)+math.log1p(math.exp(-abs({x}))))",
+            "(fmax({x}, ({T})0)+log1p(exp(-fabs({x}))))", 20,
+        ),
+        ElementwiseOp("gelu", 1, _gelu, _GELU_NB, _GELU_C, 18),
+        ElementwiseOp("step", 1, _step, "(1.0 if {x} > 0 else 0.0)", "({x} > ({T})0 ? ({T})1 : ({T})0)", 1),
+        ElementwiseOp("one_minus", 1, _one_minus, "(1.0-{x})", "(({T})1-{x})", 1),
+        # binary
+        ElementwiseOp("add", 2, _binary(np.add), "({a}+{b})", "({a}+{b})", 1, True),
+        ElementwiseOp("sub", 2, _binary(np.subtract), "({a}-{b})", "({a}-{b})", 1),
+        ElementwiseOp("mul", 2, _binary(np.multiply), "({a}*{b})", "({a}*{b})", 1, True),
+        ElementwiseOp("div", 2, _binary(np.divide), "({a}/{b})", "({a}/{b})", 1),
+        ElementwiseOp("pow", 2, _binary(np.power), "({a}**{b})", "pow({a}, {b})", 20),
+        ElementwiseOp("maximum", 2, _binary(np.maximum), "max({a}, {b})", "fmax({a}, {b})", 1, True),
+        ElementwiseOp("minimum", 2, _binary(np.minimum), "min({a}, {b})", "fmin({a}, {b})", 1, True),
+        ElementwiseOp("gt", 2, _cmp(np.greater), "(1.0 if {a} > {b} else 0.0)", "({a} > {b} ? ({T})1 : ({T})0)", 1),
+        ElementwiseOp("ge", 2, _cmp(np.greater_equal), "(1.0 if {a} >= {b} else 0.0)", "({a} >= {b} ? ({T})1 : ({T})0)", 1),
+        ElementwiseOp("lt", 2, _cmp(np.less), "(1.0 if {a} < {b} else 0.0)", "({a} < {b} ? ({T})1 : ({T})0)", 1),
+        ElementwiseOp("le", 2, _cmp(np.less_equal), "(1.0 if {a} <= {b} else 0.0)", "({a} <= {b} ? ({T})1 : ({T})0)", 1),
+        ElementwiseOp("eq", 2, _cmp(np.equal), "(1.0 if {a} == {b} else 0.0)", "({a} == {b} ? ({T})1 : ({T})0)", 1, True),
+        ElementwiseOp("ne", 2, _cmp(np.not_equal), "(1.0 if {a} != {b} else 0.0)", "({a} != {b} ? ({T})1 : ({T})0)", 1, True),
+    ]
+}
+
+UNARY_OPS = tuple(n for n, op in ELEMENTWISE.items() if op.arity == 1)
+BINARY_OPS = tuple(n for n, op in ELEMENTWISE.items() if op.arity == 2)
+
+REDUCTIONS = ("sum", "mean", "max", "min", "prod", "logsumexp")
+ROW_OPS = ("softmax", "log_softmax")

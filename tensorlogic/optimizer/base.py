@@ -1,0 +1,121 @@
+"""Pass protocol, PassResult, and the PassManager that runs a pipeline per opt level."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from .. import config
+from ..errors import GraphError, TensorLogicError
+from ..compiler import hooks
+from ..ir.graph import EinsumGraph
+
+
+@dataclass
+class PassResult:
+    """What a pass returns: the new graph, whether it changed anything, and statistics."""
+
+    graph: EinsumGraph
+    changed: bool
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+class Pass(Protocol):
+    """A graph-to-graph transformation that never mutates its input."""
+
+    name: str
+
+    def __call__(self, graph: EinsumGraph) -> PassResult:
+        """Run the pass."""
+
+
+@dataclass
+class PassRecord:
+    """One run of one pass."""
+
+    name: str
+    seconds: float
+    changed: bool
+    stats: dict[str, Any]
+
+
+@dataclass
+class OptimizerReport:
+    """Timings and statistics of every pass the optimizer ran."""
+
+    opt_level: int
+    records: list[PassRecord] = field(default_factory=list)
+    nodes_before: int = 0
+    nodes_after: int = 0
+
+    @property
+    def seconds(self) -> float:
+        """Total optimizer time."""
+        return sum(r.seconds for r in self.records)
+
+    def __str__(self) -> str:
+        head = (f"optimizer O{self.opt_level}: {self.nodes_before} -> {self.nodes_after} nodes "
+                f"in {self.seconds * 1e3:.2f} ms")
+        lines = [head]
+        for r in self.records:
+            if r.changed or r.stats:
+                stats = ", ".join(f"{k}={v}" for k, v in r.stats.items())
+                lines.append(f"  {r.name}: {r.seconds * 1e3:.2f} ms{' changed' if r.changed else ''}"
+                             f"{' (' + stats + ')' if stats else ''}")
+        return "\n".join(lines)
+
+
+# opt level -> names of passes, filled by the pass modules as they register
+PIPELINES: dict[int, list[str]] = {0: [], 1: [], 2: [], 3: []}
+PASSES: dict[str, Callable[..., Pass]] = {}
+
+
+def register_pass(name: str, factory: Callable[..., Pass], levels: tuple[int, ...]) -> None:
+    """Make a pass known and add it to the pipelines of the given opt levels."""
+    PASSES[name] = factory
+    for lvl in levels:
+        if name not in PIPELINES[lvl]:
+            PIPELINES[lvl].append(name)
+
+
+class PassManager:
+    """Runs a list of passes to a fixpoint, timing each, validating in debug mode."""
+
+    def __init__(self, passes: list[Pass], opt_level: int, max_rounds: int = 8,
+                 debug: int | None = None) -> None:
+        self.passes = passes
+        self.opt_level = opt_level
+        self.max_rounds = max_rounds
+        self.debug = config.debug_level() if debug is None else debug
+
+    def run(self, graph: EinsumGraph) -> tuple[EinsumGraph, OptimizerReport]:
+        """Optimize ``graph`` (left unchanged) and return the new graph and a report."""
+        report = OptimizerReport(self.opt_level, nodes_before=len(graph))
+        for _ in range(self.max_rounds):
+            any_change = False
+            for p in self.passes:
+                t0 = time.perf_counter()
+                res = p(graph)
+                dt = time.perf_counter() - t0
+                hooks.compile_event("optimizer", p.name, t0, dt, changed=res.changed)
+                report.records.append(PassRecord(p.name, dt, res.changed, dict(res.stats)))
+                if self.debug >= 2:
+                    try:
+                        res.graph.validate()
+                    except TensorLogicError as exc:
+                        raise GraphError(f"optimizer pass {p.name!r} produced an invalid graph: {exc}") from exc
+                graph = res.graph
+                any_change |= res.changed
+            if not any_change:
+                break
+        if self.debug >= 1:
+            graph.validate()
+        report.nodes_after = len(graph)
+        return graph, report
+
+
+def optimize(graph: EinsumGraph, opt_level: int) -> tuple[EinsumGraph, OptimizerReport]:
+    """Run the pipeline of ``opt_level`` over ``graph``."""
+    passes = [PASSES[name]() for name in PIPELINES[opt_level]]
+    return PassManager(passes, opt_level).run(graph)
