@@ -1,0 +1,77 @@
+"""Command line: ``tensorlogic demo | run``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .errors import TensorLogicError
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(backend=args.backend, opt_level=args.opt_level, repeat=args.repeat)
+
+
+def _load_inputs(path: str | None) -> dict[str, np.ndarray]:
+    if not path:
+        return {}
+    from .ir.serialize import load_npz
+
+    return load_npz(path)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from .compiler.compile import compile as compile_graph
+    from .ir.graph import EinsumGraph
+
+    target = Path(args.target)
+    if target.suffix != ".json":
+        raise TensorLogicError(f"{target.name}: expected a graph .json file")
+    g = EinsumGraph.load(target)
+    plan = compile_graph(g, backend=args.backend, opt_level=args.opt_level)
+    out = plan(_load_inputs(args.inputs), to_host=True)
+    if args.out:
+        np.savez(args.out, **out)
+    for name, arr in out.items():
+        print(f"{name}: shape={arr.shape} dtype={arr.dtype} sum={float(np.sum(arr)):.6g}")
+    if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (subcommands register here)."""
+    p = argparse.ArgumentParser(prog="tensorlogic", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    d = sub.add_parser("demo", help="build, compile, run and check a small model")
+    d.add_argument("--backend", default="auto")
+    d.add_argument("--opt-level", type=int, default=2)
+    d.add_argument("--repeat", type=int, default=20)
+    d.set_defaults(func=_cmd_demo)
+    r = sub.add_parser("run", help="run a saved graph (.json) on saved inputs (.npz)")
+    r.add_argument("target", help="GRAPH.json")
+    r.add_argument("--inputs", help="IN.npz with one array per graph input")
+    r.add_argument("--out", help="OUT.npz to write the outputs to")
+    r.add_argument("--backend", default="auto")
+    r.add_argument("--opt-level", type=int, default=2)
+    r.set_defaults(func=_cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``tensorlogic`` command."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except TensorLogicError as exc:
+        print(f"tensorlogic: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
