@@ -23,7 +23,8 @@ class NumpyBackend:
         """Kernel for a step; einsum steps get their contraction path here, once."""
         if node.kind == ops.EINSUM:
             return kernels.einsum_kernel(np, node, in_nodes)
-        return kernels.make_kernel(np, node, in_nodes, step.args.get("_is_output", False))
+        # a step that is not a view writes its result into ``out`` (outputs, strided reshapes)
+        return kernels.make_kernel(np, node, in_nodes, not step.view)
 
     # memory -------------------------------------------------------------
     def empty(self, shape, dtype):  # noqa: D102
