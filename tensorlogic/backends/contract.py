@@ -239,8 +239,9 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
     dts = [np.dtype(d).name for d in dtypes] if dtypes is not None else ["float64"] * n
     scr = _Scratch()
     counts: dict[str, int] = {}
-    for t in es.inputs:
-        for c in set(t):
+    for t, shp in zip(es.inputs, shapes):
+        # a broadcast (size-1) dimension is squeezed away: it does not make its letter shared
+        for c in {c for k, c in enumerate(t) if not (shp[k] == 1 and sizes[c] != 1)}:
             counts[c] = counts.get(c, 0) + 1
     out_letters = set(es.output)
     terms: list[str] = []
