@@ -12,7 +12,7 @@ Per configuration: median time per call, the traced peak above the start of a ca
 the bytes a call allocates beyond its outputs, and (unless --no-rss) the growth of the peak RSS
 of a fresh process running it. Writes benchmarks/results/bench_memory.json.
 
-Usage: python benchmarks/bench_memory.py [--quick] [--no-rss]
+Usage: python benchmarks/bench_memory.py [--quick] [--no-rss] [--threads N]
 """
 
 from __future__ import annotations
@@ -126,16 +126,19 @@ def make_runner(graph_name: str, config: str):
 
 
 # ---------------------------------------------------------------- measurements
-def time_calls(call, repeat: int) -> float:
-    """Median seconds per call after a warm-up."""
-    for _ in range(3):
-        call()
-    times = []
+def time_interleaved(calls: dict, repeat: int) -> dict[str, float]:
+    """Median seconds per call of each configuration, timed round-robin after a warm-up so that
+    load from other processes falls on every configuration alike."""
+    for call in calls.values():
+        for _ in range(3):
+            call()
+    times: dict[str, list[float]] = {name: [] for name in calls}
     for _ in range(repeat):
-        t0 = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        for name, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def traced(call) -> tuple[int, int]:
@@ -203,28 +206,35 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="few repetitions, no RSS subprocesses")
     ap.add_argument("--no-rss", action="store_true", help="skip the per-process RSS measurement")
+    ap.add_argument("--threads", type=int, default=None, help="BLAS threads (default: BLAS's)")
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         child_rss(*args.child)
         return 0
+    if args.threads:
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(args.threads)
     do_rss = not (args.quick or args.no_rss)
-    results: dict = {"machine": machine_info(), "graphs": {}}
+    results: dict = {"machine": machine_info(), "args": vars(args), "graphs": {}}
     ok = True
     for gname in GRAPHS:
         small = gname.endswith("small")
         repeat = (30 if small else 5) if args.quick else (300 if small else 30)
         rows = {}
         ref = None
-        for config in CONFIGS:
-            call, plan, _, _ = make_runner(gname, config)
+        runners = {config: make_runner(gname, config) for config in CONFIGS}
+        for config, (call, _, _, _) in runners.items():
             out = call()["y"]
             if ref is None:
                 ref = out
             else:
                 err = float(np.max(np.abs(out - ref)) / (np.max(np.abs(ref)) + 1e-30))
                 assert err < 1e-4, f"{gname} {config}: results differ ({err:.2e})"
-            t = time_calls(call, repeat)
+        medians = time_interleaved({c: r[0] for c, r in runners.items()}, repeat)
+        for config, (call, plan, _, _) in runners.items():
+            t = medians[config]
             peak, outs = traced(call)
             row = {"median_s": t, "traced_peak_bytes": peak, "output_bytes": outs,
                    "extra_alloc_bytes": peak - outs,
