@@ -135,7 +135,9 @@ class _Kernel:
         self.emit(f"cvt.rn.{pt}.{self.ct} {raw}, {v};",
                   f"st.global.{'b16' if pt == 'f16' else pt} [{addr}], {raw};")
 
-    def address(self, ptr: str, off: str, size: int) -> str:
+    def address(self, ptr: str, off: str | None, size: int) -> str:
+        if off is None:  # a broadcast scalar: element 0
+            return ptr
         a = self.new("u64")
         if self.it == "u32":
             self.emit(f"mul.wide.u32 {a}, {off}, {size};")

@@ -50,6 +50,7 @@ class KernelSpec:
     tail: str | None  # None, a reduction name or a row op name
     groups: tuple[tuple[Dim, ...], ...]  # ew: (all,), row: (O, R), col: (O, R, I)
     sizes: tuple[int, ...]  # total size of each group
+    order: tuple[int, ...] = ()  # the space's axes in group order (C order over the groups)
 
     @property
     def compute(self) -> str:
@@ -176,7 +177,8 @@ def make_spec(prog: Program, out_dtype: str, in_shapes: Sequence[Sequence[int]],
                   result=prog.result, tail=prog.tail)
     if prog.tail is None:
         groups = (_group(space, range(rank), bst),)
-        return KernelSpec("ew", groups=groups, sizes=(math.prod(space),), **common)
+        return KernelSpec("ew", groups=groups, sizes=(math.prod(space),), order=tuple(range(rank)),
+                          **common)
     axes = sorted(a % rank for a in prog.axes) if rank else []
     red = [a for a in axes if space[a] != 1]
     kept = [a for a in range(rank) if a not in axes]
@@ -193,9 +195,10 @@ def make_spec(prog: Program, out_dtype: str, in_shapes: Sequence[Sequence[int]],
         red = axes
     go, gr, gi = (_group(space, g, bst) for g in (outer, red, inner))
     n_o, n_r, n_i = (math.prod(d.size for d in g) for g in (go, gr, gi))
+    order = tuple(outer) + tuple(red) + tuple(inner)
     if n_i == 1 and n_r >= ROW_FAMILY_MIN:
-        return KernelSpec("row", groups=(go, gr), sizes=(n_o, n_r), **common)
-    return KernelSpec("col", groups=(go, gr, gi), sizes=(n_o, n_r, n_i), **common)
+        return KernelSpec("row", groups=(go, gr), sizes=(n_o, n_r), order=order, **common)
+    return KernelSpec("col", groups=(go, gr, gi), sizes=(n_o, n_r, n_i), order=order, **common)
 
 
 def row_block(n_r: int) -> int:
