@@ -22,11 +22,9 @@ def _link_ptx(ptx: str, name: str) -> bytes:
     """PTX text -> cubin through the driver's JIT linker."""
     state = cufunction.LinkState()
     try:
+        state.add_ptr_data(ptx.encode(), name + ".ptx")
+    except TypeError:  # older CuPy took the text as str
         state.add_ptr_data(ptx, name + ".ptx")
-    except TypeError:  # newer CuPy takes bytes and an input type
-        from cupy.cuda import driver
-
-        state.add_ptr_data(ptx.encode(), name + ".ptx", driver.CU_JIT_INPUT_PTX)
     return state.complete()
 
 

@@ -58,6 +58,9 @@ class PlanRunner:
                            f"launches, copying {_fmt(io)} of inputs/outputs costs ~{cost * 1e6:.0f} us)")
         else:
             self.enabled, self.status = True, "pending (captured on the second call)"
+        # warm-up and capture share one stream, so that cuBLAS's per-stream workspace and CuPy's
+        # per-stream pool blocks exist before capture (no allocation happens while capturing)
+        self.stream = cupy.cuda.Stream(non_blocking=False) if self.enabled else None
 
     def __str__(self) -> str:
         return f"cuda graph: {self.status}"
@@ -70,7 +73,8 @@ class PlanRunner:
             self.calls += 1
             if self.graph is None:
                 if self.calls == 1:  # warm-up: load kernels, create handles, fill the pool
-                    return plan.run_steps(inputs, out)
+                    with self.stream:
+                        return plan.run_steps(inputs, out)
                 if not self._capture(plan, inputs):
                     return plan.run_steps(inputs, out)
             return self._replay(plan, inputs, out)
@@ -93,11 +97,15 @@ class PlanRunner:
                 arr = env[bid] if env[bid] is not None else cupy.empty(b.shape, b.dtype)
                 env[bid] = arr
                 self.fixed_out[name] = arr
-        stream = cupy.cuda.Stream(non_blocking=False)
+        stream = self.stream
         graph = None
+        relaxed = getattr(cupy.cuda.runtime, "streamCaptureModeRelaxed", None)
         try:
             with stream:
-                stream.begin_capture()
+                if relaxed is None:
+                    stream.begin_capture()
+                else:
+                    stream.begin_capture(mode=relaxed)
                 try:
                     for fn, ins, o in plan.program:
                         env[o] = fn([env[i] for i in ins], env[o])
@@ -109,7 +117,7 @@ class PlanRunner:
             self.fixed_in.clear()
             self.fixed_out.clear()
             return False
-        self.graph, self.stream, self.env = graph, stream, env
+        self.graph, self.env = graph, env
         self.status = f"on ({len(plan.steps)} steps replayed as one graph)"
         return True
 
