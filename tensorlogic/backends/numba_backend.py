@@ -115,6 +115,7 @@ class NumbaBackend(NumpyBackend):
 
         kernel.info = f"numba {'parallel' if parallel else 'serial'}{' fast' if fast else ''}"
         kernel.source = src.text
+        kernel.dispatcher = fn
         return kernel
 
 
