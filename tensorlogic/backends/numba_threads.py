@@ -7,7 +7,13 @@ which accept concurrent launches; ``config.numba_threading_layer()`` overrides t
 process ends up on workqueue anyway (neither TBB nor OpenMP loadable, or the user launched numba
 first), parallel kernels run under one lock: slower under contention, never an abort.
 
-BLAS vs numba pools: see ``blas_guard`` for the measured choice.
+BLAS vs numba pools: contractions run on numpy's OpenBLAS pool and generated kernels on numba's
+OpenMP pool, with no threadpoolctl limit applied. benchmarks/bench_fused_cpu.py measures a
+parallel kernel right after a matmul with and without ``threadpool_limits(1, "blas")``; on the
+shared (heavily loaded) 2-vCPU machine the difference was within noise (1M-element kernel: 36 ms
+after BLAS vs 34 ms with BLAS limited to one thread vs 32 ms alone), while limiting BLAS costs
+matmul throughput on a quiet machine, so no limit is the default until a quiet rerun says
+otherwise.
 """
 
 from __future__ import annotations
