@@ -57,7 +57,8 @@ def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
         in_nodes = [nodes[i] for i in node.inputs]
         b = bufs[nid]
         is_view = b.view_of is not None
-        args = {"_is_output": b.role == "output", "_view": is_view}
+        args = {"_is_output": b.role == "output", "_view": is_view,
+                "_options": plan.options}  # backends read their compile options here
         nbytes = 0 if is_view else b.nbytes + sum(bufs[i].nbytes for i in node.inputs)
         step = Step(len(steps), nid, node.name, node.kind, node.op, node.label,
                     tuple(bufs[i].id for i in node.inputs), b.id, tuple(node.shape), node.dtype,
