@@ -23,7 +23,6 @@ from ..errors import BackendError
 from ..ir import ops
 from ..ir.fused import FusedBody, FusedOp
 from . import kernels, numba_cache, numba_threads
-from .base import register_backend
 from .numba_codegen import render
 from .numba_layout import make_layout
 from .numpy_backend import NumpyBackend
@@ -117,12 +116,3 @@ class NumbaBackend(NumpyBackend):
         kernel.source = src.text
         kernel.dispatcher = fn
         return kernel
-
-
-def _factory() -> NumbaBackend:
-    return NumbaBackend()
-
-
-register_backend("numba", _factory)
-
-__all__ = ["NumbaBackend", "PARALLEL_THRESHOLD"]
