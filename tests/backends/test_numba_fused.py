@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 import tensorlogic as tl
 
-from ._numba_helpers import fused_graph, random_inputs, reference, tol
+from numba_cases import fused_graph, random_inputs, reference, tol
 
 # relu(a*b+c)*d-e : the benchmark chain
 CHAIN = [("mul", [("in", 0), ("in", 1)]), ("add", [("tmp", 0), ("in", 2)]),

@@ -16,7 +16,7 @@ import tensorlogic as tl
 from tensorlogic.backends import get_backend, numba_threads
 from tensorlogic.ir.fused import FusedBody, FusedOp
 
-from ._numba_helpers import fused_graph, random_inputs, reference, tol
+from numba_cases import fused_graph, random_inputs, reference, tol
 
 _SCRIPT = textwrap.dedent("""
     import json, numpy as np, tensorlogic as tl
