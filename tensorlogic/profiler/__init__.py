@@ -7,7 +7,7 @@ analyzer sets steps against.
 """
 
 from .bottleneck import Advice, BottleneckReport, StepStats, ThreadInfo, roofline
-from .calibrate import Peaks, calibrate
+from .calibration import Peaks, calibrate
 from .events import CallEvent, CounterSample, HostEvent, StepEvent, Track
 from .timeline import Profile, profile
 

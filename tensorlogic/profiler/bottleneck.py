@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
 from ..errors import TensorLogicError
-from .calibrate import Peaks, calibrate
+from .calibration import Peaks, calibrate
 from .summary import fmt_seconds
 
 BOUNDS = ("compute", "memory", "overhead")
