@@ -8,7 +8,7 @@ thread) for device work timed with events.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -21,9 +21,8 @@ class Track:
     thread: str
 
 
-@dataclass(frozen=True)
-class StepEvent:
-    """One executed plan step."""
+class StepEvent(NamedTuple):
+    """One executed plan step (a named tuple: profiles hold many, built fast)."""
 
     call: int  # index of the plan call in the profile
     plan: int  # index of the plan in ``Profile.plans``
@@ -49,7 +48,7 @@ class StepEvent:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-able form."""
-        d = asdict(self)
+        d = self._asdict()
         d["shape"] = list(self.shape)
         d["track"] = asdict(self.track)
         return d

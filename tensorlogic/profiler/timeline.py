@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import Any
 
 from ..compiler import hooks
 from ..errors import TensorLogicError
@@ -25,7 +25,8 @@ HOST_PID = 1
 class _RawCall:
     """What one profiled plan call leaves behind (turned into events later)."""
 
-    __slots__ = ("plan", "ident", "thread", "stamps", "events", "host_end", "pool", "device_mem")
+    __slots__ = ("plan", "ident", "thread", "stamps", "events", "offsets", "host_end", "pool",
+                 "device_mem")
 
     def __init__(self, plan: Any, ident: int, thread: str, stamps: list[int]) -> None:
         self.plan = plan
@@ -33,6 +34,7 @@ class _RawCall:
         self.thread = thread
         self.stamps = stamps  # host: start of step 0, then the end of each step
         self.events: list | None = None  # device: one event before step 0, then one per step
+        self.offsets: list[int] | None = None  # device: event times from the first, in ns
         self.host_end = 0
         self.pool = 0
         self.device_mem: float | None = None
@@ -83,7 +85,25 @@ class Profile:
         hooks.pop(self)
         self._active = False
         self._t1 = time.perf_counter_ns()
-        self._build()
+        self._resolve_device_times()
+
+    def _resolve_device_times(self) -> None:
+        """Turn device events into offsets (ns from each call's first event) and drop them,
+        so their resources go back now; one synchronization per device backend."""
+        synced: set[int] = set()
+        for rec in self._raw:
+            if rec.events is None or rec.offsets is not None:
+                continue
+            be = rec.plan.backend
+            if id(be) not in synced:
+                sync = getattr(be, "synchronize", None)
+                if sync is not None:
+                    sync()
+                synced.add(id(be))
+            seconds = be.event_seconds
+            e0 = rec.events[0]
+            rec.offsets = [0] + [int(round(seconds(e0, e) * 1e9)) for e in rec.events[1:]]
+            rec.events = None
 
     @property
     def active(self) -> bool:
@@ -176,6 +196,7 @@ class Profile:
         with self._lock:
             if self._built == key:
                 return self._cache
+            self._resolve_device_times()
             self._cache = _Builder(self._t0).build(self._raw[:key[0]], self._host[:key[1]],
                                                    self._counter_raw[:key[2]])
             self._built = key
@@ -296,7 +317,6 @@ class _Builder:
         calls: list[CallEvent] = []
         counters: list[CounterSample] = []
         pools: dict[str, float] = {}
-        synced: set[int] = set()
         for c, rec in enumerate(raw):
             plan = rec.plan
             p = plan_ix.get(id(plan))
@@ -307,29 +327,23 @@ class _Builder:
             host_tr = self.host_track(rec.ident, rec.thread)
             start = rec.stamps[0] - t0
             device_ns = None
-            if rec.events is None:
+            if rec.offsets is None:
                 bounds = [s - t0 for s in rec.stamps]
                 tr = host_tr
             else:
-                if id(plan.backend) not in synced:
-                    sync = getattr(plan.backend, "synchronize", None)
-                    if sync is not None:
-                        sync()
-                    synced.add(id(plan.backend))
-                seconds: Callable = plan.backend.event_seconds
-                e0 = rec.events[0]
-                bounds = [start] + [start + int(round(seconds(e0, e) * 1e9))
-                                    for e in rec.events[1:]]
+                bounds = [start + off for off in rec.offsets]
                 device_ns = bounds[-1] - bounds[0]
                 tr = self.device_track(bname, rec.ident, rec.thread)
             n = len(bounds) - 1
             calls.append(CallEvent(c, p, bname, n, start, rec.host_end - rec.stamps[0], host_tr,
                                    device_ns))
+            plan_steps = plan.steps
             for k in range(n):
-                s = plan.steps[k]
+                s = plan_steps[k]
+                b = bounds[k]
                 steps.append(StepEvent(c, p, k, s.name, s.node_id, s.kind, s.op, s.label, bname,
-                                       s.shape, s.dtype, s.flops, s.bytes, bounds[k],
-                                       bounds[k + 1] - bounds[k], tr))
+                                       s.shape, s.dtype, s.flops, s.bytes, b, bounds[k + 1] - b,
+                                       tr))
             t_end = rec.host_end - t0
             pools[f"plan {p}"] = float(rec.pool)
             counters.append(CounterSample("pool bytes", t_end, dict(pools)))
