@@ -54,6 +54,13 @@ def compile_event(category: str, name: str, start: float, seconds: float, **info
         obs.compile_event(category, name, start, seconds, info)
 
 
+def counter(name: str, value: float) -> None:
+    """Report a counter sample (e.g. device memory in use) to the active observer, if any."""
+    obs = active()
+    if obs is not None:
+        obs.counter(name, value)
+
+
 @contextmanager
 def timed(category: str, name: str, **info: Any) -> Iterator[dict]:
     """Time a block and report it as a compile event; yields a dict for extra info."""

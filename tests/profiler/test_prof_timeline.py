@@ -215,3 +215,11 @@ def test_optimizer_passes_are_recorded(monkeypatch):
     # the pass ran inside the plan build: its span nests in the build span
     assert build.start_ns <= passes[-1].start_ns
     assert passes[-1].start_ns + passes[-1].dur_ns <= build.start_ns + build.dur_ns
+
+
+def test_counters_reported_through_hooks():
+    hooks.counter("ignored", 1.0)  # no profiler: nothing to record, nothing fails
+    with tl.profile() as prof:
+        hooks.counter("kernel cache entries", 3)
+    (c,) = [c for c in prof.counters if c.name == "kernel cache entries"]
+    assert c.values == {"kernel cache entries": 3.0} and c.t_ns >= 0
