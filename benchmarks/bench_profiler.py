@@ -158,8 +158,8 @@ def main() -> None:
     print(f"profiler on: {summary['profiled_overhead_us_per_step']:.3f} us per step "
           f"(target <= 5 us); building events afterwards: "
           f"{summary['event_build_us_per_step']:.3f} us per step")
-    print(f"profiler off vs a build without the hook: {100 * summary['off_vs_unprofiled_build']:+.2f}%"
-          " (target within 2%)")
+    off = 100 * summary["off_vs_unprofiled_build"]
+    print(f"profiler off vs a build without the hook: {off:+.2f}% (target within 2%)")
     gpu = bench_gpu(repeat)
     if gpu is None:
         print("GPU: skipped (no backend with device event timing here)")

@@ -199,7 +199,8 @@ def below_roofline(ctx: Context, skip: set[tuple[int, int]] = frozenset()) -> li
                     "half the float32 peak)")
         out.append(Advice(
             "below-roofline",
-            f"{s.name} ({s.label}, {s.bound}-bound) reaches {_pct(s.share_of_peak)} of its roofline "
+            f"{s.name} ({s.label}, {s.bound}-bound) reaches {_pct(s.share_of_peak)} of its "
+            f"roofline "
             f"({got}) and takes {_pct(s.share_of_time)} of step time: {hint}",
             (s.name,), s.total_seconds, s.share_of_time))
     return out

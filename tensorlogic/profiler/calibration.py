@@ -61,8 +61,8 @@ class Peaks:
                 f"step_overhead={self.step_overhead}, call_overhead={self.call_overhead}",
                 code="bad_peaks")
         if not self.flops or any(not v > 0 for v in self.flops.values()):
-            raise TensorLogicError(f"peaks need a positive FLOP/s per dtype, got {dict(self.flops)}",
-                                   code="bad_peaks")
+            raise TensorLogicError(
+                f"peaks need a positive FLOP/s per dtype, got {dict(self.flops)}", code="bad_peaks")
 
     def flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype`` (a dtype never measured takes the nearest wider one)."""

@@ -113,13 +113,15 @@ def render_table(rows: list[KeyAverage], sort_by: str = "total", row_limit: int 
     right = {2, 3, 4, 5, 6, 7}
 
     def line(row: tuple) -> str:
-        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        cells = [c.rjust(w) if i in right else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(row, widths))]
         return "  ".join(cells).rstrip()
 
     sep = "  ".join("-" * w for w in widths)
     out = [sep, line(table[0]), sep] + [line(r) for r in table[1:]] + [sep]
     more = len(rows) - len(shown)
-    tail = f"Self time total: {fmt_seconds(total_ns * 1e-9)} over {sum(r.calls for r in rows)} steps"
+    n_steps = sum(r.calls for r in rows)
+    tail = f"Self time total: {fmt_seconds(total_ns * 1e-9)} over {n_steps} steps"
     if more:
         tail += f" ({more} more rows not shown; row_limit={row_limit})"
     out.append(tail)

@@ -59,7 +59,8 @@ def check_trace(doc: dict) -> None:
             assert e["pid"] in named_procs and (e["pid"], e["tid"]) in named_threads
             # microseconds with nanosecond resolution: compare as integer nanoseconds
             start = round(e["ts"] * 1000)
-            spans.setdefault((e["pid"], e["tid"]), []).append((start, start + round(e["dur"] * 1000)))
+            end = start + round(e["dur"] * 1000)
+            spans.setdefault((e["pid"], e["tid"]), []).append((start, end))
         else:
             assert e["pid"] in named_procs and isinstance(e["ts"], float | int)
             assert e["args"] and all(isinstance(v, float | int) for v in e["args"].values())
