@@ -37,7 +37,7 @@ class _RawCall:
         self.offsets: list[int] | None = None  # device: event times from the first, in ns
         self.host_end = 0
         self.pool = 0
-        self.device_mem: float | None = None
+        self.device_mem: tuple[str, float] | None = None
 
 
 class Profile:
@@ -136,7 +136,10 @@ class Profile:
                 rec.pool = plan.pool.bytes_held
                 mem = getattr(backend, "memory_in_use", None)
                 if mem is not None:
-                    rec.device_mem = float(mem())
+                    rec.device_mem = ("in use", float(mem()))
+                elif rec.events is not None and hasattr(backend, "free_memory"):
+                    # a device backend that only knows its free memory (one driver query)
+                    rec.device_mem = ("free", float(backend.free_memory()))
             self._raw.append(rec)  # list.append is atomic: calls from many threads are safe
 
     def compile_event(self, category: str, name: str, start: float, seconds: float,
@@ -348,7 +351,8 @@ class _Builder:
             pools[f"plan {p}"] = float(rec.pool)
             counters.append(CounterSample("pool bytes", t_end, dict(pools)))
             if rec.device_mem is not None:
-                counters.append(CounterSample("device memory", t_end, {bname: rec.device_mem}))
+                what, value = rec.device_mem
+                counters.append(CounterSample("device memory", t_end, {f"{bname} {what}": value}))
         host_events = [
             HostEvent(cat, name, s - t0, d, self.host_track(ident, thread), info)
             for cat, name, s, d, ident, thread, info in host

@@ -135,7 +135,7 @@ def test_device_events_time_steps_without_per_step_sync(rng):
         assert len(dev) == 1 and next(iter(dev)).process == "tltest_events device"
         assert all(c.device_ns is not None for c in prof.calls)
         mem = [c for c in prof.counters if c.name == "device memory"]
-        assert mem and mem[0].values == {"tltest_events": 4096.0}
+        assert mem and mem[0].values == {"tltest_events in use": 4096.0}
 
 
 def test_profile_cannot_start_twice_and_nesting_records_innermost():

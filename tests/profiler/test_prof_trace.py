@@ -129,3 +129,22 @@ def test_export_to_bad_path_raises(tmp_path, rng):
     prof = _profile(rng, threads=1)
     with pytest.raises(TensorLogicError, match="cannot write the trace"):
         prof.export_chrome_trace(tmp_path / "missing-dir" / "t.json")
+
+
+@pytest.mark.gpu
+def test_cupy_steps_are_timed_with_cuda_events(rng):
+    n = 1 << 20
+    plan = tl.compile(chain_graph(n, 6), backend="cupy", opt_level=0, cache=False)
+    x = rng.standard_normal(n).astype(np.float32)
+    plan(x=x)  # warm-up: kernels loaded, pool filled
+    with tl.profile() as prof:
+        for _ in range(3):
+            y = plan(x=x, to_host=True)["y"]
+    from _prof_planted import chain_reference
+
+    np.testing.assert_allclose(y, chain_reference(x, 6), rtol=1e-5, atol=1e-5)
+    assert len(prof.steps) == 3 * len(plan.steps)
+    assert {e.track.process for e in prof.steps} == {"cupy device"}
+    assert all(c.device_ns is not None and c.device_ns > 0 for c in prof.calls)
+    assert {h.name for h in prof.host_events if h.category == "transfer"} == {"h2d x", "d2h y"}
+    check_trace(json.loads(json.dumps(prof.chrome_trace())))
