@@ -121,6 +121,7 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
                 _cache.move_to_end(key)
                 hooks.compile_event("cache", "plan cache hit", time.perf_counter(), 0.0)
                 return hit
+        hooks.compile_event("cache", "plan cache miss", time.perf_counter(), 0.0)
     # the plan keeps its own copy so later edits to the user's graph cannot change it
     plan = CompiledPlan(graph.copy(), be, opt_level, opts, _build)
     if cache:

@@ -281,10 +281,21 @@ class CompiledPlan:
         cp = self.specialize(**sizes) if self.symbols else self._last
         if out:
             self._check_out(cp, out)
-        arrays = {n: self.backend.to_device(x) for n, x in arrays.items()}
+        obs = hooks.active()
+        if obs is None:
+            arrays = {n: self.backend.to_device(x) for n, x in arrays.items()}
+            results = cp.run(arrays, out)
+            if to_host:
+                results = {k: self.backend.to_host(v) for k, v in results.items()}
+            return results
+        # profiled: report host<->device copies to the profiler
+        be = self.backend
+        arrays = {n: hooks.transfer(obs, "h2d", n, be.to_device, x) for n, x in arrays.items()}
         results = cp.run(arrays, out)
         if to_host:
-            results = {k: self.backend.to_host(v) for k, v in results.items()}
+            sync = getattr(be, "synchronize", None)
+            results = {k: hooks.transfer(obs, "d2h", k, be.to_host, v, sync)
+                       for k, v in results.items()}
         return results
 
     def _check_out(self, cp: ConcretePlan, out: Mapping[str, Any]) -> None:
