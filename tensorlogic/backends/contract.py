@@ -95,18 +95,22 @@ def _group_layout(term: str, groups: list[list[str]]) -> bool:
     return term == "".join("".join(g) for g in groups)
 
 
-def _prepare_operand(term: str, shape: tuple[int, ...], sizes: dict[str, int], needed: set[str],
-                     dtype: str, scr: _Scratch):
+def _broadcast_kept_axes(term: str, shape: tuple[int, ...], sizes: dict[str, int]) -> list[int]:
+    """Axes to keep: size-1 dimensions that broadcast against a larger size are dropped."""
+    return [k for k, (c, d) in enumerate(zip(term, shape)) if not (d == 1 and sizes[c] != 1)]
+
+
+def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], sizes: dict[str, int],
+                     needed: set[str], dtype: str, scr: _Scratch):
     """Squeeze broadcast dims, take diagonals, sum letters nobody else needs.
 
     Returns (new_term, fn or None) where fn(xp, x, scratch) -> prepared array.
     """
-    keep_axes = [k for k, c in enumerate(term) if not (shape[k] == 1 and sizes[c] != 1)]
-    squeezed = "".join(term[k] for k in keep_axes)
+    squeezed = "".join(term[k] for k in kept)
     target = "".join(dict.fromkeys(c for c in squeezed if c in needed))
     if squeezed == term and target == term:
         return term, None
-    sq_shape = tuple(shape[k] for k in keep_axes)
+    sq_shape = tuple(shape[k] for k in kept)
     has_repeat = len(set(squeezed)) != len(squeezed)
     spec = f"{squeezed}->{target}"
     sum_axes = tuple(k for k, c in enumerate(squeezed) if c not in target)
@@ -117,7 +121,11 @@ def _prepare_operand(term: str, shape: tuple[int, ...], sizes: dict[str, int], n
         if squeezed != term:
             x = x.reshape(sq_shape)
         if has_repeat:
-            return xp.einsum(spec, x, out=_take(xp, scratch, k_out, t_shape, dtype))
+            buf = _take(xp, scratch, k_out, t_shape, dtype)
+            if xp is np:
+                return np.einsum(spec, x, out=buf)
+            buf[...] = xp.einsum(spec, x)  # CuPy's einsum takes no ``out``
+            return buf
         if sum_axes:
             return x.sum(axis=sum_axes, out=_take(xp, scratch, k_out, t_shape, dtype))
         return x
@@ -238,18 +246,18 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
     n = len(es.inputs)
     dts = [np.dtype(d).name for d in dtypes] if dtypes is not None else ["float64"] * n
     scr = _Scratch()
+    kept = [_broadcast_kept_axes(t, shp, sizes) for t, shp in zip(es.inputs, shapes)]
     counts: dict[str, int] = {}
-    for t, shp in zip(es.inputs, shapes):
-        # a broadcast (size-1) dimension is squeezed away: it does not make its letter shared
-        for c in {c for k, c in enumerate(t) if not (shp[k] == 1 and sizes[c] != 1)}:
+    for t, kp in zip(es.inputs, kept):
+        for c in {t[k] for k in kp}:
             counts[c] = counts.get(c, 0) + 1
     out_letters = set(es.output)
     terms: list[str] = []
     preps = []
     flops = 0
-    for t, shp, dt in zip(es.inputs, shapes, dts):
-        needed = {c for c in t if counts[c] > 1 or c in out_letters}
-        nt, fn = _prepare_operand(t, shp, sizes, needed, dt, scr)
+    for t, shp, kp, dt in zip(es.inputs, shapes, kept, dts):
+        needed = {c for c in t if counts.get(c, 0) > 1 or c in out_letters}
+        nt, fn = _prepare_operand(t, shp, kp, sizes, needed, dt, scr)
         terms.append(nt)
         preps.append(fn)
         if fn is not None:

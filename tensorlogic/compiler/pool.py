@@ -55,15 +55,11 @@ class TensorPool:
         with self._lock:
             if self._free:
                 return self._free.pop()
+        arena = self._make_arena()  # may fail (out of memory): count only arenas that exist
+        with self._lock:
             self.arenas_created += 1
             self._alive += 1
             held = self._alive * self.arena_bytes
-        try:
-            arena = self._make_arena()
-        except BaseException:
-            with self._lock:
-                self._alive -= 1
-            raise
         obs = hooks.active()
         if obs is not None:
             obs.counter("pool_bytes", float(held))
