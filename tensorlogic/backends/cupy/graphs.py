@@ -9,6 +9,7 @@ launches, and ``str(runner)`` (shown by ``print(plan)``) says which path runs an
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import cupy
@@ -45,6 +46,7 @@ class PlanRunner:
         self.fixed_in: dict[str, Any] = {}
         self.fixed_out: dict[str, Any] = {}
         self.replays = 0
+        self._busy = threading.Lock()
         n_views = sum(1 for s in plan.steps if s.view)
         io = sum(b.nbytes for b in plan.buffers if b.role in ("input", "output"))
         n_io = sum(1 for b in plan.buffers if b.role in ("input", "output"))
@@ -70,14 +72,21 @@ class PlanRunner:
         try:
             if not self.enabled or hooks.active() is not None:
                 return plan.run_steps(inputs, out)
-            self.calls += 1
-            if self.graph is None:
-                if self.calls == 1:  # warm-up: load kernels, create handles, fill the pool
-                    with self.stream:
+            # the graph owns one set of fixed buffers: a call that finds it busy (another thread)
+            # runs step by step on its own pooled arena instead of racing for those buffers
+            if not self._busy.acquire(blocking=False):
+                return plan.run_steps(inputs, out)
+            try:
+                self.calls += 1
+                if self.graph is None:
+                    if self.calls == 1:  # warm-up: load kernels, create handles, fill the pool
+                        with self.stream:
+                            return plan.run_steps(inputs, out)
+                    if not self._capture(plan, inputs):
                         return plan.run_steps(inputs, out)
-                if not self._capture(plan, inputs):
-                    return plan.run_steps(inputs, out)
-            return self._replay(plan, inputs, out)
+                return self._replay(plan, inputs, out)
+            finally:
+                self._busy.release()
         except cupy.cuda.memory.OutOfMemoryError as exc:
             need = plan.memory.peak_bytes + sum(b.nbytes for b in plan.buffers if b.role == "output")
             free = self.backend.free_memory()
