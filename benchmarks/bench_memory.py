@@ -9,8 +9,8 @@ both (where per-call allocation overhead matters most). Configurations of the sa
   numpy      the same model written directly in numpy (peer)
 
 Per configuration: median time per call, the traced peak above the start of a call (tracemalloc),
-the bytes a call allocates beyond its outputs, and (unless --no-rss) the growth of the peak RSS
-of a fresh process running it. Writes benchmarks/results/bench_memory.json.
+the bytes a call allocates beyond its outputs, and (unless --no-rss) how much the resident set of
+a fresh process grows over its first calls (sampled every millisecond). Writes benchmarks/results/bench_memory.json.
 
 Usage: python benchmarks/bench_memory.py [--quick] [--no-rss] [--threads N]
 """
@@ -23,7 +23,6 @@ import gc
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -162,16 +161,41 @@ def traced(call) -> tuple[int, int]:
     return worst, outs
 
 
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def child_rss(graph_name: str, config: str) -> None:
-    """Run in a fresh process: print the peak-RSS growth caused by compiling and calling."""
-    g, inputs, _ = GRAPHS[graph_name]()  # build inputs and constants first: not counted
-    gc.collect()
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    """Run in a fresh process: print the most the resident set grows over the first 5 calls
+    (arena creation included), sampled every millisecond by a watcher thread."""
+    import threading
+
     call, _, _, _ = make_runner(graph_name, config)
+    gc.collect()
+    try:  # hand freed heap pages (temporaries of graph building) back so they cannot hide growth
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    base = _rss_bytes()
+    top = [base]
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            top[0] = max(top[0], _rss_bytes())
+            time.sleep(0.001)
+
+    t = threading.Thread(target=watch, daemon=True)
+    t.start()
     for _ in range(5):
         call()
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"rss_growth_bytes": (after - before) * 1024}))
+        top[0] = max(top[0], _rss_bytes())
+    stop.set()
+    t.join()
+    print(json.dumps({"rss_growth_bytes": top[0] - base}))
 
 
 def rss_growth(graph_name: str, config: str) -> int | None:
