@@ -117,7 +117,7 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
             B2 = B.transpose(perm_b).reshape(shp_b)
             return xp.multiply(A2, B2, out=out)
 
-        return result, mul, flops
+        return result, (_swapped(mul) if swap else mul), flops
 
     # choose per operand the matrix layout that is a view of its memory
     a_lc = _group_layout(a, [batch, left, contr]) or not _group_layout(a, [batch, contr, left])
@@ -147,7 +147,15 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
             return out
         return C
 
-    return result, mm, flops
+    return result, (_swapped(mm) if swap else mm), flops
+
+
+def _swapped(fn):
+    """``fn`` planned with its operands exchanged, called with them in the original order."""
+    def run(xp, A, B, out):
+        return fn(xp, B, A, out)
+
+    return run
 
 
 def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
