@@ -66,6 +66,14 @@ class _Parser:
         while self.tok.kind == "NEWLINE":
             self.next()
 
+    def _continue_if(self, *kinds: str) -> None:
+        """Skip new lines when the next real token is one of ``kinds`` (a rule continues)."""
+        j = self.i
+        while self.toks[j].kind == "NEWLINE":
+            j += 1
+        if self.toks[j].kind in kinds:
+            self.i = j
+
     def end_of_equation(self) -> None:
         if self.tok.kind in (".", ";"):
             self.next()
@@ -96,6 +104,7 @@ class _Parser:
             ast.equations.append(self.equation(self.tensor_ref()))
             return
         head = self.atom()
+        self._continue_if(":-", ".")
         if self.tok.kind == ":-":
             self.next()
             body = self.body()
@@ -159,10 +168,15 @@ class _Parser:
         raise self.error("expected a variable, a quoted string or a number")
 
     def body(self) -> list:
+        # a Datalog rule runs to its '.', over as many lines as it likes
+        self.skip_newlines()
         items = [self.body_item()]
+        self.skip_newlines()
         while self.tok.kind == ",":
             self.next()
+            self.skip_newlines()
             items.append(self.body_item())
+            self.skip_newlines()
         return items
 
     def body_item(self):
