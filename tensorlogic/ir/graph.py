@@ -255,7 +255,8 @@ class EinsumGraph:
                     f"constant {name or ''}: unsupported dtype {arr.dtype}; expected a float array"
                 )
         dt = dtypes.normalize(dtype, f"constant {name or ''}: ")
-        arr = np.ascontiguousarray(arr, dtype=dt)
+        # np.array, not np.ascontiguousarray: the latter turns a 0-d value into shape (1,)
+        arr = np.array(arr, dtype=dt, order="C")
         arr.setflags(write=False)
         nid = self.add_node(ops.CONSTANT, None, (), name=name, shape=arr.shape, dtype=dt)
         self.constants[nid] = arr
