@@ -54,7 +54,8 @@ def evaluate(rules: str | Iterable[str], facts: Mapping[str, Iterable] | None = 
         memory_budget: bytes the dense relations may take; larger ones raise ``memory_budget``.
 
     Returns:
-        Every predicate mentioned by the rules or the facts, mapped to its set of tuples.
+        Every predicate mentioned by the rules or the facts, mapped to its set of tuples (a dict
+        whose lookup of any other name raises ``unknown_predicate``, also a KeyError).
 
     Raises:
         ProgramError: with ``code`` ``parse_error``, ``arity_mismatch``, ``unbound_variable``,

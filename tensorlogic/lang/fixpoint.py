@@ -17,7 +17,7 @@ import numpy as np
 
 from ..backends import get_backend
 from ..compiler.compile import compile as compile_graph
-from ..errors import ProgramError
+from ..errors import ProgramError, UnknownPredicateError
 from ..ir.graph import EinsumGraph, Tensor
 from . import semantics as S
 from .analysis import (
@@ -306,7 +306,17 @@ def evaluate_rules(rules: list[Rule], facts: dict[str, dict[tuple, float]],
     return an, ev.results(), ev
 
 
-def decode_all(an: Analysis, dense: Mapping[str, np.ndarray]) -> dict[str, set[tuple]]:
+class Relations(dict):
+    """``{relation: set of tuples}``; looking up a relation the program never mentions raises
+    UnknownPredicateError (code ``unknown_predicate``, also a KeyError)."""
+
+    def __missing__(self, key: object) -> set[tuple]:
+        known = ", ".join(sorted(self)) or "none"
+        raise UnknownPredicateError(f"unknown relation {key!r}; the program's relations are: "
+                                    f"{known}", relation=key)
+
+
+def decode_all(an: Analysis, dense: Mapping[str, np.ndarray]) -> Relations:
     """Every relation as a set of tuples."""
-    return {p: an.decode(p, dense[p]) for p in an.predicates}
+    return Relations({p: an.decode(p, dense[p]) for p in an.predicates})
 

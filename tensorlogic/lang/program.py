@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..compiler.compile import compile as compile_graph
-from ..errors import ProgramError
+from ..errors import ProgramError, UnknownPredicateError
 from ..ir.graph import EinsumGraph
 from .analysis import normalize_facts, program_error
 from .ast import ProgramAST, Rule
@@ -148,8 +148,8 @@ class Program:
         an, dense = self._last
         if relation not in an.predicates:
             known = ", ".join(an.predicates) or "none"
-            raise ProgramError(f"unknown relation {relation!r}; the program's relations are: "
-                               f"{known}", code="unknown_predicate", relation=relation)
+            raise UnknownPredicateError(f"unknown relation {relation!r}; the program's relations "
+                                        f"are: {known}", relation=relation)
         return an.decode(relation, dense[relation])
 
     def relations_as_sets(self) -> dict[str, set[tuple]]:
@@ -166,7 +166,7 @@ class Program:
         assert self._last is not None
         an = self._last[0]
         if relation not in an.predicates:
-            raise ProgramError(f"unknown relation {relation!r}", code="unknown_predicate")
+            raise UnknownPredicateError(f"unknown relation {relation!r}", relation=relation)
         return [list(an.domains.values[an.domains.of_position[(relation, i)]])
                 for i in range(an.arity.get(relation, 0))]
 

@@ -281,3 +281,21 @@ def programs(draw):
 def test_random_programs_match_reference(prog):
     text, facts = prog
     check(text, facts)
+
+
+def test_unknown_predicate_lookup():
+    got = evaluate("p(X) :- q(X).", {"q": [(1,)], "lonely": []})
+    assert got["lonely"] == set() and got["p"] == {(1,)}
+    with pytest.raises(tl.ProgramError) as info:
+        got["nope"]
+    assert info.value.code == "unknown_predicate" and "'nope'" in str(info.value)
+    with pytest.raises(KeyError):
+        got["nope"]
+    assert got.get("nope") is None and "nope" not in got
+
+
+def test_evaluate_empty_program_and_types():
+    assert evaluate("", {"a": [(1, "1"), ("1", 1)]})["a"] == {(1, "1"), ("1", 1)}
+    assert evaluate("b(X) :- a(X, 1).", {"a": [[1, "1"], ["1", 1]]})["b"] == {("1",)}
+    got = evaluate('p(-2, 1.5, "it\'s \\"q\\"").\nq(X) :- p(X, _, _).')
+    assert got["p"] == {(-2, 1.5, 'it\'s "q"')} and got["q"] == {(-2,)}
