@@ -53,17 +53,21 @@ def _group_layout(term: str, groups: list[list[str]]) -> bool:
     return term == "".join("".join(g) for g in groups)
 
 
-def _prepare_operand(term: str, shape: tuple[int, ...], sizes: dict[str, int], needed: set[str]):
+def _broadcast_kept_axes(term: str, shape: tuple[int, ...], sizes: dict[str, int]) -> list[int]:
+    """Axes to keep: size-1 dimensions that broadcast against a larger size are dropped."""
+    return [k for k, (c, d) in enumerate(zip(term, shape)) if not (d == 1 and sizes[c] != 1)]
+
+
+def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], needed: set[str]):
     """Squeeze broadcast dims, take diagonals, sum letters nobody else needs.
 
     Returns (new_term, fn or None) where fn(xp, x) -> prepared array.
     """
-    keep_axes = [k for k, c in enumerate(term) if not (shape[k] == 1 and sizes[c] != 1)]
-    squeezed = "".join(term[k] for k in keep_axes)
+    squeezed = "".join(term[k] for k in kept)
     target = "".join(dict.fromkeys(c for c in squeezed if c in needed))
     if squeezed == term and target == term:
         return term, None
-    sq_shape = tuple(shape[k] for k in keep_axes)
+    sq_shape = tuple(shape[k] for k in kept)
     has_repeat = len(set(squeezed)) != len(squeezed)
     spec = f"{squeezed}->{target}"
     sum_axes = tuple(k for k, c in enumerate(squeezed) if c not in target)
@@ -117,7 +121,7 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
             B2 = B.transpose(perm_b).reshape(shp_b)
             return xp.multiply(A2, B2, out=out)
 
-        return result, (_swapped(mul) if swap else mul), flops
+        return result, _swapped(mul) if swap else mul, flops
 
     # choose per operand the matrix layout that is a view of its memory
     a_lc = _group_layout(a, [batch, left, contr]) or not _group_layout(a, [batch, contr, left])
@@ -147,32 +151,30 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
             return out
         return C
 
-    return result, (_swapped(mm) if swap else mm), flops
+    return result, _swapped(mm) if swap else mm, flops
 
 
 def _swapped(fn):
-    """``fn`` planned with its operands exchanged, called with them in the original order."""
-    def run(xp, A, B, out):
-        return fn(xp, B, A, out)
-
-    return run
+    """The same pairwise kernel with its operands given in the caller's (unswapped) order."""
+    return lambda xp, A, B, out: fn(xp, B, A, out)
 
 
 def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
                 strategy: str | None = None) -> EinsumPlan:
     """Compile an einsum with concrete shapes into a pairwise-matmul program."""
     n = len(es.inputs)
+    kept = [_broadcast_kept_axes(t, shp, sizes) for t, shp in zip(es.inputs, shapes)]
     counts: dict[str, int] = {}
-    for t in es.inputs:
-        for c in set(t):
+    for t, kp in zip(es.inputs, kept):
+        for c in {t[k] for k in kp}:
             counts[c] = counts.get(c, 0) + 1
     out_letters = set(es.output)
     terms: list[str] = []
     preps = []
     flops = 0
-    for t, shp in zip(es.inputs, shapes):
-        needed = {c for c in t if counts[c] > 1 or c in out_letters}
-        nt, fn = _prepare_operand(t, shp, sizes, needed)
+    for t, shp, kp in zip(es.inputs, shapes, kept):
+        needed = {c for c in t if counts.get(c, 0) > 1 or c in out_letters}
+        nt, fn = _prepare_operand(t, shp, kp, needed)
         terms.append(nt)
         preps.append(fn)
         if fn is not None:
