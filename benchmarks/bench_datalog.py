@@ -3,7 +3,7 @@
 Transitive closure on random graphs (500 / 1000 / 2000 nodes, average out-degree 2 and 8) and
 same-generation on a random tree. Each system computes the full least model and reports the
 number of derived tuples, which must agree. Peers run in a child process with a time limit; a
-peer that is not installed is skipped. Writes benchmarks/results/datalog.json.
+peer that is not installed is skipped. Writes benchmarks/results/bench_datalog.json.
 
     python benchmarks/bench_datalog.py [--quick] [--backend auto] [--sizes 500,1000]
 """
@@ -11,8 +11,6 @@ peer that is not installed is skipped. Writes benchmarks/results/datalog.json.
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import multiprocessing as mp
 import platform
 import random
@@ -20,6 +18,9 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import write_results  # noqa: E402
 
 TC = "path(X, Y) :- edge(X, Y).\npath(X, Z) :- path(X, Y), edge(Y, Z)."
 SG = ("sg(X, X) :- node(X).\n"
@@ -173,18 +174,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 cells.append(f"{e['status'][:20]:>20}")
         print(f"{case['name']:<22} {count:>9} {ours:>14.3f} " + " ".join(cells), flush=True)
-    result = {
-        "benchmark": "datalog", "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpus": mp.cpu_count()},
-        "versions": versions, "backend": args.backend, "repeat": repeat, "quick": args.quick,
-        "note": "x = peer seconds / tensorlogic seconds (median of repeats for tensorlogic, "
-                "one run in a fresh process for each peer)",
-        "rows": rows,
-    }
-    out = Path(__file__).resolve().parent / "results" / "datalog.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    extra = {"backend": args.backend, "repeat": repeat, "quick": args.quick,
+             "peer_versions": versions,
+             "note": "x = peer seconds / tensorlogic seconds (median of repeats for tensorlogic, "
+                     "one run in a fresh process for each peer)"}
+    out = write_results("bench_datalog", rows, extra, peers=("clingo", "pyDatalog"))
     print(f"wrote {out}")
     return 0
 
