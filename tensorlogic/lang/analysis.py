@@ -247,14 +247,14 @@ def build_domains(rules: list[Rule], facts: Mapping[str, Mapping[tuple, float]],
                     consts.append((key, t.value))
         for b in rule.body:
             if isinstance(b, Comparison):
-                l, rt = b.left, b.right
-                if isinstance(l, Var) and isinstance(rt, Var):
-                    uf.union(("var", r, l.name), ("var", r, rt.name))
+                lt, rt = b.left, b.right
+                if isinstance(lt, Var) and isinstance(rt, Var):
+                    uf.union(("var", r, lt.name), ("var", r, rt.name))
                 elif b.op == "=":
-                    for x, y in ((l, rt), (rt, l)):
+                    for x, y in ((lt, rt), (rt, lt)):
                         if isinstance(x, Var) and isinstance(y, Const):
                             consts.append((("var", r, x.name), y.value))
-                for x in (l, rt):
+                for x in (lt, rt):
                     if isinstance(x, Var):
                         uf.find(("var", r, x.name))
     for pred, table in facts.items():

@@ -21,8 +21,7 @@ from ..errors import ProgramError, UnknownPredicateError
 from ..ir.graph import EinsumGraph, Tensor
 from . import semantics as S
 from .analysis import (
-    Domains, Stratum, atoms_of, build_domains, check_arities, check_safety, program_error,
-    stratify,
+    Domains, Stratum, build_domains, check_arities, check_safety, stratify,
 )
 from .ast import Const, Literal, Rule
 from .joins import RuleBuilder

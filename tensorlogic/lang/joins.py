@@ -103,7 +103,7 @@ class RuleBuilder:
     def build(self, rule: Rule, source: Source) -> Tensor | None:
         """The head relation derived by ``rule`` (None if a constant comparison is false)."""
         r = self.rule_ids[id(rule)]
-        g, sem = self.g, self.sem
+        g = self.g
         names: dict[str, str] = {}
         doms: dict[str, int] = {}
         fresh = iter(LETTERS)
@@ -167,17 +167,17 @@ class RuleBuilder:
         return S.project(self.g, self.sem, t, mid, named), named
 
     def _comparison(self, c: Comparison, letter_of, r: int):
-        l, rt = c.left, c.right
-        if isinstance(l, Const) and isinstance(rt, Const):
-            return _compare(c.op, l.value, rt.value)
-        if isinstance(l, Var) and isinstance(rt, Var):
-            a, b = letter_of(l.name), letter_of(rt.name)
-            d = self.dom.of_var[(r, l.name)]
+        lt, rt = c.left, c.right
+        if isinstance(lt, Const) and isinstance(rt, Const):
+            return _compare(c.op, lt.value, rt.value)
+        if isinstance(lt, Var) and isinstance(rt, Var):
+            a, b = letter_of(lt.name), letter_of(rt.name)
+            d = self.dom.of_var[(r, lt.name)]
             m = self.cmp_matrix(c.op, d)
             if a == b:
                 return self.g.einsum("ii->i", m), a
             return m, a + b
-        var, const = (l, rt) if isinstance(l, Var) else (rt, l)
+        var, const = (lt, rt) if isinstance(lt, Var) else (rt, lt)
         d = self.dom.of_var[(r, var.name)]
         return self.cmp_vector(c.op, d, const.value, const_left=var is rt), letter_of(var.name)
 

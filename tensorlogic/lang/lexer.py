@@ -67,7 +67,7 @@ def tokenize(text: str) -> list[Token]:
                     break
                 if c == "\\":
                     if j + 1 >= n or text[j + 1] not in _ESCAPES:
-                        raise parse_error(f"unknown escape sequence in string literal",
+                        raise parse_error("unknown escape sequence in string literal",
                                           Pos(line, j - line_start + 1))
                     buf.append(_ESCAPES[text[j + 1]])
                     j += 2

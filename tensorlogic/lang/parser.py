@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from ..errors import ProgramError
 from .ast import (
-    COMPARISONS, Atom, BinOp, Call, Comparison, Const, Declaration, Equation, Expr, Index,
-    Literal, Neg, Number, Pos, ProgramAST, Ref, Rule, Term, Var,
+    Atom, BinOp, Call, Comparison, Const, Declaration, Equation, Expr, Index,
+    Literal, Neg, Number, ProgramAST, Ref, Rule, Term, Var,
 )
 from .lexer import Token, parse_error, tokenize
 

@@ -299,3 +299,9 @@ def test_evaluate_empty_program_and_types():
     assert evaluate("b(X) :- a(X, 1).", {"a": [[1, "1"], ["1", 1]]})["b"] == {("1",)}
     got = evaluate('p(-2, 1.5, "it\'s \\"q\\"").\nq(X) :- p(X, _, _).')
     assert got["p"] == {(-2, 1.5, 'it\'s "q"')} and got["q"] == {(-2,)}
+
+
+def test_bodies_of_comparisons_only():
+    got = check('c(X) :- X = 1.\nd(X, Y) :- X = "a", Y = X.\ne :- 1 < 2.\nf :- 2 < 1.')
+    assert got["c"] == {(1,)} and got["d"] == {("a", "a")} and got["e"] == {()}
+    assert got["f"] == set()
