@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from ..ir import ops, spec as einspec
 from ..ir.graph import EinsumGraph, Node
 from .base import PassResult, function_pass
-from .util import hashable
+from .util import hashable, parse_spec
 
 # args that only carry planning metadata: two einsums differing only there compute the same thing
 _PLANNING_ARGS = ("path_strategy", "path_info")
@@ -29,7 +29,7 @@ def einsum_key(spec: str, inputs: tuple[int, ...], ranks: list[int]) -> tuple:
     Operands are sorted by input id; among operands with the same input the smallest
     alpha-canonical spec wins, so consistent permutations and renamings give one key.
     """
-    es = einspec.parse(spec, ranks)
+    es = parse_spec(spec, tuple(ranks))
     order = sorted(range(len(inputs)), key=lambda k: inputs[k])
     groups = [list(g) for _, g in itertools.groupby(order, key=lambda k: inputs[k])]
     n_orders = math.prod(math.factorial(len(g)) for g in groups)
@@ -70,6 +70,7 @@ def _cse(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     alias: dict[int, int] = {}  # removed node -> survivor
     table: dict[tuple, int] = {}
     merges: list[tuple[int, int]] = []  # (node to drop, survivor), in discovery order
+    swapped = False  # an output survived over an earlier twin: its users now point forward
     for node in graph:
         ins = tuple(alias.get(i, i) for i in node.inputs)
         key = node_key(graph, node, ins)
@@ -88,6 +89,7 @@ def _cse(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
                 if v == rep:
                     alias[k] = node.id
             merges.append((rep, node.id))
+            swapped = True
         else:
             alias[node.id] = rep
             merges.append((node.id, rep))
@@ -97,7 +99,8 @@ def _cse(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     for drop, keep in merges:
         g.redirect(drop, keep)
         g.remove_node(drop)
-    g.reorder()
+    if swapped:
+        g.reorder()
     return PassResult(g, True, {"merged": len(merges)})
 
 

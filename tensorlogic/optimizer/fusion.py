@@ -41,14 +41,15 @@ def legal_tail(root: Node, tail: Node) -> bool:
 
 
 def is_legal_group(g: EinsumGraph, members: frozenset[int], root: int,
-                   tail: int | None = None) -> bool:
+                   tail: int | None = None, position: Mapping[int, int] | None = None) -> bool:
     """Whether ``members`` (elementwise, ending in ``root``) plus ``tail`` may become one node.
 
     Pure: reads the graph, changes nothing. Conditions: at least two nodes; every member
     elementwise with the root's (concrete, non-empty) shape and dtype; no member but the root is
     a graph output or used outside the group; the tail, if any, is the root's only user and a
     legal tail; and no path leaves the group and comes back (no external operand depends on a
-    member), so the fused node creates no cycle.
+    member), so the fused node creates no cycle. ``position`` (node id -> index in a
+    topological order of ``g``) only bounds that search; it is computed when not given.
     """
     if root not in members or len(members) + (tail is not None) < 2:
         return False
@@ -66,9 +67,13 @@ def is_legal_group(g: EinsumGraph, members: frozenset[int], root: int,
     if tail is not None:
         if root in outputs or g.users(root) != [tail] or not legal_tail(rnode, g.node(tail)):
             return False
+    if position is None:
+        position = {n.id: k for k, n in enumerate(g.nodes)}
+    first = min(position[m] for m in members)
     external = {i for m in members for i in g.node(m).inputs if i not in members}
-    # a cycle would need an external operand that depends on a member: search its ancestors
-    stack, seen = list(external), set()
+    # a cycle would need an external operand that depends on a member: search its ancestors,
+    # which can reach a member only while they come after the first member in the order
+    stack, seen = [e for e in external if position[e] > first], set()
     while stack:
         n = stack.pop()
         if n in members:
@@ -76,7 +81,7 @@ def is_legal_group(g: EinsumGraph, members: frozenset[int], root: int,
         if n in seen:
             continue
         seen.add(n)
-        stack.extend(g.node(n).inputs)
+        stack.extend(i for i in g.node(n).inputs if position[i] > first)
     return True
 
 
@@ -96,7 +101,7 @@ def _inline_constant(g: EinsumGraph, nid: int, user: Node, members: set[int]) ->
 def build_body(g: EinsumGraph, members: frozenset[int], root: int,
                tail: int | None) -> tuple[FusedBody, list[int]]:
     """The fused program of a legal group and its external operands in order."""
-    order = [n.id for n in g.nodes if n.id in members]
+    order = _topological(g, members)
     tmp = {nid: j for j, nid in enumerate(order)}
     external: list[int] = []
     instrs = []
@@ -125,6 +130,25 @@ def build_body(g: EinsumGraph, members: frozenset[int], root: int,
     else:
         body = FusedBody(tuple(instrs), space, t.op, (int(t.args["axis"]),))
     return body, external
+
+
+def _topological(g: EinsumGraph, members: frozenset[int]) -> list[int]:
+    """Members ordered so every member comes after the members it uses."""
+    order: list[int] = []
+    done: set[int] = set()
+
+    def visit(n: int) -> None:
+        if n in done:
+            return
+        done.add(n)
+        for i in g.node(n).inputs:
+            if i in members:
+                visit(i)
+        order.append(n)
+
+    for m in sorted(members):
+        visit(m)
+    return order
 
 
 def fused_flops(body: FusedBody) -> int:
@@ -163,6 +187,7 @@ def _fusion(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     g: EinsumGraph | None = None
     taken: set[int] = set()
     groups = fused_nodes = 0
+    position = {n.id: k for k, n in enumerate(graph.nodes)}  # fused nodes keep their root's
     for node in reversed(graph.nodes):
         cur = g if g is not None else graph
         if node.id in taken or node.id not in cur or not _is_elementwise(cur.node(node.id)):
@@ -172,7 +197,7 @@ def _fusion(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
         tail = users[0] if len(users) == 1 and node.id not in cur.outputs.values() else None
         if tail is not None and not legal_tail(cur.node(node.id), cur.node(tail)):
             tail = None
-        if not is_legal_group(cur, members, node.id, tail):
+        if not is_legal_group(cur, members, node.id, tail, position):
             continue
         body, external = build_body(cur, members, node.id, tail)
         visible = cur.node(tail if tail is not None else node.id)

@@ -24,7 +24,7 @@ from ..errors import TensorLogicError
 from ..ir import infer, ops, spec as einspec
 from ..ir.graph import EinsumGraph, Node
 from .base import PassResult, function_pass
-from .util import remove_if_unused, single_user
+from .util import parse_spec, remove_if_unused, single_user
 
 
 def _spec_text(terms: list[str] | tuple[str, ...], output: str) -> str:
@@ -32,7 +32,7 @@ def _spec_text(terms: list[str] | tuple[str, ...], output: str) -> str:
 
 
 def _parsed(g: EinsumGraph, node: Node) -> einspec.EinsumSpec:
-    return einspec.parse(node.args["spec"], [len(g.node(i).shape) for i in node.inputs])
+    return parse_spec(node.args["spec"], tuple(len(g.node(i).shape) for i in node.inputs))
 
 
 def _checked(g: EinsumGraph, node: Node, terms: list[str], output: str,

@@ -27,7 +27,7 @@ from ..errors import TensorLogicError
 from ..ir import infer, ops, spec as einspec
 from ..ir.graph import EinsumGraph, Node
 from .base import PassResult, function_pass
-from .util import is_identity_matrix, remove_if_unused, uniform_value
+from .util import is_identity_matrix, parse_spec, remove_if_unused, uniform_value
 
 
 @dataclass(frozen=True)
@@ -167,7 +167,9 @@ def rule_einsum_identity(g, node, options):
     if node.kind != ops.EINSUM or len(node.inputs) < 2:
         return None
     in_nodes = [g.node(i) for i in node.inputs]
-    es = einspec.parse(node.args["spec"], [len(n.shape) for n in in_nodes])
+    if not any(n.kind == ops.CONSTANT and len(n.shape) == 2 for n in in_nodes):
+        return None
+    es = parse_spec(node.args["spec"], tuple(len(n.shape) for n in in_nodes))
     for k, nid in enumerate(node.inputs):
         term = es.inputs[k]
         if len(term) != 2 or term[0] == term[1] or in_nodes[k].dtype != node.dtype:
@@ -192,6 +194,14 @@ def rule_einsum_identity(g, node, options):
     return None
 
 
+# which node kinds each rule can match: the pass only tries the rules of a node's kind
+RULE_KINDS = {
+    "mul_one": ops.BINARY, "add_zero": ops.BINARY, "sub_zero": ops.BINARY, "div_one": ops.BINARY,
+    "pow_one": ops.BINARY, "mul_zero": ops.BINARY, "neg_neg": ops.UNARY,
+    "one_minus_twice": ops.UNARY, "transpose": ops.TRANSPOSE, "reshape": ops.RESHAPE,
+    "cast_same": ops.CAST, "einsum_identity": ops.EINSUM,
+}
+
 RULES: tuple[tuple[str, Rule], ...] = (
     ("mul_one", rule_mul_one),
     ("add_zero", rule_add_zero),
@@ -208,6 +218,11 @@ RULES: tuple[tuple[str, Rule], ...] = (
 )
 
 
+_BY_KIND: dict[str, list[tuple[str, Rule]]] = {}
+for _name, _rule in RULES:
+    _BY_KIND.setdefault(RULE_KINDS[_name], []).append((_name, _rule))
+
+
 def _simplify(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     """Apply the rule table once over the graph in topological order."""
     g: EinsumGraph | None = None
@@ -216,10 +231,11 @@ def _simplify(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     ctx = {**options, "_outputs": outputs}
     for node in graph:
         cur = g if g is not None else graph
-        if node.id not in cur:
+        rules = _BY_KIND.get(node.kind)
+        if not rules or node.id not in cur:
             continue
         node = cur.node(node.id)
-        for name, rule in RULES:
+        for name, rule in rules:
             action = rule(cur, node, ctx)
             if action is None or (isinstance(action, Alias) and node.id in outputs):
                 continue

@@ -2,23 +2,39 @@
 
 from __future__ import annotations
 
+import functools
+from types import MappingProxyType
 from typing import Any, Mapping
 
 import numpy as np
 
-from ..ir import ops
+from ..ir import ops, spec as einspec
 from ..ir.graph import EinsumGraph, Node
 
 # Constants larger than this are never scanned for a uniform value (keeps passes linear and cheap).
 _SCAN_LIMIT = 1 << 20
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
+@functools.lru_cache(maxsize=4096)
+def parse_spec(spec: str, ranks: tuple[int, ...]) -> einspec.EinsumSpec:
+    """``ir.spec.parse`` memoized: passes parse the same specs again and again."""
+    return einspec.parse(spec, list(ranks))
+
+
 def hashable(value: Any) -> Any:
     """A hashable form of node args (mappings become sorted item tuples)."""
+    t = type(value)
+    if t in _SCALARS:
+        return value
+    if t is MappingProxyType or t is dict:
+        return tuple(sorted((k, hashable(v)) for k, v in value.items()))
+    if t is tuple or t is list:
+        return tuple(hashable(v) for v in value)
     if isinstance(value, Mapping):
         return tuple(sorted((k, hashable(v)) for k, v in value.items()))
-    if isinstance(value, (list, tuple)):
-        return tuple(hashable(v) for v in value)
     return value
 
 
