@@ -22,7 +22,7 @@ from ..ir.fused import FusedBody
 from . import kernels
 
 # Bytes per register block. Several registers live at once; together they should fit in L2.
-BLOCK_BYTES = 128 * 1024
+BLOCK_BYTES = 256 * 1024
 
 
 def _where(cond, a, b, out):
