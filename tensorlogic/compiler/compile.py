@@ -45,6 +45,9 @@ def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
     nodes = {nid: optimized.node(nid) for nid in order}
     bufs = make_buffers(optimized, order)
     backend = plan.backend
+    # a backend may take plan options (the cupy backend: codegen path, CUDA graphs)
+    if hasattr(backend, "with_options"):
+        backend = backend.with_options(plan.options)
     steps: list[Step] = []
     kernels = []
     for nid in order:
@@ -78,6 +81,8 @@ def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
         output_ids={name: bufs[nid].id for name, nid in optimized.outputs.items()},
         constants=constants, backend=backend, binding=dict(binding), optimizer_report=report,
     )
+    if hasattr(backend, "plan_runner"):
+        cp.runner = backend.plan_runner(cp)
     hooks.compile_event("compile", "build plan", t0, time.perf_counter() - t0,
                         steps=len(steps), binding=dict(binding))
     limit = plan.options.get("memory_limit")
