@@ -255,8 +255,7 @@ class EinsumGraph:
                     f"constant {name or ''}: unsupported dtype {arr.dtype}; expected a float array"
                 )
         dt = dtypes.normalize(dtype, f"constant {name or ''}: ")
-        # np.array, not np.ascontiguousarray: the latter turns a 0-d value into shape (1,)
-        arr = np.array(arr, dtype=dt, order="C")
+        arr = np.array(arr, dtype=dt, order="C")  # ascontiguousarray would make 0-d 1-d
         arr.setflags(write=False)
         nid = self.add_node(ops.CONSTANT, None, (), name=name, shape=arr.shape, dtype=dt)
         self.constants[nid] = arr
