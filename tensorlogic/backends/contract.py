@@ -113,6 +113,8 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
         shp_b = tuple(sizes[c] for c in batch) + (1,) * len(left) + tuple(sizes[c] for c in right)
 
         def mul(xp, A, B, out):
+            if swap:  # the groups above were planned for (B, A)
+                A, B = B, A
             A2 = A.transpose(perm_a).reshape(shp_a)
             B2 = B.transpose(perm_b).reshape(shp_b)
             return xp.multiply(A2, B2, out=out)
@@ -129,6 +131,8 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
     squeeze = nb == 1
 
     def mm(xp, A, B, out):
+        if swap:  # the groups above were planned for (B, A)
+            A, B = B, A
         A2 = A.transpose(perm_a).reshape(shp_a)
         B2 = B.transpose(perm_b).reshape(shp_b)
         if not a_lc:
@@ -158,12 +162,18 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
     for t in es.inputs:
         for c in set(t):
             counts[c] = counts.get(c, 0) + 1
+    # a size-1 dimension broadcast against a larger one is squeezed away, so count each letter
+    # only where it survives: a letter left in one operand must be summed there
+    counts = {}
+    for t, shp in zip(es.inputs, shapes):
+        for c in {c for c, d in zip(t, shp) if not (d == 1 and sizes[c] != 1)}:
+            counts[c] = counts.get(c, 0) + 1
     out_letters = set(es.output)
     terms: list[str] = []
     preps = []
     flops = 0
     for t, shp in zip(es.inputs, shapes):
-        needed = {c for c in t if counts[c] > 1 or c in out_letters}
+        needed = {c for c in t if counts.get(c, 0) > 1 or c in out_letters}
         nt, fn = _prepare_operand(t, shp, sizes, needed)
         terms.append(nt)
         preps.append(fn)
