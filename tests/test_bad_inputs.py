@@ -414,6 +414,7 @@ def test_bad_program(text, arrays, phrases):
     _program_still_works()
 
 
+@needs_lang
 def test_deep_rule_chain_evaluates():
     # 3000 rules p0 <- p1 <- ... : deep, but valid; it must evaluate, not overflow the stack
     n = 3000
