@@ -31,7 +31,7 @@ POSITIVE_RANGES = ((0.5, 2.0), (0.25, 1.0), (1.0, 3.0))
 SCALARS = (2.0, 0.5, -1.5, 3.0, 1.0, -0.25)
 OP_KINDS = ("unary", "binary", "compare", "where", "reduce", "rowop", "einsum", "transpose",
             "reshape", "cast")
-OP_WEIGHTS = (4, 4, 1, 1, 2, 1, 4, 1, 1, 1)
+OP_WEIGHTS = (4, 4, 2, 1, 2, 1, 4, 1, 1, 1)
 
 
 @dataclass
