@@ -1,4 +1,4 @@
-"""Command line: ``tensorlogic demo | run``."""
+"""Command line: ``tensorlogic demo | run | profile``."""
 
 from __future__ import annotations
 
@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--backend", default="auto")
     r.add_argument("--opt-level", type=int, default=2)
     r.set_defaults(func=_cmd_run)
+    # profile
+    from .profiler.cli import add_parser as add_profile_parser
+
+    add_profile_parser(sub)
     return p
 
 

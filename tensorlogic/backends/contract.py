@@ -27,7 +27,7 @@ def choose_path_strategy(n_operands: int) -> str:
 
 
 def contraction_path(inputs: list[str], output: str, sizes: dict[str, int],
-                     strategy: str | None = None) -> tuple[list[tuple[int, ...]], Any]:
+                     strategy: Any = None) -> tuple[list[tuple[int, ...]], Any]:
     """Pairwise path and opt_einsum's PathInfo for a network of letter terms."""
     shapes = [tuple(sizes[c] for c in t) for t in inputs]
     eq = ",".join(inputs) + "->" + output
@@ -46,6 +46,7 @@ class EinsumPlan:
     flops: int
     path: list[tuple[int, ...]]
     description: str
+    largest_intermediate: int = 0  # elements of the largest pairwise result along the path
 
 
 def _group_layout(term: str, groups: list[list[str]]) -> bool:
@@ -53,17 +54,21 @@ def _group_layout(term: str, groups: list[list[str]]) -> bool:
     return term == "".join("".join(g) for g in groups)
 
 
-def _prepare_operand(term: str, shape: tuple[int, ...], sizes: dict[str, int], needed: set[str]):
+def _broadcast_kept_axes(term: str, shape: tuple[int, ...], sizes: dict[str, int]) -> list[int]:
+    """Axes to keep: size-1 dimensions that broadcast against a larger size are dropped."""
+    return [k for k, (c, d) in enumerate(zip(term, shape)) if not (d == 1 and sizes[c] != 1)]
+
+
+def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], needed: set[str]):
     """Squeeze broadcast dims, take diagonals, sum letters nobody else needs.
 
     Returns (new_term, fn or None) where fn(xp, x) -> prepared array.
     """
-    keep_axes = [k for k, c in enumerate(term) if not (shape[k] == 1 and sizes[c] != 1)]
-    squeezed = "".join(term[k] for k in keep_axes)
+    squeezed = "".join(term[k] for k in kept)
     target = "".join(dict.fromkeys(c for c in squeezed if c in needed))
     if squeezed == term and target == term:
         return term, None
-    sq_shape = tuple(shape[k] for k in keep_axes)
+    sq_shape = tuple(shape[k] for k in kept)
     has_repeat = len(set(squeezed)) != len(squeezed)
     spec = f"{squeezed}->{target}"
     sum_axes = tuple(k for k, c in enumerate(squeezed) if c not in target)
@@ -113,13 +118,11 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
         shp_b = tuple(sizes[c] for c in batch) + (1,) * len(left) + tuple(sizes[c] for c in right)
 
         def mul(xp, A, B, out):
-            if swap:  # the groups above were planned for (B, A)
-                A, B = B, A
             A2 = A.transpose(perm_a).reshape(shp_a)
             B2 = B.transpose(perm_b).reshape(shp_b)
             return xp.multiply(A2, B2, out=out)
 
-        return result, mul, flops
+        return result, _swapped(mul) if swap else mul, flops
 
     # choose per operand the matrix layout that is a view of its memory
     a_lc = _group_layout(a, [batch, left, contr]) or not _group_layout(a, [batch, contr, left])
@@ -131,8 +134,6 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
     squeeze = nb == 1
 
     def mm(xp, A, B, out):
-        if swap:  # the groups above were planned for (B, A)
-            A, B = B, A
         A2 = A.transpose(perm_a).reshape(shp_a)
         B2 = B.transpose(perm_b).reshape(shp_b)
         if not a_lc:
@@ -151,34 +152,51 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
             return out
         return C
 
-    return result, mm, flops
+    return result, _swapped(mm) if swap else mm, flops
 
 
-def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
-                strategy: str | None = None) -> EinsumPlan:
-    """Compile an einsum with concrete shapes into a pairwise-matmul program."""
-    n = len(es.inputs)
+def _swapped(fn):
+    """The same pairwise kernel with its operands given in the caller's (unswapped) order."""
+    return lambda xp, A, B, out: fn(xp, B, A, out)
+
+
+def prepared_terms(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int]) -> list[str]:
+    """The operand terms the pairwise program contracts (after squeezes, diagonals, sums).
+
+    A contraction path for ``plan_einsum`` is a path over these terms.
+    """
+    return _prepare_all(es, shapes, sizes)[0]
+
+
+def _prepare_all(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int]):
+    """(terms, preparation functions, their FLOPs) for every operand."""
+    kept = [_broadcast_kept_axes(t, shp, sizes) for t, shp in zip(es.inputs, shapes)]
     counts: dict[str, int] = {}
-    for t in es.inputs:
-        for c in set(t):
-            counts[c] = counts.get(c, 0) + 1
-    # a size-1 dimension broadcast against a larger one is squeezed away, so count each letter
-    # only where it survives: a letter left in one operand must be summed there
-    counts = {}
-    for t, shp in zip(es.inputs, shapes):
-        for c in {c for c, d in zip(t, shp) if not (d == 1 and sizes[c] != 1)}:
+    for t, kp in zip(es.inputs, kept):
+        for c in {t[k] for k in kp}:
             counts[c] = counts.get(c, 0) + 1
     out_letters = set(es.output)
     terms: list[str] = []
     preps = []
     flops = 0
-    for t, shp in zip(es.inputs, shapes):
+    for t, shp, kp in zip(es.inputs, shapes, kept):
         needed = {c for c in t if counts.get(c, 0) > 1 or c in out_letters}
-        nt, fn = _prepare_operand(t, shp, sizes, needed)
+        nt, fn = _prepare_operand(t, shp, kp, needed)
         terms.append(nt)
         preps.append(fn)
         if fn is not None:
             flops += math.prod(shp)
+    return terms, preps, flops
+
+
+def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
+                strategy: Any = None) -> EinsumPlan:
+    """Compile an einsum with concrete shapes into a pairwise-matmul program.
+
+    ``strategy`` is an opt_einsum strategy name or an explicit path over ``prepared_terms``.
+    """
+    n = len(es.inputs)
+    terms, preps, flops = _prepare_all(es, shapes, sizes)
 
     if n == 1:
         term = terms[0]
@@ -196,6 +214,7 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
 
     path, info = contraction_path(terms, es.output, sizes, strategy)
     program = []
+    largest = 0
     live = list(terms)
     for k, step in enumerate(path):
         idx = sorted(step, reverse=True)
@@ -213,6 +232,7 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             res, fn, f = _pair(acc, other, keep | rest, sizes, es.output if final and last_pair else None)
             pair_fns.append(fn)
             flops += f
+            largest = max(largest, math.prod(sizes[c] for c in res))
             acc = res
         live.append(acc)
         program.append((tuple(sorted(step)), pair_fns))
@@ -239,4 +259,4 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         return out
 
     desc = f"{es} path={path}"
-    return EinsumPlan(run, flops, path, desc)
+    return EinsumPlan(run, flops, path, desc, largest)

@@ -114,7 +114,13 @@ def parse(spec: str, ranks: list[int] | tuple[int, ...]) -> EinsumSpec:
         if "..." in out:
             output = out.replace("...", ell)
         else:
-            output = out  # ellipsis dimensions the output omits are summed, as in numpy
+            output = out
+            if n_ell:
+                # numpy never sums broadcast (ellipsis) dimensions: it rejects such specs
+                raise SpecError(
+                    f"einsum spec {spec!r}: the inputs have {n_ell} ellipsis dimension(s) but the "
+                    f"output {out!r} has no '...'; expected '...' in the output"
+                )
         present = set("".join(inputs))
         for ch in output:
             if output.count(ch) > 1:
