@@ -399,6 +399,8 @@ PROGRAM_CASES = [
      {"X": np.ones(3, np.float32)}, ["cycle", "line"]),
     ("deep-parentheses", "X: float32[N]\nY[i] = " + "(" * 20_000 + "X[i]" + ")" * 20_000 + "\n",
      {"X": np.ones(3, np.float32)}, ["line 2"]),
+    ("huge-sum", "X: float32[N]\nY[i] = " + " + ".join(["X[i]"] * 5_000) + "\n",
+     {"X": np.ones(3, np.float32)}, ["line 2", "operators"]),
 ]
 
 
