@@ -19,6 +19,10 @@ from .ir.graph import EinsumGraph, Tensor
 from .errors import MissingDependencyError
 from .profiler import Peaks, Profile, calibrate, profile
 
+# the TensorLogic language (tl.parse / tl.load_program) and Datalog
+from . import datalog
+from .lang import Program, load_program, parse
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -28,4 +32,6 @@ __all__ = [
     "register_backend",
     # profiler
     "MissingDependencyError", "Peaks", "Profile", "calibrate", "profile",
+    # the TensorLogic language
+    "Program", "datalog", "load_program", "parse",
 ]

@@ -33,7 +33,7 @@ def choose_path_strategy(n_operands: int) -> str:
 
 
 def contraction_path(inputs: list[str], output: str, sizes: dict[str, int],
-                     strategy: str | None = None) -> tuple[list[tuple[int, ...]], Any]:
+                     strategy: Any = None) -> tuple[list[tuple[int, ...]], Any]:
     """Pairwise path and opt_einsum's PathInfo for a network of letter terms."""
     shapes = [tuple(sizes[c] for c in t) for t in inputs]
     eq = ",".join(inputs) + "->" + output
@@ -55,6 +55,7 @@ class EinsumPlan:
     flops: int
     path: list[tuple[int, ...]]
     description: str
+    largest_intermediate: int = 0  # elements of the largest pairwise result along the path
     scratch: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
 
 
@@ -240,12 +241,17 @@ def _swapped(fn):
     return run
 
 
-def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
-                strategy: str | None = None, dtypes: list[str] | None = None) -> EinsumPlan:
-    """Compile an einsum with concrete shapes (and operand dtypes) into a pairwise-matmul program."""
-    n = len(es.inputs)
-    dts = [np.dtype(d).name for d in dtypes] if dtypes is not None else ["float64"] * n
-    scr = _Scratch()
+def prepared_terms(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int]) -> list[str]:
+    """The operand terms the pairwise program contracts (after squeezes, diagonals, sums).
+
+    A contraction path for ``plan_einsum`` is a path over these terms.
+    """
+    return _prepare_all(es, shapes, sizes, ["float64"] * len(es.inputs), _Scratch())[0]
+
+
+def _prepare_all(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
+                 dts: list[str], scr: _Scratch):
+    """(terms, preparation functions, their FLOPs) for every operand."""
     kept = [_broadcast_kept_axes(t, shp, sizes) for t, shp in zip(es.inputs, shapes)]
     counts: dict[str, int] = {}
     for t, kp in zip(es.inputs, kept):
@@ -262,6 +268,19 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         preps.append(fn)
         if fn is not None:
             flops += math.prod(shp)
+    return terms, preps, flops
+
+
+def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
+                strategy: Any = None, dtypes: list[str] | None = None) -> EinsumPlan:
+    """Compile an einsum with concrete shapes (and operand dtypes) into a pairwise-matmul program.
+
+    ``strategy`` is an opt_einsum strategy name or an explicit path over ``prepared_terms``.
+    """
+    n = len(es.inputs)
+    dts = [np.dtype(d).name for d in dtypes] if dtypes is not None else ["float64"] * n
+    scr = _Scratch()
+    terms, preps, flops = _prepare_all(es, shapes, sizes, dts, scr)
 
     if n == 1:
         term = terms[0]
@@ -275,10 +294,11 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             out[...] = x
             return out
 
-        return EinsumPlan(run_single, flops, [(0,)], f"{es}", scr.specs)
+        return EinsumPlan(run_single, flops, [(0,)], f"{es}", 0, scr.specs)
 
     path, info = contraction_path(terms, es.output, sizes, strategy)
     program = []
+    largest = 0
     live = list(terms)
     live_dt = list(dts)
     for k, step in enumerate(path):
@@ -301,6 +321,7 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
                                        (acc_dt, picked_dt[j + 1]), scr)
             pair_fns.append(fn)
             flops += f
+            largest = max(largest, math.prod(sizes[c] for c in res))
             acc, acc_dt = res, res_dt
         live.append(acc)
         live_dt.append(acc_dt)
@@ -328,4 +349,4 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         return out
 
     desc = f"{es} path={path}"
-    return EinsumPlan(run, flops, path, desc, scr.specs)
+    return EinsumPlan(run, flops, path, desc, largest, scr.specs)

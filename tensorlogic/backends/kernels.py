@@ -32,12 +32,29 @@ def einsum_kernel(xp, node, in_nodes) -> Kernel:
     shapes = [tuple(n.shape) for n in in_nodes]
     es = einspec.parse(node.args["spec"], [len(s) for s in shapes])
     sizes = einspec.letter_sizes(es, shapes)
+    # operands of a narrower dtype are widened first (into scratch buffers), so their own
+    # diagonals and sums are computed in the result's precision, as numpy.einsum does
+    widen = [n.dtype != node.dtype for n in in_nodes]
     plan = contract.plan_einsum(es, shapes, sizes, node.args.get("path_strategy"),
-                                [n.dtype for n in in_nodes])
+                                [node.dtype if w else n.dtype for n, w in zip(in_nodes, widen)])
     run = plan.run
     n = len(in_nodes)
+    k_plan = len(plan.scratch)
+    wide = [(j, shapes[j]) for j in range(n) if widen[j]]
 
-    if plan.scratch:
+    if any(widen):
+        def kernel(args, out):
+            given = len(args) > n
+            ops_ = list(args[:n])
+            for w, (j, shape) in enumerate(wide):
+                if given:
+                    buf = args[n + k_plan + w]
+                    xp.copyto(buf, ops_[j])
+                    ops_[j] = buf
+                else:
+                    ops_[j] = ops_[j].astype(node.dtype)
+            return run(xp, ops_, out, args[n:n + k_plan] if given else None)
+    elif plan.scratch:
         def kernel(args, out):
             return run(xp, args, out, args[n:] if len(args) > n else None)
     else:
@@ -45,9 +62,18 @@ def einsum_kernel(xp, node, in_nodes) -> Kernel:
             return run(xp, args, out)
 
     kernel.flops = plan.flops
-    kernel.info = f"path={plan.path}" if len(in_nodes) > 2 else ""
-    kernel.scratch = list(plan.scratch)
+    kernel.info = path_note(node, plan) if len(in_nodes) > 2 else ""
+    kernel.scratch = list(plan.scratch) + [(shape, node.dtype) for _, shape in wide]
     return kernel
+
+
+def path_note(node, plan) -> str:
+    """What print(plan) shows about a contraction path: pairs, strategy, largest intermediate."""
+    info = node.args.get("path_info")
+    if not info:
+        return f"path={plan.path}"
+    return (f"path={[tuple(p) for p in plan.path]} ({info['strategy']}, "
+            f"largest intermediate {plan.largest_intermediate} elements)")
 
 
 def _arg(xp, a: list, k: int, shape: tuple, dtype: str):
@@ -57,6 +83,23 @@ def _arg(xp, a: list, k: int, shape: tuple, dtype: str):
 
 def _keep_shape(shape: tuple, axes: tuple[int, ...]) -> tuple:
     return tuple(1 if k in axes else d for k, d in enumerate(shape))
+
+
+def _logsumexp(xp, x, axes, keepdims, out):
+    """logsumexp of x over axes into out (allocating its temporaries)."""
+    k = _logsumexp_kernel(xp, tuple(x.shape), x.dtype.name, tuple(a % x.ndim for a in axes),
+                          keepdims)
+    return k([x], out)
+
+
+def _softmax(xp, x, axis, out):
+    """softmax of x along axis into out (out may be x)."""
+    return _softmax_kernel(xp, tuple(x.shape), x.dtype.name, axis % x.ndim, False)([x], out)
+
+
+def _log_softmax(xp, x, axis, out):
+    """log_softmax of x along axis into out (out may be x)."""
+    return _softmax_kernel(xp, tuple(x.shape), x.dtype.name, axis % x.ndim, True)([x], out)
 
 
 def _logsumexp_kernel(xp, x_shape, dtype, axes, keepdims) -> Kernel:
@@ -74,10 +117,13 @@ def _logsumexp_kernel(xp, x_shape, dtype, axes, keepdims) -> Kernel:
         xp.copyto(m, 0, where=fin)
         xp.subtract(x, m, out=t)
         xp.exp(t, out=t)
-        s = out.reshape(kd)  # out is contiguous, so this is a view
+        # a contiguous out reshapes to a view; a strided one (a caller's block) gets a temporary
+        s = out.reshape(kd) if out.flags.c_contiguous else xp.empty(kd, dtype)
         t.sum(axis=axes, keepdims=True, out=s)
         xp.log(s, out=s)
         xp.add(s, m, out=s)
+        if not out.flags.c_contiguous:
+            out[...] = s.reshape(out.shape)
         return out
 
     kernel.scratch = [(tuple(x_shape), dtype), (kd, dtype), (kd, "bool")]

@@ -72,7 +72,7 @@ def _inplace_positions(kernel, node) -> tuple[int, ...]:
 def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
     graph = plan.graph.bind(binding) if binding else plan.graph
     t0 = time.perf_counter()
-    optimized, report = optimize(graph, plan.opt_level)
+    optimized, report = optimize(graph, plan.opt_level, plan.options)
     order = needed_nodes(optimized)
     nodes = {nid: optimized.node(nid) for nid in order}
     bufs = make_buffers(optimized, order)

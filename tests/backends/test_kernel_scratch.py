@@ -149,6 +149,22 @@ def test_where_kernel_in_place_over_condition_and_else(rng):
         np.testing.assert_array_equal(k([*xs, np.empty((3, 5), bool)], xs[pos]), want)
 
 
+@pytest.fixture
+def register(monkeypatch):
+    """Register a backend for one test only (other tests loop over every registered backend)."""
+    from tensorlogic.backends import base
+
+    names = []
+
+    def add(name, factory):
+        names.append(name)
+        monkeypatch.setitem(base._factories, name, factory)
+
+    yield add
+    for n in names:
+        base._instances.pop(n, None)
+
+
 class WrappingBackend(NumpyBackend):
     """A backend whose kernels are plain functions without attributes (older protocol)."""
 
@@ -159,8 +175,8 @@ class WrappingBackend(NumpyBackend):
         return lambda a, out: inner(a, out)
 
 
-def test_kernels_without_memory_attributes_still_work(rng):
-    tl.register_backend("wrapping_test", WrappingBackend, replace=True)
+def test_kernels_without_memory_attributes_still_work(rng, register):
+    register("wrapping_test", WrappingBackend)
     g = tl.EinsumGraph()
     x = g.input("x", (6, 8))
     w = g.constant(rng.standard_normal((8, 3, 4)).astype(np.float32))
@@ -176,7 +192,7 @@ def test_kernels_without_memory_attributes_still_work(rng):
     np.testing.assert_allclose(plain(x=xv)["y"], ref(x=xv)["y"], rtol=1e-6)
 
 
-def test_bad_scratch_declaration_is_a_backend_error():
+def test_bad_scratch_declaration_is_a_backend_error(register):
     class BadBackend(NumpyBackend):
         name = "bad_scratch_test"
 
@@ -185,7 +201,7 @@ def test_bad_scratch_declaration_is_a_backend_error():
             k.scratch = [("not a shape",)]
             return k
 
-    tl.register_backend("bad_scratch_test", BadBackend, replace=True)
+    register("bad_scratch_test", BadBackend)
     g = tl.EinsumGraph()
     g.output(g.exp(g.input("x", (2, 2))), name="y")
     with pytest.raises(tl.BackendError, match="scratch entry 0"):

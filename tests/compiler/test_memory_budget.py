@@ -34,10 +34,14 @@ class CountingBackend(NumpyBackend):
 
 
 @pytest.fixture
-def counting_backend():
+def counting_backend(monkeypatch):
+    """Registered only for the test, so other tests that loop over backends never see it."""
+    from tensorlogic.backends import base
+
     be = CountingBackend()
-    tl.register_backend("budget_test", lambda: be, replace=True)
-    return be
+    monkeypatch.setitem(base._factories, "budget_test", lambda: be)
+    yield be
+    base._instances.pop("budget_test", None)
 
 
 def _graph(batch=64, width=256):
