@@ -14,6 +14,7 @@ from .errors import (
     SerializationError, ShapeError, SpecError, TensorLogicError,
 )
 from .ir.graph import EinsumGraph, Tensor
+from .pipeline import BatchError, BatchFailure, BatchOutput, run_batched, run_batches
 
 __version__ = "0.1.0"
 
@@ -22,4 +23,6 @@ __all__ = [
     "MemoryBudgetError", "ProgramError", "SerializationError", "ShapeError", "SpecError", "Tensor",
     "TensorLogicError", "available_backends", "clear_cache", "compile", "errors", "get_backend",
     "register_backend",
+    # batched inference (pipeline/)
+    "BatchError", "BatchFailure", "BatchOutput", "run_batched", "run_batches",
 ]
