@@ -62,7 +62,7 @@ def _run_batched(plan, inputs: dict[str, np.ndarray], args: argparse.Namespace) 
     if args.dask:
         with Client(args.dask) as client:
             return run_batched(plan, inputs, client=client, **opts)
-    with LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=None) as cl:
+    with LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=":0") as cl:
         with Client(cl) as client:
             return run_batched(plan, inputs, client=client, **opts)
 

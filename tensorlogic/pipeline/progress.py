@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, TextIO
@@ -24,8 +25,9 @@ class Progress:
             return
         from tqdm.auto import tqdm
 
-        self._bar = tqdm(total=total, unit="batch", desc=desc, file=file, dynamic_ncols=True,
-                         mininterval=0.1)
+        self._bar = tqdm(total=total, unit="batch", desc=desc, file=file,
+                         mininterval=0.1, **_fallback_size(file))
+        self._t0 = time.perf_counter()
 
     @property
     def active(self) -> bool:
@@ -57,6 +59,21 @@ def _is_terminal(file: Any) -> bool:
         return bool(file.isatty())
     except (AttributeError, ValueError):
         return False
+
+
+def _fallback_size(file: Any) -> dict[str, int]:
+    """80x24 for a terminal that reports a zero size (a fresh pty), where tqdm would hide
+    the bar; nothing (tqdm measures the terminal) otherwise."""
+    try:
+        size = os.get_terminal_size(file.fileno())
+    except (AttributeError, ValueError, OSError):
+        return {}
+    out = {}
+    if size.columns == 0:
+        out["ncols"] = 80
+    if size.lines == 0:
+        out["nrows"] = 24
+    return out
 
 
 def _si(x: float) -> str:
