@@ -1,0 +1,104 @@
+"""Shared benchmark helpers: timing with medians, machine facts, result files."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Callable
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def median_time(fn: Callable[[], object], repeat: int = 20, warmup: int = 3,
+                min_time: float = 0.0) -> float:
+    """Median seconds of ``fn()`` over ``repeat`` runs after ``warmup`` runs.
+
+    With ``min_time``, each sample loops fn until that many seconds pass (for microsecond calls).
+    """
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            fn()
+            n += 1
+            dt = time.perf_counter() - t0
+            if dt >= min_time:
+                break
+        samples.append(dt / n)
+    return statistics.median(samples)
+
+
+def versions(*names: str) -> dict[str, str]:
+    """Installed versions of the named distributions (absent ones omitted)."""
+    out = {"python": platform.python_version()}
+    for n in ("tensorlogic", "numpy", "opt_einsum", "numba", *names):
+        try:
+            out[n] = metadata.version(n)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def machine() -> dict:
+    """CPU model, usable cores and load, so readers can judge the numbers."""
+    model = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "loadavg_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "platform": platform.platform(),
+    }
+
+
+def cores_look_free(threshold: float = 0.5) -> bool:
+    """True when the 1-minute load average leaves the usable cores mostly idle."""
+    m = machine()
+    return m["loadavg_1min"] is not None and m["loadavg_1min"] < threshold * (m["cores_usable"] or 1) + 0.5
+
+
+def write_results(name: str, rows: list[dict], extra: dict | None = None, peers: tuple[str, ...] = ()) -> Path:
+    """Write benchmarks/results/<name>.json with machine, versions and date."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "benchmark": name,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "versions": versions(*peers),
+        "argv": sys.argv[1:],
+        "rows": rows,
+        **(extra or {}),
+    }
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(doc, indent=1))
+    return path
+
+
+def table(rows: list[dict], columns: list[str]) -> str:
+    """A plain text table of the given columns."""
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return str(v)
+
+    cells = [columns] + [[fmt(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
