@@ -4,8 +4,9 @@ The plan travels once, as data: the graph (``ir.serialize.dumps``) with the back
 level and options sits in one small task's result, which workers fetch when their first batch
 needs it. Each worker process compiles the plan on first use and keeps it in ``_WORKER_PLANS``.
 Batch inputs travel inside their task, so the scheduler can rerun a task on another worker when
-its worker dies; a task that still fails because workers kept dying is resubmitted up to
-``retries`` times. The caller gets each batch's result once (the engine keeps the order).
+its worker dies; a task that still fails because workers kept dying is resubmitted from the
+client's copy up to ``retries`` times. The caller gets each batch's result once (the engine
+keeps the order).
 """
 
 from __future__ import annotations
@@ -85,6 +86,7 @@ class DaskExecutor:
 
     def __init__(self, client: Any, plan: Any, *, check_finite: bool = False,
                  retries: int = 3) -> None:
+        import dask  # noqa: F401 - checked here so a missing extra fails at the call
         from distributed import Client
 
         if not isinstance(client, Client):
@@ -124,13 +126,18 @@ class DaskExecutor:
         return fut
 
     def _send(self, fut: Future, index: int, inputs: dict, n_items: int, attempt: int) -> None:
+        import dask
         with self._lock:
             if self._closed:
                 fut.cancel()
                 return
-            dfut = self.client.submit(
-                _run_remote, self.key, self._payload_ref(), inputs, self.check_finite,
-                key=f"tensorlogic-batch-{self._run_id}-{index}-{attempt}", pure=False)
+            # the inputs ride inside the task, so the scheduler can rerun it on another worker
+            # when its worker dies (scattered data would die with the worker); a batch is sent
+            # once per attempt, so dask's warning about large graphs does not apply
+            with dask.config.set({"distributed.admin.large-graph-warning-threshold": "1TB"}):
+                dfut = self.client.submit(
+                    _run_remote, self.key, self._payload_ref(), inputs, self.check_finite,
+                    key=f"tensorlogic-batch-{self._run_id}-{index}-{attempt}", pure=False)
             self._pending[index] = dfut
 
         def done(d: Any) -> None:

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator, Protocol
 
 from .layout import BatchLayout
 from .progress import Progress
-from .results import BatchError, BatchFailure, BatchOutput
+from .results import BatchError, BatchFailure, BatchOutput, batch_error
 
 
 class Executor(Protocol):
@@ -57,7 +57,11 @@ def stream(executor: Executor, source: Iterable[Any], layout: BatchLayout, *, pr
                 except StopIteration:
                     break
                 n_items = layout.count(getattr(batch, "inputs", batch))
-                fut = executor.submit(n, batch, n_items)
+                try:
+                    fut = executor.submit(n, batch, n_items)
+                except Exception as exc:  # noqa: BLE001 - e.g. the cluster went away
+                    fut = Future()
+                    fut.set_result(BatchFailure(n, batch_error(n, exc), n_items))
                 if ordered:
                     results.put(fut)
                 else:
