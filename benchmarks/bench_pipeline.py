@@ -133,10 +133,50 @@ def bench_last_batch(model: str, full: int, last: int, repeat: int) -> dict:
     return row
 
 
+def bench_device_overlap(backend: str, n_batches: int = 40, batch: int = 4096) -> dict:
+    """How much of the host-to-device copy time the pipeline hides behind compute.
+
+    hidden = (compute alone + copies alone - pipelined run) / copies alone.
+    """
+    from tensorlogic.pipeline.staging import DeviceStager
+
+    plan = tl.compile(mlp_graph(), backend=backend, opt_level=2)
+    be = plan.backend
+    host = [make_inputs("mlp", batch) for _ in range(4)]
+    batches = [host[k % 4] for k in range(n_batches)]
+    dev = [{"x": be.to_device(h["x"])} for h in host]
+    stager = DeviceStager(be)
+
+    def compute():
+        for k in range(n_batches):
+            plan(dev[k % 4])
+        be.synchronize()
+
+    def copies():
+        for b in batches:
+            stager.stage(b, None).wait()
+
+    def pipelined():
+        for _ in tl.run_batches(plan, batches, progress=False):
+            pass
+        be.synchronize()
+
+    t_compute, t_copy, t_pipe = (timed(f, 3) for f in (compute, copies, pipelined))
+    hidden = (t_compute + t_copy - t_pipe) / t_copy
+    row = {"backend": backend, "batches": n_batches, "batch": batch, "compute_s": t_compute,
+           "copy_s": t_copy, "pipelined_s": t_pipe, "copy_hidden": hidden}
+    print(f"  device overlap ({backend}): compute {t_compute * 1e3:.1f} ms, copies "
+          f"{t_copy * 1e3:.1f} ms, pipelined {t_pipe * 1e3:.1f} ms -> {hidden:.0%} of the copy "
+          "time hidden (target >= 80%)", flush=True)
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="10,000 items, fewer repeats")
     ap.add_argument("--no-dask", action="store_true", help="skip the Dask LocalCluster runs")
+    ap.add_argument("--device-backend", help="also measure copy/compute overlap on this GPU "
+                    "backend (e.g. cupy)")
     args = ap.parse_args()
     n = 10_000 if args.quick else 100_000
     repeat = 1 if args.quick else 3
@@ -159,6 +199,7 @@ def main() -> None:
             client.close()
             cluster.close()
     last = [bench_last_batch(m, 4096, 100_000 % 4096, max(3, repeat)) for m in ("mlp", "attention")]
+    overlap = bench_device_overlap(args.device_backend) if args.device_backend else None
     print()
     print(table(rows, ["model", "mode", "batch", "items_per_s", "vs_big"]))
     target = [r for r in rows if r["mode"] == "run_batched threads=1" and r["batch"] == 4096]
@@ -167,7 +208,8 @@ def main() -> None:
     print(f"\ntarget run_batched (threads=1) >= 90% of one big call at batch 4096: "
           f"{'met' if met else 'NOT met'} ({ratios})")
     path = write_results("bench_pipeline", rows, {"items": n, "last_batch": last,
-                                                  "target_met": met}, peers=("dask", "distributed"))
+                                                  "device_overlap": overlap, "target_met": met},
+                         peers=("dask", "distributed", "cupy"))
     print(f"wrote {path}")
 
 
