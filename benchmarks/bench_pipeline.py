@@ -89,14 +89,14 @@ def bench_model(model: str, n: int, batches: list[int], repeat: int, client) -> 
     for bs in batches:
         for workers in (1, 2):
             check(tl.run_batched(plan, inputs, bs, workers=workers, progress=False), ref, "threads")
-            t = timed(lambda: tl.run_batched(plan, inputs, bs, workers=workers, progress=False),
-                      repeat)
+            t = timed(lambda bs=bs, w=workers: tl.run_batched(plan, inputs, bs, workers=w,
+                                                              progress=False), repeat)
             rows.append({"model": model, "mode": f"run_batched threads={workers}", "batch": bs,
                          "items_per_s": n / t, "vs_big": t_big / t})
         if client is not None:
             check(tl.run_batched(plan, inputs, bs, client=client, progress=False), ref, "dask")
-            t = timed(lambda: tl.run_batched(plan, inputs, bs, client=client, progress=False),
-                      max(1, repeat // 2))
+            t = timed(lambda bs=bs: tl.run_batched(plan, inputs, bs, client=client,
+                                                   progress=False), max(1, repeat // 2))
             rows.append({"model": model, "mode": "run_batched dask 2 workers", "batch": bs,
                          "items_per_s": n / t, "vs_big": t_big / t})
     for r in rows:

@@ -52,7 +52,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _run_batched(plan, inputs: dict[str, np.ndarray], args: argparse.Namespace) -> dict:
     from .pipeline import run_batched
 
-    opts = dict(batch_size=args.batch_size, progress=not args.no_progress)
+    opts = {"batch_size": args.batch_size, "progress": not args.no_progress}
     if args.dask is None:
         return run_batched(plan, inputs, workers=args.workers or 1, **opts)
     try:
@@ -62,9 +62,9 @@ def _run_batched(plan, inputs: dict[str, np.ndarray], args: argparse.Namespace) 
     if args.dask:
         with Client(args.dask) as client:
             return run_batched(plan, inputs, client=client, **opts)
-    with LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=":0") as cl:
-        with Client(cl) as client:
-            return run_batched(plan, inputs, client=client, **opts)
+    with (LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=":0") as cl,
+          Client(cl) as client):
+        return run_batched(plan, inputs, client=client, **opts)
 
 
 def build_parser() -> argparse.ArgumentParser:

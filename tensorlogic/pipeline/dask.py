@@ -11,6 +11,7 @@ keeps the order).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
@@ -77,7 +78,7 @@ def _worker_lost(exc: BaseException) -> bool:
     try:
         from distributed.comm.core import CommClosedError
     except ImportError:  # pragma: no cover - older layouts
-        CommClosedError = OSError  # noqa: N806
+        CommClosedError = OSError
     return isinstance(exc, (KilledWorker, CommClosedError, CancelledError))
 
 
@@ -167,11 +168,9 @@ class DaskExecutor:
             self._closed = True
             pending = list(self._pending.values())
             self._pending.clear()
-        try:
-            if pending:
+        if pending:
+            with contextlib.suppress(Exception):  # the cluster may already be gone
                 self.client.cancel(pending)
-        except Exception:  # noqa: BLE001 - the cluster may already be gone
-            pass
         self._payload_future = None
 
 

@@ -39,7 +39,9 @@ class ThreadExecutor:
     def _run(self, index: int, staged: Staged, n_items: int) -> BatchOutput | BatchFailure:
         try:
             staged.wait()
-            out = self.plan(staged.inputs, out=staged.out)
+            # host arrays were checked on the loader thread; device arrays are checked here
+            out = self.plan(staged.inputs, out=staged.out,
+                            check_finite=self.check_finite and self.stager.device)
             if self.stager.device:
                 self.stager.finish()
             return BatchOutput(out, index, n_items)

@@ -84,7 +84,7 @@ def _killing_source(x, client, n_batches, state):
     for k in range(n_batches):
         if k == 6 and not state.get("killed"):
             pids = client.run(os.getpid)
-            addr, pid = sorted(pids.items())[0]
+            addr, pid = min(pids.items())
             os.kill(pid, signal.SIGKILL)
             state["killed"] = (addr, pid)
         yield {"x": x[8 * k:8 * (k + 1)]}
@@ -123,7 +123,7 @@ def test_process_cluster_survives_a_killed_worker(plan, rng):
                 np.testing.assert_allclose(r["y"], ref["y"][8 * r.index:8 * (r.index + 1)],
                                            rtol=1e-5, atol=1e-6)
             assert state.get("killed"), "the worker was never killed"
-            addr, pid = state["killed"]
+            _, pid = state["killed"]
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)  # really dead
     assert seen == {k: 1 for k in range(n_batches)}  # every batch exactly once

@@ -78,9 +78,10 @@ def test_no_bar_when_stderr_is_not_a_terminal(capsys):
 def test_failures_show_in_the_bar_counts():
     from tensorlogic.pipeline.progress import Progress
 
-    bar = Progress(enabled=True, total=3, file=open(os.devnull, "w"))
-    assert not bar.active  # /dev/null is not a terminal
-    bar.update(5)
-    bar.update(0, ok=False)
-    assert bar.items == 5 and bar.failed == 1
-    bar.close()
+    with open(os.devnull, "w") as devnull:
+        bar = Progress(enabled=True, total=3, file=devnull)
+        assert not bar.active  # /dev/null is not a terminal
+        bar.update(5)
+        bar.update(0, ok=False)
+        assert bar.items == 5 and bar.failed == 1
+        bar.close()
