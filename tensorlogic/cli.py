@@ -56,14 +56,16 @@ def _run_batched(plan, inputs: dict[str, np.ndarray], args: argparse.Namespace) 
     if args.dask is None:
         return run_batched(plan, inputs, workers=args.workers or 1, **opts)
     try:
-        from distributed import Client, LocalCluster
+        from distributed import Client
     except ImportError as exc:
         raise TensorLogicError("--dask needs dask.distributed: pip install 'tensorlogic[dask]'") from exc
     if args.dask:
         with Client(args.dask) as client:
             return run_batched(plan, inputs, client=client, **opts)
-    with (LocalCluster(n_workers=args.workers, threads_per_worker=1, dashboard_address=":0") as cl,
-          Client(cl) as client):
+    from .pipeline.dask import device_count, local_cluster
+
+    # a device backend gets one worker per GPU; a host backend args.workers processes
+    with local_cluster(args.workers, device_count(plan.backend)) as cl, Client(cl) as client:
         return run_batched(plan, inputs, client=client, **opts)
 
 

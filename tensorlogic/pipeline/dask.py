@@ -174,4 +174,29 @@ class DaskExecutor:
         self._payload_future = None
 
 
-__all__ = ["DaskExecutor", "plan_payload", "worker_plan"]
+def local_cluster(n_workers: int | None = None, devices: int = 0) -> Any:
+    """A new local Dask cluster of worker processes (one thread each).
+
+    With ``devices > 0`` it has one worker per GPU, each started with CUDA_VISIBLE_DEVICES set
+    to its own GPU, so every worker's device backend runs on a different card.
+    """
+    from distributed import LocalCluster, Nanny, Scheduler, SpecCluster
+
+    if devices <= 0:
+        return LocalCluster(n_workers=n_workers, threads_per_worker=1, dashboard_address=":0")
+    workers = {f"gpu-{i}": {"cls": Nanny, "options": {
+        "nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": str(i)}}} for i in range(devices)}
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0"}}
+    return SpecCluster(workers=workers, scheduler=scheduler)
+
+
+def device_count(backend: Any) -> int:
+    """Number of GPUs a device backend can see (0 for host backends)."""
+    from .staging import is_device_backend
+
+    if not is_device_backend(backend):
+        return 0
+    return int(backend.xp.cuda.runtime.getDeviceCount())
+
+
+__all__ = ["DaskExecutor", "device_count", "local_cluster", "plan_payload", "worker_plan"]

@@ -128,3 +128,12 @@ def test_process_cluster_survives_a_killed_worker(plan, rng):
                 os.kill(pid, 0)  # really dead
     assert seen == {k: 1 for k in range(n_batches)}  # every batch exactly once
     assert time.monotonic() - t0 < 170
+
+
+def test_local_cluster_gives_each_gpu_worker_its_own_device():
+    """One worker per GPU, each seeing only its card (checked without GPUs: the environment)."""
+    with tl_dask.local_cluster(devices=2) as cluster, distributed.Client(cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+        seen = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
+    assert sorted(seen.values()) == ["0", "1"]
+    assert tl_dask.device_count(tl.get_backend("numpy")) == 0
