@@ -211,3 +211,22 @@ def test_graph_without_symbols(rng):
     assert [r.n_items for r in res] == [5] * 4
     for r, a in zip(res, xs):
         np.testing.assert_allclose(r["y"], np.exp(a), rtol=1e-6)
+
+
+def test_loading_overlaps_the_callers_work(plan, rng):
+    """A source that takes 40 ms per batch (like reading a file) and a caller that takes 40 ms
+    per result: pipelined, the two waits overlap instead of adding up."""
+    x = _data(rng, 8)
+    n, pause = 10, 0.04
+
+    def slow_source():
+        for _ in range(n):
+            time.sleep(pause)
+            yield {"x": x}
+
+    t0 = time.perf_counter()
+    for _ in tl.run_batches(plan, slow_source(), progress=False):
+        time.sleep(pause)
+    elapsed = time.perf_counter() - t0
+    serial = 2 * n * pause
+    assert elapsed < 0.8 * serial, f"{elapsed:.3f}s vs {serial:.3f}s one after the other"
