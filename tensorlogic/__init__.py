@@ -14,6 +14,12 @@ from .errors import (
     SerializationError, ShapeError, SpecError, TensorLogicError,
 )
 from .ir.graph import EinsumGraph, Tensor
+
+# profiler
+from .errors import MissingDependencyError
+from .profiler import Peaks, Profile, calibrate, profile
+
+# batched inference
 from .pipeline import BatchError, BatchFailure, BatchOutput, run_batched, run_batches
 
 __version__ = "0.1.0"
@@ -23,6 +29,8 @@ __all__ = [
     "MemoryBudgetError", "ProgramError", "SerializationError", "ShapeError", "SpecError", "Tensor",
     "TensorLogicError", "available_backends", "clear_cache", "compile", "errors", "get_backend",
     "register_backend",
+    # profiler
+    "MissingDependencyError", "Peaks", "Profile", "calibrate", "profile",
     # batched inference (pipeline/)
     "BatchError", "BatchFailure", "BatchOutput", "run_batched", "run_batches",
 ]

@@ -1,4 +1,4 @@
-"""Command line: ``tensorlogic demo | run``."""
+"""Command line: ``tensorlogic demo | run | profile``."""
 
 from __future__ import annotations
 
@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "Dask scheduler at ADDRESS, or on a new LocalCluster when no address is given")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.set_defaults(func=_cmd_run)
+    # profile
+    from .profiler.cli import add_parser as add_profile_parser
+
+    add_profile_parser(sub)
     return p
 
 

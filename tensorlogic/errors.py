@@ -75,3 +75,9 @@ class ProgramError(TensorLogicError):
     """
 
     code = "program_error"
+
+
+class MissingDependencyError(TensorLogicError, ImportError):
+    """An optional dependency (an extra such as ``plot``) that a feature needs is not installed."""
+
+    code = "missing_dependency"

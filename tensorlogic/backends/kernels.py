@@ -27,8 +27,17 @@ def einsum_kernel(xp, node, in_nodes) -> Kernel:
         return run(xp, args, out)
 
     kernel.flops = plan.flops
-    kernel.info = f"path={plan.path}" if len(in_nodes) > 2 else ""
+    kernel.info = path_note(node, plan) if len(in_nodes) > 2 else ""
     return kernel
+
+
+def path_note(node, plan) -> str:
+    """What print(plan) shows about a contraction path: pairs, strategy, largest intermediate."""
+    info = node.args.get("path_info")
+    if not info:
+        return f"path={plan.path}"
+    return (f"path={[tuple(p) for p in plan.path]} ({info['strategy']}, "
+            f"largest intermediate {plan.largest_intermediate} elements)")
 
 
 def _logsumexp(xp, x, axes, keepdims, out):

@@ -64,6 +64,8 @@ class ConcretePlan:
     backend: Any
     binding: dict[str, int]
     optimizer_report: Any = None
+    # a backend's own executor (e.g. CUDA-graph replay); None runs the steps one by one
+    runner: Any = None
     pool: TensorPool = field(init=False)
     program: list = field(init=False)
 
@@ -84,6 +86,12 @@ class ConcretePlan:
 
     def run(self, inputs: Mapping[str, Any], out: Mapping[str, Any] | None) -> dict[str, Any]:
         """Execute on validated backend arrays; returns fresh (or caller-given) outputs."""
+        if self.runner is not None:
+            return self.runner(self, inputs, out)
+        return self.run_steps(inputs, out)
+
+    def run_steps(self, inputs: Mapping[str, Any], out: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Execute step by step (the plain executor that a backend runner may fall back to)."""
         env = self.pool.acquire()
         try:
             for name, bid in self.input_ids.items():
@@ -273,10 +281,21 @@ class CompiledPlan:
         cp = self.specialize(**sizes) if self.symbols else self._last
         if out:
             self._check_out(cp, out)
-        arrays = {n: self.backend.to_device(x) for n, x in arrays.items()}
+        obs = hooks.active()
+        if obs is None:
+            arrays = {n: self.backend.to_device(x) for n, x in arrays.items()}
+            results = cp.run(arrays, out)
+            if to_host:
+                results = {k: self.backend.to_host(v) for k, v in results.items()}
+            return results
+        # profiled: report host<->device copies to the profiler
+        be = self.backend
+        arrays = {n: hooks.transfer(obs, "h2d", n, be.to_device, x) for n, x in arrays.items()}
         results = cp.run(arrays, out)
         if to_host:
-            results = {k: self.backend.to_host(v) for k, v in results.items()}
+            sync = getattr(be, "synchronize", None)
+            results = {k: hooks.transfer(obs, "d2h", k, be.to_host, v, sync)
+                       for k, v in results.items()}
         return results
 
     def _check_out(self, cp: ConcretePlan, out: Mapping[str, Any]) -> None:
@@ -318,6 +337,8 @@ class CompiledPlan:
         lines.append(cp.table())
         lines.append(f"total: {len(cp.steps)} steps, {cp.flops / 1e6:.3f} MFLOP")
         lines.append(str(cp.memory))
+        if cp.runner is not None:
+            lines.append(str(cp.runner))
         if cp.optimizer_report is not None:
             lines.append(str(cp.optimizer_report))
         return "\n".join(lines)

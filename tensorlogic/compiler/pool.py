@@ -28,8 +28,10 @@ class TensorPool:
         with self._lock:
             if self._free:
                 return self._free.pop()
+        arena = self._make_arena()  # may fail (out of memory): count only arenas that exist
+        with self._lock:
             self.arenas_created += 1
-        return self._make_arena()
+        return arena
 
     def release(self, arena: list) -> None:
         """Give an arena back for reuse."""

@@ -156,3 +156,49 @@ BINARY_OPS = tuple(n for n, op in ELEMENTWISE.items() if op.arity == 2)
 
 REDUCTIONS = ("sum", "mean", "max", "min", "prod", "logsumexp")
 ROW_OPS = ("softmax", "log_softmax")
+
+# The PTX column of the op table: one instruction sequence per op, shared by float32 and float64.
+# Placeholders: {d} the result, {x} (unary) or {a}/{b} (binary) the operands, {T} the PTX float
+# type (f32/f64), {t0}.. fresh value registers, {p0}.. fresh predicates, {c:V} the immediate V in
+# the type's hex form. A line "@name d, args" expands a math macro (exp, log, tanh, pow) that the
+# PTX emitter implements per type. Every sequence writes {d} last, so {d} never aliases an operand.
+PTX: dict[str, tuple[str, ...]] = {
+    "neg": ("neg.{T} {d}, {x};",),
+    "abs": ("abs.{T} {d}, {x};",),
+    "exp": ("@exp {d}, {x};",),
+    "log": ("@log {d}, {x};",),
+    "sqrt": ("sqrt.rn.{T} {d}, {x};",),
+    "square": ("mul.{T} {d}, {x}, {x};",),
+    "reciprocal": ("rcp.rn.{T} {d}, {x};",),
+    # x <= 0 -> 0, else x: a NaN input stays NaN, as with np.maximum
+    "relu": ("setp.le.{T} {p0}, {x}, {c:0};", "selp.{T} {d}, {c:0}, {x}, {p0};"),
+    "sigmoid": ("mul.{T} {t0}, {x}, {c:0.5};", "@tanh {t1}, {t0};",
+                "fma.rn.{T} {d}, {t1}, {c:0.5}, {c:0.5};"),
+    "tanh": ("@tanh {d}, {x};",),
+    "softplus": ("abs.{T} {t0}, {x};", "neg.{T} {t0}, {t0};", "@exp {t1}, {t0};",
+                 "add.{T} {t1}, {t1}, {c:1};", "@log {t2}, {t1};", "max.{T} {t3}, {x}, {c:0};",
+                 "add.{T} {d}, {t3}, {t2};"),
+    "gelu": ("mul.{T} {t0}, {x}, {x};", "fma.rn.{T} {t0}, {t0}, {c:0.044715}, {c:1};",
+             "mul.{T} {t0}, {t0}, {x};", "mul.{T} {t0}, {t0}, {c:0.7978845608028654};",
+             "@tanh {t1}, {t0};", "add.{T} {t1}, {t1}, {c:1};", "mul.{T} {t1}, {t1}, {x};",
+             "mul.{T} {d}, {t1}, {c:0.5};"),
+    "step": ("setp.gt.{T} {p0}, {x}, {c:0};", "selp.{T} {d}, {c:1}, {c:0}, {p0};"),
+    "one_minus": ("sub.{T} {d}, {c:1}, {x};",),
+    "add": ("add.{T} {d}, {a}, {b};",),
+    "sub": ("sub.{T} {d}, {a}, {b};",),
+    "mul": ("mul.{T} {d}, {a}, {b};",),
+    "div": ("div.rn.{T} {d}, {a}, {b};",),
+    "pow": ("@pow {d}, {a}, {b};",),
+    # PTX max/min drop a NaN operand; numpy propagates it, so a NaN in either operand wins
+    "maximum": ("max.{T} {t0}, {a}, {b};", "setp.nan.{T} {p0}, {a}, {b};",
+                "add.{T} {t1}, {a}, {b};", "selp.{T} {d}, {t1}, {t0}, {p0};"),
+    "minimum": ("min.{T} {t0}, {a}, {b};", "setp.nan.{T} {p0}, {a}, {b};",
+                "add.{T} {t1}, {a}, {b};", "selp.{T} {d}, {t1}, {t0}, {p0};"),
+    "gt": ("setp.gt.{T} {p0}, {a}, {b};", "selp.{T} {d}, {c:1}, {c:0}, {p0};"),
+    "ge": ("setp.ge.{T} {p0}, {a}, {b};", "selp.{T} {d}, {c:1}, {c:0}, {p0};"),
+    "lt": ("setp.lt.{T} {p0}, {a}, {b};", "selp.{T} {d}, {c:1}, {c:0}, {p0};"),
+    "le": ("setp.le.{T} {p0}, {a}, {b};", "selp.{T} {d}, {c:1}, {c:0}, {p0};"),
+    "eq": ("setp.eq.{T} {p0}, {a}, {b};", "selp.{T} {d}, {c:1}, {c:0}, {p0};"),
+    # unordered: NaN != anything is true, as in numpy
+    "ne": ("setp.neu.{T} {p0}, {a}, {b};", "selp.{T} {d}, {c:1}, {c:0}, {p0};"),
+}

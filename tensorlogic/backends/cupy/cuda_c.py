@@ -1,0 +1,247 @@
+"""The CUDA C renderer: the same KernelSpec as the PTX emitter, as CUDA C for NVRTC.
+
+Op semantics come from the op table's CUDA C column; the kernel skeletons (grid-stride loops,
+block-per-row reductions with warp shuffles) mirror ``ptx`` so the two paths cross-check each
+other. The source needs no headers: float16 moves through inline PTX conversions.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Sequence
+
+from ...errors import BackendError
+from ...ir import ops
+from .spec import KernelSpec, row_block
+
+CTYPE = {"float32": "float", "float64": "double", "float16": "unsigned short"}
+
+_PRELUDE = r"""
+__device__ __forceinline__ float tl_h2f(unsigned short h) {
+  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned short tl_f2h(float f) {
+  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+"""
+
+_COMBINE = {"sum": "({a} + {b})", "mean": "({a} + {b})", "prod": "({a} * {b})",
+            "max": "fmax({a}, {b})", "min": "fmin({a}, {b})"}
+_IDENT = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}
+
+
+def literal(v: float, ct: str) -> str:
+    """An exact C literal of ``v`` in the compute type (bit patterns for inf and NaN)."""
+    if ct == "float":
+        bits = struct.unpack("<I", struct.pack("<f", v))[0]
+        return f"__int_as_float(0x{bits:08x})"
+    bits = struct.unpack("<Q", struct.pack("<d", v))[0]
+    return f"__longlong_as_double(0x{bits:016x}LL)"
+
+
+class _Src:
+    def __init__(self, spec: KernelSpec) -> None:
+        self.spec = spec
+        self.lines: list[str] = []
+        self.n = 0
+        self.ct = CTYPE[spec.compute]
+        self.it = "unsigned long long" if spec.wide else "unsigned int"
+
+    def var(self, stem: str) -> str:
+        self.n += 1
+        return f"{stem}{self.n}"
+
+    def emit(self, line: str, depth: int = 1) -> None:
+        self.lines.append("  " * depth + line)
+
+    def load(self, k: int, off: str | None) -> str:
+        dt = self.spec.in_dtypes[k]
+        e = f"in{k}[{off or 0}]"
+        if dt == "float16":
+            return f"tl_h2f({e})"
+        return e if CTYPE[dt] == self.ct else f"(({self.ct}){e})"
+
+    def store_expr(self, v: str) -> str:
+        return f"tl_f2h({v})" if self.spec.dtype == "float16" else f"(({CTYPE[self.spec.dtype]}){v})"
+
+    def program(self, offs: Sequence[str | None], depth: int) -> str:
+        spec = self.spec
+        vals: dict[tuple, str] = {}
+
+        def ref(r) -> str:
+            if r[0] == "in":
+                key = r
+                if key not in vals:
+                    v = self.var("x")
+                    self.emit(f"const {self.ct} {v} = {self.load(r[1], offs[r[1]])};", depth)
+                    vals[key] = v
+                return vals[key]
+            if r[0] == "tmp":
+                return tmps[r[1]]
+            return literal(float(r[1]), self.ct)
+
+        tmps: list[str] = []
+        for ins in spec.instrs:
+            args = [ref(a) for a in ins.args]
+            if ins.op == "where":
+                expr = f"({args[0]} != ({self.ct})0 ? {args[1]} : {args[2]})"
+            else:
+                names = ("x",) if len(args) == 1 else ("a", "b")
+                expr = ops.ELEMENTWISE[ins.op].cuda.format(T=self.ct, **dict(zip(names, args)))
+            t = self.var("t")
+            self.emit(f"const {self.ct} {t} = {expr};", depth)
+            tmps.append(t)
+        return ref(spec.result)
+
+    def offsets(self, group, idx: str, depth: int) -> list[str | None]:
+        offs: list[str | None] = [None] * self.spec.n_inputs
+        if not group:
+            return offs
+        q = idx
+        for j, dim in enumerate(reversed(group)):
+            if j == len(group) - 1:
+                pos = q
+            else:
+                pos, nq = self.var("pos"), self.var("q")
+                self.emit(f"const {self.it} {pos} = {q} % {dim.size}u, {nq} = {q} / {dim.size}u;",
+                          depth)
+                q = nq
+            for k, st in enumerate(dim.strides):
+                if st:
+                    term = pos if st == 1 else f"{pos} * {st}u"
+                    offs[k] = term if offs[k] is None else f"{offs[k]} + {term}"
+        out: list[str | None] = []
+        for o in offs:
+            if o is None:
+                out.append(None)
+            else:
+                v = self.var("off")
+                self.emit(f"const {self.it} {v} = {o};", depth)
+                out.append(v)
+        return out
+
+    @staticmethod
+    def add(a: list[str | None], b: list[str | None]) -> list[str | None]:
+        return [y if x is None else x if y is None else f"({x} + {y})" for x, y in zip(a, b)]
+
+
+def _tail(s: _Src, run_pass, finish, write_row, depth: int) -> None:
+    spec, ct = s.spec, s.ct
+    tail = spec.tail
+    if tail in _COMBINE:
+        acc = run_pass(tail, lambda v: v)
+        if tail == "mean":
+            acc = f"({acc} * {literal(1.0 / spec.sizes[1], ct)})"
+        finish(acc)
+        return
+    m = run_pass("max", lambda v: v)
+    ms = s.var("ms")
+    s.emit(f"const {ct} {ms} = ({m} == {literal(float('-inf'), ct)}) ? ({ct})0 : {m};", depth)
+    ssum = run_pass("sum", lambda v: f"exp({v} - {ms})")
+    if tail == "logsumexp":
+        finish(f"(log({ssum}) + {ms})")
+    elif tail == "softmax":
+        inv = s.var("inv")
+        s.emit(f"const {ct} {inv} = ({ct})1 / {ssum};", depth)
+        write_row(lambda v: f"(exp({v} - {ms}) * {inv})")
+    elif tail == "log_softmax":
+        sh = s.var("sh")
+        s.emit(f"const {ct} {sh} = log({ssum}) + {ms};", depth)
+        write_row(lambda v: f"({v} - {sh})")
+    else:
+        raise BackendError(f"no CUDA C for tail {tail!r}")
+
+
+def _ew(s: _Src) -> None:
+    spec, it = s.spec, s.it
+    s.emit(f"for ({it} i = ({it})blockIdx.x * blockDim.x + threadIdx.x; i < {spec.total}u; "
+           f"i += ({it})blockDim.x * gridDim.x) {{")
+    offs = s.offsets(spec.groups[0], "i", 2)
+    v = s.program(offs, 2)
+    s.emit(f"out[i] = {s.store_expr(v)};", 2)
+    s.emit("}")
+
+
+def _row(s: _Src) -> None:
+    spec, it, ct = s.spec, s.it, s.ct
+    (go, gr), (n_o, n_r) = spec.groups, spec.sizes
+    block = row_block(n_r)
+    s.emit(f"__shared__ {ct} smem[{max(block // 32, 1)}];")
+    s.emit(f"for ({it} row = blockIdx.x; row < {n_o}u; row += gridDim.x) {{")
+    base = s.offsets(go, "row", 2)
+
+    def run_pass(tail: str, f) -> str:
+        acc = s.var("acc")
+        s.emit(f"{ct} {acc} = {literal(_IDENT[tail], ct)};", 2)
+        s.emit(f"for ({it} r = threadIdx.x; r < {n_r}u; r += {block}u) {{", 2)
+        v = s.program(s.add(base, s.offsets(gr, "r", 3)), 3)
+        s.emit(f"{acc} = {_COMBINE[tail].format(a=acc, b=f(v))};", 3)
+        s.emit("}", 2)
+        s.emit(f"for (int m = 16; m > 0; m >>= 1) {acc} = "
+               f"{_COMBINE[tail].format(a=acc, b=f'__shfl_xor_sync(0xffffffffu, {acc}, m)')};", 2)
+        if block > 32:
+            s.emit(f"if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = {acc};", 2)
+            s.emit("__syncthreads();", 2)
+            s.emit(f"{acc} = smem[0];", 2)
+            s.emit(f"for (int w = 1; w < {block // 32}; ++w) "
+                   f"{acc} = {_COMBINE[tail].format(a=acc, b='smem[w]')};", 2)
+            s.emit("__syncthreads();", 2)
+        return acc
+
+    def finish(v: str) -> None:
+        s.emit(f"if (threadIdx.x == 0) out[row] = {s.store_expr(v)};", 2)
+
+    def write_row(f) -> None:
+        s.emit(f"for ({it} r = threadIdx.x; r < {n_r}u; r += {block}u) {{", 2)
+        v = s.program(s.add(base, s.offsets(gr, "r", 3)), 3)
+        s.emit(f"out[row * {n_r}u + r] = {s.store_expr(f(v))};", 3)
+        s.emit("}", 2)
+
+    _tail(s, run_pass, finish, write_row, 2)
+    s.emit("}")
+
+
+def _col(s: _Src) -> None:
+    spec, it, ct = s.spec, s.it, s.ct
+    (go, gr, gi), (n_o, n_r, n_i) = spec.groups, spec.sizes
+    s.emit(f"for ({it} idx = ({it})blockIdx.x * blockDim.x + threadIdx.x; idx < {n_o * n_i}u; "
+           f"idx += ({it})blockDim.x * gridDim.x) {{")
+    s.emit(f"const {it} o = idx / {n_i}u, ii = idx % {n_i}u;", 2)
+    base = s.add(s.offsets(go, "o", 2), s.offsets(gi, "ii", 2))
+
+    def run_pass(tail: str, f) -> str:
+        acc = s.var("acc")
+        s.emit(f"{ct} {acc} = {literal(_IDENT[tail], ct)};", 2)
+        s.emit(f"for ({it} r = 0; r < {n_r}u; ++r) {{", 2)
+        v = s.program(s.add(base, s.offsets(gr, "r", 3)), 3)
+        s.emit(f"{acc} = {_COMBINE[tail].format(a=acc, b=f(v))};", 3)
+        s.emit("}", 2)
+        return acc
+
+    def finish(v: str) -> None:
+        s.emit(f"out[idx] = {s.store_expr(v)};", 2)
+
+    def write_row(f) -> None:
+        s.emit(f"for ({it} r = 0; r < {n_r}u; ++r) {{", 2)
+        v = s.program(s.add(base, s.offsets(gr, "r", 3)), 3)
+        s.emit(f"out[(o * {n_r}u + r) * {n_i}u + ii] = {s.store_expr(f(v))};", 3)
+        s.emit("}", 2)
+
+    _tail(s, run_pass, finish, write_row, 2)
+    s.emit("}")
+
+
+def render(spec: KernelSpec, name: str, prelude: bool = True) -> str:
+    """CUDA C source of one ``extern "C"`` kernel ``name`` (``prelude``: with its helpers)."""
+    s = _Src(spec)
+    params = [f"{CTYPE[spec.dtype]}* __restrict__ out"] + [
+        f"const {CTYPE[dt]}* __restrict__ in{k}" for k, dt in enumerate(spec.in_dtypes)]
+    if spec.family == "ew":
+        _ew(s)
+    elif spec.family == "row":
+        _row(s)
+    elif spec.family == "col":
+        _col(s)
+    else:
+        raise BackendError(f"unknown kernel family {spec.family!r}")
+    head = f"// tensorlogic generated: {spec.family} {spec.tail or 'elementwise'} {spec.dtype}"
+    return "\n".join([head, _PRELUDE.strip() if prelude else "", f'extern "C" __global__ void {name}(',
+                      "    " + ", ".join(params) + ") {", *s.lines, "}", ""])

@@ -1,0 +1,555 @@
+"""The PTX emitter: renders a KernelSpec as PTX text, instruction by instruction.
+
+Registers are named by class (%f f32, %fd f64, %r 32-bit integers, %rd 64-bit integers, %h 16-bit,
+%p predicates) and numbered in order of use. Op semantics come from ``ops.PTX`` (one instruction
+sequence per op) and the math macros of ``ptx_math``; the kernel skeletons (grid-stride loops,
+16-byte vector loads/stores, warp-shuffle block reductions) are built here.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from ...errors import BackendError
+from ...ir import ops
+from . import ptx_math
+from .spec import ITEMSIZE, KernelSpec, row_block
+
+PTX_VERSION = "8.0"
+PTYPE = {"float32": "f32", "float64": "f64", "float16": "f16"}
+_PREFIX = {"f32": "%f", "f64": "%fd", "pred": "%p", "u32": "%r", "s32": "%r", "b32": "%r",
+           "u64": "%rd", "s64": "%rd", "b64": "%rd", "b16": "%h"}
+_DECL = {"%f": ".f32", "%fd": ".f64", "%p": ".pred", "%r": ".b32", "%rd": ".b64", "%h": ".b16"}
+
+# reduction tails: (combine instruction, identity)
+_COMBINE = {"sum": ("add", 0.0), "mean": ("add", 0.0), "prod": ("mul", 1.0),
+            "max": ("max", float("-inf")), "min": ("min", float("inf"))}
+
+
+class _Regs:
+    """Allocates systematically named virtual registers."""
+
+    def __init__(self) -> None:
+        self.count = {p: 0 for p in _DECL}
+
+    def new(self, ptype: str) -> str:
+        pre = _PREFIX[ptype]
+        self.count[pre] += 1
+        return f"{pre}{self.count[pre]}"
+
+    def decls(self) -> list[str]:
+        return [f"  .reg {_DECL[p]} {p}<{n + 1}>;" for p, n in self.count.items() if n]
+
+
+class _Imm:
+    """``{c:0.5}`` in an op template: the immediate 0.5 of the compute type."""
+
+    def __init__(self, ptype: str) -> None:
+        self.ptype = ptype
+
+    def __format__(self, spec: str) -> str:
+        return ptx_math.imm(float(spec), self.ptype)
+
+
+class _Fields(dict):
+    """Template fields; ``{t0}``.. and ``{p0}``.. allocate fresh registers on first use."""
+
+    def __init__(self, regs: _Regs, ptype: str, **given: str) -> None:
+        super().__init__(given, T=ptype, c=_Imm(ptype))
+        self.regs, self.ptype = regs, ptype
+
+    def __missing__(self, key: str) -> str:
+        if key[0] == "t":
+            self[key] = self.regs.new(self.ptype)
+        elif key[0] == "p":
+            self[key] = self.regs.new("pred")
+        else:
+            raise KeyError(key)
+        return self[key]
+
+
+class _Kernel:
+    """One kernel under construction: registers, body lines, labels."""
+
+    def __init__(self, spec: KernelSpec) -> None:
+        self.spec = spec
+        self.regs = _Regs()
+        self.body: list[str] = []
+        self.ct = PTYPE[spec.compute]
+        self.it = "u64" if spec.wide else "u32"
+        self.labels = 0
+
+    def emit(self, *lines: str) -> None:
+        self.body.extend("  " + ln if not ln.startswith("$") else ln for ln in lines)
+
+    def label(self, stem: str) -> str:
+        self.labels += 1
+        return f"$L_{stem}_{self.labels}"
+
+    def new(self, ptype: str) -> str:
+        return self.regs.new(ptype)
+
+    # -------------------------------------------------------------- the elementwise program
+    def op(self, name: str, args: Sequence[str]) -> str:
+        d = self.new(self.ct)
+        if name == "where":
+            p = self.new("pred")
+            self.emit(f"setp.ne.{self.ct} {p}, {args[0]}, {ptx_math.imm(0.0, self.ct)};",
+                      f"selp.{self.ct} {d}, {args[1]}, {args[2]}, {p};")
+            return d
+        names = ("x",) if len(args) == 1 else ("a", "b")
+        fields = _Fields(self.regs, self.ct, d=d, **dict(zip(names, args)))
+        for tmpl in ops.PTX[name]:
+            line = tmpl.format_map(fields)
+            if line.startswith("@"):
+                macro, rest = line[1:].split(" ", 1)
+                regs = [a.strip() for a in rest.rstrip(";").split(",")]
+                self.emit(*ptx_math.MACROS[self.ct][macro](self.regs, *regs))
+            else:
+                self.emit(line)
+        return d
+
+    def load(self, ptr: str, off: str, dtype: str) -> str:
+        """Load element ``off`` of a global array and convert it to the compute type."""
+        addr = self.address(ptr, off, ITEMSIZE[dtype])
+        pt = PTYPE[dtype]
+        if pt == self.ct:
+            v = self.new(self.ct)
+            self.emit(f"ld.global.nc.{pt} {v}, [{addr}];")
+            return v
+        raw = self.new("b16" if pt == "f16" else pt)
+        self.emit(f"ld.global.nc.{'b16' if pt == 'f16' else pt} {raw}, [{addr}];")
+        v = self.new(self.ct)
+        rnd = ".rn" if ITEMSIZE[dtype] > ITEMSIZE[self.spec.compute] else ""
+        self.emit(f"cvt{rnd}.{self.ct}.{pt} {v}, {raw};")
+        return v
+
+    def store(self, ptr: str, off: str, v: str) -> None:
+        dtype = self.spec.dtype
+        addr = self.address(ptr, off, ITEMSIZE[dtype])
+        pt = PTYPE[dtype]
+        if pt == self.ct:
+            self.emit(f"st.global.{pt} [{addr}], {v};")
+            return
+        raw = self.new("b16" if pt == "f16" else pt)
+        self.emit(f"cvt.rn.{pt}.{self.ct} {raw}, {v};",
+                  f"st.global.{'b16' if pt == 'f16' else pt} [{addr}], {raw};")
+
+    def address(self, ptr: str, off: str | None, size: int) -> str:
+        if off is None:  # a broadcast scalar: element 0
+            return ptr
+        a = self.new("u64")
+        if self.it == "u32":
+            self.emit(f"mul.wide.u32 {a}, {off}, {size};")
+        else:
+            self.emit(f"mul.lo.u64 {a}, {off}, {size};")
+        self.emit(f"add.s64 {a}, {ptr}, {a};")
+        return a
+
+    def program(self, ptrs: Sequence[str], offs: Sequence[str | None],
+                preloaded: dict[int, str] | None = None) -> str:
+        """Evaluate the spec's program at the given per-input element offsets."""
+        spec = self.spec
+        loaded: dict[int, str] = dict(preloaded or {})
+
+        def ref(r) -> str:
+            kind, v = r
+            if kind == "in":
+                if v not in loaded:
+                    loaded[v] = self.load(ptrs[v], offs[v], spec.in_dtypes[v])
+                return loaded[v]
+            if kind == "tmp":
+                return tmps[v]
+            reg = self.new(self.ct)
+            self.emit(f"mov.{self.ct} {reg}, {ptx_math.imm(float(v), self.ct)};")
+            return reg
+
+        tmps: list[str] = []
+        for ins in spec.instrs:
+            tmps.append(self.op(ins.op, [ref(a) for a in ins.args]))
+        return ref(spec.result)
+
+    # -------------------------------------------------------------- index arithmetic
+    def offsets(self, group, idx: str) -> list[str | None]:
+        """Per-input element offsets of the point ``idx`` of a group (None: offset 0)."""
+        n = self.spec.n_inputs
+        it = self.it
+        if not group:
+            return [None] * n
+        offs: list[str | None] = [None] * n
+        q = idx
+        for j, dim in enumerate(reversed(group)):
+            last = j == len(group) - 1
+            if last:
+                pos = q
+            else:
+                pos, nq = self.new(it), self.new(it)
+                self.emit(f"rem.{it} {pos}, {q}, {dim.size};", f"div.{it} {nq}, {q}, {dim.size};")
+                q = nq
+            for k, st in enumerate(dim.strides):
+                if st == 0:
+                    continue
+                if offs[k] is None:
+                    if st == 1:
+                        offs[k] = pos
+                    else:
+                        o = self.new(it)
+                        self.emit(f"mul.lo.{it} {o}, {pos}, {st};")
+                        offs[k] = o
+                else:
+                    o = self.new(it)
+                    self.emit(f"mad.lo.{it} {o}, {pos}, {st}, {offs[k]};")
+                    offs[k] = o
+        return offs
+
+    def add_offsets(self, a: list[str | None], b: list[str | None]) -> list[str | None]:
+        out: list[str | None] = []
+        for x, y in zip(a, b):
+            if x is None or y is None:
+                out.append(y if x is None else x)
+            else:
+                o = self.new(self.it)
+                self.emit(f"add.{self.it} {o}, {x}, {y};")
+                out.append(o)
+        return out
+
+    def zero_offsets(self, offs: list[str | None]) -> list[str]:
+        out = []
+        for o in offs:
+            if o is None:
+                z = self.new(self.it)
+                self.emit(f"mov.{self.it} {z}, 0;")
+                o = z
+            out.append(o)
+        return out
+
+    def global_index(self) -> tuple[str, str]:
+        """(first index, grid stride) of this thread, in the index type."""
+        c, n, t, g = (self.new("u32") for _ in range(4))
+        self.emit(f"mov.u32 {c}, %ctaid.x;", f"mov.u32 {n}, %ntid.x;", f"mov.u32 {t}, %tid.x;",
+                  f"mov.u32 {g}, %nctaid.x;")
+        if self.it == "u32":
+            i, s = self.new("u32"), self.new("u32")
+            self.emit(f"mad.lo.u32 {i}, {c}, {n}, {t};", f"mul.lo.u32 {s}, {n}, {g};")
+        else:
+            i, s, t64 = self.new("u64"), self.new("u64"), self.new("u64")
+            self.emit(f"mul.wide.u32 {i}, {c}, {n};", f"cvt.u64.u32 {t64}, {t};",
+                      f"add.u64 {i}, {i}, {t64};", f"mul.wide.u32 {s}, {n}, {g};")
+        return i, s
+
+    def combine(self, tail: str, acc: str, v: str) -> str:
+        d = self.new(self.ct)
+        self.emit(f"{_COMBINE[tail][0]}.{self.ct} {d}, {acc}, {v};")
+        return d
+
+    def const(self, v: float) -> str:
+        reg = self.new(self.ct)
+        self.emit(f"mov.{self.ct} {reg}, {ptx_math.imm(v, self.ct)};")
+        return reg
+
+    def macro(self, name: str, *args: str) -> str:
+        d = self.new(self.ct)
+        self.emit(*ptx_math.MACROS[self.ct][name](self.regs, d, *args))
+        return d
+
+
+def _params(name: str, n_inputs: int) -> tuple[list[str], list[str]]:
+    params = [f".param .u64 {name}_param_{k}" for k in range(n_inputs + 1)]
+    return params, [f"{name}_param_{k}" for k in range(n_inputs + 1)]
+
+
+def _pointers(k: _Kernel, pnames: list[str]) -> list[str]:
+    ptrs = []
+    for p in pnames:
+        r = k.new("u64")
+        k.emit(f"ld.param.u64 {r}, [{p}];", f"cvta.to.global.u64 {r}, {r};")
+        ptrs.append(r)
+    return ptrs
+
+
+def vector_width(spec: KernelSpec) -> int:
+    """Elements per 16-byte vector for the ew family, or 0 if the kernel cannot vectorize."""
+    if spec.family != "ew" or spec.dtype == "float16":
+        return 0
+    size = ITEMSIZE[spec.dtype]
+    for k, dt in enumerate(spec.in_dtypes):
+        mode = spec.input_mode(k)
+        if mode == "strided" or (mode == "full" and ITEMSIZE[dt] != size):
+            return 0
+    return 16 // size
+
+
+def _ew(k: _Kernel, ptrs: list[str], vector: bool) -> None:
+    spec = k.spec
+    it, n = k.it, spec.total
+    out, ins = ptrs[0], ptrs[1:]
+    idx, step = k.global_index()
+    p = k.new("pred")
+    if not vector:
+        (group,) = spec.groups
+        loop, end = k.label("loop"), k.label("end")
+        k.emit(f"setp.ge.{it} {p}, {idx}, {n};", f"@{p} bra {end};", f"{loop}:")
+        offs = k.offsets(group, idx)
+        v = k.program(ins, offs)
+        k.store(out, idx, v)
+        k.emit(f"add.{it} {idx}, {idx}, {step};", f"setp.lt.{it} {p}, {idx}, {n};",
+               f"@{p} bra {loop};", f"{end}:", "ret;")
+        return
+    w = vector_width(spec)
+    pt = PTYPE[spec.dtype]
+    nv = n // w
+    # scalar (broadcast) operands are loop invariant: load them once
+    zero = k.new(it)
+    k.emit(f"mov.{it} {zero}, 0;")
+    pre = {j: k.load(ins[j], zero, spec.in_dtypes[j]) for j in range(spec.n_inputs)
+           if spec.input_mode(j) == "scalar"}
+    full = [j for j in range(spec.n_inputs) if spec.input_mode(j) == "full"]
+    loop, tail = k.label("vloop"), k.label("tail")
+    k.emit(f"setp.ge.{it} {p}, {idx}, {nv};", f"@{p} bra {tail};", f"{loop}:")
+    lanes: dict[int, list[str]] = {}
+    for j in full:
+        addr = k.address(ins[j], idx, 16)
+        regs = [k.new(k.ct) for _ in range(w)]
+        k.emit(f"ld.global.nc.v{w}.{pt} {{{', '.join(regs)}}}, [{addr}];")
+        lanes[j] = regs
+    results = []
+    for lane in range(w):
+        given = {**pre, **{j: lanes[j][lane] for j in full}}
+        results.append(k.program(ins, [None] * spec.n_inputs, given))
+    addr = k.address(out, idx, 16)
+    k.emit(f"st.global.v{w}.{pt} [{addr}], {{{', '.join(results)}}};",
+           f"add.{it} {idx}, {idx}, {step};", f"setp.lt.{it} {p}, {idx}, {nv};",
+           f"@{p} bra {loop};", f"{tail}:")
+    # the last n % w elements: one per thread of the first block
+    if n % w:
+        t, end = k.new(it), k.label("end")
+        tid = k.new("u32")
+        k.emit(f"mov.u32 {tid}, %tid.x;")
+        if it == "u32":
+            k.emit(f"add.u32 {t}, {tid}, {nv * w};")
+        else:
+            k.emit(f"cvt.u64.u32 {t}, {tid};", f"add.u64 {t}, {t}, {nv * w};")
+        c = k.new("u32")
+        q = k.new("pred")
+        k.emit(f"mov.u32 {c}, %ctaid.x;", f"setp.ne.u32 {q}, {c}, 0;", f"@{q} bra {end};",
+               f"setp.ge.{it} {p}, {t}, {n};", f"@{p} bra {end};")
+        offs = [t if spec.input_mode(j) == "full" else None for j in range(spec.n_inputs)]
+        v = k.program(ins, offs, pre)
+        k.store(out, t, v)
+        k.emit(f"{end}:")
+    k.emit("ret;")
+
+
+def _shfl(k: _Kernel, v: str, lane_mask: int) -> str:
+    o = k.new(k.ct)
+    if k.ct == "f32":
+        k.emit(f"shfl.sync.bfly.b32 {o}, {v}, {lane_mask}, 31, -1;")
+        return o
+    lo, hi, lo2, hi2 = (k.new("b32") for _ in range(4))
+    k.emit(f"mov.b64 {{{lo}, {hi}}}, {v};",
+           f"shfl.sync.bfly.b32 {lo2}, {lo}, {lane_mask}, 31, -1;",
+           f"shfl.sync.bfly.b32 {hi2}, {hi}, {lane_mask}, 31, -1;",
+           f"mov.b64 {o}, {{{lo2}, {hi2}}};")
+    return o
+
+
+def _block_allreduce(k: _Kernel, tail: str, v: str, block: int, smem: str) -> str:
+    """Reduce ``v`` over the block (warp butterflies, then across warps through shared memory);
+    every thread gets the result."""
+    for m in (16, 8, 4, 2, 1):
+        v = k.combine(tail, v, _shfl(k, v, m))
+    if block <= 32:
+        return v
+    size = 8 if k.ct == "f64" else 4
+    tid, lane, warp, a = k.new("u32"), k.new("u32"), k.new("u32"), k.new("u32")
+    p = k.new("pred")
+    skip = k.label("skip")
+    k.emit(f"mov.u32 {tid}, %tid.x;", f"and.b32 {lane}, {tid}, 31;", f"shr.u32 {warp}, {tid}, 5;",
+           f"setp.ne.u32 {p}, {lane}, 0;", f"@{p} bra {skip};",
+           f"mov.u32 {a}, {smem};", f"mad.lo.u32 {a}, {warp}, {size}, {a};",
+           f"st.shared.{k.ct} [{a}], {v};", f"{skip}:", "bar.sync 0;")
+    base = k.new("u32")
+    k.emit(f"mov.u32 {base}, {smem};")
+    acc = None
+    for w in range(block // 32):
+        x = k.new(k.ct)
+        k.emit(f"ld.shared.{k.ct} {x}, [{base}+{w * size}];")
+        acc = x if acc is None else k.combine(tail, acc, x)
+    k.emit("bar.sync 0;")  # the buffer is reused by the next reduction
+    return acc
+
+
+def _tail_passes(k: _Kernel, run_pass, finish_reduce, write_row) -> None:
+    """The reduction/row-op tail, given a pass runner over the row (shared by row and col)."""
+    spec = k.spec
+    tail = spec.tail
+    if tail in _COMBINE:
+        acc = run_pass(tail, lambda v: v)
+        if tail == "mean":
+            acc2 = k.new(k.ct)
+            k.emit(f"mul.{k.ct} {acc2}, {acc}, {ptx_math.imm(1.0 / spec.sizes[1], k.ct)};")
+            acc = acc2
+        finish_reduce(acc)
+        return
+    m = run_pass("max", lambda v: v)
+    # a row of -inf has max -inf: subtract 0 instead so exp gives 0, not NaN
+    ninf, ms = k.new("pred"), k.new(k.ct)
+    k.emit(f"setp.eq.{k.ct} {ninf}, {m}, {ptx_math.imm(float('-inf'), k.ct)};",
+           f"selp.{k.ct} {ms}, {ptx_math.imm(0.0, k.ct)}, {m}, {ninf};")
+
+    def shifted_exp(v: str) -> str:
+        t = k.new(k.ct)
+        k.emit(f"sub.{k.ct} {t}, {v}, {ms};")
+        return k.macro("exp", t)
+
+    s = run_pass("sum", shifted_exp)
+    if tail == "logsumexp":
+        ls = k.macro("log", s)
+        r = k.new(k.ct)
+        k.emit(f"add.{k.ct} {r}, {ls}, {ms};")
+        finish_reduce(r)
+    elif tail == "softmax":
+        inv = k.new(k.ct)
+        k.emit(f"rcp.rn.{k.ct} {inv}, {s};")
+
+        def soft(v: str) -> str:
+            e = shifted_exp(v)
+            r = k.new(k.ct)
+            k.emit(f"mul.{k.ct} {r}, {e}, {inv};")
+            return r
+        write_row(soft)
+    elif tail == "log_softmax":
+        ls = k.macro("log", s)
+        sh = k.new(k.ct)
+        k.emit(f"add.{k.ct} {sh}, {ls}, {ms};")
+
+        def logsoft(v: str) -> str:
+            r = k.new(k.ct)
+            k.emit(f"sub.{k.ct} {r}, {v}, {sh};")
+            return r
+        write_row(logsoft)
+    else:
+        raise BackendError(f"no PTX for tail {tail!r}")
+
+
+def _row(k: _Kernel, ptrs: list[str], smem: str) -> None:
+    spec = k.spec
+    it = k.it
+    (go, gr), (n_o, n_r) = spec.groups, spec.sizes
+    block = row_block(n_r)
+    out, ins = ptrs[0], ptrs[1:]
+    row, step, tid = k.new(it), k.new(it), k.new(it)
+    c, g, t = k.new("u32"), k.new("u32"), k.new("u32")
+    k.emit(f"mov.u32 {c}, %ctaid.x;", f"mov.u32 {g}, %nctaid.x;", f"mov.u32 {t}, %tid.x;")
+    cv = "mov.u32" if it == "u32" else "cvt.u64.u32"
+    k.emit(f"{cv} {row}, {c};", f"{cv} {step}, {g};", f"{cv} {tid}, {t};")
+    p = k.new("pred")
+    rloop, rend = k.label("row"), k.label("rowend")
+    k.emit(f"setp.ge.{it} {p}, {row}, {n_o};", f"@{p} bra {rend};", f"{rloop}:")
+    base = k.offsets(go, row)
+
+    def run_pass(tail: str, f) -> str:
+        acc = k.const(_COMBINE[tail][1])
+        r, q = k.new(it), k.new("pred")
+        loop, done = k.label("r"), k.label("rdone")
+        k.emit(f"mov.{it} {r}, {tid};", f"setp.ge.{it} {q}, {r}, {n_r};", f"@{q} bra {done};",
+               f"{loop}:")
+        offs = k.add_offsets(base, k.offsets(gr, r))
+        v = f(k.program(ins, k.zero_offsets(offs)))
+        k.emit(f"{_COMBINE[tail][0]}.{k.ct} {acc}, {acc}, {v};",
+               f"add.{it} {r}, {r}, {block};", f"setp.lt.{it} {q}, {r}, {n_r};",
+               f"@{q} bra {loop};", f"{done}:")
+        return _block_allreduce(k, tail, acc, block, smem)
+
+    def finish_reduce(v: str) -> None:
+        q, skip = k.new("pred"), k.label("w")
+        k.emit(f"setp.ne.{it} {q}, {tid}, 0;", f"@{q} bra {skip};")
+        k.store(out, row, v)
+        k.emit(f"{skip}:")
+
+    def write_row(f) -> None:
+        r, q = k.new(it), k.new("pred")
+        loop, done = k.label("w"), k.label("wdone")
+        k.emit(f"mov.{it} {r}, {tid};", f"setp.ge.{it} {q}, {r}, {n_r};", f"@{q} bra {done};",
+               f"{loop}:")
+        offs = k.add_offsets(base, k.offsets(gr, r))
+        v = f(k.program(ins, k.zero_offsets(offs)))
+        o = k.new(it)
+        k.emit(f"mad.lo.{it} {o}, {row}, {n_r}, {r};")
+        k.store(out, o, v)
+        k.emit(f"add.{it} {r}, {r}, {block};", f"setp.lt.{it} {q}, {r}, {n_r};",
+               f"@{q} bra {loop};", f"{done}:")
+
+    _tail_passes(k, run_pass, finish_reduce, write_row)
+    k.emit(f"add.{it} {row}, {row}, {step};", f"setp.lt.{it} {p}, {row}, {n_o};",
+           f"@{p} bra {rloop};", f"{rend}:", "ret;")
+
+
+def _col(k: _Kernel, ptrs: list[str]) -> None:
+    spec = k.spec
+    it = k.it
+    (go, gr, gi), (n_o, n_r, n_i) = spec.groups, spec.sizes
+    out, ins = ptrs[0], ptrs[1:]
+    idx, step = k.global_index()
+    p = k.new("pred")
+    loop, end = k.label("pt"), k.label("end")
+    k.emit(f"setp.ge.{it} {p}, {idx}, {n_o * n_i};", f"@{p} bra {end};", f"{loop}:")
+    o, i = k.new(it), k.new(it)
+    k.emit(f"div.{it} {o}, {idx}, {n_i};", f"rem.{it} {i}, {idx}, {n_i};")
+    base = k.add_offsets(k.offsets(go, o), k.offsets(gi, i))
+
+    def serial(body) -> None:
+        r, q = k.new(it), k.new("pred")
+        lp, done = k.label("r"), k.label("rdone")
+        k.emit(f"mov.{it} {r}, 0;", f"setp.ge.{it} {q}, {r}, {n_r};", f"@{q} bra {done};", f"{lp}:")
+        offs = k.add_offsets(base, k.offsets(gr, r))
+        body(r, k.program(ins, k.zero_offsets(offs)))
+        k.emit(f"add.{it} {r}, {r}, 1;", f"setp.lt.{it} {q}, {r}, {n_r};", f"@{q} bra {lp};",
+               f"{done}:")
+
+    def run_pass(tail: str, f) -> str:
+        acc = k.const(_COMBINE[tail][1])
+        serial(lambda r, v: k.emit(f"{_COMBINE[tail][0]}.{k.ct} {acc}, {acc}, {f(v)};"))
+        return acc
+
+    def finish_reduce(v: str) -> None:
+        k.store(out, idx, v)
+
+    def write_row(f) -> None:
+        def body(r: str, v: str) -> None:
+            w = f(v)
+            off = k.new(it)
+            k.emit(f"mad.lo.{it} {off}, {o}, {n_r}, {r};", f"mad.lo.{it} {off}, {off}, {n_i}, {i};")
+            k.store(out, off, w)
+        serial(body)
+
+    _tail_passes(k, run_pass, finish_reduce, write_row)
+    k.emit(f"add.{it} {idx}, {idx}, {step};", f"setp.lt.{it} {p}, {idx}, {n_o * n_i};",
+           f"@{p} bra {loop};", f"{end}:", "ret;")
+
+
+def emit(spec: KernelSpec, name: str, sm: int = 80, vector: bool = False) -> str:
+    """PTX text of one kernel ``name`` for compute capability ``sm`` (e.g. 80, 90)."""
+    if vector and not vector_width(spec):
+        raise BackendError(f"kernel {name}: this spec cannot use vector loads")
+    k = _Kernel(spec)
+    params, pnames = _params(name, spec.n_inputs)
+    ptrs = _pointers(k, pnames)
+    smem_decl = ""
+    if spec.family == "ew":
+        _ew(k, ptrs, vector)
+    elif spec.family == "row":
+        nw = row_block(spec.sizes[1]) // 32
+        size = 8 if k.ct == "f64" else 4
+        smem_decl = f"  .shared .align 8 .b8 {name}_smem[{nw * size}];"
+        _row(k, ptrs, f"{name}_smem")
+    elif spec.family == "col":
+        _col(k, ptrs)
+    else:
+        raise BackendError(f"unknown kernel family {spec.family!r}")
+    head = [f"// tensorlogic generated: {spec.family} {spec.tail or 'elementwise'} {spec.dtype}",
+            f".version {PTX_VERSION}", f".target sm_{sm}", ".address_size 64", "",
+            f".visible .entry {name}(", "  " + ",\n  ".join(params), ")", "{"]
+    if smem_decl:
+        head.append(smem_decl)
+    return "\n".join(head + k.regs.decls() + k.body + ["}", ""])

@@ -1,0 +1,209 @@
+"""Kernel specs: what a generated GPU kernel computes, independent of PTX or CUDA C.
+
+A ``KernelSpec`` holds an elementwise program (instructions of the op table over the kernel's
+inputs), an optional tail (a reduction or a row op), and the layout of the iteration space as
+groups of dimensions with each input's element strides. Both code generators (``ptx`` and
+``cuda_c``) render the same spec, so the two paths compute the same function.
+
+Families:
+  ``ew``   elementwise over one group (the whole space); output written at the linear index.
+  ``row``  a block of threads per output row: groups (O, R); reduce or row op over R.
+  ``col``  a thread per output point: groups (O, R, I); reduce or row op over R, serial loop.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from ...errors import BackendError
+from ...ir import ops
+from ...ir.fused import FusedBody, FusedOp
+
+# PTX / C types of each storage dtype, and the type the arithmetic runs in.
+COMPUTE = {"float16": "float32", "float32": "float32", "float64": "float64"}
+ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8}
+
+# Below this many elements per row a block per row wastes threads: use a thread per row.
+ROW_FAMILY_MIN = 64
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One dimension of a group: its size and each input's element stride along it."""
+
+    size: int
+    strides: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """Everything a code generator needs to render one kernel."""
+
+    family: str  # "ew" | "row" | "col"
+    dtype: str  # output storage dtype
+    in_dtypes: tuple[str, ...]
+    instrs: tuple[FusedOp, ...]
+    result: tuple  # ref of the program's value: ("in", k) or ("tmp", j)
+    tail: str | None  # None, a reduction name or a row op name
+    groups: tuple[tuple[Dim, ...], ...]  # ew: (all,), row: (O, R), col: (O, R, I)
+    sizes: tuple[int, ...]  # total size of each group
+    order: tuple[int, ...] = ()  # the space's axes in group order (C order over the groups)
+
+    @property
+    def compute(self) -> str:
+        """The dtype the arithmetic runs in (float16 computes in float32)."""
+        return COMPUTE[self.dtype]
+
+    @property
+    def n_inputs(self) -> int:
+        """Number of input pointers."""
+        return len(self.in_dtypes)
+
+    @property
+    def total(self) -> int:
+        """Points in the iteration space."""
+        return math.prod(self.sizes)
+
+    @property
+    def wide(self) -> bool:
+        """True when indices need 64 bits."""
+        return self.total >= 2**31 - 2**26
+
+    def key(self) -> str:
+        """A short stable hash that names the kernel."""
+        return hashlib.sha1(repr(self).encode()).hexdigest()[:12]
+
+    def input_mode(self, k: int) -> str:
+        """"full" (offset = linear index), "scalar" (offset 0) or "strided" for input k."""
+        dims = [d for g in self.groups for d in g]
+        if all(d.strides[k] == 0 for d in dims):
+            return "scalar"
+        expect = 1
+        for d in reversed(dims):
+            if d.strides[k] != expect and d.size != 1:
+                return "strided"
+            expect *= d.size
+        return "full"
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Element strides of a C-contiguous array."""
+    st, acc = [], 1
+    for d in reversed(shape):
+        st.append(acc)
+        acc *= d
+    return tuple(reversed(st))
+
+
+def broadcast_strides(shape: Sequence[int], strides: Sequence[int], space: Sequence[int]) -> tuple[int, ...]:
+    """Strides of an input (right-aligned numpy broadcasting) over the iteration space."""
+    off = len(space) - len(shape)
+    out = []
+    for j, n in enumerate(space):
+        k = j - off
+        if k < 0 or shape[k] == 1:
+            out.append(0)
+        else:
+            out.append(int(strides[k]))
+    return tuple(out)
+
+
+def _collapse(dims: list[Dim]) -> tuple[Dim, ...]:
+    """Drop size-1 dims and merge neighbours that every input walks contiguously."""
+    dims = [d for d in dims if d.size != 1]
+    out: list[Dim] = []
+    for d in dims:
+        if out:
+            prev = out[-1]
+            if all(ps == s * d.size for ps, s in zip(prev.strides, d.strides)):
+                out[-1] = Dim(prev.size * d.size, d.strides)
+                continue
+        out.append(d)
+    return tuple(out)
+
+
+def _group(space: Sequence[int], axes: Sequence[int], in_strides: list[tuple[int, ...]]) -> tuple[Dim, ...]:
+    return _collapse([Dim(space[a], tuple(s[a] for s in in_strides)) for a in axes])
+
+
+@dataclass(frozen=True)
+class Program:
+    """A node's computation before layout: instructions, result ref, tail and tail axes."""
+
+    instrs: tuple[FusedOp, ...]
+    result: tuple
+    space: tuple[int, ...]
+    tail: str | None = None
+    axes: tuple[int, ...] = ()
+
+
+def program_of(node, in_nodes) -> Program:
+    """The program a UNARY, BINARY, WHERE, REDUCE, ROWOP or FUSED node computes."""
+    kind = node.kind
+    shape = tuple(int(d) for d in node.shape)
+    if kind == ops.UNARY:
+        return Program((FusedOp(node.op, (("in", 0),)),), ("tmp", 0), shape)
+    if kind == ops.BINARY:
+        return Program((FusedOp(node.op, (("in", 0), ("in", 1))),), ("tmp", 0), shape)
+    if kind == ops.WHERE:
+        return Program((FusedOp("where", (("in", 0), ("in", 1), ("in", 2))),), ("tmp", 0), shape)
+    if kind == ops.REDUCE:
+        space = tuple(int(d) for d in in_nodes[0].shape)
+        return Program((), ("in", 0), space, node.op, tuple(node.args["axes"]))
+    if kind == ops.ROWOP:
+        space = tuple(int(d) for d in in_nodes[0].shape)
+        return Program((), ("in", 0), space, node.op, (int(node.args["axis"]),))
+    if kind == ops.FUSED:
+        body = FusedBody.from_args(node.args["body"])
+        body.validate(len(in_nodes), f"node {node.name!r}")
+        return Program(body.instrs, ("tmp", len(body.instrs) - 1), tuple(body.space), body.tail,
+                       tuple(body.axes))
+    raise BackendError(f"node {node.name!r}: no generated kernel for node kind {kind!r}")
+
+
+def make_spec(prog: Program, out_dtype: str, in_shapes: Sequence[Sequence[int]],
+              in_dtypes: Sequence[str], in_strides: Sequence[Sequence[int]]) -> KernelSpec:
+    """Lay a program out over its space; ``in_strides`` are each input's element strides."""
+    for dt in (out_dtype, *in_dtypes):
+        if dt not in COMPUTE:
+            raise BackendError(f"generated kernels do not support dtype {dt!r}")
+    space = prog.space
+    bst = [broadcast_strides(s, st, space) for s, st in zip(in_shapes, in_strides)]
+    rank = len(space)
+    common = dict(dtype=out_dtype, in_dtypes=tuple(in_dtypes), instrs=prog.instrs,
+                  result=prog.result, tail=prog.tail)
+    if prog.tail is None:
+        groups = (_group(space, range(rank), bst),)
+        return KernelSpec("ew", groups=groups, sizes=(math.prod(space),), order=tuple(range(rank)),
+                          **common)
+    axes = sorted(a % rank for a in prog.axes) if rank else []
+    red = [a for a in axes if space[a] != 1]
+    kept = [a for a in range(rank) if a not in axes]
+    # (O, R, I) when the reduced axes are one block of the space, else kept axes then reduced axes
+    if red and red == list(range(red[0], red[-1] + 1)) and prog.tail in ops.REDUCTIONS + ops.ROW_OPS:
+        outer = [a for a in range(rank) if a < red[0] and a in kept]
+        inner = [a for a in range(rank) if a > red[-1] and a in kept]
+    else:
+        if prog.tail in ops.ROW_OPS and len(axes) == 1:
+            outer = [a for a in range(rank) if a < axes[0]]
+            inner = [a for a in range(rank) if a > axes[0]]
+        else:
+            outer, inner = kept, []
+        red = axes
+    go, gr, gi = (_group(space, g, bst) for g in (outer, red, inner))
+    n_o, n_r, n_i = (math.prod(d.size for d in g) for g in (go, gr, gi))
+    order = tuple(outer) + tuple(red) + tuple(inner)
+    if n_i == 1 and n_r >= ROW_FAMILY_MIN:
+        return KernelSpec("row", groups=(go, gr), sizes=(n_o, n_r), order=order, **common)
+    return KernelSpec("col", groups=(go, gr, gi), sizes=(n_o, n_r, n_i), order=order, **common)
+
+
+def row_block(n_r: int) -> int:
+    """Threads per block of the row family: about four elements per thread, 32 to 1024."""
+    b = 32
+    while b < 1024 and b * 4 < n_r:
+        b *= 2
+    return b

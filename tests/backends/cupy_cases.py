@@ -1,0 +1,50 @@
+"""Kernel cases shared by the CPU codegen tests and the GPU tests: every op, dtype and family."""
+
+from __future__ import annotations
+
+from tensorlogic.backends.cupy import spec as S
+from tensorlogic.ir import ops
+from tensorlogic.ir.fused import FusedOp
+
+DTYPES = ("float32", "float64")
+# (space, reduced axes) per family: row (block per row), col (thread per point), mixed axes
+TAIL_LAYOUTS = (((64, 1000), (1,)), ((300, 5, 7), (1,)), ((40, 30, 20), (0, 2)), ((17, 300), (0,)))
+
+
+def contiguous_spec(prog: S.Program, dtype: str, shapes, in_dtypes=None) -> S.KernelSpec:
+    """A spec over C-contiguous inputs."""
+    in_dtypes = in_dtypes or [dtype] * len(shapes)
+    return S.make_spec(prog, dtype, shapes, in_dtypes, [S.contiguous_strides(s) for s in shapes])
+
+
+def op_program(op: str, space) -> S.Program:
+    """One elementwise op over fresh inputs."""
+    n = ops.ELEMENTWISE[op].arity
+    return S.Program((FusedOp(op, tuple(("in", k) for k in range(n))),), ("tmp", 0), tuple(space))
+
+
+def all_cases():
+    """(name, spec) for every op x dtype (elementwise) and every tail x dtype x layout."""
+    cases = []
+    for dt in DTYPES:
+        for op, row in ops.ELEMENTWISE.items():
+            prog = op_program(op, (1000, 37))
+            cases.append((f"ew_{op}_{dt}", contiguous_spec(prog, dt, [(1000, 37)] * row.arity)))
+        # broadcasting (strided) operands and a where
+        prog = S.Program((FusedOp("mul", (("in", 0), ("in", 1))),
+                          FusedOp("where", (("in", 2), ("tmp", 0), ("const", 1.5)))),
+                         ("tmp", 1), (8, 9, 10))
+        cases.append((f"ew_bcast_{dt}", contiguous_spec(prog, dt, [(8, 1, 10), (9, 1), ()])))
+        for tail in ops.REDUCTIONS + ops.ROW_OPS:
+            for j, (space, axes) in enumerate(TAIL_LAYOUTS):
+                if tail in ops.ROW_OPS and len(axes) > 1:
+                    continue
+                prog = S.Program((FusedOp("tanh", (("in", 0),)),), ("tmp", 0), space, tail, axes)
+                cases.append((f"{tail}_{j}_{dt}", contiguous_spec(prog, dt, [space])))
+    # float16 storage with float32 math
+    prog = S.Program((FusedOp("gelu", (("in", 0),)),), ("tmp", 0), (128, 256), "softmax", (1,))
+    cases.append(("softmax_f16", contiguous_spec(prog, "float16", [(128, 256)])))
+    prog = op_program("add", (1000,))
+    cases.append(("ew_add_mixed", contiguous_spec(prog, "float32", [(1000,), (1000,)],
+                                                  ["float16", "float32"])))
+    return cases

@@ -1,0 +1,289 @@
+"""The cupy backend on a GPU, against the numpy reference (run with ``pytest -m gpu``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tensorlogic as tl
+from tensorlogic.backends import kernels as generic
+from tensorlogic.ir import ops
+from tensorlogic.ir.fused import FusedBody, FusedOp
+
+pytestmark = pytest.mark.gpu
+
+POSITIVE = {"log", "sqrt", "reciprocal", "pow", "div"}
+TOL = {"float32": dict(rtol=2e-5, atol=2e-5), "float64": dict(rtol=1e-12, atol=1e-12),
+       "float16": dict(rtol=2e-3, atol=2e-3)}
+
+
+def _data(rng, shape, dtype, positive=False):
+    x = rng.uniform(0.5, 2.0, shape) if positive else rng.standard_normal(shape) * 2
+    return x.astype(dtype)
+
+
+def _host(x):
+    return x.get() if hasattr(x, "get") else np.asarray(x)
+
+
+def _both(g, inputs, **opts):
+    ref = tl.compile(g, backend="numpy", opt_level=0)(**inputs)
+    got = tl.compile(g, backend="cupy", opt_level=0, **opts)(**inputs)
+    return ref, got
+
+
+@pytest.mark.parametrize("codegen", ["ptx", "cuda"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("op", list(ops.ELEMENTWISE))
+def test_every_elementwise_op(op, dtype, codegen, rng):
+    arity = ops.ELEMENTWISE[op].arity
+    g = tl.EinsumGraph()
+    xs = [g.input(f"x{k}", (257, 33), dtype) for k in range(arity)]
+    g.output(g.unary(op, xs[0]) if arity == 1 else g.binary(op, xs[0], xs[1]), "y")
+    inputs = {f"x{k}": _data(rng, (257, 33), dtype, op in POSITIVE) for k in range(arity)}
+    ref, got = _both(g, inputs, codegen=codegen, cuda_graph=False)
+    np.testing.assert_allclose(_host(got["y"]), ref["y"], **TOL[dtype])
+
+
+@pytest.mark.parametrize("codegen", ["ptx", "cuda"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("tail", ops.REDUCTIONS + ops.ROW_OPS)
+@pytest.mark.parametrize("shape,axis", [((64, 1000), 1), ((300, 5, 7), 1), ((17, 300), 0),
+                                        ((6, 10, 20), (0, 2)), ((5, 3000), None)])
+def test_reductions_and_row_ops(tail, dtype, codegen, shape, axis, rng):
+    if tail in ops.ROW_OPS and not isinstance(axis, int):
+        pytest.skip("row ops take one axis")
+    g = tl.EinsumGraph()
+    x = g.input("x", shape, dtype)
+    y = g.reduce(tail, x, axis) if tail in ops.REDUCTIONS else g._rowop(tail, x, axis, None)
+    g.output(y, "y")
+    data = rng.uniform(0.9, 1.1, shape) if tail == "prod" else rng.standard_normal(shape)
+    ref, got = _both(g, {"x": data.astype(dtype)}, codegen=codegen, cuda_graph=False)
+    n = np.prod(shape)
+    tol = dict(rtol=TOL[dtype]["rtol"] * 10, atol=TOL[dtype]["atol"] * np.sqrt(n))
+    np.testing.assert_allclose(_host(got["y"]), ref["y"], **tol)
+
+
+def _fused_graph(dtype, space=(96, 513), tail=None, axes=()):
+    g = tl.EinsumGraph()
+    a = g.input("a", space, dtype)
+    b = g.input("b", space[-1:], dtype)
+    c = g.input("c", (space[0], 1), dtype)
+    body = FusedBody((FusedOp("mul", (("in", 0), ("in", 1))), FusedOp("add", (("tmp", 0), ("in", 2))),
+                      FusedOp("relu", (("tmp", 1),)), FusedOp("sub", (("tmp", 2), ("const", 0.25))),
+                      FusedOp("where", (("in", 1), ("tmp", 3), ("in", 2)))),
+                     space, tail, axes)
+    if tail in ops.REDUCTIONS:
+        shape = tuple(d for k, d in enumerate(space) if k not in axes)
+    else:
+        shape = space
+    nid = g.add_node(ops.FUSED, None, [a.id, b.id, c.id], {"body": body.to_args()}, shape=shape,
+                     dtype=dtype)
+    g.output(g.tensor(nid), "y")
+    return g, body
+
+
+def _fused_ref(body, inputs):
+    vals = []
+    for ins in body.instrs:
+        args = [inputs[v] if k == "in" else vals[v] if k == "tmp" else v for k, v in ins.args]
+        if ins.op == "where":
+            vals.append(np.where(args[0] != 0, args[1], args[2]))
+        else:
+            out = np.empty(np.broadcast_shapes(*(np.shape(a) for a in args)), inputs[0].dtype)
+            vals.append(ops.ELEMENTWISE[ins.op].numpy(*args, out=out))
+    v = np.broadcast_to(vals[-1], body.space).copy()
+    if body.tail is None:
+        return v
+    out = np.empty(tuple(d for k, d in enumerate(body.space) if k not in body.axes) if
+                   body.tail in ops.REDUCTIONS else body.space, v.dtype)
+    if body.tail in ops.ROW_OPS:
+        return generic.make_kernel(np, _Node(ops.ROWOP, body.tail, {"axis": body.axes[0]}), [], False)([v], out)
+    return generic.make_kernel(np, _Node(ops.REDUCE, body.tail, {"axes": body.axes}), [], False)([v], out)
+
+
+class _Node:
+    def __init__(self, kind, op, args):
+        self.kind, self.op, self.args, self.name = kind, op, args, "ref"
+
+
+@pytest.mark.parametrize("codegen", ["ptx", "cuda"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("tail,axes", [(None, ()), ("sum", (1,)), ("max", (0,)), ("softmax", (1,)),
+                                       ("log_softmax", (0,)), ("logsumexp", (1,))])
+def test_fused_nodes_with_broadcast_operands(dtype, codegen, tail, axes, rng):
+    g, body = _fused_graph(dtype, tail=tail, axes=axes)
+    inputs = {"a": _data(rng, (96, 513), dtype), "b": _data(rng, (513,), dtype),
+              "c": _data(rng, (96, 1), dtype)}
+    ref = _fused_ref(body, [inputs["a"], inputs["b"], inputs["c"]])
+    got = tl.compile(g, backend="cupy", opt_level=0, codegen=codegen, cuda_graph=False)(**inputs)
+    np.testing.assert_allclose(_host(got["y"]), ref, rtol=TOL[dtype]["rtol"] * 10,
+                               atol=TOL[dtype]["atol"] * 30)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_ptx_and_cuda_c_paths_agree(dtype, rng):
+    g, _ = _fused_graph(dtype, tail="softmax", axes=(1,))
+    inputs = {"a": _data(rng, (96, 513), dtype), "b": _data(rng, (513,), dtype),
+              "c": _data(rng, (96, 1), dtype)}
+    p = tl.compile(g, backend="cupy", codegen="ptx", cuda_graph=False)(**inputs, to_host=True)
+    c = tl.compile(g, backend="cupy", codegen="cuda", cuda_graph=False)(**inputs, to_host=True)
+    np.testing.assert_allclose(p["y"], c["y"], rtol=TOL[dtype]["rtol"], atol=TOL[dtype]["atol"])
+
+
+def test_float16_storage(rng):
+    g = tl.EinsumGraph()
+    x = g.input("x", (64, 300), "float16")
+    g.output(g.softmax(g.gelu(x)), "y")
+    data = _data(rng, (64, 300), "float16")
+    ref, got = _both(g, {"x": data}, cuda_graph=False)
+    np.testing.assert_allclose(_host(got["y"]).astype(np.float32), ref["y"].astype(np.float32),
+                               rtol=1e-2, atol=1e-3)
+
+
+def test_einsum_through_cublas_and_transposed_views(rng):
+    g = tl.EinsumGraph()
+    q = g.input("q", (2, 4, 64, 32))
+    k = g.input("k", (2, 4, 64, 32))
+    v = g.input("v", (2, 4, 64, 32))
+    s = g.einsum("bhqd,bhkd->bhqk", q, k) * (1 / np.sqrt(32))
+    o = g.einsum("bhqk,bhkd->bhqd", g.softmax(s), v)
+    g.output(g.transpose(o, (0, 2, 1, 3)) + 1.0, "o")
+    inputs = {n: _data(rng, (2, 4, 64, 32), "float32") for n in "qkv"}
+    ref, got = _both(g, inputs)
+    np.testing.assert_allclose(_host(got["o"]), ref["o"], rtol=1e-4, atol=1e-4)
+
+
+def test_inputs_cupy_dlpack_and_outputs(rng):
+    import cupy
+
+    g = tl.EinsumGraph()
+    x = g.input("x", (100, 7))
+    g.output(g.exp(x) * 2.0, "y")
+    plan = tl.compile(g, backend="cupy")
+    data = _data(rng, (100, 7), "float32")
+
+    class Foreign:  # a non-CuPy array that only speaks DLPack
+        def __init__(self, a):
+            self.a = a
+
+        def __dlpack__(self, **kw):
+            return self.a.__dlpack__(**kw)
+
+        def __dlpack_device__(self):
+            return self.a.__dlpack_device__()
+
+    expect = np.exp(data) * 2
+    for given in (data, cupy.asarray(data), Foreign(cupy.asarray(data)),
+                  cupy.asfortranarray(cupy.asarray(data))):
+        out = plan(x=given)["y"]
+        assert isinstance(out, cupy.ndarray)
+        np.testing.assert_allclose(out.get(), expect, rtol=1e-5)
+    host = plan(x=data, to_host=True)["y"]
+    assert isinstance(host, np.ndarray)
+    with pytest.raises(tl.InputError):
+        plan(x=[1, 2, 3])
+
+
+def test_cuda_graph_replay_with_changing_inputs(rng):
+    g = tl.EinsumGraph()
+    x = g.input("x", (16, 32))
+    w = g.input("w", (1, 32))
+    h = x
+    for _ in range(10):
+        h = g.tanh(h * 0.9 + w)
+    g.output(g.softmax(h, 1), "y")
+    g.output(g.sum(h, 1), "s")
+    g.output(w, "w_out")  # an output that is an input comes back as a copy
+    plan = tl.compile(g, backend="cupy", cuda_graph=True)
+    ref = tl.compile(g, backend="numpy")
+    for call in range(5):
+        inputs = {"x": _data(rng, (16, 32), "float32"), "w": _data(rng, (1, 32), "float32")}
+        got, want = plan(**inputs, to_host=True), ref(**inputs)
+        for name in ("y", "s", "w_out"):
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
+    runner = plan.concrete.runner
+    # call 1 warms up, call 2 captures and replays, calls 3-5 replay
+    assert runner.graph is not None and runner.replays == 4, str(runner)
+    assert "cuda graph: on" in str(plan)
+    # results of earlier calls are not overwritten by later replays
+    ones = {"x": np.ones((16, 32), np.float32), "w": _data(rng, (1, 32), "float32")}
+    first = plan(**ones)["y"]
+    plan(x=_data(rng, (16, 32), "float32"), w=ones["w"])
+    np.testing.assert_allclose(first.get(), ref(**ones)["y"], rtol=1e-4, atol=1e-5)
+
+
+def test_plan_that_cannot_be_captured_falls_back_and_says_so(rng):
+    """CuPy refuses cuBLAS calls during stream capture: einsum plans run with stream launches."""
+    g = tl.EinsumGraph()
+    x, w = g.input("x", (16, 32)), g.input("w", (32, 8))
+    g.output(g.softmax(g.einsum("ij,jk->ik", g.tanh(x), w)), "y")
+    plan = tl.compile(g, backend="cupy", cuda_graph=True)
+    ref = tl.compile(g, backend="numpy")
+    for _ in range(3):
+        inputs = {"x": _data(rng, (16, 32), "float32"), "w": _data(rng, (32, 8), "float32")}
+        np.testing.assert_allclose(plan(**inputs, to_host=True)["y"], ref(**inputs)["y"],
+                                   rtol=1e-4, atol=1e-5)
+    assert plan.concrete.runner.graph is None
+    assert "cuda graph: off (capture failed, stream launches" in str(plan)
+
+
+def test_cuda_graph_off_and_auto_say_so():
+    g = tl.EinsumGraph()
+    x = g.input("x", (4096, 4096))
+    g.output(g.relu(x), "y")
+    assert "cuda graph: off (cuda_graph=False)" in str(tl.compile(g, backend="cupy", cuda_graph=False))
+    assert "cuda graph: off (auto" in str(tl.compile(g, backend="cupy"))
+    with pytest.raises(tl.GraphError, match="codegen"):
+        tl.compile(g, backend="cupy", codegen="llvm")
+
+
+def test_out_of_memory_is_a_memory_budget_error_and_the_pool_stays_usable(rng):
+    import cupy
+
+    total = cupy.cuda.runtime.memGetInfo()[1]
+    k = int(total // 4 // 8192) + 1024  # the outer product is bigger than the whole card
+    g = tl.EinsumGraph()
+    x, y = g.input("x", (8192,)), g.input("y", (k,))
+    g.output(g.sum(g.einsum("i,j->ij", x, y), 1), "s")
+    plan = tl.compile(g, backend="cupy", cuda_graph=False)
+    with pytest.raises(tl.MemoryBudgetError, match="free"):
+        plan(x=np.ones(8192, np.float32), y=np.ones(k, np.float32))
+    g2 = tl.EinsumGraph()
+    x2 = g2.input("x", (10, 10))
+    g2.output(g2.exp(x2), "y")
+    data = _data(rng, (10, 10), "float32")
+    np.testing.assert_allclose(tl.compile(g2, backend="cupy")(x=data, to_host=True)["y"],
+                               np.exp(data), rtol=1e-5)
+
+
+def test_kernel_cache_across_processes(tmp_path):
+    code = ("import numpy as np, tensorlogic as tl\n"
+            "from tensorlogic.backends.cupy.cache import KernelCache\n"
+            "g = tl.EinsumGraph(); x = g.input('x', (33, 77))\n"
+            "g.output(g.log_softmax(g.sigmoid(x) * 3.0), 'y')\n"
+            "be = tl.get_backend('cupy')\n"
+            "p = tl.compile(g, backend='cupy', opt_level=0)\n"
+            "p(x=np.ones((33, 77), np.float32))\n"
+            "s = be.cache.stats; print('STATS', s.hits, s.misses)\n")
+    env = {**__import__("os").environ, "TL_CACHE_DIR": str(tmp_path)}
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    h1, m1 = map(int, first.stdout.split("STATS")[1].split())
+    h2, m2 = map(int, second.stdout.split("STATS")[1].split())
+    assert m1 > 0 and h1 == 0
+    assert m2 == 0 and h2 == m1
+
+
+def test_profiler_event_hooks():
+    be = tl.get_backend("cupy")
+    import cupy
+
+    a = be.event()
+    cupy.ones(1 << 20).sum()
+    b = be.event()
+    assert 0 <= be.event_seconds(a, b) < 10
