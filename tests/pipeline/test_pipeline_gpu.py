@@ -1,7 +1,7 @@
 """The device path: pinned-memory staging on a second stream (needs a CUDA GPU with CuPy).
 
-A minimal CuPy backend (the numpy backend's xp-generic kernels over CuPy arrays) stands in for
-the full GPU backend, so this exercises the pipeline's staging, not the GPU kernels.
+Runs on the project's CuPy backend and on a minimal stand-in (the numpy backend's xp-generic
+kernels over CuPy arrays) that exercises the staging path independently of the GPU kernels.
 """
 
 from __future__ import annotations
@@ -73,8 +73,13 @@ class _CupyArrays(NumpyBackend):
         return int(self.xp.cuda.runtime.memGetInfo()[0])
 
 
-@pytest.fixture(scope="module")
-def device_plan():
+@pytest.fixture(scope="module", params=["stand-in", "cupy"])
+def device_plan(request):
+    """The plan on the stand-in CuPy backend, and on the project's GPU backend."""
+    if request.param == "cupy":
+        if "cupy" not in tl.backends.registered_backends():
+            pytest.skip("the cupy backend is not registered")
+        return tl.compile(mlp_graph(width=256, depth=3), backend="cupy")
     tl.register_backend(_CupyArrays.name, _CupyArrays, replace=True)
     return tl.compile(mlp_graph(width=256, depth=3), backend=_CupyArrays.name)
 
