@@ -19,6 +19,10 @@ from .ir.graph import EinsumGraph, Tensor
 from .errors import MissingDependencyError
 from .profiler import Peaks, Profile, calibrate, profile
 
+# the TensorLogic language (tl.parse / tl.load_program) and Datalog
+from . import datalog
+from .lang import Program, load_program, parse
+
 # batched inference
 from .pipeline import BatchError, BatchFailure, BatchOutput, run_batched, run_batches
 
@@ -31,6 +35,8 @@ __all__ = [
     "register_backend",
     # profiler
     "MissingDependencyError", "Peaks", "Profile", "calibrate", "profile",
+    # the TensorLogic language
+    "Program", "datalog", "load_program", "parse",
     # batched inference (pipeline/)
     "BatchError", "BatchFailure", "BatchOutput", "run_batched", "run_batches",
 ]

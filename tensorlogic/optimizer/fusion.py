@@ -163,22 +163,20 @@ def fused_flops(body: FusedBody) -> int:
 
 
 def _grow(g: EinsumGraph, root: int, taken: set[int]) -> frozenset[int]:
-    """The largest group around ``root`` that the greedy rule admits."""
+    """The largest group around ``root`` that the greedy rule admits (a worklist walk)."""
     rnode = g.node(root)
     outputs = set(g.outputs.values())
     members = {root}
-    changed = True
-    while changed:
-        changed = False
-        for m in list(members):
-            for p in g.node(m).inputs:
-                if p in members or p in taken or p in outputs:
-                    continue
-                pn = g.node(p)
-                if (_is_elementwise(pn) and tuple(pn.shape) == tuple(rnode.shape)
-                        and pn.dtype == rnode.dtype and all(u in members for u in g.users(p))):
-                    members.add(p)
-                    changed = True
+    work = [root]
+    while work:
+        for p in g.node(work.pop()).inputs:
+            if p in members or p in taken or p in outputs:
+                continue
+            pn = g.node(p)
+            if (_is_elementwise(pn) and tuple(pn.shape) == tuple(rnode.shape)
+                    and pn.dtype == rnode.dtype and all(u in members for u in g.users(p))):
+                members.add(p)
+                work.append(p)
     return frozenset(members)
 
 
@@ -207,11 +205,9 @@ def _fusion(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
                      visible.dtype, visible.name,
                      MappingProxyType({"body": body.to_args(), "flops": fused_flops(body)}))
         g.replace_node(visible.id, fused)
-        pending = set(members) - {visible.id}
-        while pending:  # users before producers: members form a DAG, so this terminates
-            for m in [m for m in pending if not g.users(m)]:
-                g.remove_node(m)
-                pending.discard(m)
+        # users before producers: insertion order is topological, so remove from the back
+        for m in sorted(set(members) - {visible.id}, key=position.__getitem__, reverse=True):
+            g.remove_node(m)
         taken |= members
         groups += 1
         fused_nodes += len(members) + (tail is not None)

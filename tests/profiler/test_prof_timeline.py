@@ -204,7 +204,7 @@ def test_optimizer_passes_are_recorded(monkeypatch):
         def __call__(self, graph):
             return opt.PassResult(graph, False, {})
 
-    monkeypatch.setitem(opt.PASSES, "tltest_identity", Identity)
+    monkeypatch.setitem(opt.PASSES, "tltest_identity", lambda options: Identity())
     monkeypatch.setitem(opt.PIPELINES, 1, [*opt.PIPELINES[1], "tltest_identity"])
     g = chain_graph(8, 2)
     with tl.profile() as prof:
