@@ -175,8 +175,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="10,000 items, fewer repeats")
     ap.add_argument("--no-dask", action="store_true", help="skip the Dask LocalCluster runs")
-    ap.add_argument("--device-backend", help="also measure copy/compute overlap on this GPU "
-                    "backend (e.g. cupy)")
+    ap.add_argument("--device-backend", help="measure copy/compute overlap on this GPU backend "
+                    "(default: cupy when it is usable)")
     args = ap.parse_args()
     n = 10_000 if args.quick else 100_000
     repeat = 1 if args.quick else 3
@@ -199,7 +199,8 @@ def main() -> None:
             client.close()
             cluster.close()
     last = [bench_last_batch(m, 4096, 100_000 % 4096, max(3, repeat)) for m in ("mlp", "attention")]
-    overlap = bench_device_overlap(args.device_backend) if args.device_backend else None
+    device = args.device_backend or ("cupy" if "cupy" in tl.available_backends() else None)
+    overlap = bench_device_overlap(device) if device else None
     print()
     print(table(rows, ["model", "mode", "batch", "items_per_s", "vs_big"]))
     target = [r for r in rows if r["mode"] == "run_batched threads=1" and r["batch"] == 4096]

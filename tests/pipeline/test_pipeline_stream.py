@@ -230,3 +230,13 @@ def test_loading_overlaps_the_callers_work(plan, rng):
     elapsed = time.perf_counter() - t0
     serial = 2 * n * pause
     assert elapsed < 0.8 * serial, f"{elapsed:.3f}s vs {serial:.3f}s one after the other"
+
+
+def test_batch_error_survives_pickling():
+    """Errors cross process boundaries (Dask workers) with their index and cause."""
+    import pickle
+
+    err = tl.BatchError("batch 3: bad", index=3, error=tl.InputError("bad"))
+    back = pickle.loads(pickle.dumps(err))
+    assert isinstance(back, tl.BatchError) and back.index == 3 and str(back) == "batch 3: bad"
+    assert isinstance(back.error, tl.InputError)
