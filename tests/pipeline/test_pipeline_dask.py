@@ -84,7 +84,9 @@ def _killing_source(x, client, n_batches, state):
     for k in range(n_batches):
         if k == 6 and not state.get("killed"):
             pids = client.run(os.getpid)
-            addr, pid = min(pids.items())
+            busy = client.processing()  # kill the worker with the most batches in flight
+            addr = max(sorted(pids), key=lambda a: len(busy.get(a, ())))
+            pid = pids[addr]
             os.kill(pid, signal.SIGKILL)
             state["killed"] = (addr, pid)
         yield {"x": x[8 * k:8 * (k + 1)]}
