@@ -25,15 +25,23 @@ _OP_N, _OP_T = 0, 1
 
 
 def _find_library() -> ctypes.CDLL | None:
-    """The libcublas CuPy uses (read off the process's mapped files), else one on the path."""
+    """The libcublas CuPy uses (read off the process's mapped files once CuPy has loaded it),
+    else the one CUDA's path finder names, else one on the loader's path."""
+    paths: list[str] = []
     try:
-        from cupy_backends.cuda.libs import cublas as _cupy_cublas  # noqa: F401 - loads it
-
+        cupy.cuda.device.get_cublas_handle()  # makes CuPy load its libcublas
         with open("/proc/self/maps") as f:
-            paths = {ln.split()[-1] for ln in f if "libcublas.so" in ln and "libcublasLt" not in ln}
-    except Exception:  # noqa: BLE001 - no /proc or no CuPy cuBLAS: try names below
-        paths = set()
-    for name in sorted(paths) + ["libcublas.so.13", "libcublas.so.12", "libcublas.so"]:
+            paths = sorted({ln.split()[-1] for ln in f
+                            if "libcublas.so" in ln and "libcublasLt" not in ln})
+    except Exception:  # noqa: BLE001 - no /proc or CuPy's cuBLAS unusable: try the others
+        pass
+    try:
+        from cuda.pathfinder import load_nvidia_dynamic_lib
+
+        paths.append(load_nvidia_dynamic_lib("cublas").abs_path)
+    except Exception:  # noqa: BLE001 - no path finder (optional)
+        pass
+    for name in paths + ["libcublas.so.13", "libcublas.so.12", "libcublas.so"]:
         try:
             return ctypes.CDLL(name)
         except OSError:
