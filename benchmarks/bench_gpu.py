@@ -237,7 +237,8 @@ def bench_full_reduction(sizes, copy_bw: float) -> None:
         tx = _torch(x) if torch is not None else None
         inner = 10 if n >= 2**24 else 50
         for op in ("sum", "max"):
-            print(f"full {op} of {n / 2**20:.0f}M float32 (roofline {4 * n / copy_bw * 2e3:.4f} ms)")
+            # it reads 4n bytes: the roofline moves them at the copy's read+write rate
+            print(f"full {op} of {n / 2**20:.0f}M float32 (roofline {4 * n / copy_bw * 1e3:.4f} ms)")
             g = tl.EinsumGraph()
             g.output(g.reduce(op, g.input("x", (n,))), "y")
             plan = tl.compile(g, backend="cupy", opt_level=0)
@@ -249,8 +250,7 @@ def bench_full_reduction(sizes, copy_bw: float) -> None:
             if tx is not None:
                 res["torch eager"] = gpu_time(lambda: getattr(torch, op)(tx), inner)
             for k, t in res.items():
-                # a reduction reads n floats: its roofline is half the copy's read+write time
-                row(f"full_{op}_{n}", k, t, bw_frac=8 * n / t / copy_bw,
+                row(f"full_{op}_{n}", k, t, bw_frac=4 * n / t / copy_bw,
                     vs_torch=res.get("torch eager", t) / t)
 
 

@@ -248,7 +248,8 @@ def test_contractions_are_captured_in_cuda_graphs(rng):
     g.output(g.einsum("bhqk,bhkd->bhqd", g.softmax(s, -1), v), "o")
     a, b, c = g.input("a", (40, 50)), g.input("b", (50, 60)), g.input("c", (60, 30))
     g.output(g.einsum("ij,jk,kl->il", a, b, c), "abc")
-    g.output(g.einsum("ji,jk->ik", a, g.transpose(a, (1, 0))), "ata")
+    g.output(g.einsum("ji,jk->ik", a, a), "ata")  # a transposed operand: a cuBLAS flag
+    g.output(g.einsum("ij,kj->ik", b, b), "bbt")
     plan = tl.compile(g, backend="cupy", opt_level=0, cuda_graph=True)
     ref = tl.compile(g, backend="numpy", opt_level=0)
     shapes = {"q": (2, 3, 64, 32), "k": (2, 3, 64, 32), "v": (2, 3, 64, 32), "a": (40, 50),
@@ -261,7 +262,7 @@ def test_contractions_are_captured_in_cuda_graphs(rng):
     assert plan.concrete.runner.graph is not None, str(plan.concrete.runner)
     assert "cuda graph: on" in str(plan)
     for got, want in held:  # earlier results are not overwritten by later replays
-        for name in ("o", "abc", "ata"):
+        for name in ("o", "abc", "ata", "bbt"):
             np.testing.assert_allclose(_host(got[name]), want[name], rtol=1e-4, atol=1e-4)
 
 

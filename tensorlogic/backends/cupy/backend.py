@@ -110,24 +110,26 @@ class _SpecKernel:
 
     def run(self, out, args) -> None:
         """Launch on the current stream (out and args are CuPy arrays of the spec's layout)."""
-        stream = _current_stream().ptr
+        # the hot path of every generated step: kept flat (no helper calls) on purpose
         ptrs = [out.data.ptr]
-        ptrs += [a.data.ptr for a in args]
+        for a in args:
+            ptrs.append(a.data.ptr)
         if self.finish is not None:
             part = cupy.empty(self.partials, self.spec.compute)
             ptrs[0] = part.data.ptr
-            self._pick(ptrs)(ptrs, stream)
-            self.finish.run(out, [part])
-            return
-        self._pick(ptrs)(ptrs, stream)
-
-    def _pick(self, ptrs: list[int]) -> _Launcher:
-        if self.vector is not None:
+        lau = self.vector
+        if lau is not None:
             for k in self.aligned:
                 if ptrs[k] % 16:
-                    return self.scalar
-            return self.vector
-        return self.scalar
+                    lau = self.scalar
+                    break
+        else:
+            lau = self.scalar
+        with lau.lock:
+            lau.vals[:] = ptrs
+            _launch(lau.f, lau.grid, 1, 1, lau.block, 1, 1, 0, _current_stream().ptr, lau.pptr, 0)
+        if self.finish is not None:
+            self.finish.run(out, [part])
 
 
 class GeneratedKernel:
@@ -165,7 +167,7 @@ class GeneratedKernel:
         return run
 
     def __call__(self, args: list, out):
-        sig = tuple(a.strides for a in args)
+        sig = tuple([a.strides for a in args])
         run = self._main if sig == self._contig else self.variants.get(sig, False)
         if run is False:
             run = self._build(sig)

@@ -391,22 +391,27 @@ def render(spec: KernelSpec, name: str, prelude: bool = True, vector: bool = Fal
     width = row_width(spec) if vector else 1
     if vector and (width == 1 or spec.family not in ("row", "split")):
         raise BackendError(f"kernel {name}: this spec cannot use vector loads")
+    bounds = 0  # threads per block the kernel is launched with (0: not fixed by the spec)
     if spec.family == "ew":
         _ew(s)
     elif spec.family == "split":
         _split(s, width)
+        bounds = SPLIT_THREADS
     elif spec.family == "row":
         lay = row_layout(spec, width)
         if lay is not None:
             _row_reg(s, lay)
+            bounds = lay.block
         elif vector:
             raise BackendError(f"kernel {name}: this row is too long for vector loads")
         else:
             _row(s)
+            bounds = row_block(spec.sizes[1])
     elif spec.family == "col":
         _col(s)
     else:
         raise BackendError(f"unknown kernel family {spec.family!r}")
     head = f"// tensorlogic generated: {spec.family} {spec.tail or 'elementwise'} {spec.dtype}"
-    return "\n".join([head, _PRELUDE.strip() if prelude else "", f'extern "C" __global__ void {name}(',
+    lb = f"__launch_bounds__({bounds}) " if bounds else ""
+    return "\n".join([head, _PRELUDE.strip() if prelude else "", f'extern "C" __global__ void {lb}{name}(',
                       "    " + ", ".join(params) + ") {", *s.lines, "}", ""])

@@ -751,14 +751,16 @@ def emit(spec: KernelSpec, name: str, sm: int = 80, vector: bool = False) -> str
     params, pnames = _params(name, spec.n_inputs)
     ptrs = _pointers(k, pnames)
     smem_decl = ""
+    threads = 0  # threads per block the kernel is launched with (0: not fixed by the spec)
     if spec.family == "ew":
         _ew(k, ptrs, vector)
     elif spec.family in ("row", "split"):
         lay = row_layout(spec, vector_width(spec) if vector else 1)
-        threads = (SPLIT_THREADS if spec.family == "split" else
-                   lay.threads if lay is not None else row_block(spec.sizes[1]))
+        lanes = (SPLIT_THREADS if spec.family == "split" else
+                 lay.threads if lay is not None else row_block(spec.sizes[1]))
+        threads = lay.block if spec.family == "row" and lay is not None else lanes
         size = 8 if k.ct == "f64" else 4
-        smem_decl = f"  .shared .align 8 .b8 {name}_smem[{max(threads // 32, 1) * size}];"
+        smem_decl = f"  .shared .align 8 .b8 {name}_smem[{max(lanes // 32, 1) * size}];"
         if spec.family == "split":
             _split(k, ptrs, f"{name}_smem", vector_width(spec) if vector else 1)
         elif lay is not None:
@@ -771,7 +773,10 @@ def emit(spec: KernelSpec, name: str, sm: int = 80, vector: bool = False) -> str
         raise BackendError(f"unknown kernel family {spec.family!r}")
     head = [f"// tensorlogic generated: {spec.family} {spec.tail or 'elementwise'} {spec.dtype}",
             f".version {PTX_VERSION}", f".target sm_{sm}", ".address_size 64", "",
-            f".visible .entry {name}(", "  " + ",\n  ".join(params), ")", "{"]
+            f".visible .entry {name}(", "  " + ",\n  ".join(params), ")"]
+    if threads:
+        head.append(f".maxntid {threads}, 1, 1")
+    head.append("{")
     if smem_decl:
         head.append(smem_decl)
     return "\n".join(head + k.regs.decls() + k.body + ["}", ""])

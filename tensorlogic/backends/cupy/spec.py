@@ -36,7 +36,8 @@ ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8}
 
 # Below this many elements per row a block per row wastes threads: use a thread per row.
 ROW_FAMILY_MIN = 64
-# Register-held rows: at most this many values per thread (more spills registers).
+# Register-held rows: at most this many values per lane with a warp per row (blocks of 128
+# threads), half as many with a block per row (up to 1024 threads: 64 registers a thread).
 ROW_REG_MAX = {"float16": 32, "float32": 32, "float64": 16}
 # Reductions a ``split`` kernel can stage (combine partials with the same operation).
 SPLIT_TAILS = ("sum", "mean", "max", "min", "prod")
@@ -302,12 +303,13 @@ def row_width(spec: KernelSpec) -> int:
 def row_layout(spec: KernelSpec, width: int) -> RowLayout | None:
     """The register-held layout of a row kernel with ``width``, or None if the row is too long."""
     n_r = spec.sizes[1]
+    cap = ROW_REG_MAX[spec.compute]
     total = -(-n_r // width)  # chunks in a row
-    if total <= 32 * 8:
-        threads = 32
-    else:
-        threads = min(1024, max(64, _pow2_at_least(-(-total // 4))))
+    chunks = -(-total // 32)
+    if chunks <= 8 and chunks * width <= cap:
+        return RowLayout(32, 4, width, chunks)
+    threads = min(1024, max(64, _pow2_at_least(-(-total // 4))))
     chunks = -(-total // threads)
-    if chunks * width > ROW_REG_MAX[spec.compute]:
+    if chunks * width > cap // 2:
         return None
-    return RowLayout(threads, 4 if threads == 32 else 1, width, chunks)
+    return RowLayout(threads, 1, width, chunks)

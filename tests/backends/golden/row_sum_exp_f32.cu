@@ -7,7 +7,7 @@ template <typename T> __device__ __forceinline__ T tl_max(T a, T b) {
   return (a > b || a != a) ? a : b; }
 template <typename T> __device__ __forceinline__ T tl_min(T a, T b) {
   return (a < b || a != a) ? a : b; }
-extern "C" __global__ void row_sum_exp_f32(
+extern "C" __global__ void __launch_bounds__(128) row_sum_exp_f32(
     float* __restrict__ out, const float* __restrict__ in0) {
   const unsigned int lane = threadIdx.x % 32u, sub = threadIdx.x / 32u;
   for (unsigned int row = (unsigned int)blockIdx.x * 4u + sub; row < 8u; row += (unsigned int)gridDim.x * 4u) {
