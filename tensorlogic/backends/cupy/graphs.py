@@ -72,6 +72,8 @@ class PlanRunner:
         self._copied = tuple((name, bid) for name, bid in plan.output_ids.items()
                              if plan.buffers[bid].role != "output")
         self._names = tuple(plan.output_ids)
+        # a plan without intermediates needs no pooled arena: each call copies this table
+        self._template = None if plan.memory.slot_bytes else plan._make_arena()
 
     def __str__(self) -> str:
         return f"cuda graph: {self.status}"
@@ -103,7 +105,8 @@ class PlanRunner:
 
     def _launches(self, plan, inputs, out):
         """``plan.run_steps`` without what a GPU plan never needs (numpy error states)."""
-        env = plan.pool.acquire()
+        template = self._template
+        env = plan.pool.acquire() if template is None else template.copy()
         try:
             for name, bid in self._inputs:
                 env[bid] = inputs[name]
@@ -126,11 +129,12 @@ class PlanRunner:
                 results = {name: results[name] for name in self._names}
             return results
         finally:
-            for _name, bid in self._inputs:
-                env[bid] = None
-            for _name, bid, _shape, _dtype in self._fresh:
-                env[bid] = None
-            plan.pool.release(env)
+            if template is None:
+                for _name, bid in self._inputs:
+                    env[bid] = None
+                for _name, bid, _shape, _dtype in self._fresh:
+                    env[bid] = None
+                plan.pool.release(env)
 
     def _capture(self, plan, inputs) -> bool:
         env = plan._make_arena()
