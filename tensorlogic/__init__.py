@@ -15,6 +15,14 @@ from .errors import (
 )
 from .ir.graph import EinsumGraph, Tensor
 
+# profiler
+from .errors import MissingDependencyError
+from .profiler import Peaks, Profile, calibrate, profile
+
+# the TensorLogic language (tl.parse / tl.load_program) and Datalog
+from . import datalog
+from .lang import Program, load_program, parse
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -22,4 +30,8 @@ __all__ = [
     "MemoryBudgetError", "ProgramError", "SerializationError", "ShapeError", "SpecError", "Tensor",
     "TensorLogicError", "available_backends", "clear_cache", "compile", "errors", "get_backend",
     "register_backend",
+    # profiler
+    "MissingDependencyError", "Peaks", "Profile", "calibrate", "profile",
+    # the TensorLogic language
+    "Program", "datalog", "load_program", "parse",
 ]

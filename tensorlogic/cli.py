@@ -1,4 +1,4 @@
-"""Command line: ``tensorlogic demo | run``."""
+"""Command line: ``tensorlogic demo | run | profile``."""
 
 from __future__ import annotations
 
@@ -30,8 +30,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from .ir.graph import EinsumGraph
 
     target = Path(args.target)
+    if target.suffix == ".tl":
+        return _run_program(args, target)
     if target.suffix != ".json":
-        raise TensorLogicError(f"{target.name}: expected a graph .json file")
+        raise TensorLogicError(f"{target.name}: expected a graph .json file or a .tl program")
     g = EinsumGraph.load(target)
     plan = compile_graph(g, backend=args.backend, opt_level=args.opt_level)
     out = plan(_load_inputs(args.inputs), to_host=True)
@@ -40,6 +42,55 @@ def _cmd_run(args: argparse.Namespace) -> int:
     for name, arr in out.items():
         print(f"{name}: shape={arr.shape} dtype={arr.dtype} sum={float(np.sum(arr)):.6g}")
     if args.out:
+        print(f"wrote {args.out}")
+    return 0
+
+
+# ---------------------------------------------------------------- TensorLogic programs (.tl)
+def _load_facts(path: str | None) -> dict[str, list[tuple]]:
+    if not path:
+        return {}
+    import json
+
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise TensorLogicError(f"{path}: cannot read facts JSON: {exc}") from exc
+    if not isinstance(raw, dict) or not all(isinstance(v, list) for v in raw.values()):
+        raise TensorLogicError(f"{path}: expected an object mapping predicate names to lists of "
+                               "argument lists, e.g. {\"edge\": [[1, 2], [2, 3]]}")
+    return {k: [tuple(row) if isinstance(row, list) else row for row in v]
+            for k, v in raw.items()}
+
+
+def _fmt_row(row: tuple) -> str:
+    import json
+
+    return "(" + ", ".join(json.dumps(v) for v in row) + ")"
+
+
+def _run_program(args: argparse.Namespace, target: Path) -> int:
+    from .lang import load_program
+
+    program = load_program(target)
+    out = program.run(backend=args.backend, facts=_load_facts(args.facts),
+                      opt_level=args.opt_level, **_load_inputs(args.inputs))
+    if args.query:
+        for row in sorted(program.query(args.query), key=repr):
+            print(_fmt_row(row))
+        return 0
+    rels = program.relations_as_sets()
+    for name in sorted(rels):
+        rows = sorted(rels[name], key=repr)
+        print(f"{name}: {len(rows)} tuple(s)")
+        for row in rows:
+            print("  " + _fmt_row(row))
+    tensors = {k: v for k, v in out.items() if k in program.tensors}
+    for name, arr in tensors.items():
+        print(f"{name}: shape={arr.shape} dtype={arr.dtype}")
+        print("  " + np.array2string(arr, precision=4, threshold=64).replace("\n", "\n  "))
+    if args.out and tensors:
+        np.savez(args.out, **tensors)
         print(f"wrote {args.out}")
     return 0
 
@@ -53,13 +104,19 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--opt-level", type=int, default=2)
     d.add_argument("--repeat", type=int, default=20)
     d.set_defaults(func=_cmd_demo)
-    r = sub.add_parser("run", help="run a saved graph (.json) on saved inputs (.npz)")
-    r.add_argument("target", help="GRAPH.json")
-    r.add_argument("--inputs", help="IN.npz with one array per graph input")
+    r = sub.add_parser("run", help="run a saved graph (.json) or a TensorLogic program (.tl)")
+    r.add_argument("target", help="GRAPH.json or PROGRAM.tl")
+    r.add_argument("--facts", help="FACTS.json for a program: {\"pred\": [[arg, ...], ...]}")
+    r.add_argument("--query", help="print only this relation of a program, one tuple a line")
+    r.add_argument("--inputs", help="IN.npz with one array per graph input (or program tensor)")
     r.add_argument("--out", help="OUT.npz to write the outputs to")
     r.add_argument("--backend", default="auto")
     r.add_argument("--opt-level", type=int, default=2)
     r.set_defaults(func=_cmd_run)
+    # profile
+    from .profiler.cli import add_parser as add_profile_parser
+
+    add_profile_parser(sub)
     return p
 
 

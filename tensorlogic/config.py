@@ -30,3 +30,17 @@ def cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME")
     root = Path(xdg) if xdg else Path.home() / ".cache"
     return root / "tensorlogic"
+
+
+def numba_cache_dir() -> Path:
+    """Where the numba backend writes generated kernel modules (under ``cache_dir()``)."""
+    return cache_dir() / "numba"
+
+
+def numba_threading_layer() -> str:
+    """TL_NUMBA_THREADING_LAYER: numba threading layer for the numba backend.
+
+    Default "threadsafe" (TBB if installed, else OpenMP): both allow several Python threads to
+    run parallel kernels at once; numba's "workqueue" layer aborts the process when that happens.
+    """
+    return os.environ.get("TL_NUMBA_THREADING_LAYER", "threadsafe") or "threadsafe"

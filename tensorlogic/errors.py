@@ -75,3 +75,18 @@ class ProgramError(TensorLogicError):
     """
 
     code = "program_error"
+
+
+class MissingDependencyError(TensorLogicError, ImportError):
+    """An optional dependency (an extra such as ``plot``) that a feature needs is not installed."""
+
+    code = "missing_dependency"
+
+
+class UnknownPredicateError(ProgramError, KeyError):
+    """A query of a relation the program never mentions (also a KeyError, for dict lookups)."""
+
+    code = "unknown_predicate"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""

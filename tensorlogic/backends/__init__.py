@@ -4,4 +4,14 @@ from .base import available_backends, get_backend, register_backend, registered_
 from . import numpy_backend  # noqa: F401  (registers "numpy")
 from . import cupy as _cupy  # noqa: F401  (registers "cupy"; imports CuPy only when used)
 
+
+def _numba_factory():
+    # numba takes a second to import: load it only when the backend is first used
+    from .numba_backend import NumbaBackend
+
+    return NumbaBackend()
+
+
+register_backend("numba", _numba_factory)
+
 __all__ = ["available_backends", "get_backend", "register_backend", "registered_backends"]

@@ -27,7 +27,7 @@ def choose_path_strategy(n_operands: int) -> str:
 
 
 def contraction_path(inputs: list[str], output: str, sizes: dict[str, int],
-                     strategy: str | None = None) -> tuple[list[tuple[int, ...]], Any]:
+                     strategy: Any = None) -> tuple[list[tuple[int, ...]], Any]:
     """Pairwise path and opt_einsum's PathInfo for a network of letter terms."""
     shapes = [tuple(sizes[c] for c in t) for t in inputs]
     eq = ",".join(inputs) + "->" + output
@@ -46,6 +46,7 @@ class EinsumPlan:
     flops: int
     path: list[tuple[int, ...]]
     description: str
+    largest_intermediate: int = 0  # elements of the largest pairwise result along the path
 
 
 def _group_layout(term: str, groups: list[list[str]]) -> bool:
@@ -159,10 +160,16 @@ def _swapped(fn):
     return lambda xp, A, B, out: fn(xp, B, A, out)
 
 
-def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
-                strategy: str | None = None) -> EinsumPlan:
-    """Compile an einsum with concrete shapes into a pairwise-matmul program."""
-    n = len(es.inputs)
+def prepared_terms(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int]) -> list[str]:
+    """The operand terms the pairwise program contracts (after squeezes, diagonals, sums).
+
+    A contraction path for ``plan_einsum`` is a path over these terms.
+    """
+    return _prepare_all(es, shapes, sizes)[0]
+
+
+def _prepare_all(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int]):
+    """(terms, preparation functions, their FLOPs) for every operand."""
     kept = [_broadcast_kept_axes(t, shp, sizes) for t, shp in zip(es.inputs, shapes)]
     counts: dict[str, int] = {}
     for t, kp in zip(es.inputs, kept):
@@ -179,6 +186,17 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         preps.append(fn)
         if fn is not None:
             flops += math.prod(shp)
+    return terms, preps, flops
+
+
+def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
+                strategy: Any = None) -> EinsumPlan:
+    """Compile an einsum with concrete shapes into a pairwise-matmul program.
+
+    ``strategy`` is an opt_einsum strategy name or an explicit path over ``prepared_terms``.
+    """
+    n = len(es.inputs)
+    terms, preps, flops = _prepare_all(es, shapes, sizes)
 
     if n == 1:
         term = terms[0]
@@ -196,6 +214,7 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
 
     path, info = contraction_path(terms, es.output, sizes, strategy)
     program = []
+    largest = 0
     live = list(terms)
     for k, step in enumerate(path):
         idx = sorted(step, reverse=True)
@@ -213,6 +232,7 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             res, fn, f = _pair(acc, other, keep | rest, sizes, es.output if final and last_pair else None)
             pair_fns.append(fn)
             flops += f
+            largest = max(largest, math.prod(sizes[c] for c in res))
             acc = res
         live.append(acc)
         program.append((tuple(sorted(step)), pair_fns))
@@ -239,4 +259,4 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         return out
 
     desc = f"{es} path={path}"
-    return EinsumPlan(run, flops, path, desc)
+    return EinsumPlan(run, flops, path, desc, largest)

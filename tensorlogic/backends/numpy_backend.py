@@ -23,6 +23,10 @@ class NumpyBackend:
         """Kernel for a step; einsum steps get their contraction path here, once."""
         if node.kind == ops.EINSUM:
             return kernels.einsum_kernel(np, node, in_nodes)
+        if node.kind == ops.FUSED:
+            from .fused_numpy import fused_kernel
+
+            return fused_kernel(node, in_nodes)
         return kernels.make_kernel(np, node, in_nodes, step.args.get("_is_output", False))
 
     # memory -------------------------------------------------------------

@@ -40,7 +40,7 @@ def _step_flops(node, in_nodes) -> int:
 def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
     graph = plan.graph.bind(binding) if binding else plan.graph
     t0 = time.perf_counter()
-    optimized, report = optimize(graph, plan.opt_level)
+    optimized, report = optimize(graph, plan.opt_level, plan.options)
     order = needed_nodes(optimized)
     nodes = {nid: optimized.node(nid) for nid in order}
     bufs = make_buffers(optimized, order)
@@ -57,7 +57,8 @@ def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
         in_nodes = [nodes[i] for i in node.inputs]
         b = bufs[nid]
         is_view = b.view_of is not None
-        args = {"_is_output": b.role == "output", "_view": is_view}
+        args = {"_is_output": b.role == "output", "_view": is_view,
+                "_options": plan.options}  # backends read their compile options here
         nbytes = 0 if is_view else b.nbytes + sum(bufs[i].nbytes for i in node.inputs)
         step = Step(len(steps), nid, node.name, node.kind, node.op, node.label,
                     tuple(bufs[i].id for i in node.inputs), b.id, tuple(node.shape), node.dtype,
@@ -120,6 +121,7 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
                 _cache.move_to_end(key)
                 hooks.compile_event("cache", "plan cache hit", time.perf_counter(), 0.0)
                 return hit
+        hooks.compile_event("cache", "plan cache miss", time.perf_counter(), 0.0)
     # the plan keeps its own copy so later edits to the user's graph cannot change it
     plan = CompiledPlan(graph.copy(), be, opt_level, opts, _build)
     if cache:

@@ -54,6 +54,13 @@ def compile_event(category: str, name: str, start: float, seconds: float, **info
         obs.compile_event(category, name, start, seconds, info)
 
 
+def counter(name: str, value: float) -> None:
+    """Report a counter sample (e.g. device memory in use) to the active observer, if any."""
+    obs = active()
+    if obs is not None:
+        obs.counter(name, value)
+
+
 @contextmanager
 def timed(category: str, name: str, **info: Any) -> Iterator[dict]:
     """Time a block and report it as a compile event; yields a dict for extra info."""
@@ -64,3 +71,20 @@ def timed(category: str, name: str, **info: Any) -> Iterator[dict]:
     finally:
         if _observers:
             compile_event(category, name, t0, time.perf_counter() - t0, **info, **extra)
+
+
+def transfer(obs: Observer, direction: str, name: str, move: Any, x: Any,
+             sync: Any = None) -> Any:
+    """Move one array with ``move(x)``; report it as a "transfer" event when it copied.
+
+    ``sync`` (the backend's synchronize) runs first so a device->host copy is not charged with
+    waiting for queued kernels. Backends whose ``move`` returns ``x`` itself report nothing.
+    """
+    if sync is not None:
+        sync()
+    t0 = time.perf_counter()
+    y = move(x)
+    if y is not x:
+        obs.compile_event("transfer", f"{direction} {name}", t0, time.perf_counter() - t0,
+                          {"bytes": int(getattr(x, "nbytes", 0)), "direction": direction})
+    return y

@@ -278,23 +278,33 @@ class CompiledPlan:
         if inputs is not None and not isinstance(inputs, Mapping):
             raise InputError(f"inputs must be a dict of name -> array, got {type(inputs).__name__}")
         arrays = self._fast_inputs(inputs, kwargs)
-        if arrays is None:
+        fast = arrays is not None  # ready native arrays: no conversion, no copy
+        if not fast:
             given = {**(inputs or {}), **kwargs}
             arrays, sizes = self._bind_inputs(given)
         if check_finite:
             for name, x in arrays.items():
                 if not self.backend.all_finite(x):
                     raise InputError(f"input {name!r} contains NaN or inf (check_finite=True)")
-        if arrays is kwargs:
-            cp = self._last
-        else:
-            cp = self.specialize(**sizes) if self.symbols else self._last
-            arrays = {n: self.backend.to_device(x) for n, x in arrays.items()}
+        cp = self.specialize(**sizes) if self.symbols and not fast else self._last
         if out:
             self._check_out(cp, out)
+        obs = hooks.active()
+        if obs is None:
+            if not fast:
+                arrays = {n: self.backend.to_device(x) for n, x in arrays.items()}
+            results = cp.run(arrays, out)
+            if to_host:
+                results = {k: self.backend.to_host(v) for k, v in results.items()}
+            return results
+        # profiled: report host<->device copies to the profiler
+        be = self.backend
+        arrays = {n: hooks.transfer(obs, "h2d", n, be.to_device, x) for n, x in arrays.items()}
         results = cp.run(arrays, out)
         if to_host:
-            results = {k: self.backend.to_host(v) for k, v in results.items()}
+            sync = getattr(be, "synchronize", None)
+            results = {k: hooks.transfer(obs, "d2h", k, be.to_host, v, sync)
+                       for k, v in results.items()}
         return results
 
     def _fast_inputs(self, inputs: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:

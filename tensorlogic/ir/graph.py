@@ -255,7 +255,7 @@ class EinsumGraph:
                     f"constant {name or ''}: unsupported dtype {arr.dtype}; expected a float array"
                 )
         dt = dtypes.normalize(dtype, f"constant {name or ''}: ")
-        arr = np.ascontiguousarray(arr, dtype=dt)
+        arr = np.array(arr, dtype=dt, order="C")  # ascontiguousarray would make 0-d 1-d
         arr.setflags(write=False)
         nid = self.add_node(ops.CONSTANT, None, (), name=name, shape=arr.shape, dtype=dt)
         self.constants[nid] = arr

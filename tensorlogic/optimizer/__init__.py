@@ -1,5 +1,20 @@
-"""Graph optimizer: passes and the pass manager."""
+"""Graph optimizer: passes and the pass manager.
+
+Pipelines (each repeated to a fixpoint): O0 runs nothing; O1 runs dce, cse, fold, simplify;
+O2 and O3 add merge (einsum merging, scalar pulling), contraction (path planning) and fusion.
+"""
 
 from .base import OptimizerReport, Pass, PassManager, PassResult, optimize, register_pass
+# importing the pass modules registers them, in pipeline order
+from .dce import dce
+from .cse import cse
+from .fold import fold
+from .simplify import simplify
+from .merge import merge
+from .contraction import contraction
+from .fusion import fusion, is_legal_group
 
-__all__ = ["OptimizerReport", "Pass", "PassManager", "PassResult", "optimize", "register_pass"]
+__all__ = [
+    "OptimizerReport", "Pass", "PassManager", "PassResult", "contraction", "cse", "dce", "fold",
+    "fusion", "is_legal_group", "merge", "optimize", "register_pass", "simplify",
+]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from .. import config
 from ..errors import GraphError, TensorLogicError
@@ -72,7 +72,10 @@ PASSES: dict[str, Callable[..., Pass]] = {}
 
 
 def register_pass(name: str, factory: Callable[..., Pass], levels: tuple[int, ...]) -> None:
-    """Make a pass known and add it to the pipelines of the given opt levels."""
+    """Make a pass known and add it to the pipelines of the given opt levels.
+
+    ``factory(options)`` builds the pass from the compile options (a read-only mapping).
+    """
     PASSES[name] = factory
     for lvl in levels:
         if name not in PIPELINES[lvl]:
@@ -115,7 +118,36 @@ class PassManager:
         return graph, report
 
 
-def optimize(graph: EinsumGraph, opt_level: int) -> tuple[EinsumGraph, OptimizerReport]:
-    """Run the pipeline of ``opt_level`` over ``graph``."""
-    passes = [PASSES[name]() for name in PIPELINES[opt_level]]
+@dataclass
+class FunctionPass:
+    """A pass made of a function ``fn(graph, options) -> PassResult`` and its options."""
+
+    name: str
+    fn: Callable[[EinsumGraph, Mapping[str, Any]], PassResult]
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self, graph: EinsumGraph) -> PassResult:
+        """Run the pass with its options."""
+        return self.fn(graph, self.options)
+
+
+def function_pass(name: str, fn: Callable[[EinsumGraph, Mapping[str, Any]], PassResult],
+                  levels: tuple[int, ...]) -> Callable[[EinsumGraph, Mapping[str, Any] | None], PassResult]:
+    """Register ``fn`` as the pass ``name`` at ``levels``; returns a direct caller of it."""
+    register_pass(name, lambda options=None: FunctionPass(name, fn, dict(options or {})), levels)
+
+    def run(graph: EinsumGraph, options: Mapping[str, Any] | None = None) -> PassResult:
+        return fn(graph, dict(options or {}))
+
+    run.__name__ = name
+    run.__doc__ = fn.__doc__
+    return run
+
+
+def optimize(graph: EinsumGraph, opt_level: int,
+             options: Mapping[str, Any] | None = None) -> tuple[EinsumGraph, OptimizerReport]:
+    """Run the pipeline of ``opt_level`` over ``graph``; ``options`` are the compile options."""
+    if opt_level not in PIPELINES:
+        raise GraphError(f"opt_level must be one of {sorted(PIPELINES)}, got {opt_level!r}")
+    passes = [PASSES[name](dict(options or {})) for name in PIPELINES[opt_level]]
     return PassManager(passes, opt_level).run(graph)

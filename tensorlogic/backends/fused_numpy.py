@@ -1,0 +1,160 @@
+"""The numpy kernel for FUSED nodes: in-place ufuncs over cache-sized blocks.
+
+The iteration space is cut into blocks along its leading axes (whole trailing axes stay in a
+block, so a reduction or row op over them finishes inside the block). Each instruction of the
+fused body runs as one ufunc over the block, writing into a small set of block-sized registers
+that are reused as soon as a value dies (in place over a dying operand where the op allows), so
+intermediates stay in cache and each input and the output cross main memory once.
+
+Each block performs exactly the ufunc calls the unfused plan would make on that part of the
+array, so results match the unfused numpy backend element for element.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from ..ir import ops
+from ..ir.fused import FusedBody
+from . import kernels
+
+# Bytes per register block. Several registers live at once; together they should fit in L2.
+BLOCK_BYTES = 256 * 1024
+
+
+def _where(cond, a, b, out):
+    # the unfused kernel's order: b everywhere, then a where cond is nonzero
+    np.copyto(out, b)
+    np.copyto(out, a, where=np.not_equal(cond, 0))
+    return out
+
+
+def _allocate(body: FusedBody, final_to_out: bool) -> tuple[list[int], int]:
+    """Register of every instruction (-1: the output block) and the number of registers."""
+    n = len(body.instrs)
+    last_use = list(range(n))
+    for j, ins in enumerate(body.instrs):
+        for kind, v in ins.args:
+            if kind == "tmp":
+                last_use[v] = j
+    reg = [0] * n
+    free: list[int] = []
+    n_regs = 0
+    for j, ins in enumerate(body.instrs):
+        dying = [v for kind, v in ins.args if kind == "tmp" and last_use[v] == j]
+        if j == n - 1 and final_to_out:
+            reg[j] = -1
+        elif ins.op != "where" and dying:
+            reg[j] = reg[dying[0]]  # in place over an operand that dies here
+            dying = dying[1:]
+        elif free:
+            reg[j] = free.pop()
+        else:
+            reg[j] = n_regs
+            n_regs += 1
+        for v in dying:
+            if reg[v] >= 0 and reg[v] != reg[j] and reg[v] not in free:
+                free.append(reg[v])
+    return reg, n_regs
+
+
+def _block_axis(space: tuple[int, ...], kept: int, block: int) -> tuple[int, int]:
+    """(axis to cut, rows per block) so a block holds at most ``block`` elements where it can."""
+    for a in range(kept):
+        inner = math.prod(space[a + 1:])
+        if inner <= block:
+            return a, max(1, block // max(inner, 1))
+    return kept - 1, 1
+
+
+def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> Callable:
+    """Kernel ``kernel(inputs, out)`` for a FUSED node on numpy arrays."""
+    body = FusedBody.from_args(node.args["body"])
+    body.validate(len(in_nodes), f"fused node {node.name!r}")
+    space = tuple(int(d) for d in body.space)
+    r = len(space)
+    dtype = np.dtype(node.dtype)
+    tail = body.tail
+    n_tail = 0 if tail is None else (len(body.axes) if tail in ops.REDUCTIONS else 1)
+    kept = r - n_tail
+    final_to_out = tail is None or tail in ops.ROW_OPS
+    if body.instrs[-1].op == "where" and tail is None:
+        final_to_out = False  # where writes its operands in two steps; never over an input
+    reg, n_regs = _allocate(body, final_to_out)
+    if not final_to_out:
+        result_reg = reg[-1]
+    block = max(1, (block_bytes or BLOCK_BYTES) // dtype.itemsize)
+
+    program = []
+    for j, ins in enumerate(body.instrs):
+        fn = _where if ins.op == "where" else ops.ELEMENTWISE[ins.op].numpy
+        spec = tuple((0, v) if kind == "in" else (1, reg[v]) if kind == "tmp" else (2, v)
+                     for kind, v in ins.args)
+        program.append((fn, spec, reg[j]))
+
+    # per input: its dims padded to the space's rank, and which axes it broadcasts along
+    in_dims = [(1,) * (r - len(n.shape)) + tuple(int(d) for d in n.shape) for n in in_nodes]
+
+    total = math.prod(space)
+    single = kept <= 0 or total <= block
+    if not single:
+        axis, rows = _block_axis(space, kept, block)
+    red_axes = tuple(range(-n_tail, 0))
+
+    def run_block(ins: list, regs: list, out_block):
+        for fn, spec, dest in program:
+            args = [ins[v] if k == 0 else regs[v] if k == 1 else v for k, v in spec]
+            fn(*args, out=out_block if dest < 0 else regs[dest])
+        if tail is None:
+            if not final_to_out:
+                out_block[...] = regs[result_reg]
+            return
+        if tail in ops.ROW_OPS:
+            row = kernels._softmax if tail == "softmax" else kernels._log_softmax
+            row(np, out_block, -1, out_block)
+            return
+        x = regs[result_reg]
+        if tail == "logsumexp":
+            kernels._logsumexp(np, x, red_axes, False, out_block)
+        else:
+            red = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min,
+                   "prod": np.prod}[tail]
+            red(x, axis=red_axes, out=out_block)
+
+    def kernel(arrays: list, out):
+        xs = [a.reshape(d) for a, d in zip(arrays, in_dims)]
+        out_view = out.reshape(space if tail is None or tail in ops.ROW_OPS else space[:kept])
+        if single:
+            regs = [np.empty(space, dtype) for _ in range(n_regs)]
+            run_block(xs, regs, out_view)
+            return out
+        chunk_shape = (rows, *space[axis + 1:])
+        n_chunk = math.prod(chunk_shape)
+        raw = [np.empty(n_chunk, dtype) for _ in range(n_regs)]
+        full_regs = [b.reshape(chunk_shape) for b in raw]
+        for lead in np.ndindex(*space[:axis]):
+            for start in range(0, space[axis], rows):
+                stop = min(start + rows, space[axis])
+                if stop - start == rows:
+                    regs = full_regs
+                else:
+                    shp = (stop - start, *space[axis + 1:])
+                    regs = [b[:math.prod(shp)].reshape(shp) for b in raw]
+                ins = []
+                for x, d in zip(xs, in_dims):
+                    idx = tuple(0 if d[k] == 1 else lead[k] for k in range(axis))
+                    ins.append(x[idx + ((slice(None) if d[axis] == 1 else slice(start, stop)),)])
+                run_block(ins, regs, out_view[lead + (slice(start, stop),)])
+        return out
+
+    kernel.info = describe(body)
+    return kernel
+
+
+def describe(body: FusedBody) -> str:
+    """A short text of a fused body for print(plan): its ops and its tail."""
+    text = ",".join(i.op for i in body.instrs)
+    return f"[{text}{' -> ' + body.tail if body.tail else ''}]"

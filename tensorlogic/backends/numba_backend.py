@@ -1,0 +1,118 @@
+"""The numba backend: every elementwise, reduction, row-op and fused step is one generated kernel.
+
+Each step is rendered from the op table to numba source (``numba_codegen``), written to a
+content-addressed module in the disk cache (``numba_cache``) and compiled with ``cache=True``;
+contractions run on BLAS exactly like the numpy backend. Kernels write into the plan's buffers.
+
+Plan options read here (``tl.compile(g, backend="numba", **options)``):
+- ``fast_math`` (default True): vectorizable exp/log (float32 within 2 ulp, float64 within 4 ulp;
+  see ``numba_fastmath``) and LLVM reassociation so reductions vectorize; NaN/inf still
+  propagate. ``fast_math=False`` uses libm and strict evaluation order.
+- ``parallel_threshold`` (default ``PARALLEL_THRESHOLD`` elements): steps whose iteration space is
+  smaller run a serial kernel, because a parallel region costs microseconds to start.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..errors import BackendError
+from ..ir import ops
+from ..ir.fused import FusedBody, FusedOp
+from . import kernels, numba_cache, numba_threads
+from .numba_codegen import render
+from .numba_layout import make_layout
+from .numpy_backend import NumpyBackend
+
+# Below this many points a serial kernel wins (a parallel launch costs ~2-10 us here; see
+# benchmarks/bench_fused_cpu.py --threshold for the measurement).
+PARALLEL_THRESHOLD = 1 << 15
+_FLOATS = ("float32", "float64")
+
+
+def _body_of(node, in_nodes) -> FusedBody | None:
+    """The node as a fused program, or None if it is not a generated-kernel kind."""
+    kind = node.kind
+    shape = tuple(node.shape)
+    ins = tuple(("in", k) for k in range(len(in_nodes)))
+    if kind in (ops.UNARY, ops.BINARY):
+        return FusedBody((FusedOp(node.op, ins),), shape)
+    if kind == ops.WHERE:
+        return FusedBody((FusedOp("where", ins),), shape)
+    if kind == ops.REDUCE:
+        return FusedBody((), tuple(in_nodes[0].shape), node.op, tuple(node.args["axes"]),
+                         bool(node.args.get("keepdims")))
+    if kind == ops.ROWOP:
+        return FusedBody((), shape, node.op, (int(node.args["axis"]),))
+    if kind == ops.FUSED:
+        return FusedBody.from_args(node.args["body"])
+    return None
+
+
+def _contiguous(a: Any, shape: tuple[int, ...]) -> np.ndarray:
+    # a non-contiguous input (a user slice, a transposed view) costs one copy here
+    if not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    return a.reshape(shape)
+
+
+class NumbaBackend(NumpyBackend):
+    """Generated, parallel numba kernels; memory and input handling are the numpy backend's."""
+
+    name = "numba"
+
+    def __init__(self) -> None:
+        numba_threads.configure()
+
+    def prepare(self, step, node, in_nodes, graph):
+        """A generated kernel for elementwise/reduction/row-op/fused steps; BLAS for einsum."""
+        opts = step.args.get("_options") or {}
+        if node.kind == ops.EINSUM:
+            return kernels.einsum_kernel(np, node, in_nodes)
+        body = _body_of(node, in_nodes)
+        dts = [n.dtype for n in in_nodes]
+        if body is None or node.dtype not in _FLOATS or any(d not in _FLOATS for d in dts):
+            # layout ops, casts and float16 have no generated kernel: the numpy ones are exact
+            return kernels.make_kernel(np, node, in_nodes, step.args.get("_is_output", False))
+        fast = opts.get("fast_math")
+        fast = True if fast is None else bool(fast)
+        threshold = opts.get("parallel_threshold")
+        threshold = PARALLEL_THRESHOLD if threshold is None else int(threshold)
+        if body.instrs:  # single REDUCE/ROWOP nodes are tails over their input alone
+            body.validate(len(in_nodes), f"node {node.name!r}")
+        return self.kernel_for(body, [tuple(n.shape) for n in in_nodes], node.dtype, fast,
+                               threshold, node.name)
+
+    def kernel_for(self, body: FusedBody, in_shapes: list[tuple[int, ...]], dtype: str,
+                   fast: bool = True, threshold: int = PARALLEL_THRESHOLD, where: str = "kernel"):
+        """``kernel(inputs, out)`` for a fused program over inputs of ``in_shapes``."""
+        space = tuple(int(d) for d in body.space)
+        if any(isinstance(d, str) for s in in_shapes for d in s):
+            raise BackendError(f"node {where!r}: symbolic shape reached the numba backend")
+        lay = make_layout(space, in_shapes, body.tail, tuple(body.axes))
+        parallel = math.prod(space) >= threshold
+        src = render(body.instrs, len(in_shapes), lay, body.tail, dtype, fast, parallel)
+        fn = numba_cache.load(src.text, src.name)
+        views = [lay.input_shape(k) for k in range(len(in_shapes))]
+        oshape = lay.output_shape()
+        dims = lay.dims
+        lock = numba_threads.launch_lock
+
+        if parallel:
+            def kernel(args, out):
+                ins = [_contiguous(a, s) for a, s in zip(args, views)]
+                with lock():
+                    fn(out.reshape(oshape), *ins, *dims)
+                return out
+        else:
+            def kernel(args, out):
+                fn(out.reshape(oshape), *[_contiguous(a, s) for a, s in zip(args, views)], *dims)
+                return out
+
+        kernel.info = f"numba {'parallel' if parallel else 'serial'}{' fast' if fast else ''}"
+        kernel.source = src.text
+        kernel.dispatcher = fn
+        return kernel

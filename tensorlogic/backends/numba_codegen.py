@@ -1,0 +1,355 @@
+"""Render a fused program over a Layout to the source text of one numba kernel.
+
+The kernel is ``kernel(out, a0, a1, ..., d0, d1, ...)``: ``out`` and the inputs are viewed in
+the layout's collapsed shapes, ``d*`` are the collapsed sizes. Every elementwise op comes from the
+op table (``ops.ELEMENTWISE[op].numba``); float literals in those expressions and program
+constants become module-level constants of the compute dtype, so float32 kernels stay float32
+(a bare ``0.5`` would promote the whole expression to float64 and halve the vector width).
+
+Loop shapes:
+- elementwise, rank 1: blocks of ``BLOCK`` elements, ``prange`` over blocks;
+- elementwise, rank >= 2: ``prange`` over the flattened outer dims, a contiguous inner loop;
+- reduction with kept dims: ``prange`` over kept elements, loops over the reduced dims;
+- full reduction: per-block (or per-row) partials in parallel, combined serially;
+- row op: ``prange`` over rows; max, exp-and-sum, scale passes over the row held in ``out``.
+The serial variant is the same text with ``range`` and ``parallel=False``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import BackendError
+from ..ir import ops
+from ..ir.fused import FusedOp
+from .numba_fastmath import PRELUDE
+from .numba_layout import Layout
+
+BLOCK = 4096  # elements per parallel block of a flat loop: big enough to amortize scheduling
+# fastmath flags with fast_math on: reassociation lets LLVM vectorize reductions; no nnan/ninf,
+# so NaN and inf still propagate as in numpy.
+FAST_FLAGS = '{"reassoc", "contract", "nsz", "arcp"}'
+_FLOAT_LIT = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][+-]?\d+)?)")
+
+
+@dataclass(frozen=True)
+class KernelSource:
+    """Generated module text and the name of its kernel function."""
+
+    text: str
+    name: str
+
+
+class _Consts:
+    """Module-level typed constants, deduplicated by value."""
+
+    def __init__(self, dtype: str) -> None:
+        self.dtype = dtype
+        self.names: dict[float, str] = {}
+
+    def __call__(self, value: float) -> str:
+        v = float(value)
+        key = v if v == v else "nan"
+        if key not in self.names:
+            self.names[key] = f"_c{len(self.names)}"
+        return self.names[key]
+
+    def lines(self) -> list[str]:
+        out = []
+        for v, name in self.names.items():
+            lit = "np.nan" if v == "nan" else repr(v) if np.isfinite(v) else ("np.inf" if v > 0 else "-np.inf")
+            out.append(f"{name} = np.{self.dtype}({lit})")
+        return out
+
+
+def _op_expr(op: str, args: list[str], consts: _Consts, fast: bool, dtype: str) -> str:
+    if op == "where":
+        c, a, b = args
+        return f"({a} if {c} != {consts(0.0)} else {b})"
+    row = ops.ELEMENTWISE[op]
+    names = {"x": args[0]} if row.arity == 1 else {"a": args[0], "b": args[1]}
+    expr = _FLOAT_LIT.sub(lambda m: consts(float(m.group(1))), row.numba)
+    expr = _math_names(expr, fast, dtype)
+    return expr.format(**names)
+
+
+def _math_names(expr: str, fast: bool, dtype: str) -> str:
+    if fast and dtype in ("float32", "float64"):
+        sfx = "f32" if dtype == "float32" else "f64"
+        expr = re.sub(r"\bmath\.exp\(", f"_exp_{sfx}(", expr)
+        expr = re.sub(r"\bmath\.log\(", f"_log_{sfx}(", expr)
+    return expr
+
+
+class _Body:
+    """Straight-line code for one point of the space, from the fused program."""
+
+    def __init__(self, instrs: tuple[FusedOp, ...], n_inputs: int, consts: _Consts, fast: bool,
+                 dtype: str) -> None:
+        self.instrs = instrs
+        self.n_inputs = n_inputs
+        self.consts = consts
+        self.fast = fast
+        self.dtype = dtype
+
+    def used_inputs(self) -> list[int]:
+        if not self.instrs:
+            return [0]
+        used = sorted({v for ins in self.instrs for kind, v in ins.args if kind == "in"})
+        return used
+
+    def lines(self, load: dict[int, str]) -> tuple[list[str], str]:
+        """Statements computing the value, and the name holding it; ``load[k]`` reads input k."""
+        if not self.instrs:
+            return [], load[0]
+        out = []
+        for j, ins in enumerate(self.instrs):
+            args = []
+            for kind, v in ins.args:
+                if kind == "in":
+                    args.append(load[v])
+                elif kind == "tmp":
+                    args.append(f"t{v}")
+                else:
+                    args.append(self.consts(v))
+            out.append(f"t{j} = {_op_expr(ins.op, args, self.consts, self.fast, self.dtype)}")
+        return out, f"t{len(self.instrs) - 1}"
+
+
+def _index(lay: Layout, k: int, idx: list[str]) -> str:
+    parts = [i if f else "0" for i, f in zip(idx, lay.full[k])]
+    return ", ".join(parts)
+
+
+def _unravel(vars_: list[str], sizes: list[str], flat: str, ind: str) -> list[str]:
+    """Statements splitting ``flat`` into ``vars_`` (C order over ``sizes``)."""
+    if len(vars_) == 1:
+        return [f"{ind}{vars_[0]} = {flat}"]
+    lines = [f"{ind}_r = {flat}"]
+    for v, s in zip(reversed(vars_[1:]), reversed(sizes[1:])):
+        lines.append(f"{ind}{v} = _r % {s}")
+        lines.append(f"{ind}_r = _r // {s}")
+    lines.append(f"{ind}{vars_[0]} = _r")
+    return lines
+
+
+_INIT = {"sum": "0.0", "mean": "0.0", "prod": "1.0", "max": "-np.inf", "min": "np.inf"}
+
+
+def _combine(op: str, acc: str, v: str) -> str:
+    if op in ("sum", "mean"):
+        return f"{acc} = {acc} + {v}"
+    if op == "prod":
+        return f"{acc} = {acc} * {v}"
+    return f"{acc} = {op}({acc}, {v})"
+
+
+def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | None,
+           dtype: str, fast: bool, parallel: bool) -> KernelSource:
+    """Source of one module holding the kernel for this program, layout and options."""
+    if dtype not in ("float32", "float64"):
+        raise BackendError(f"numba kernels support float32 and float64, not {dtype}")
+    consts = _Consts(dtype)
+    body = _Body(instrs, n_inputs, consts, fast, dtype)
+    acc_dt = "float64"  # sums accumulate in float64 (more accurate than numpy's float32 sums)
+    R = lay.rank
+    idx = [f"i{d}" for d in range(R)]
+    dnames = [f"d{d}" for d in range(R)]
+    rng = "prange" if parallel else "range"
+    # inputs broadcast over every dim are loaded once, before the loops
+    used = body.used_inputs()
+    hoisted = {k for k in used if not any(lay.full[k])}
+    head = [f"    s{k} = a{k}[{', '.join(['0'] * R)}]" for k in sorted(hoisted)]
+
+    def loads(ind: str) -> tuple[list[str], dict[int, str]]:
+        names, ls = {}, []
+        for k in used:
+            if k in hoisted:
+                names[k] = f"s{k}"
+            else:
+                ls.append(f"{ind}x{k} = a{k}[{_index(lay, k, idx)}]")
+                names[k] = f"x{k}"
+        return ls, names
+
+    def value(ind: str) -> tuple[list[str], str]:
+        ls, names = loads(ind)
+        bl, v = body.lines(names)
+        return ls + [ind + b for b in bl], v
+
+    lines: list[str] = []
+    if tail is None:
+        lines += _elementwise(R, idx, dnames, rng, value)
+    elif tail in ("softmax", "log_softmax"):
+        lines += _rowop(lay, tail, idx, dnames, rng, value, dtype, fast, consts)
+    else:
+        lines += _reduce(lay, tail, idx, dnames, rng, value, acc_dt, dtype, fast, consts)
+    args = ["out"] + [f"a{k}" for k in range(n_inputs)] + dnames
+    flags = FAST_FLAGS if fast else "False"
+    name = "kernel"
+    deco = (f"@njit(parallel={parallel}, fastmath={flags}, error_model='numpy', cache=True, "
+            "nogil=True)")
+    text = "\n".join(
+        ["# generated by tensorlogic.backends.numba_codegen; content-addressed, do not edit",
+         "import math", "import numpy as np", "from numba import njit, prange"]
+        + ([PRELUDE] if fast else [])
+        + consts.lines() + ["", "", deco, f"def {name}({', '.join(args)}):"] + head + lines
+    ) + "\n"
+    return KernelSource(text, name)
+
+
+def _elementwise(R, idx, dnames, rng, value) -> list[str]:
+    if R == 1:
+        v_lines, v = value("            ")
+        return [
+            f"    nb = (d0 + {BLOCK - 1}) // {BLOCK}",
+            f"    for b in {rng}(nb):",
+            f"        lo = b * {BLOCK}",
+            f"        hi = min(lo + {BLOCK}, d0)",
+            "        for i0 in range(lo, hi):",
+            *v_lines,
+            f"            out[i0] = {v}",
+        ]
+    outer = " * ".join(dnames[:-1])
+    v_lines, v = value("            ")
+    return [
+        f"    for o in {rng}({outer}):",
+        *_unravel(idx[:-1], dnames[:-1], "o", "        "),
+        f"        for {idx[-1]} in range({dnames[-1]}):",
+        *v_lines,
+        f"            out[{', '.join(idx)}] = {v}",
+    ]
+
+
+def _exp(dtype, fast, x) -> str:
+    return _math_names(f"math.exp({x})", fast, dtype)
+
+
+def _log(dtype, fast, x) -> str:
+    return _math_names(f"math.log({x})", fast, dtype)
+
+
+def _reduce(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts) -> list[str]:
+    kept = [d for d, r in enumerate(lay.roles) if r == "k"]
+    red = [d for d, r in enumerate(lay.roles) if r == "r"]
+    acc_t = acc_dt if op in ("sum", "mean", "logsumexp") else dtype
+    lse = op == "logsumexp"
+    # the mean's divisor comes from the run-time sizes, so the text does not depend on them
+    count = " * ".join(dnames[d] for d in red) or "1"
+
+    def passes(ind: str, acc: str) -> list[str]:
+        """Loops over the reduced dims (given the kept/outer indices) accumulating into acc."""
+        lines = []
+        depth = ind
+        for d in red:
+            lines.append(f"{depth}for {idx[d]} in range({dnames[d]}):")
+            depth += "    "
+        vl, v = value(depth)
+        return lines, depth, vl, v
+
+    def reduction(ind: str, tgt: str) -> list[str]:
+        """Statements leaving the final reduced value of one output element in ``tgt``."""
+        loops, depth, vl, v = passes(ind, "acc")
+        if not lse:
+            init = _INIT[op]
+            out = [f"{ind}acc = np.{acc_t}({init})", *loops, *vl, depth + _combine(op, "acc", v)]
+            fin = "acc"
+            if op == "mean":
+                fin = f"acc / ({count})"
+            return out + [f"{ind}{tgt} = {fin}"]
+        # logsumexp: max pass, then a sum of exp(v - max) pass
+        out = [f"{ind}m = np.{dtype}(-np.inf)", *loops, *vl, f"{depth}m = max(m, {v})",
+               f"{ind}m = m if (m - m) == 0 else np.{dtype}(0.0)"]
+        loops2, depth2, vl2, v2 = passes(ind, "s")
+        out += [f"{ind}s = np.{acc_t}(0.0)", *loops2, *vl2,
+                f"{depth2}s = s + {_exp(dtype, fast, f'{v2} - m')}",
+                f"{ind}{tgt} = {_log(acc_t, fast, 's')} + m"]
+        return out
+
+    if kept:
+        # prange over output elements; each walks its reduced dims
+        n = " * ".join(dnames[d] for d in kept)
+        return [
+            f"    for o in {rng}({n}):",
+            *_unravel([idx[d] for d in kept], [dnames[d] for d in kept], "o", "        "),
+            *reduction("        ", "out[o]"),
+        ]
+    # full reduction: partials over blocks (rank 1) or outer rows, combined serially
+    if lay.rank == 1:
+        head = [f"    nb = (d0 + {BLOCK - 1}) // {BLOCK}"]
+        loop = [f"        lo = b * {BLOCK}", f"        hi = min(lo + {BLOCK}, d0)"]
+        inner = "        for i0 in range(lo, hi):"
+        rows = "nb"
+    else:
+        rows = " * ".join(dnames[:-1])
+        head = [f"    nb = {rows}"]
+        loop = _unravel(idx[:-1], dnames[:-1], "b", "        ")
+        inner = f"        for {idx[-1]} in range({dnames[-1]}):"
+    vl, v = value("            ")
+
+    def partial_pass(init, comb, part_t, what) -> list[str]:
+        return [
+            f"    part = np.empty(nb, np.{part_t})",
+            f"    for b in {rng}(nb):",
+            *loop,
+            f"        acc = np.{part_t}({init})",
+            inner, *vl, "            " + comb(what(v)),
+            "        part[b] = acc",
+        ]
+
+    if not lse:
+        init = _INIT[op]
+        lines = head + partial_pass(init, lambda x: _combine(op, "acc", x), acc_t, lambda x: x)
+        lines += [f"    acc = np.{acc_t}({init})", "    for b in range(nb):",
+                  "        " + _combine(op, "acc", "part[b]")]
+        fin = f"acc / ({count})" if op == "mean" else "acc"
+        return lines + [f"    out[0] = {fin}"]
+    lines = head + partial_pass("-np.inf", lambda x: f"acc = max(acc, {x})", dtype, lambda x: x)
+    lines += [f"    m = np.{dtype}(-np.inf)", "    for b in range(nb):",
+              "        m = max(m, part[b])",
+              f"    m = m if (m - m) == 0 else np.{dtype}(0.0)"]
+    lines += partial_pass("0.0", lambda x: f"acc = acc + {x}", acc_t,
+                          lambda x: _exp(dtype, fast, f"{x} - m"))
+    lines += [f"    s = np.{acc_t}(0.0)", "    for b in range(nb):", "        s = s + part[b]",
+              f"    out[0] = {_log(acc_t, fast, 's')} + m"]
+    return lines
+
+
+def _rowop(lay, op, idx, dnames, rng, value, dtype, fast, consts) -> list[str]:
+    lines_dims = [d for d, r in enumerate(lay.roles) if r != "a"]
+    (ax,) = [d for d, r in enumerate(lay.roles) if r == "a"]
+    n = " * ".join(dnames[d] for d in lines_dims) or "1"
+    at = ", ".join(idx)
+    vl, v = value("            ")
+    unr = (_unravel([idx[d] for d in lines_dims], [dnames[d] for d in lines_dims], "o", "        ")
+           if lines_dims else [])
+    lines = [
+        f"    for o in {rng}({n}):",
+        *unr,
+        f"        m = np.{dtype}(-np.inf)",
+        f"        for {idx[ax]} in range({dnames[ax]}):",
+        *vl,
+        f"            out[{at}] = {v}",
+        f"            m = max(m, {v})",
+        "        s = np.float64(0.0)",
+        f"        for {idx[ax]} in range({dnames[ax]}):",
+    ]
+    if op == "softmax":
+        lines += [
+            f"            e = {_exp(dtype, fast, f'out[{at}] - m')}",
+            f"            out[{at}] = e",
+            "            s = s + e",
+            f"        inv = np.{dtype}(1.0 / s)",
+            f"        for {idx[ax]} in range({dnames[ax]}):",
+            f"            out[{at}] = out[{at}] * inv",
+        ]
+    else:
+        lines += [
+            f"            s = s + {_exp(dtype, fast, f'out[{at}] - m')}",
+            f"        ls = m + np.{dtype}({_log('float64', fast, 's')})",
+            f"        for {idx[ax]} in range({dnames[ax]}):",
+            f"            out[{at}] = out[{at}] - ls",
+        ]
+    return lines

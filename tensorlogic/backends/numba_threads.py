@@ -1,0 +1,95 @@
+"""Thread safety and thread-pool coordination for the numba backend.
+
+Threading layer: numba's default pick on machines without TBB is "workqueue" when OpenMP is not
+loadable, and workqueue aborts the process when two Python threads launch parallel kernels at the
+same time. We ask numba for the "threadsafe" layer (TBB if installed, else GNU OpenMP), both of
+which accept concurrent launches; ``config.numba_threading_layer()`` overrides the choice. If the
+process ends up on workqueue anyway (neither TBB nor OpenMP loadable, or the user launched numba
+first), parallel kernels run under one lock: slower under contention, never an abort.
+
+BLAS vs numba pools: contractions run on numpy's OpenBLAS pool and generated kernels on numba's
+OpenMP pool, with no threadpoolctl limit applied. benchmarks/bench_fused_cpu.py measures a
+parallel kernel right after a matmul with and without ``threadpool_limits(1, "blas")``; on the
+shared (heavily loaded) 2-vCPU machine the difference was within noise (1M-element kernel: 36 ms
+after BLAS vs 34 ms with BLAS limited to one thread vs 32 ms alone), while limiting BLAS costs
+matmul throughput on a quiet machine, so no limit is the default until a quiet rerun says
+otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Iterator
+
+import numba
+
+from .. import config
+
+_lock = threading.Lock()
+_configured = False
+_needs_lock: bool | None = None
+_serial = threading.Lock()
+
+
+def _loadable(layer: str) -> bool:
+    try:
+        if layer == "tbb":
+            from numba.np.ufunc import tbbpool  # noqa: F401
+        elif layer == "omp":
+            from numba.np.ufunc import omppool  # noqa: F401
+        else:
+            return layer == "workqueue"
+    except Exception:  # noqa: BLE001 - any import failure means the layer is unusable
+        return False
+    return True
+
+
+def configure() -> None:
+    """Pick numba's threading layer before its first parallel launch (idempotent)."""
+    global _configured
+    with _lock:
+        if _configured:
+            return
+        _configured = True
+        try:
+            numba.threading_layer()
+            return  # already launched by someone else: keep theirs, checked in launch_lock()
+        except ValueError:
+            pass
+        want = config.numba_threading_layer()
+        if want in ("threadsafe", "safe"):
+            ok = _loadable("tbb") or (want == "threadsafe" and _loadable("omp"))
+            if not ok:
+                want = "workqueue"
+        numba.config.THREADING_LAYER = want
+
+
+def active_layer() -> str | None:
+    """The threading layer numba launched, or None before the first parallel kernel."""
+    try:
+        return numba.threading_layer()
+    except ValueError:
+        return None
+
+
+@contextlib.contextmanager
+def launch_lock() -> Iterator[None]:
+    """Serialize parallel launches only when the active layer is not thread-safe."""
+    global _needs_lock
+    if _needs_lock is None:
+        layer = active_layer()
+        if layer is None:
+            # first launch ever: serialize it, then decide from the layer numba picked
+            with _serial:
+                yield
+                layer = active_layer()
+                if layer is not None:
+                    _needs_lock = layer == "workqueue"
+            return
+        _needs_lock = layer == "workqueue"
+    if _needs_lock:
+        with _serial:
+            yield
+    else:
+        yield

@@ -1,0 +1,321 @@
+"""Evaluation of a Datalog program: strata in order, recursive strata to a fixpoint.
+
+Non-recursive strata are batched into one graph, compiled once and run once. A recursive stratum
+is evaluated semi-naively under Boolean semantics: its step graph derives, from the relations
+``R`` and the tuples new in the last round ``D``, the tuples that are new now; the step is
+compiled once and called each round until nothing changes. The fuzzy and probabilistic
+semantics iterate the full step (naive evaluation) until the largest change is below ``tol``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..backends import get_backend
+from ..compiler.compile import compile as compile_graph
+from ..errors import ProgramError, UnknownPredicateError
+from ..ir.graph import EinsumGraph, Tensor
+from . import semantics as S
+from .analysis import (
+    Domains, Stratum, build_domains, check_arities, check_safety, stratify,
+)
+from .ast import Const, Literal, Rule
+from .joins import RuleBuilder
+
+#: dense relations larger than this (bytes, all copies together) are refused by default
+DEFAULT_MEMORY_BUDGET = 4 << 30
+DEFAULT_MAX_ITERATIONS = 100_000
+
+
+@dataclass
+class Options:
+    """Evaluation options shared by the Datalog API, Program.run and the CLI."""
+
+    backend: str = "auto"
+    semantics: str = "boolean"
+    opt_level: int = 1
+    max_iterations: int = DEFAULT_MAX_ITERATIONS
+    memory_budget: int = DEFAULT_MEMORY_BUDGET
+    tol: float = 1e-6
+
+
+@dataclass
+class Analysis:
+    """A checked program: rules, facts, arities, domains and strata."""
+
+    rules: list[Rule]
+    facts: dict[str, dict[tuple, float]]
+    arity: dict[str, int]
+    domains: Domains
+    strata: list[Stratum]
+    rule_ids: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def predicates(self) -> tuple[str, ...]:
+        """Every predicate the program or its facts mention."""
+        return tuple(sorted(set(self.arity) | set(self.facts)))
+
+    def shape(self, pred: str) -> tuple[int, ...]:
+        """Dense shape of a relation."""
+        return self.domains.shape(pred, self.arity.get(pred, 0))
+
+    def dense_facts(self, pred: str) -> np.ndarray:
+        """The facts of ``pred`` as a dense float32 tensor (weights, 1 for plain facts)."""
+        arr = np.zeros(self.shape(pred), np.float32)
+        for row, w in self.facts.get(pred, {}).items():
+            idx = tuple(self.domains.index[self.domains.of_position[(pred, i)]][v]
+                        for i, v in enumerate(row))
+            arr[idx] = max(arr[idx], w)
+        return arr
+
+    def decode(self, pred: str, arr: np.ndarray) -> set[tuple]:
+        """The tuples whose value is nonzero."""
+        n = self.arity.get(pred, 0)
+        vals = [self.domains.values[self.domains.of_position[(pred, i)]] for i in range(n)]
+        if n == 0:
+            return {()} if float(arr) > 0 else set()
+        return {tuple(vals[i][int(k)] for i, k in enumerate(idx))
+                for idx in zip(*np.nonzero(arr > 0))}
+
+
+def analyze(rules: list[Rule], facts: dict[str, dict[tuple, float]]) -> Analysis:
+    """Check arities and safety, move ground empty-body rules into the facts, stratify."""
+    facts = {p: dict(t) for p, t in facts.items()}
+    check_arities(rules, facts)
+    proper: list[Rule] = []
+    for rule in rules:
+        check_safety(rule)
+        if not rule.body:
+            row = tuple(a.value for a in rule.head.args if isinstance(a, Const))
+            facts.setdefault(rule.head.pred, {})[row] = 1.0
+        else:
+            proper.append(rule)
+    arity = check_arities(rules, facts)
+    domains = build_domains(proper, facts, arity)
+    preds = set(arity)
+    strata = stratify(proper, preds)
+    return Analysis(proper, facts, arity, domains, strata,
+                    {id(r): k for k, r in enumerate(proper)})
+
+
+def check_memory(an: Analysis, budget: int) -> None:
+    """Refuse relations whose dense tensors (relation, delta, new) would exceed the budget."""
+    total = 0
+    for pred in an.predicates:
+        shape = an.shape(pred)
+        nbytes = 4 * math.prod(shape)
+        if 3 * nbytes > budget:
+            doms = ", ".join(str(s) for s in shape)
+            raise ProgramError(
+                f"relation {pred!r} needs a dense tensor over domains of sizes ({doms}): "
+                f"{nbytes} bytes ({3 * nbytes} with its working copies), over the memory budget "
+                f"of {budget} bytes", code="memory_budget", relation=pred, shape=shape)
+        total += nbytes
+    if total > budget:
+        raise ProgramError(f"the program's relations need {total} bytes of dense tensors "
+                           f"together, over the memory budget of {budget} bytes",
+                           code="memory_budget")
+
+
+def _ident(k: int) -> str:
+    return f"r{k}"
+
+
+class Evaluator:
+    """Runs an analyzed program on one backend; ``env`` holds each relation as a device array."""
+
+    def __init__(self, an: Analysis, opts: Options) -> None:
+        S.check_semantics(opts.semantics)
+        if not isinstance(opts.max_iterations, int) or opts.max_iterations < 1:
+            raise ProgramError(f"max_iterations must be a positive int, got "
+                               f"{opts.max_iterations!r}", code="invalid_option")
+        self.an = an
+        self.opts = opts
+        self.backend = get_backend(opts.backend)
+        self.ids = {p: _ident(k) for k, p in enumerate(an.predicates)}
+        self.env: dict[str, Any] = {}
+        self.iterations: dict[tuple[str, ...], int] = {}
+        self.compiles = 0
+
+    # ------------------------------------------------------------------ helpers
+    def _compile(self, g: EinsumGraph):
+        self.compiles += 1
+        return compile_graph(g, backend=self.backend.name, opt_level=self.opts.opt_level)
+
+    def _builder(self, g: EinsumGraph) -> RuleBuilder:
+        return RuleBuilder(g, self.opts.semantics, self.an.domains, self.an.rule_ids,
+                           self.opts.memory_budget)
+
+    def _rules_of(self, b: RuleBuilder, rules: list[Rule], pred: str, source) -> list[Tensor]:
+        out = []
+        for rule in rules:
+            if rule.head.pred == pred:
+                t = b.build(rule, source)
+                if t is not None:
+                    out.append(t)
+        return out
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> dict[str, Any]:
+        """Evaluate every stratum; returns ``{pred: device array}``."""
+        an = self.an
+        check_memory(an, self.opts.memory_budget)
+        for pred in an.predicates:
+            self.env[pred] = self.backend.to_device(an.dense_facts(pred))
+        batch: list[Stratum] = []
+        for st in an.strata:
+            if not st.rules:
+                continue  # facts only (or empty): already in env
+            batch.append(st)
+            if st.recursive:
+                self._run_batch(batch)
+                batch = []
+                self._fixpoint(st)
+        if batch:
+            self._run_batch(batch)
+        return self.env
+
+    def _run_batch(self, strata: list[Stratum]) -> None:
+        """Non-recursive strata (and the first round of a recursive one) as one plan."""
+        g = EinsumGraph()
+        b = self._builder(g)
+        local: dict[str, Tensor] = {}
+        inputs: dict[str, str] = {}
+
+        def source(pred: str, _k: int) -> Tensor:
+            if pred in local:
+                return local[pred]
+            name = "R_" + self.ids[pred]
+            if name not in inputs:
+                inputs[name] = pred
+                local_in = g.input(name, self.an.shape(pred))
+                local[pred] = local_in
+            return local[pred]
+
+        for st in strata:
+            # a recursive stratum starts from its facts and its exit rules (no body atom of its
+            # own stratum); the fixpoint loop derives the rest
+            rules = [r for r in st.rules if not (st.recursive and _uses(r, st.preds))]
+            outs: dict[str, Tensor] = {}
+            for pred in st.preds:
+                fname = "F_" + self.ids[pred]
+                facts = g.input(fname, self.an.shape(pred))
+                inputs[fname] = pred
+                outs[pred] = S.disjoin(g, self.opts.semantics,
+                                       [facts] + self._rules_of(b, rules, pred, source))
+            for pred, t in outs.items():
+                local[pred] = t
+                g.output(t, name="O_" + self.ids[pred])
+        plan = self._compile(g)
+        res = plan({name: self.env[pred] for name, pred in inputs.items()})
+        for pred in (p for st in strata for p in st.preds):
+            self.env[pred] = res["O_" + self.ids[pred]]
+
+    def _fixpoint(self, st: Stratum) -> None:
+        boolean = self.opts.semantics == "boolean"
+        g = EinsumGraph()
+        b = self._builder(g)
+        own = set(st.preds)
+        R = {p: g.input("R_" + self.ids[p], self.an.shape(p)) for p in st.preds}
+        D = {p: g.input("D_" + self.ids[p], self.an.shape(p)) for p in st.preds} if boolean else {}
+        F = {} if boolean else {p: g.input("F_" + self.ids[p], self.an.shape(p))
+                                for p in st.preds}
+        lower: dict[str, Tensor] = {}
+
+        def lower_source(pred: str) -> Tensor:
+            if pred not in lower:
+                lower[pred] = g.input("L_" + self.ids[pred], self.an.shape(pred))
+            return lower[pred]
+
+        changes = []
+        for p in st.preds:
+            derived: list[Tensor] = []
+            if boolean:
+                for rule in st.rules:
+                    if rule.head.pred != p:
+                        continue
+                    own_k = [k for k, item in enumerate(rule.body)
+                             if isinstance(item, Literal) and item.atom.pred in own]
+                    for dk in own_k:  # semi-naive: one variant per recursive atom, read as delta
+                        def source(pred: str, k: int, dk: int = dk) -> Tensor:
+                            if pred in own:
+                                return D[pred] if k == dk else R[pred]
+                            return lower_source(pred)
+                        t = b.build(rule, source)
+                        if t is not None:
+                            derived.append(t)
+                if derived:
+                    new = S.disjoin(g, "boolean", derived) * g.one_minus(R[p])
+                else:
+                    new = R[p] * 0.0
+                g.output(g.maximum(R[p], new), name="R_" + self.ids[p])
+                g.output(new, name="D_" + self.ids[p])
+                changes.append(g.sum(new))
+            else:
+                def source(pred: str, k: int) -> Tensor:
+                    return R[pred] if pred in own else lower_source(pred)
+                full = S.disjoin(g, self.opts.semantics,
+                                 [F[p]] + self._rules_of(b, st.rules, p, source))
+                g.output(full, name="R_" + self.ids[p])
+                changes.append(g.max(abs(full - R[p])))
+        total = changes[0]
+        for c in changes[1:]:
+            total = total + c if boolean else g.maximum(total, c)
+        g.output(total, name="changed")
+        plan = self._compile(g)
+        state = {"R_" + self.ids[p]: self.env[p] for p in st.preds}
+        if boolean:
+            state.update({"D_" + self.ids[p]: self.env[p] for p in st.preds})
+        else:
+            state.update({"F_" + self.ids[p]: self.backend.to_device(self.an.dense_facts(p))
+                          for p in st.preds})
+        fixed = {"L_" + self.ids[p]: self.env[p] for p in lower}
+        for it in range(1, self.opts.max_iterations + 1):
+            res = plan({**state, **fixed})
+            changed = float(self.backend.to_host(res["changed"]))
+            state.update({k: v for k, v in res.items() if k != "changed"})
+            if (changed == 0.0) if boolean else (changed <= self.opts.tol):
+                self.iterations[st.preds] = it
+                for p in st.preds:
+                    self.env[p] = state["R_" + self.ids[p]]
+                return
+        raise ProgramError(
+            f"the recursive rules for {', '.join(map(repr, st.preds))} did not reach a fixpoint "
+            f"within max_iterations={self.opts.max_iterations} rounds", code="max_iterations")
+
+    def results(self) -> dict[str, np.ndarray]:
+        """Host copies of every relation."""
+        return {p: np.asarray(self.backend.to_host(a)) for p, a in self.env.items()}
+
+
+def _uses(rule: Rule, preds: tuple[str, ...]) -> bool:
+    return any(isinstance(b, Literal) and b.atom.pred in preds for b in rule.body)
+
+
+def evaluate_rules(rules: list[Rule], facts: dict[str, dict[tuple, float]],
+                   opts: Options) -> tuple[Analysis, dict[str, np.ndarray], Evaluator]:
+    """Analyze and evaluate; returns the analysis, dense relations on the host, the evaluator."""
+    an = analyze(rules, facts)
+    ev = Evaluator(an, opts)
+    ev.run()
+    return an, ev.results(), ev
+
+
+class Relations(dict):
+    """``{relation: set of tuples}``; looking up a relation the program never mentions raises
+    UnknownPredicateError (code ``unknown_predicate``, also a KeyError)."""
+
+    def __missing__(self, key: object) -> set[tuple]:
+        known = ", ".join(sorted(self)) or "none"
+        raise UnknownPredicateError(f"unknown relation {key!r}; the program's relations are: "
+                                    f"{known}", relation=key)
+
+
+def decode_all(an: Analysis, dense: Mapping[str, np.ndarray]) -> Relations:
+    """Every relation as a set of tuples."""
+    return Relations({p: an.decode(p, dense[p]) for p in an.predicates})
+

@@ -1,0 +1,104 @@
+"""Tokenizer for TensorLogic programs; every token knows its line and column.
+
+Newlines are tokens (a tensor equation ends at the end of its line) except inside brackets and
+parentheses, where a statement may continue on the next line. Comments start with ``#``, ``//``
+or ``%`` and run to the end of the line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import ProgramError
+from .ast import Pos
+
+
+@dataclass(frozen=True)
+class Token:
+    """One token: kind (IDENT, NUMBER, STRING, NEWLINE, EOF or the punctuation itself)."""
+
+    kind: str
+    text: str
+    value: object
+    pos: Pos
+
+
+_PUNCT = (":-", "<=", ">=", "!=", "==", "(", ")", "[", "]", ",", ".", "=", "+", "-", "*", "/",
+          "<", ">", "!", ":", ";")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*'*")
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "0": "\0"}
+
+
+def parse_error(message: str, pos: Pos) -> ProgramError:
+    """A ProgramError with code ``parse_error`` naming the position."""
+    return ProgramError(f"parse error at {pos}: {message}", code="parse_error",
+                        line=pos.line, column=pos.col)
+
+
+def tokenize(text: str) -> list[Token]:
+    """Split ``text`` into tokens; raises ProgramError(parse_error) on a bad character."""
+    tokens: list[Token] = []
+    line, line_start, i, depth = 1, 0, 0, 0
+    n = len(text)
+    while i < n:
+        ch = text[i]
+        pos = Pos(line, i - line_start + 1)
+        if ch == "\n":
+            if depth == 0:
+                tokens.append(Token("NEWLINE", "\n", None, pos))
+            line, line_start, i = line + 1, i + 1, i + 1
+            continue
+        if ch in " \t\r\f\v":
+            i += 1
+            continue
+        if ch in "#%" or text.startswith("//", i):
+            while i < n and text[i] != "\n":
+                i += 1
+            continue
+        if ch in "\"'":
+            j, buf = i + 1, []
+            while True:
+                if j >= n or text[j] == "\n":
+                    raise parse_error("unterminated string literal", pos)
+                c = text[j]
+                if c == ch:
+                    break
+                if c == "\\":
+                    if j + 1 >= n or text[j + 1] not in _ESCAPES:
+                        raise parse_error("unknown escape sequence in string literal",
+                                          Pos(line, j - line_start + 1))
+                    buf.append(_ESCAPES[text[j + 1]])
+                    j += 2
+                    continue
+                buf.append(c)
+                j += 1
+            tokens.append(Token("STRING", text[i:j + 1], "".join(buf), pos))
+            i = j + 1
+            continue
+        m = _NUMBER.match(text, i)
+        if m:
+            s = m.group()
+            value: object = float(s) if any(c in s for c in ".eE") else int(s)
+            tokens.append(Token("NUMBER", s, value, pos))
+            i = m.end()
+            continue
+        m = _IDENT.match(text, i)
+        if m:
+            tokens.append(Token("IDENT", m.group(), m.group(), pos))
+            i = m.end()
+            continue
+        for p in _PUNCT:
+            if text.startswith(p, i):
+                if p in "([":
+                    depth += 1
+                elif p in ")]":
+                    depth = max(0, depth - 1)
+                tokens.append(Token(p, p, None, pos))
+                i += len(p)
+                break
+        else:
+            raise parse_error(f"unexpected character {ch!r}", pos)
+    tokens.append(Token("EOF", "", None, Pos(line, n - line_start + 1)))
+    return tokens

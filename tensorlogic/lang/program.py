@@ -1,0 +1,187 @@
+"""Program: a parsed TensorLogic program; ``run`` evaluates it, ``query`` reads a relation.
+
+Evaluation goes one way: Datalog rules first (stratum by stratum, recursive strata to a
+fixpoint), then the tensor equations as one compiled graph that may read the relations as dense
+0/1 tensors (indexed by each domain's sorted constants, see ``Program.symbols``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from ..compiler.compile import compile as compile_graph
+from ..errors import ProgramError, UnknownPredicateError
+from ..ir.graph import EinsumGraph
+from .analysis import normalize_facts, program_error
+from .ast import ProgramAST, Rule
+from .equations import build_equations, refs_of
+from .fixpoint import Analysis, Options, decode_all, evaluate_rules
+from .parser import parse_ast
+
+
+class Program:
+    """A parsed program: Datalog ``rules``, tensor ``equations`` and data ``declarations``."""
+
+    def __init__(self, ast: ProgramAST, source: str = "<string>") -> None:
+        self.ast = ast
+        self.source = source
+        self._last: tuple[Analysis, dict[str, np.ndarray]] | None = None
+        lhs = {eq.lhs.name for eq in ast.equations}
+        preds = {a.pred for r in ast.rules for a in [r.head] + [
+            b.atom for b in r.body if hasattr(b, "atom")]}
+        clash = sorted(lhs & preds)
+        if clash:
+            eq = next(e for e in ast.equations if e.lhs.name == clash[0])
+            raise program_error("name_conflict", f"{clash[0]!r} is both a relation of the rules "
+                                "and the left side of a tensor equation", eq.pos)
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def rules(self) -> list[Rule]:
+        """The Datalog rules and facts."""
+        return list(self.ast.rules)
+
+    @property
+    def equations(self) -> list:
+        """The tensor equations."""
+        return list(self.ast.equations)
+
+    @property
+    def relations(self) -> tuple[str, ...]:
+        """Relations the rules mention (facts given to ``run`` may add more)."""
+        names = {a.pred for r in self.ast.rules for a in
+                 [r.head] + [b.atom for b in r.body if hasattr(b, "atom")]}
+        return tuple(sorted(names))
+
+    @property
+    def tensors(self) -> tuple[str, ...]:
+        """Left-side names of the tensor equations."""
+        return tuple(dict.fromkeys(eq.lhs.name for eq in self.ast.equations))
+
+    def __repr__(self) -> str:
+        return (f"Program({self.source!r}: {len(self.ast.rules)} rules/facts, "
+                f"{len(self.ast.equations)} equations, relations={list(self.relations)}, "
+                f"tensors={list(self.tensors)})")
+
+    # ------------------------------------------------------------------ running
+    def run(self, backend: str = "auto", *, facts: Mapping[str, Iterable] | None = None,
+            semantics: str = "boolean", opt_level: int = 2, max_iterations: int | None = None,
+            memory_budget: int | None = None, **data: Any) -> dict[str, np.ndarray]:
+        """Evaluate the program; returns every relation and equation result as a numpy array.
+
+        Args:
+            backend: backend name or ``"auto"``.
+            facts: extra facts, ``{predicate: iterable of tuples}`` (or ``{tuple: weight}``).
+            semantics: ``"boolean"``, ``"fuzzy"`` or ``"probabilistic"`` for the rules.
+            data: arrays for the tensors the equations read (declared or not).
+        """
+        opts = Options(backend=backend, semantics=semantics, opt_level=opt_level)
+        if max_iterations is not None:
+            opts.max_iterations = max_iterations
+        if memory_budget is not None:
+            opts.memory_budget = memory_budget
+        an, dense, _ = evaluate_rules(self.ast.rules, normalize_facts(facts), opts)
+        self._last = (an, dense)
+        out: dict[str, np.ndarray] = dict(dense)
+        if self.ast.equations:
+            out.update(self._run_equations(dense, data, opts))
+        elif data:
+            raise ProgramError(f"data {sorted(data)} given but the program has no tensor "
+                               "equations", code="missing_data")
+        return out
+
+    def _run_equations(self, dense: Mapping[str, np.ndarray], data: Mapping[str, Any],
+                       opts: Options) -> dict[str, np.ndarray]:
+        decl = {d.name: d for d in self.ast.declarations}
+        lhs = set(self.tensors)
+        used = {r.name for eq in self.ast.equations for r in refs_of(eq.expr)}
+        unknown = sorted(set(data) - used - set(decl))
+        if unknown:
+            raise ProgramError(f"data {unknown} is not read by any equation; the equations read "
+                               f"{sorted(used - lhs - set(dense))}", code="missing_data")
+        g = EinsumGraph()
+        env = {}
+        arrays: dict[str, np.ndarray] = {}
+        for k, name in enumerate(sorted(used - lhs)):
+            if name in data:
+                d = decl.get(name)
+                arr = np.asarray(data[name], dtype=d.dtype if d else np.float32)
+                if d is not None and d.shape is not None:
+                    self._check_shape(d, arr.shape)
+            elif name in dense:
+                arr = dense[name]
+            elif name in decl:
+                raise program_error("missing_data", f"tensor {name!r} is declared but no array "
+                                    "was given to run()", decl[name].pos)
+            else:
+                continue  # reported with its position when the equation reads it
+            iname = f"t{k}"
+            env[name] = g.input(iname, arr.shape, arr.dtype)
+            arrays[iname] = arr
+        outs = build_equations(g, self.ast.equations, env)
+        for name, t in outs.items():
+            g.output(t, name=f"o_{name}") if t.id not in g.inputs.values() else g.output(
+                t * 1.0, name=f"o_{name}")
+        plan = compile_graph(g, backend=opts.backend, opt_level=opts.opt_level)
+        res = plan(arrays, to_host=True)
+        return {name: np.asarray(res[f"o_{name}"]) for name in outs}
+
+    @staticmethod
+    def _check_shape(d, shape: tuple[int, ...]) -> None:
+        ok = len(d.shape) == len(shape) and all(
+            isinstance(want, str) or want == got for want, got in zip(d.shape, shape))
+        if not ok:
+            raise program_error("shape_mismatch", f"tensor {d.name!r} is declared with shape "
+                                f"{list(d.shape)} but the array given has shape {list(shape)}",
+                                d.pos)
+
+    # ------------------------------------------------------------------ reading results
+    def query(self, relation: str, **run_kwargs: Any) -> set[tuple]:
+        """The tuples of ``relation`` (running the program first if it has not run, or if
+        ``run_kwargs`` are given); an unknown relation raises ``unknown_predicate``."""
+        if self._last is None or run_kwargs:
+            self.run(**run_kwargs)
+        assert self._last is not None
+        an, dense = self._last
+        if relation not in an.predicates:
+            known = ", ".join(an.predicates) or "none"
+            raise UnknownPredicateError(f"unknown relation {relation!r}; the program's relations "
+                                        f"are: {known}", relation=relation)
+        return an.decode(relation, dense[relation])
+
+    def relations_as_sets(self) -> dict[str, set[tuple]]:
+        """Every relation of the last run as a set of tuples (running first if needed)."""
+        if self._last is None:
+            self.run()
+        assert self._last is not None
+        return decode_all(*self._last)
+
+    def symbols(self, relation: str) -> list[list]:
+        """The constants of each argument position of ``relation``, in index order."""
+        if self._last is None:
+            self.run()
+        assert self._last is not None
+        an = self._last[0]
+        if relation not in an.predicates:
+            raise UnknownPredicateError(f"unknown relation {relation!r}", relation=relation)
+        return [list(an.domains.values[an.domains.of_position[(relation, i)]])
+                for i in range(an.arity.get(relation, 0))]
+
+
+def parse(text: str, source: str = "<string>") -> Program:
+    """Parse program text into a Program (raises ProgramError with line and column)."""
+    return Program(parse_ast(text), source)
+
+
+def load_program(path: str | Path) -> Program:
+    """Read and parse a ``.tl`` file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ProgramError(f"cannot read program {str(p)!r}: {exc.strerror}",
+                           code="io_error") from exc
+    return parse(text, p.name)

@@ -1,0 +1,111 @@
+"""Contraction planning: choose the pairwise path of every multi-operand einsum at compile time.
+
+The path lives in the einsum node's args, so every backend that runs einsums through
+``backends.contract.plan_einsum`` executes exactly the planned order:
+
+* ``path_strategy``: the explicit path (pairs of positions over the operand list, opt_einsum's
+  format), which ``plan_einsum`` honours as given;
+* ``path_info``: ``{"strategy", "flops", "largest_intermediate", "naive_flops"}`` for display
+  (``print(plan)`` shows it beside the step) and for the optimizer report.
+
+Strategy by network size: opt_einsum's ``optimal`` for up to 5 operands, ``dp`` up to 16,
+``greedy`` above, and cotengra's hyper-optimizer from 20 operands when the ``large`` extra is
+installed. The compile option ``path_memory_limit`` (bytes; defaults to ``memory_limit``) caps
+the largest intermediate: the path search respects it, and a network that cannot be contracted
+under it raises MemoryBudgetError.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import numpy as np
+import opt_einsum
+
+from ..backends import contract
+from ..errors import MemoryBudgetError
+from ..ir import ops, spec as einspec
+from ..ir.graph import EinsumGraph, Node
+from .base import PassResult, function_pass
+
+COTENGRA_MIN_OPERANDS = 20
+
+
+def _cotengra_path(terms: list[str], output: str, sizes: dict[str, int]) -> list[tuple[int, ...]] | None:
+    """A path from cotengra's hyper-optimizer, or None when cotengra is not installed."""
+    try:
+        import cotengra
+    except ImportError:
+        return None
+    inputs = [tuple(t) for t in terms]
+    opt = cotengra.HyperOptimizer(methods=["greedy"], max_repeats=32, max_time=2.0,
+                                  minimize="flops", parallel=False, progbar=False)
+    tree = opt.search(inputs, tuple(output), sizes)
+    return [tuple(p) for p in tree.get_path()]
+
+
+def choose_path(terms: list[str], output: str, sizes: dict[str, int],
+                memory_limit: int | None = None) -> tuple[list[tuple[int, ...]], str]:
+    """(path, strategy name) for a network of letter terms; ``memory_limit`` in elements."""
+    n = len(terms)
+    if n >= COTENGRA_MIN_OPERANDS and memory_limit is None:
+        path = _cotengra_path(terms, output, sizes)
+        if path is not None:
+            return path, "cotengra"
+    strategy = contract.choose_path_strategy(n)
+    shapes = [tuple(sizes[c] for c in t) for t in terms]
+    eq = ",".join(terms) + "->" + output
+    path, _ = opt_einsum.contract_path(eq, *shapes, shapes=True, optimize=strategy,
+                                       memory_limit=memory_limit)
+    return [tuple(int(i) for i in p) for p in path], strategy
+
+
+def plan_node(g: EinsumGraph, node: Node, memory_limit_bytes: int | None) -> Node:
+    """The einsum record with its planned path and path statistics in its args."""
+    in_nodes = [g.node(i) for i in node.inputs]
+    shapes = [tuple(int(d) for d in n.shape) for n in in_nodes]
+    es = einspec.parse(node.args["spec"], [len(s) for s in shapes])
+    sizes = einspec.letter_sizes(es, shapes)
+    terms = contract.prepared_terms(es, shapes, sizes)
+    itemsize = np.dtype(node.dtype).itemsize
+    limit = None if memory_limit_bytes is None else max(1, int(memory_limit_bytes) // itemsize)
+    path, strategy = choose_path(terms, es.output, sizes, limit)
+    plan = contract.plan_einsum(es, shapes, sizes, path)
+    if limit is not None and plan.largest_intermediate > limit:
+        raise MemoryBudgetError(
+            f"einsum {node.name!r} ({node.args['spec']}): the best contraction path found builds an "
+            f"intermediate of {plan.largest_intermediate * itemsize} bytes but path_memory_limit is "
+            f"{limit * itemsize} bytes; raise the limit or split the network"
+        )
+    naive = math.prod(sizes.values()) * len(terms)
+    info = {"strategy": strategy, "flops": int(plan.flops),
+            "largest_intermediate": int(plan.largest_intermediate), "naive_flops": int(naive)}
+    args = {**node.args, "path_strategy": [list(p) for p in path], "path_info": info}
+    return replace(node, args=MappingProxyType(args))
+
+
+def _planned(node: Node) -> bool:
+    return "path_info" in node.args and not isinstance(node.args.get("path_strategy"), (str, type(None)))
+
+
+def _contraction(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
+    """Plan every einsum with three or more operands that has no planned path yet."""
+    limit = options.get("path_memory_limit", options.get("memory_limit"))
+    todo = [n for n in graph if n.kind == ops.EINSUM and len(n.inputs) >= 3 and not _planned(n)]
+    if not todo:
+        return PassResult(graph, False, {})
+    g = graph.copy()
+    flops = largest = 0
+    for node in todo:
+        new = plan_node(g, node, limit)
+        g.replace_node(node.id, new)
+        flops += new.args["path_info"]["flops"]
+        largest = max(largest, new.args["path_info"]["largest_intermediate"])
+    return PassResult(g, True, {"planned": len(todo), "flops": flops,
+                                "largest_intermediate": largest})
+
+
+contraction = function_pass("contraction", _contraction, (2, 3))

@@ -1,0 +1,96 @@
+"""FUSED nodes (broadcasting, reduction tails, row ops) against the unfused numpy reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+import tensorlogic as tl
+
+from numba_cases import fused_graph, random_inputs, reference, tol
+
+# relu(a*b+c)*d-e : the benchmark chain
+CHAIN = [("mul", [("in", 0), ("in", 1)]), ("add", [("tmp", 0), ("in", 2)]),
+         ("relu", [("tmp", 1)]), ("mul", [("tmp", 2), ("in", 3)]), ("sub", [("tmp", 3), ("in", 4)])]
+# exp/log/where/constants in one program
+MIXED = [("exp", [("in", 0)]), ("mul", [("tmp", 0), ("const", 0.25)]), ("gt", [("in", 1), ("const", 0.0)]),
+         ("where", [("tmp", 2), ("tmp", 1), ("in", 1)]), ("abs", [("tmp", 3)]), ("add", [("tmp", 4), ("const", 1.0)]),
+         ("log", [("tmp", 5)])]
+
+
+def _check(rng, shapes, dtype, instrs, space, tail=None, axes=(), keepdims=False, **opts):
+    g = fused_graph(shapes, dtype, instrs, space, tail, axes, keepdims)
+    xs = random_inputs(rng, shapes, dtype)
+    plan = tl.compile(g, backend="numba", opt_level=0, **opts)
+    got = plan(**xs)["y"]
+    want = reference(shapes, dtype, instrs, tail, axes, keepdims, xs)
+    n = int(np.prod([space[a] for a in axes])) if axes else 1
+    assert got.shape == want.shape and got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, **tol(dtype, n))
+    return plan
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("shapes", [
+    [(37,)] * 5,                                      # flat
+    [(6, 7), (7,), (6, 1), (1, 7), ()],               # bias, row scale, scalar-like
+    [(3, 1, 5), (4, 1), (3, 4, 5), (5,), (3, 4, 1)],  # rank 3 mixed broadcasting
+])
+def test_chain_broadcasting(rng, dtype, shapes):
+    space = np.broadcast_shapes(*shapes)
+    _check(rng, shapes, dtype, CHAIN, space)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_mixed_program_with_constants_and_where(rng, dtype):
+    _check(rng, [(5, 8), (8,)], dtype, MIXED, (5, 8))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("tail", ["sum", "mean", "max", "min", "prod", "logsumexp"])
+@pytest.mark.parametrize("axes,keepdims", [((1,), False), ((0, 2), True), ((0, 1, 2), False)])
+def test_reduction_tails(rng, dtype, tail, axes, keepdims):
+    instrs = [("mul", [("in", 0), ("in", 1)]), ("add", [("tmp", 0), ("const", 0.5)])]
+    _check(rng, [(3, 4, 5), (4, 1)], dtype, instrs, (3, 4, 5), tail, axes, keepdims)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("tail", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("axis", [2, 1])
+def test_row_op_tails(rng, dtype, tail, axis):
+    instrs = [("mul", [("in", 0), ("const", 3.0)]), ("add", [("tmp", 0), ("in", 1)])]
+    _check(rng, [(3, 4, 6), (6,)], dtype, instrs, (3, 4, 6), tail, (axis,))
+
+
+@pytest.mark.parametrize("case", [
+    ("flat", [(70000,)] * 5, CHAIN, None, ()),
+    ("rows", [(300, 257), (257,), (300, 1), (300, 257), (300, 257)], CHAIN, None, ()),
+    ("sum-all", [(70001,)], [("square", [("in", 0)])], "sum", (0,)),
+    ("lse-all", [(300, 257), (257,)], [("add", [("in", 0), ("in", 1)])], "logsumexp", (0, 1)),
+    ("max-rows", [(300, 257)], [("neg", [("in", 0)])], "max", (1,)),
+    ("softmax", [(300, 257)], [("mul", [("in", 0), ("const", 2.0)])], "softmax", (1,)),
+])
+def test_parallel_kernels(rng, case):
+    _, shapes, instrs, tail, axes = case
+    space = np.broadcast_shapes(*shapes)
+    plan = _check(rng, shapes, "float32", instrs, space, tail, axes, parallel_threshold=0)
+    assert "parallel" in plan.steps[0].info
+
+
+@settings(max_examples=12, deadline=None)
+@given(m=st.integers(2, 40), n=st.integers(2, 40), seed=st.integers(0, 2**32 - 1))
+def test_sizes_property(m, n, seed):
+    """One compiled kernel per pattern serves every size (sizes are run-time arguments)."""
+    rng = np.random.default_rng(seed)
+    shapes = [(m, n), (n,)]
+    instrs = [("sub", [("in", 0), ("in", 1)]), ("tanh", [("tmp", 0)])]
+    _check(rng, shapes, "float64", instrs, (m, n))
+    _check(rng, shapes, "float64", instrs, (m, n), "logsumexp", (1,))
+    _check(rng, shapes, "float64", instrs, (m, n), "softmax", (0,))
+
+
+def test_bad_fused_program_raises_graph_error():
+    g = fused_graph([(4,)], "float32", [("nope", [("in", 0)])], (4,))
+    with pytest.raises(tl.TensorLogicError, match="unknown op 'nope'"):
+        tl.compile(g, backend="numba", opt_level=0)

@@ -1,0 +1,135 @@
+"""Disk cache reuse across processes, concurrency, and exp/log accuracy of the fast math."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import tensorlogic as tl
+from tensorlogic.backends import get_backend, numba_threads
+from tensorlogic.ir.fused import FusedBody, FusedOp
+
+from numba_cases import fused_graph, random_inputs, reference, tol
+
+_SCRIPT = textwrap.dedent("""
+    import json, numpy as np, tensorlogic as tl
+    from tensorlogic.backends import numba_cache
+    g = tl.EinsumGraph()
+    x = g.input("x", (50, 20), "float32")
+    g.output(g.softmax(g.exp(x) * 0.5 + 1.25), "y")
+    plan = tl.compile(g, backend="numba", opt_level=0)
+    y = plan(x=np.linspace(-1, 1, 1000, dtype=np.float32).reshape(50, 20))["y"]
+    d = [s for s in plan.concrete.kernels]
+    print(json.dumps({"hits": sum(sum(k.dispatcher.stats.cache_hits.values()) for k in d),
+                      "misses": sum(sum(k.dispatcher.stats.cache_misses.values()) for k in d),
+                      "dir": str(numba_cache.cache_root()), "sum": float(y.sum())}))
+""")
+
+
+def _run(env):
+    out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=300, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_reuses_disk_cache(tmp_path):
+    env = dict(os.environ, TL_CACHE_DIR=str(tmp_path))
+    first = _run(env)
+    second = _run(env)
+    assert first["dir"] == second["dir"] == str(tmp_path / "numba")
+    assert first["misses"] == 4 and first["hits"] == 0  # mul, add, exp, softmax compiled
+    assert second["hits"] == 4 and second["misses"] == 0  # nothing compiled again
+    assert first["sum"] == pytest.approx(50.0, rel=1e-5) and second["sum"] == first["sum"]
+    modules = sorted(p.name for p in (tmp_path / "numba").glob("tl_*.py"))
+    assert len(modules) == 4
+
+
+def test_four_threads_call_plans_concurrently(rng):
+    shapes = [(256, 300), (300,), (256, 1), (256, 300), (256, 300)]
+    instrs = [("mul", [("in", 0), ("in", 1)]), ("add", [("tmp", 0), ("in", 2)]),
+              ("relu", [("tmp", 1)]), ("mul", [("tmp", 2), ("in", 3)]), ("sub", [("tmp", 3), ("in", 4)])]
+    plans = [tl.compile(fused_graph(shapes, "float32", instrs, (256, 300)), backend="numba",
+                        opt_level=0, parallel_threshold=0),
+             tl.compile(fused_graph(shapes[:1], "float32", [("exp", [("in", 0)])], (256, 300),
+                                    "softmax", (1,)), backend="numba", opt_level=0,
+                        parallel_threshold=0)]
+    cases = []
+    for k in range(4):
+        xs = random_inputs(rng, shapes, "float32")
+        want0 = reference(shapes, "float32", instrs, inputs=xs)
+        want1 = reference(shapes[:1], "float32", [("exp", [("in", 0)])], "softmax", (1,),
+                          inputs={"x0": xs["x0"]})
+        cases.append((xs, want0, want1))
+    plans[0](**cases[0][0])
+    errors = []
+    barrier = threading.Barrier(4)
+
+    def worker(k):
+        xs, want0, want1 = cases[k]
+        try:
+            barrier.wait()
+            for _ in range(25):
+                np.testing.assert_allclose(plans[0](**xs)["y"], want0, **tol("float32"))
+                np.testing.assert_allclose(plans[1](x0=xs["x0"])["y"], want1, **tol("float32", 300))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+    layer = numba_threads.active_layer()
+    assert layer in ("tbb", "omp", "workqueue")
+    if numba_threads._loadable("omp") or numba_threads._loadable("tbb"):
+        assert layer != "workqueue"
+
+
+def _ulps(got, x, fn, dtype):
+    ref = fn(x.astype(np.longdouble))
+    with np.errstate(over="ignore"):  # results beyond the dtype's range are excluded below
+        r = ref.astype(dtype)
+    ok = np.isfinite(r)
+    err = np.abs(got[ok].astype(np.longdouble) - ref[ok]) / np.spacing(np.abs(r[ok])).astype(np.longdouble)
+    return float(err.max())
+
+
+@pytest.mark.parametrize("dtype,bound", [("float32", 2.0), ("float64", 4.0)])
+def test_fast_exp_log_accuracy_dense_sweep(dtype, bound):
+    be = get_backend("numba")
+    fi = np.finfo(dtype)
+    n = 1_000_003
+    lo, hi = float(np.log(fi.smallest_subnormal)), float(np.log(fi.max))
+    xs_exp = np.concatenate([np.linspace(lo - 1, hi, n), np.linspace(-1, 1, n)]).astype(dtype)
+    lg_lo, lg_hi = np.log2(float(fi.smallest_subnormal)), np.log2(float(fi.max))
+    with np.errstate(over="ignore"):  # the top of the sweep rounds past the max: dropped below
+        xs_log = np.concatenate([np.exp2(np.linspace(lg_lo, lg_hi, n)),
+                                 np.linspace(0.5, 2, n)]).astype(dtype)
+    xs_log = xs_log[np.isfinite(xs_log)]
+    xs_log = xs_log[xs_log > 0]
+    worst = {}
+    for op, xs, fn in (("exp", xs_exp, np.exp), ("log", xs_log, np.log)):
+        body = FusedBody((FusedOp(op, (("in", 0),)),), (xs.size,))
+        k = be.kernel_for(body, [xs.shape], dtype, fast=True, threshold=0)
+        assert "fast" in k.info and f"_{op}_f" in k.source
+        out = k([xs], np.empty_like(xs))
+        worst[op] = _ulps(out, xs, fn, dtype)
+        assert worst[op] <= bound, (op, worst[op])
+    print(f"{dtype} max ulp error: {worst}")
+    # special values behave like libm
+    sp = np.array([np.nan, np.inf, -np.inf, 0.0, -1.0, fi.max, fi.smallest_subnormal], dtype)
+    body_e = FusedBody((FusedOp("exp", (("in", 0),)),), sp.shape)
+    body_l = FusedBody((FusedOp("log", (("in", 0),)),), sp.shape)
+    e = be.kernel_for(body_e, [sp.shape], dtype)([sp], np.empty_like(sp))
+    lg = be.kernel_for(body_l, [sp.shape], dtype)([sp], np.empty_like(sp))
+    with np.errstate(all="ignore"):
+        np.testing.assert_allclose(e, np.exp(sp), rtol=4 * fi.eps)
+        np.testing.assert_allclose(lg, np.log(sp), rtol=4 * fi.eps)

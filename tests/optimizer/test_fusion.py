@@ -1,0 +1,127 @@
+"""Elementwise fusion: legality predicate, structure, the numpy fused kernel against O0."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensorlogic as tl
+from tensorlogic.backends import fused_numpy
+from tensorlogic.ir import ops
+from tensorlogic.ir.fused import FusedBody
+from tensorlogic.optimizer import fusion, is_legal_group
+from optim_helpers import assert_same_as_o0, count
+
+
+def _chain(shape=(64, 48), dtype="float32"):
+    g = tl.EinsumGraph()
+    x = g.input("x", shape, dtype)
+    b = g.input("b", shape[-1:], dtype)
+    y = g.relu(g.tanh(x * 1.5 + b) - 0.25) * x
+    g.output(y, name="y")
+    return g
+
+
+def test_chain_becomes_one_fused_node(rng):
+    g = _chain()
+    res = fusion(g)
+    assert res.changed and res.stats == {"groups": 1, "nodes_fused": 6}
+    gg = res.graph
+    assert count(gg, ops.FUSED) == 1 and count(gg, ops.BINARY) == 0 and count(gg, ops.UNARY) == 0
+    y = gg.node(gg.outputs["y"])
+    assert y.id == g.outputs["y"] and y.name == g.node(g.outputs["y"]).name
+    body = FusedBody.from_args(y.args["body"])
+    assert [i.op for i in body.instrs] == ["mul", "add", "tanh", "sub", "relu", "mul"]
+    assert body.instrs[0].args[1] == ("const", 1.5)  # a same-dtype scalar becomes a literal
+    assert y.args["flops"] == body.flops_per_element() * 64 * 48
+    assert not fusion(gg).changed
+    plan = assert_same_as_o0(g, rng, 2)
+    assert len(plan.steps) == 1
+
+
+@pytest.mark.parametrize("block_bytes", [64, 1000, 1 << 20])
+@pytest.mark.parametrize("tail", [None, "sum", "mean", "max", "min", "prod", "logsumexp",
+                                  "softmax", "log_softmax", "sum2", "all"])
+def test_fused_kernel_matches_o0_for_every_tail_and_block_size(tail, block_bytes, rng, monkeypatch):
+    monkeypatch.setattr(fused_numpy, "BLOCK_BYTES", block_bytes)
+    g = tl.EinsumGraph()
+    x = g.input("x", (5, 7, 9), "float64")
+    s = g.input("s", (7, 1), "float64")
+    c = g.input("c", (5, 7, 9), "float64")
+    v = g.where(c > 0.2, g.sigmoid(x) * s, g.square(x) - s)
+    if tail in ("softmax", "log_softmax"):
+        v = getattr(g, tail)(v, axis=-1)
+    elif tail == "sum2":
+        v = g.sum(v, axis=(1, 2), keepdims=True)
+    elif tail == "all":
+        v = g.sum(v)
+    elif tail is not None:
+        v = g.reduce(tail, v, axis=-1)
+    g.output(v, name="y")
+    plan = assert_same_as_o0(g, rng, 2)
+    assert [s.kind for s in plan.steps] == ["fused"]
+
+
+def test_mixed_dtypes_stay_exact(rng):
+    g = tl.EinsumGraph()
+    x = g.input("x", (33, 17), "float32")
+    h = g.input("h", (17,), "float16")
+    y = g.exp(x * 0.5) + h  # float16 operand promoted like numpy does
+    h2 = g.tanh(h) * 2.0  # a float16 chain of another shape is a group of its own
+    g.output(y - g.constant(np.float32(0.25)), name="y")
+    g.output(h2, name="h2")
+    plan = assert_same_as_o0(g, rng, 2)
+    assert sum(s.kind == "fused" for s in plan.steps) == 2
+
+
+def _graph_for_predicate():
+    g = tl.EinsumGraph()
+    x = g.input("x", (4, 4), "float32")
+    a = g.exp(x)
+    b = g.tanh(a)
+    c = a + b  # needs a and b
+    d = c * 2.0
+    g.output(d, name="d")
+    return g, x, a, b, c, d
+
+
+def test_legality_predicate_is_pure_and_checks_each_condition():
+    g, x, a, b, c, d = _graph_for_predicate()
+    before = g.fingerprint()
+    assert is_legal_group(g, frozenset({a.id, b.id, c.id, d.id}), d.id)
+    assert is_legal_group(g, frozenset({c.id, d.id}), d.id)
+    # a is used by b outside the group
+    assert not is_legal_group(g, frozenset({a.id, c.id, d.id}), d.id)
+    # an external operand (b) that depends on a member (a): a cycle
+    g2 = g.copy()
+    assert not is_legal_group(g2, frozenset({a.id, c.id}), c.id)
+    assert not is_legal_group(g, frozenset({d.id}), d.id)  # a single op is not a group
+    assert not is_legal_group(g, frozenset({x.id, a.id}), a.id)  # inputs are not elementwise
+    g.output(c, name="c")
+    assert not is_legal_group(g, frozenset({c.id, d.id}), d.id)  # c is now an output
+    g3, *_ = _graph_for_predicate()
+    assert g3.fingerprint() == before
+
+
+def test_fusion_respects_outputs_and_shapes(rng):
+    g = tl.EinsumGraph()
+    x = g.input("x", (8, 6), "float64")
+    r = g.input("r", (6,), "float64")
+    small = g.exp(r) * 2.0  # shape (6,): its own group, computed once, not per row
+    mid = g.tanh(x + small)
+    g.output(mid, name="mid")  # an output inside a chain ends a group
+    g.output(g.abs(mid) * 3.0 + 1.0, name="y")
+    res = fusion(g)
+    gg = res.graph
+    assert count(gg, ops.FUSED) == 3
+    assert gg.outputs == g.outputs
+    assert_same_as_o0(g, rng, 2)
+
+
+def test_reduction_over_leading_axes_is_not_a_tail(rng):
+    g = tl.EinsumGraph()
+    x = g.input("x", (8, 6), "float64")
+    g.output(g.sum(g.exp(x) * 2.0, axis=0), name="y")
+    res = fusion(g)
+    assert count(res.graph, ops.REDUCE) == 1 and count(res.graph, ops.FUSED) == 1
+    assert_same_as_o0(g, rng, 2)
