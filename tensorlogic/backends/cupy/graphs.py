@@ -61,8 +61,10 @@ class PlanRunner:
         else:
             self.enabled, self.status = True, "pending (captured on the second call)"
         # warm-up and capture share one stream, so that cuBLAS's per-stream workspace and CuPy's
-        # per-stream pool blocks exist before capture
-        self.stream = cupy.cuda.Stream(non_blocking=False) if self.enabled else None
+        # per-stream pool blocks exist before capture. It is non-blocking: a blocking stream in
+        # capture makes any other thread's legacy-stream work fail (cudaErrorStreamCaptureImplicit),
+        # so ordering with the caller's stream is made explicit with events instead.
+        self.stream = cupy.cuda.Stream(non_blocking=True) if self.enabled else None
         # what is allocated while capturing (temporaries of a step) comes from a pool that only
         # the graph uses, so later allocations never get memory a replay writes to
         self.capture_pool = None
@@ -97,8 +99,11 @@ class PlanRunner:
                 self.calls += 1
                 if self.graph is None:
                     if self.calls == 1:  # warm-up: load kernels, create handles, fill the pool
+                        caller = self._follow_caller()
                         with self.stream:
-                            return plan.run_steps(inputs, out)
+                            results = plan.run_steps(inputs, out)
+                        caller.wait_event(self.stream.record())
+                        return results
                     if not self._capture(plan, inputs):
                         return plan.run_steps(inputs, out)
                 return self._replay(plan, inputs, out)
@@ -178,8 +183,15 @@ class PlanRunner:
         self.status = f"on ({len(plan.steps)} steps replayed as one graph)"
         return True
 
+    def _follow_caller(self):
+        """Order our stream after the work already queued on the caller's stream."""
+        caller = cupy.cuda.get_current_stream()
+        self.stream.wait_event(caller.record())
+        return caller
+
     def _replay(self, plan, inputs, out):
         stream = self.stream
+        caller = self._follow_caller()
         sp = stream.ptr
         for name, fixed in self.fixed_in.items():
             src = inputs[name]
@@ -199,4 +211,5 @@ class PlanRunner:
             else:  # an output that is an input or a constant
                 with stream:
                     results[name] = self.backend.copy(self.env[bid], arr)
+        caller.wait_event(stream.record())
         return results
