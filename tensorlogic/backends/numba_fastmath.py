@@ -249,4 +249,4 @@ for _fn in (exp_f32, exp_f64, log_f32, log_f64):
     # compiled on a kernel's first cold compile in a process, then served from the disk cache
     numba_cache.attach(_fn, SOURCE_DIGEST)
 
-__all__ = ["SOURCE_DIGEST", "NAMES", "exp_f32", "exp_f64", "log_f32", "log_f64"]
+__all__ = ["NAMES", "SOURCE_DIGEST", "exp_f32", "exp_f64", "log_f32", "log_f64"]
