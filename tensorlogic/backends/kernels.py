@@ -22,9 +22,17 @@ def einsum_kernel(xp, node, in_nodes) -> Kernel:
     sizes = einspec.letter_sizes(es, shapes)
     plan = contract.plan_einsum(es, shapes, sizes, node.args.get("path_strategy"))
     run = plan.run
+    # operands of a narrower dtype are widened first, so their own diagonals and sums are
+    # computed in the result's precision, as numpy.einsum does
+    widen = [n.dtype != node.dtype for n in in_nodes]
 
-    def kernel(args, out):
-        return run(xp, args, out)
+    if any(widen):
+        def kernel(args, out):
+            args = [a.astype(node.dtype) if w else a for a, w in zip(args, widen)]
+            return run(xp, args, out)
+    else:
+        def kernel(args, out):
+            return run(xp, args, out)
 
     kernel.flops = plan.flops
     kernel.info = path_note(node, plan) if len(in_nodes) > 2 else ""

@@ -68,7 +68,8 @@ def _softplus(x, out):
 
 def _gelu(x, out):
     # tanh approximation (PyTorch's approximate="tanh")
-    t = np.multiply(x, x)
+    # a scratch array of out's kind: np.multiply(x, x) would give a scalar for a 0-d x
+    t = np.multiply(x, x, out=np.empty_like(out))
     np.multiply(t, 0.044715 * _SQRT_2_OVER_PI, out=t)
     np.add(t, _SQRT_2_OVER_PI, out=t)
     np.multiply(t, x, out=t)

@@ -59,8 +59,21 @@ class PlanRunner:
         else:
             self.enabled, self.status = True, "pending (captured on the second call)"
         # warm-up and capture share one stream, so that cuBLAS's per-stream workspace and CuPy's
-        # per-stream pool blocks exist before capture (no allocation happens while capturing)
+        # per-stream pool blocks exist before capture
         self.stream = cupy.cuda.Stream(non_blocking=False) if self.enabled else None
+        # what is allocated while capturing (temporaries of a step) comes from a pool that only
+        # the graph uses, so later allocations never get memory a replay writes to
+        self.capture_pool = None
+        # the stream-launch loop's tables (inputs, fresh outputs, outputs handed back as copies)
+        self._inputs = tuple(plan.input_ids.items())
+        self._fresh = tuple((name, bid, plan.buffers[bid].shape, plan.buffers[bid].dtype)
+                            for name, bid in plan.output_ids.items()
+                            if plan.buffers[bid].role == "output")
+        self._copied = tuple((name, bid) for name, bid in plan.output_ids.items()
+                             if plan.buffers[bid].role != "output")
+        self._names = tuple(plan.output_ids)
+        # a plan without intermediates needs no pooled arena: each call copies this table
+        self._template = None if plan.memory.slot_bytes else plan._make_arena()
 
     def __str__(self) -> str:
         return f"cuda graph: {self.status}"
@@ -68,7 +81,11 @@ class PlanRunner:
     # ------------------------------------------------------------------ calling
     def __call__(self, plan, inputs, out):
         try:
-            if not self.enabled or hooks.active() is not None:
+            if not self.enabled:
+                if hooks.active() is not None:
+                    return plan.run_steps(inputs, out)
+                return self._launches(plan, inputs, out)
+            if hooks.active() is not None:
                 return plan.run_steps(inputs, out)
             self.calls += 1
             if self.graph is None:
@@ -86,6 +103,39 @@ class PlanRunner:
                 f"intermediates {_fmt(plan.memory.peak_bytes)} plus outputs) and the device has "
                 f"{free} bytes ({_fmt(free)}) free; {exc}", planned=need, free=free) from exc
 
+    def _launches(self, plan, inputs, out):
+        """``plan.run_steps`` without what a GPU plan never needs (numpy error states)."""
+        template = self._template
+        env = plan.pool.acquire() if template is None else template.copy()
+        try:
+            for name, bid in self._inputs:
+                env[bid] = inputs[name]
+            fresh: dict[int, Any] = {}
+            for name, bid, shape, dtype in self._fresh:
+                arr = out.get(name) if out else None
+                if arr is None:
+                    arr = fresh.get(bid)  # two output names of one buffer share an array
+                    if arr is None:
+                        arr = cupy.empty(shape, dtype)
+                fresh[bid] = env[bid] = arr
+            for fn, ins, o in plan.program:
+                env[o] = fn([env[i] for i in ins], env[o])
+            results = {}
+            for name, bid, _shape, _dtype in self._fresh:
+                results[name] = env[bid]
+            for name, bid in self._copied:
+                results[name] = self.backend.copy(env[bid], out.get(name) if out else None)
+            if self._copied:
+                results = {name: results[name] for name in self._names}
+            return results
+        finally:
+            if template is None:
+                for _name, bid in self._inputs:
+                    env[bid] = None
+                for _name, bid, _shape, _dtype in self._fresh:
+                    env[bid] = None
+                plan.pool.release(env)
+
     def _capture(self, plan, inputs) -> bool:
         env = plan._make_arena()
         for name, bid in plan.input_ids.items():
@@ -100,8 +150,9 @@ class PlanRunner:
         stream = self.stream
         graph = None
         relaxed = getattr(cupy.cuda.runtime, "streamCaptureModeRelaxed", None)
+        pool = cupy.cuda.MemoryPool()
         try:
-            with stream:
+            with stream, cupy.cuda.using_allocator(pool.malloc):
                 if relaxed is None:
                     stream.begin_capture()
                 else:
@@ -117,7 +168,7 @@ class PlanRunner:
             self.fixed_in.clear()
             self.fixed_out.clear()
             return False
-        self.graph, self.env = graph, env
+        self.graph, self.env, self.capture_pool = graph, env, pool
         self.status = f"on ({len(plan.steps)} steps replayed as one graph)"
         return True
 
