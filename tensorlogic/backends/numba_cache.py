@@ -15,9 +15,14 @@ files), but with our locator:
   typing: the dispatcher is ready when ``load`` returns, with compilation of other signatures
   disabled (inputs are declared read-only, which accepts writable arrays at no cost).
 
+- a cache load initializes only numba's runtime (NRT), not its whole target context (see
+  ``_StampedCache.load_overload``); tests/backends/test_numba_runtime.py runs every kernel kind
+  in a process that only loads.
+
 A warm first call of a plan therefore costs, per kernel, one exec of a ~30-line module, one index
 and one data file read, and numba's object-code load (the dominant part); the fixed costs are
-numba's own import and its target-context initialisation (see benchmarks/bench_fused_cpu.py).
+numba's own import, its NRT set-up and the threading layer's start (measured in
+benchmarks/bench_fused_cpu.py).
 """
 
 from __future__ import annotations
