@@ -104,13 +104,24 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
         axis, rows = _block_axis(space, kept, block)
     red_axes = tuple(range(-n_tail, 0))
 
-    def run_block(ins: list, regs: list, out_block):
+    if tail == "layer_norm":
+        # the same kernel the unfused row op runs; its shape only names the axis here
+        ln = kernels._layer_norm_kernel(np, space, dtype.name, -1, body.eps)
+
+    def run_block(ins: list, regs: list, out_block, tail_bufs: list):
         for fn, spec, dest in program:
             args = [ins[v] if k == 0 else regs[v] if k == 1 else v for k, v in spec]
             fn(*args, out=out_block if dest < 0 else regs[dest])
         if tail is None:
             if not final_to_out:
                 out_block[...] = regs[result_reg]
+            return
+        if tail == "layer_norm":
+            # the row kernel over the block, with the block's slices of the tail scratch
+            n = out_block.size
+            kd = out_block.shape[:-1] + (1,)
+            ln([out_block, tail_bufs[0][:n // space[-1]].reshape(kd),
+                tail_bufs[1][:n].reshape(out_block.shape)], out_block)
             return
         if tail in ops.ROW_OPS:
             row = kernels._softmax if tail == "softmax" else kernels._log_softmax
@@ -128,14 +139,21 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
     # registers come from the plan's arena (kernel.scratch) when the executor passes them
     n_elems = total if single else rows * math.prod(space[axis + 1:])
 
+    # a layer_norm tail needs a row statistic per row of a block and a block of squares
+    tail_scratch = ([((n_elems // space[-1],), dtype.name), ((n_elems,), dtype.name)]
+                    if tail == "layer_norm" else [])
+
     def kernel(arrays: list, out):
         xs = [a.reshape(d) for a, d in zip(arrays, in_dims)]
-        raw = arrays[n_in:] if len(arrays) > n_in else [np.empty(n_elems, dtype)
+        given = len(arrays) > n_in
+        raw = arrays[n_in:n_in + n_regs] if given else [np.empty(n_elems, dtype)
                                                          for _ in range(n_regs)]
+        tail_bufs = (arrays[n_in + n_regs:] if given else
+                     [np.empty(shp, dtype) for shp, _ in tail_scratch])
         out_view = out.reshape(space if tail is None or tail in ops.ROW_OPS else space[:kept])
         if single:
             regs = [b.reshape(space) for b in raw]
-            run_block(xs, regs, out_view)
+            run_block(xs, regs, out_view, tail_bufs)
             return out
         chunk_shape = (rows, *space[axis + 1:])
         full_regs = [b.reshape(chunk_shape) for b in raw]
@@ -151,11 +169,11 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
                 for x, d in zip(xs, in_dims):
                     idx = tuple(0 if d[k] == 1 else lead[k] for k in range(axis))
                     ins.append(x[idx + ((slice(None) if d[axis] == 1 else slice(start, stop)),)])
-                run_block(ins, regs, out_view[lead + (slice(start, stop),)])
+                run_block(ins, regs, out_view[lead + (slice(start, stop),)], tail_bufs)
         return out
 
     kernel.info = describe(body)
-    kernel.scratch = [((n_elems,), dtype.name)] * n_regs
+    kernel.scratch = [((n_elems,), dtype.name)] * n_regs + tail_scratch
     # each block of the output is written after that block of every input was read, so the
     # output may overwrite an input of the full iteration space, unless the last instruction
     # reads its operands after it started writing (an op that is not alias-safe)

@@ -102,6 +102,33 @@ def _log_softmax(xp, x, axis, out):
     return _softmax_kernel(xp, tuple(x.shape), x.dtype.name, axis % x.ndim, True)([x], out)
 
 
+def _layer_norm(xp, x, axis, eps, out):
+    """layer_norm of x along axis into out (out may be x; allocates its temporaries)."""
+    return _layer_norm_kernel(xp, tuple(x.shape), x.dtype.name, axis % x.ndim, eps)([x], out)
+
+
+def _layer_norm_kernel(xp, x_shape, dtype, axis, eps) -> Kernel:
+    """(x - mean) / sqrt(var + eps) along axis; the variance is the mean of squared deviations
+    (two passes over the centred values, as numpy's var computes it)."""
+    kd = _keep_shape(x_shape, (axis % len(x_shape),))
+
+    def layer_norm(a, out):
+        m = _arg(xp, a, 1, kd, dtype)
+        t = _arg(xp, a, 2, x_shape, dtype)
+        a[0].mean(axis=axis, keepdims=True, out=m)
+        xp.subtract(a[0], m, out=out)
+        xp.multiply(out, out, out=t)
+        t.mean(axis=axis, keepdims=True, out=m)
+        xp.add(m, eps, out=m)
+        xp.sqrt(m, out=m)
+        return xp.divide(out, m, out=out)
+
+    layer_norm.scratch = [(kd, dtype), (tuple(x_shape), dtype)]
+    # the input is read only before (or where) out is first written
+    layer_norm.inplace = (0,)
+    return layer_norm
+
+
 def _logsumexp_kernel(xp, x_shape, dtype, axes, keepdims) -> Kernel:
     kd = _keep_shape(x_shape, axes)
 
@@ -193,6 +220,9 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> Kernel:
             return _logsumexp_kernel(xp, tuple(in_nodes[0].shape), node.dtype, axes, kd)
         red = {"sum": xp.sum, "mean": xp.mean, "max": xp.max, "min": xp.min, "prod": xp.prod}[op]
         return lambda a, out: red(a[0], axis=axes, keepdims=kd, out=out)
+    if kind == ops.ROWOP and op == "layer_norm":
+        return _layer_norm_kernel(xp, tuple(in_nodes[0].shape), node.dtype, node.args["axis"],
+                                  float(node.args["eps"]))
     if kind == ops.ROWOP:
         return _softmax_kernel(xp, tuple(in_nodes[0].shape), node.dtype, node.args["axis"],
                                op == "log_softmax")

@@ -49,7 +49,8 @@ def _body_of(node, in_nodes) -> FusedBody | None:
         return FusedBody((), tuple(in_nodes[0].shape), node.op, tuple(node.args["axes"]),
                          bool(node.args.get("keepdims")))
     if kind == ops.ROWOP:
-        return FusedBody((), shape, node.op, (int(node.args["axis"]),))
+        return FusedBody((), shape, node.op, (int(node.args["axis"]),),
+                         eps=float(node.args.get("eps", ops.LAYER_NORM_EPS)))
     if kind == ops.FUSED:
         return FusedBody.from_args(node.args["body"])
     return None
@@ -113,7 +114,7 @@ class NumbaBackend(NumpyBackend):
         lay = make_layout(space, in_shapes, body.tail, tuple(body.axes))
         parallel = math.prod(space) >= threshold
         src = render(body.instrs, len(in_shapes), lay, body.tail, dtype, fast, parallel,
-                     in_dtypes)
+                     in_dtypes, body.eps)
         fn = numba_cache.load(src.text, src.name, src.signature)
         views = [lay.input_shape(k) for k in range(len(in_shapes))]
         oshape = lay.output_shape()

@@ -165,10 +165,11 @@ def _combine(op: str, acc: str, v: str) -> str:
 
 def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | None,
            dtype: str, fast: bool, parallel: bool,
-           in_dtypes: list[str] | None = None) -> KernelSource:
+           in_dtypes: list[str] | None = None, eps: float = 1e-5) -> KernelSource:
     """Source of one module holding the kernel for this program, layout and options.
 
-    ``in_dtypes`` are the inputs' dtypes (default: all ``dtype``).
+    ``in_dtypes`` are the inputs' dtypes (default: all ``dtype``); ``eps`` is a layer_norm
+    tail's epsilon (a literal of the source, so kernels of different eps are different texts).
     """
     if dtype not in ("float32", "float64"):
         raise BackendError(f"numba kernels support float32 and float64, not {dtype}")
@@ -202,6 +203,8 @@ def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | 
     lines: list[str] = []
     if tail is None:
         lines += _elementwise(R, idx, dnames, rng, value)
+    elif tail == "layer_norm":
+        lines += _layer_norm(lay, idx, dnames, rng, value, dtype, float(eps))
     elif tail in ("softmax", "log_softmax"):
         lines += _rowop(lay, tail, idx, dnames, rng, value, dtype, fast, consts)
     else:
@@ -381,3 +384,33 @@ def _rowop(lay, op, idx, dnames, rng, value, dtype, fast, consts) -> list[str]:
             f"            out[{at}] = out[{at}] - ls",
         ]
     return lines
+
+
+def _layer_norm(lay, idx, dnames, rng, value, dtype, eps: float) -> list[str]:
+    """One row per (parallel) iteration: the program's values go to out while their float64 sum
+    accumulates; a second pass sums squared deviations; a third writes (v - mean) * rstd."""
+    lines_dims = [d for d, r in enumerate(lay.roles) if r != "a"]
+    (ax,) = [d for d, r in enumerate(lay.roles) if r == "a"]
+    n = " * ".join(dnames[d] for d in lines_dims) or "1"
+    at = ", ".join(idx)
+    vl, v = value("            ")
+    unr = (_unravel([idx[d] for d in lines_dims], [dnames[d] for d in lines_dims], "o", "        ")
+           if lines_dims else [])
+    k = dnames[ax]
+    return [
+        f"    for o in {rng}({n}):",
+        *unr,
+        "        s = np.float64(0.0)",
+        f"        for {idx[ax]} in range({k}):",
+        *vl,
+        f"            out[{at}] = {v}",
+        f"            s = s + out[{at}]",
+        f"        mu = s / {k}",
+        "        q = np.float64(0.0)",
+        f"        for {idx[ax]} in range({k}):",
+        f"            c = out[{at}] - mu",
+        "            q = q + c * c",
+        f"        rstd = 1.0 / math.sqrt(q / {k} + {float(eps)!r})",
+        f"        for {idx[ax]} in range({k}):",
+        f"            out[{at}] = np.{dtype}((out[{at}] - mu) * rstd)",
+    ]

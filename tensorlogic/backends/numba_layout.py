@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import BackendError
+from ..ir import ops
 
 # Roles of a dimension: "e" elementwise, "k" kept / "r" reduced (reduction tail),
 # "o" outer / "a" axis / "i" inner (row op).
@@ -53,7 +54,7 @@ class Layout:
 def _roles(rank: int, tail: str | None, axes: tuple[int, ...]) -> list[str]:
     if tail is None:
         return ["e"] * rank
-    if tail in ("softmax", "log_softmax"):
+    if tail in ops.ROW_OPS:
         (ax,) = axes
         return ["o" if d < ax else "a" if d == ax else "i" for d in range(rank)]
     return ["r" if d in axes else "k" for d in range(rank)]
@@ -91,6 +92,6 @@ def make_layout(space: tuple[int, ...], in_shapes: list[tuple[int, ...]], tail: 
         for f, g in zip(full, flags):
             f.append(g)
     if not dims:  # a scalar space (or all unit dims): one element
-        dims, rls = [1], ["k" if tail not in (None, "softmax", "log_softmax") else "e"]
+        dims, rls = [1], ["k" if tail is not None and tail not in ops.ROW_OPS else "e"]
         full = [[True] for _ in in_shapes]
     return Layout(tuple(dims), tuple(rls), tuple(tuple(f) for f in full), count)

@@ -3,7 +3,7 @@
 A FUSED node computes, over one iteration space (the broadcast of its inputs' shapes), a short
 program of elementwise ops from the op table (plus ``where``), and optionally ends in a tail:
 a reduction over some axes (sum, mean, max, min, prod, logsumexp) or a row op over one axis
-(softmax, log_softmax). Every backend renders this one format: numpy evaluates it with in-place
+(softmax, log_softmax, layer_norm; layer_norm's epsilon is the body's ``eps``). Every backend renders this one format: numpy evaluates it with in-place
 ufuncs over blocks, numba and CUDA render it to source text, PTX emits it instruction by
 instruction.
 
@@ -12,6 +12,7 @@ Node args: ``{"body": FusedBody.to_args()}``; node inputs are the external opera
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -44,20 +45,25 @@ class FusedBody:
     tail: str | None = None  # None, a reduction name, or a row op name
     axes: tuple[int, ...] = ()  # reduction axes, or (axis,) for a row op
     keepdims: bool = False
+    eps: float = ops.LAYER_NORM_EPS  # read only by a layer_norm tail
 
     def to_args(self) -> dict:
-        """Plain, JSON-able form for node args."""
-        return {
+        """Plain, JSON-able form for node args (``eps`` only with a layer_norm tail)."""
+        args = {
             "instrs": [[i.op, [list(r) for r in i.args]] for i in self.instrs],
             "space": list(self.space), "tail": self.tail, "axes": list(self.axes),
             "keepdims": self.keepdims,
         }
+        if self.tail == "layer_norm":
+            args["eps"] = float(self.eps)
+        return args
 
     @staticmethod
     def from_args(a: Mapping) -> "FusedBody":
         """Inverse of ``to_args`` (accepts the frozen tuples a Node stores)."""
         instrs = tuple(FusedOp(op, tuple((r[0], r[1]) for r in refs)) for op, refs in a["instrs"])
-        return FusedBody(instrs, tuple(a["space"]), a["tail"], tuple(a["axes"]), bool(a["keepdims"]))
+        return FusedBody(instrs, tuple(a["space"]), a["tail"], tuple(a["axes"]), bool(a["keepdims"]),
+                         float(a.get("eps", ops.LAYER_NORM_EPS)))
 
     def flops_per_element(self) -> int:
         """Elementwise FLOPs per point of the iteration space."""
@@ -80,3 +86,5 @@ class FusedBody:
                     raise GraphError(f"{where}: instruction {j} ({ins.op}) has a bad ref {(kind, v)!r}")
         if self.tail is not None and self.tail not in TAILS:
             raise GraphError(f"{where}: unknown tail {self.tail!r}; expected one of {TAILS}")
+        if self.tail == "layer_norm" and not (math.isfinite(self.eps) and self.eps >= 0):
+            raise GraphError(f"{where}: layer_norm eps must be finite and >= 0, got {self.eps!r}")

@@ -318,12 +318,16 @@ class EinsumGraph:
         args = {"axes": list(axes), "keepdims": bool(keepdims)}
         return Tensor(self, self.add_node(ops.REDUCE, op, [x.id], args, name=name))
 
-    def _rowop(self, op: str, x: "Tensor", axis: int, name: str | None) -> "Tensor":
+    def _rowop(self, op: str, x: "Tensor", axis: int, name: str | None,
+               extra: Mapping[str, Any] | None = None) -> "Tensor":
         x = self._own(x)
         (ax,) = infer.normalize_axes(axis, len(x.shape), f"{op} of {x.name!r}") or (None,)
         if ax is None:
             raise ShapeError(f"{op} of {x.name!r}: needs a tensor of rank >= 1")
-        return Tensor(self, self.add_node(ops.ROWOP, op, [x.id], {"axis": ax}, name=name))
+        args = {"axis": ax, **(extra or {})}
+        if op == "layer_norm":
+            args.setdefault("eps", ops.LAYER_NORM_EPS)
+        return Tensor(self, self.add_node(ops.ROWOP, op, [x.id], args, name=name))
 
     def softmax(self, x: "Tensor", axis: int = -1, name: str | None = None) -> "Tensor":
         """Softmax over one axis."""
@@ -332,6 +336,15 @@ class EinsumGraph:
     def log_softmax(self, x: "Tensor", axis: int = -1, name: str | None = None) -> "Tensor":
         """Log-softmax over one axis."""
         return self._rowop("log_softmax", x, axis, name)
+
+    def layer_norm(self, x: "Tensor", axis: int = -1, eps: float = ops.LAYER_NORM_EPS,
+                   name: str | None = None) -> "Tensor":
+        """Layer normalization over one axis: ``(x - mean) / sqrt(var + eps)``.
+
+        The variance is the biased one (divided by the axis length), as in PyTorch's LayerNorm;
+        an affine scale and shift are ordinary elementwise ops on the result.
+        """
+        return self._rowop("layer_norm", x, axis, name, {"eps": infer.check_eps(eps, "layer_norm")})
 
     def transpose(self, x: "Tensor", perm: Sequence[int] | None = None, name=None) -> "Tensor":
         """Permute axes (reverse them by default)."""
@@ -603,8 +616,14 @@ def _install_tensor_unary() -> None:
         method.__doc__ = f"Elementwise {op}."
         setattr(Tensor, op, method)
     for op in ops.ROW_OPS:
-        def rmethod(self, axis=-1, _op=op):
-            return self.graph._rowop(_op, self, axis, None)
+        if op == "layer_norm":
+            def rmethod(self, axis=-1, eps=ops.LAYER_NORM_EPS):
+                return self.graph.layer_norm(self, axis, eps)
+            rmethod.__doc__ = "Layer normalization over one axis (see EinsumGraph.layer_norm)."
+        else:
+            def rmethod(self, axis=-1, _op=op):
+                return self.graph._rowop(_op, self, axis, None)
+            rmethod.__doc__ = f"{op} over one axis."
 
         rmethod.__name__ = op
         setattr(Tensor, op, rmethod)

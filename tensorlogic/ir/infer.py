@@ -6,8 +6,11 @@ Every function raises a TensorLogicError subclass naming the node and the offend
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from .. import dtypes
 from ..errors import GraphError, ShapeError
@@ -136,6 +139,12 @@ def infer(kind: str, op: str | None, inputs: Sequence, args: Mapping, where: str
         return shape, dts[0]
     if kind == ops.ROWOP:
         normalize_axes(args["axis"], len(shapes[0]), where)
+        if op == "layer_norm":
+            if "eps" not in args:
+                raise GraphError(f"{where}: layer_norm needs an 'eps' argument")
+            check_eps(args["eps"], where)
+        elif "eps" in args:
+            raise GraphError(f"{where}: {op} takes no 'eps' argument")
         return shapes[0], dts[0]
     if kind == ops.TRANSPOSE:
         perm = tuple(args["perm"])
@@ -150,3 +159,14 @@ def infer(kind: str, op: str | None, inputs: Sequence, args: Mapping, where: str
     if kind == ops.CAST:
         return shapes[0], dtypes.normalize(args["dtype"], f"{where}: ")
     raise GraphError(f"{where}: unknown node kind {kind!r}")
+
+
+def check_eps(eps: Any, where: str) -> float:
+    """A layer_norm epsilon: a finite, non-negative real number (returned as a float)."""
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer,
+                                                                  np.floating)):
+        raise GraphError(f"{where}: eps must be a real number, got {type(eps).__name__}")
+    value = float(eps)
+    if not math.isfinite(value) or value < 0:
+        raise GraphError(f"{where}: eps must be finite and >= 0, got {value!r}")
+    return value

@@ -23,7 +23,7 @@ UNARY = "unary"
 BINARY = "binary"
 WHERE = "where"
 REDUCE = "reduce"
-ROWOP = "rowop"  # softmax / log_softmax over one axis
+ROWOP = "rowop"  # softmax / log_softmax / layer_norm over one axis
 TRANSPOSE = "transpose"
 RESHAPE = "reshape"
 CAST = "cast"
@@ -158,7 +158,9 @@ UNARY_OPS = tuple(n for n, op in ELEMENTWISE.items() if op.arity == 1)
 BINARY_OPS = tuple(n for n, op in ELEMENTWISE.items() if op.arity == 2)
 
 REDUCTIONS = ("sum", "mean", "max", "min", "prod", "logsumexp")
-ROW_OPS = ("softmax", "log_softmax")
+ROW_OPS = ("softmax", "log_softmax", "layer_norm")
+# layer_norm: (x - mean) / sqrt(var + eps) over one axis, biased variance; eps is a node argument
+LAYER_NORM_EPS = 1e-5
 
 # The PTX column of the op table: one instruction sequence per op, shared by float32 and float64.
 # Placeholders: {d} the result, {x} (unary) or {a}/{b} (binary) the operands, {T} the PTX float

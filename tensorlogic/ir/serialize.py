@@ -28,9 +28,12 @@ MAX_ELEMENTS = 1 << 34  # per declared tensor; a larger shape is rejected as imp
 _NODE_FIELDS = {"id", "kind", "op", "inputs", "shape", "dtype", "name", "args"}
 _TOP_FIELDS = {"format", "version", "nodes", "inputs", "outputs"}
 _ARG_FIELDS = {
-    ops.EINSUM: {"spec"}, ops.REDUCE: {"axes", "keepdims"}, ops.ROWOP: {"axis"},
+    ops.EINSUM: {"spec"}, ops.REDUCE: {"axes", "keepdims"}, ops.ROWOP: {"axis", "eps"},
     ops.TRANSPOSE: {"perm"}, ops.RESHAPE: {"shape"}, ops.CAST: {"dtype"},
 }
+
+# arguments a node of the kind may leave out (layer_norm's eps is checked by shape inference)
+_OPTIONAL_ARGS = {"keepdims", "eps"}
 
 
 def to_dict(g: EinsumGraph) -> tuple[dict, dict[str, np.ndarray]]:
@@ -116,7 +119,7 @@ def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") 
         _expect(isinstance(args, dict), "'args' must be an object", w)
         allowed = _ARG_FIELDS.get(kind, set())
         _expect(set(args) <= allowed, f"unknown argument(s) {sorted(set(args) - allowed)} for {kind}", w)
-        _expect(set(args) >= (allowed - {"keepdims"}), f"missing argument(s) {sorted(allowed - set(args))} for {kind}", w)
+        _expect(set(args) >= (allowed - _OPTIONAL_ARGS), f"missing argument(s) {sorted(allowed - set(args))} for {kind}", w)
         try:
             if kind == ops.INPUT:
                 t = g.input(name, shape, rec["dtype"])

@@ -1,6 +1,6 @@
 """Elementwise fusion: maximal groups of elementwise ops over one iteration space become one
 FUSED node (format: ``ir/fused.py``), optionally ending in a reduction over trailing axes or a
-softmax/log_softmax row op over the last axis.
+row op (softmax, log_softmax, layer_norm) over the last axis.
 
 Legality is the pure predicate ``is_legal_group``. Groups grow greedily from the last
 elementwise node of a chain (its root) towards its producers: a producer joins when it is
@@ -128,7 +128,8 @@ def build_body(g: EinsumGraph, members: frozenset[int], root: int,
         body = FusedBody(tuple(instrs), space, t.op, tuple(t.args["axes"]),
                          bool(t.args.get("keepdims")))
     else:
-        body = FusedBody(tuple(instrs), space, t.op, (int(t.args["axis"]),))
+        body = FusedBody(tuple(instrs), space, t.op, (int(t.args["axis"]),),
+                         eps=float(t.args.get("eps", ops.LAYER_NORM_EPS)))
     return body, external
 
 

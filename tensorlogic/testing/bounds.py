@@ -237,10 +237,20 @@ def reduce(op: str, x: Bound, k: int, dtype: str) -> Bound:
     raise ValueError(f"no bound rule for reduction {op!r}")
 
 
-def rowop(op: str, x: Bound, k: int, dtype: str) -> Bound:
-    """Bound of a softmax or log-softmax over rows of ``k`` elements."""
+def rowop(op: str, x: Bound, k: int, dtype: str, eps: float = 0.0) -> Bound:
+    """Bound of a softmax, log-softmax or layer_norm over rows of ``k`` elements."""
     e = _eps(dtype)
     g = _sum_growth(k)
+    if op == "layer_norm":
+        # |x - mean| <= sqrt((k - 1) * var), so every value is within sqrt(k - 1); an error d in
+        # the centred values moves the result by at most d * (1 + sqrt(k - 1)) / sqrt(eps)
+        # (through the numerator and through the standard deviation), whatever the variance
+        top = math.sqrt(max(k - 1, 0))
+        if eps <= 0:
+            return Bound(-top, top, math.inf, False, x.problem or "layer_norm with eps=0")
+        centred = 2 * x.err + 4 * g * e * x.mag
+        err = centred * (1 + top) / math.sqrt(eps) + TRANSCENDENTAL_ULPS * e * (g + 1) * max(top, 1.0)
+        return Bound(-top, top, err, False, x.problem)
     if op == "softmax":
         # softmax is 1-Lipschitz from max-norm to max-norm
         return Bound(0.0, 1.0, x.err + TRANSCENDENTAL_ULPS * e * g, False, x.problem)
@@ -296,7 +306,7 @@ def fused(body: FusedBody, xs: Sequence[Bound], space: tuple[int, ...], dtype: s
         return v
     k = math.prod(space[a] for a in body.axes) if body.axes else 1
     if body.tail in ops.ROW_OPS:
-        return rowop(body.tail, v, k, dtype)
+        return rowop(body.tail, v, k, dtype, body.eps)
     return reduce(body.tail, v, k, dtype)
 
 
@@ -321,7 +331,8 @@ def node_bound(node, in_bounds: Sequence[Bound], in_shapes: Sequence[tuple[int, 
         k = math.prod(in_shapes[0][a] for a in node.args["axes"])
         return reduce(op, in_bounds[0], k, dt)
     if kind == ops.ROWOP:
-        return rowop(op, in_bounds[0], in_shapes[0][node.args["axis"]], dt)
+        return rowop(op, in_bounds[0], in_shapes[0][node.args["axis"]], dt,
+                     float(node.args.get("eps", 0.0)))
     if kind in (ops.TRANSPOSE, ops.RESHAPE):
         return in_bounds[0]
     if kind == ops.CAST:

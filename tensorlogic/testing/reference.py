@@ -38,7 +38,10 @@ def _reduce(op: str, x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np
     return fn(x, axis=axes, keepdims=keepdims)
 
 
-def _rowop(op: str, x: np.ndarray, axis: int) -> np.ndarray:
+def _rowop(op: str, x: np.ndarray, axis: int, eps: float = 0.0) -> np.ndarray:
+    if op == "layer_norm":
+        mu = x.mean(axis=axis, keepdims=True)
+        return (x - mu) / np.sqrt(((x - mu) ** 2).mean(axis=axis, keepdims=True) + eps)
     z = x - x.max(axis=axis, keepdims=True)
     if op == "softmax":
         ez = np.exp(z)
@@ -72,7 +75,7 @@ def evaluate(graph, inputs: Mapping[str, np.ndarray], binding: Mapping[str, int]
         elif kind == ops.REDUCE:
             r = _reduce(op, xs[0], tuple(a["axes"]), bool(a.get("keepdims")))
         elif kind == ops.ROWOP:
-            r = _rowop(op, xs[0], a["axis"])
+            r = _rowop(op, xs[0], a["axis"], float(a.get("eps", 0.0)))
         elif kind == ops.TRANSPOSE:
             r = np.transpose(xs[0], tuple(a["perm"]))
         elif kind == ops.RESHAPE:
