@@ -139,6 +139,16 @@ def _tail(s: _Src, run_pass, finish, write_row, depth: int) -> None:
             acc = f"({acc} * {literal(1.0 / spec.sizes[1], ct)})"
         finish(acc)
         return
+    if tail == "layer_norm":
+        inv_n = literal(1.0 / spec.sizes[1], ct)
+        mu = s.var("mu")
+        s.emit(f"const {ct} {mu} = {run_pass('sum', lambda v: v)} * {inv_n};", depth)
+        q = run_pass("sum", lambda v: f"(({v} - {mu}) * ({v} - {mu}))")
+        rstd = s.var("rstd")
+        s.emit(f"const {ct} {rstd} = ({ct})1 / sqrt({q} * {inv_n} + {literal(spec.eps, ct)});",
+               depth)
+        write_row(lambda v: f"(({v} - {mu}) * {rstd})")
+        return
     m = run_pass("max", lambda v: v)
     ms = s.var("ms")
     s.emit(f"const {ct} {ms} = ({m} == {literal(float('-inf'), ct)}) ? ({ct})0 : {m};", depth)
@@ -269,6 +279,18 @@ def _row_reg(s: _Src, lay: RowLayout) -> None:
         if tail == "mean":
             acc = f"({acc} * {literal(1.0 / n_r, ct)})"
         finish(acc)
+    elif tail == "layer_norm":
+        # centre the held values in place; lanes past the row's end are masked out of the sums
+        inv_n = literal(1.0 / n_r, ct)
+        mu = s.var("mu")
+        s.emit(f"const {ct} {mu} = {reduce('sum', 'v')} * {inv_n};", 2)
+        s.emit(f"{ct} sq[{per}];", 2)
+        s.emit("#pragma unroll", 2)
+        s.emit(f"for (int e = 0; e < {per}; ++e) {{ v[e] = v[e] - {mu}; sq[e] = v[e] * v[e]; }}", 2)
+        q = reduce("sum", "sq")
+        rstd = s.var("rstd")
+        s.emit(f"const {ct} {rstd} = ({ct})1 / sqrt({q} * {inv_n} + {literal(spec.eps, ct)});", 2)
+        write(lambda e: f"(v[{e}] * {rstd})")
     else:
         m = reduce("max", "v")
         ms = s.var("ms")

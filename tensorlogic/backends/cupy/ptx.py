@@ -391,6 +391,22 @@ def _block_allreduce(k: _Kernel, tail: str, v: str, block: int, smem: str) -> st
     return acc
 
 
+def _scaled(k: _Kernel, v: str, c: float) -> str:
+    """v * c for a constant c."""
+    r = k.new(k.ct)
+    k.emit(f"mul.{k.ct} {r}, {v}, {ptx_math.imm(c, k.ct)};")
+    return r
+
+
+def _rstd(k: _Kernel, sq_sum: str) -> str:
+    """1 / sqrt(sq_sum / n + eps) of a layer_norm row (correctly rounded sqrt and reciprocal)."""
+    var = _scaled(k, sq_sum, 1.0 / k.spec.sizes[1])
+    t, r = k.new(k.ct), k.new(k.ct)
+    k.emit(f"add.{k.ct} {t}, {var}, {ptx_math.imm(k.spec.eps, k.ct)};",
+           f"sqrt.rn.{k.ct} {t}, {t};", f"rcp.rn.{k.ct} {r}, {t};")
+    return r
+
+
 def _tail_passes(k: _Kernel, run_pass, finish_reduce, write_row) -> None:
     """The reduction/row-op tail, given a pass runner over the row (shared by row and col)."""
     spec = k.spec
@@ -402,6 +418,28 @@ def _tail_passes(k: _Kernel, run_pass, finish_reduce, write_row) -> None:
             k.emit(f"mul.{k.ct} {acc2}, {acc}, {ptx_math.imm(1.0 / spec.sizes[1], k.ct)};")
             acc = acc2
         finish_reduce(acc)
+        return
+    if tail == "layer_norm":
+        mu = _scaled(k, run_pass("sum", lambda v: v), 1.0 / spec.sizes[1])
+
+        def centred(v: str) -> str:
+            c = k.new(k.ct)
+            k.emit(f"sub.{k.ct} {c}, {v}, {mu};")
+            return c
+
+        def squared(v: str) -> str:
+            c = centred(v)
+            q = k.new(k.ct)
+            k.emit(f"mul.{k.ct} {q}, {c}, {c};")
+            return q
+
+        rstd = _rstd(k, run_pass("sum", squared))
+
+        def normed(v: str) -> str:
+            r = k.new(k.ct)
+            k.emit(f"mul.{k.ct} {r}, {centred(v)}, {rstd};")
+            return r
+        write_row(normed)
         return
     m = run_pass("max", lambda v: v)
     # a row of -inf has max -inf: subtract 0 instead so exp gives 0, not NaN
@@ -618,6 +656,28 @@ def _row_reg(k: _Kernel, ptrs: list[str], smem: str, lay: RowLayout) -> None:
             k.emit(f"mul.{k.ct} {acc2}, {acc}, {ptx_math.imm(1.0 / n_r, k.ct)};")
             acc = acc2
         finish(acc)
+    elif tail == "layer_norm":
+        # the held values are centred once; masked lanes never enter the sums (reduce selects)
+        mu = _scaled(k, reduce("sum", vals), 1.0 / n_r)
+
+        def centre(v: str) -> str:
+            c = k.new(k.ct)
+            k.emit(f"sub.{k.ct} {c}, {v}, {mu};")
+            return c
+
+        def square(v: str) -> str:
+            q = k.new(k.ct)
+            k.emit(f"mul.{k.ct} {q}, {v}, {v};")
+            return q
+
+        cent = mapv(vals, centre)
+        rstd = _rstd(k, reduce("sum", mapv(cent, square)))
+
+        def scale_ln(v: str) -> str:
+            r = k.new(k.ct)
+            k.emit(f"mul.{k.ct} {r}, {v}, {rstd};")
+            return r
+        write(mapv(cent, scale_ln))
     else:
         m = reduce("max", vals)
         ninf, ms = k.new("pred"), k.new(k.ct)

@@ -69,6 +69,7 @@ class KernelSpec:
     sizes: tuple[int, ...]  # total size of each group
     order: tuple[int, ...] = ()  # the space's axes in group order (C order over the groups)
     splits: int = 1  # split family: blocks per row
+    eps: float | None = None  # a layer_norm tail's epsilon (None for every other tail)
 
     @property
     def compute(self) -> str:
@@ -156,6 +157,7 @@ class Program:
     space: tuple[int, ...]
     tail: str | None = None
     axes: tuple[int, ...] = ()
+    eps: float = ops.LAYER_NORM_EPS  # read only by a layer_norm tail
 
 
 def program_of(node, in_nodes) -> Program:
@@ -173,12 +175,13 @@ def program_of(node, in_nodes) -> Program:
         return Program((), ("in", 0), space, node.op, tuple(node.args["axes"]))
     if kind == ops.ROWOP:
         space = tuple(int(d) for d in in_nodes[0].shape)
-        return Program((), ("in", 0), space, node.op, (int(node.args["axis"]),))
+        return Program((), ("in", 0), space, node.op, (int(node.args["axis"]),),
+                       float(node.args.get("eps", ops.LAYER_NORM_EPS)))
     if kind == ops.FUSED:
         body = FusedBody.from_args(node.args["body"])
         body.validate(len(in_nodes), f"node {node.name!r}")
         return Program(body.instrs, ("tmp", len(body.instrs) - 1), tuple(body.space), body.tail,
-                       tuple(body.axes))
+                       tuple(body.axes), body.eps)
     raise BackendError(f"node {node.name!r}: no generated kernel for node kind {kind!r}")
 
 
@@ -192,7 +195,8 @@ def make_spec(prog: Program, out_dtype: str, in_shapes: Sequence[Sequence[int]],
     bst = [broadcast_strides(s, st, space) for s, st in zip(in_shapes, in_strides)]
     rank = len(space)
     common = dict(dtype=out_dtype, in_dtypes=tuple(in_dtypes), instrs=prog.instrs,
-                  result=prog.result, tail=prog.tail)
+                  result=prog.result, tail=prog.tail,
+                  eps=float(prog.eps) if prog.tail == "layer_norm" else None)
     if prog.tail is None:
         groups = (_group(space, range(rank), bst),)
         return KernelSpec("ew", groups=groups, sizes=(math.prod(space),), order=tuple(range(rank)),
