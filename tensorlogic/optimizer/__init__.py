@@ -1,7 +1,8 @@
 """Graph optimizer: passes and the pass manager.
 
 Pipelines (each repeated to a fixpoint): O0 runs nothing; O1 runs dce, cse, fold, simplify;
-O2 and O3 add merge (einsum merging, scalar pulling), contraction (path planning) and fusion.
+O2 and O3 add layernorm (hand-written layer normalization to one row op), merge (einsum merging,
+scalar pulling), contraction (path planning) and fusion.
 """
 
 from .base import OptimizerReport, Pass, PassManager, PassResult, optimize, register_pass
@@ -10,11 +11,12 @@ from .dce import dce
 from .cse import cse
 from .fold import fold
 from .simplify import simplify
+from .layernorm import layernorm
 from .merge import merge
 from .contraction import contraction
 from .fusion import fusion, is_legal_group
 
 __all__ = [
     "OptimizerReport", "Pass", "PassManager", "PassResult", "contraction", "cse", "dce", "fold",
-    "fusion", "is_legal_group", "merge", "optimize", "register_pass", "simplify",
+    "fusion", "is_legal_group", "layernorm", "merge", "optimize", "register_pass", "simplify",
 ]
