@@ -202,6 +202,11 @@ def reduction_cases(quick, reps, rng):
     rows.append(run_case(f"layer norm {m}x{k} float32 (3 kernels)", ours_ln, peers,
                          2 * x.nbytes, reps))
     np.testing.assert_allclose(ours_ln()["y"], np_ln(), rtol=1e-4, atol=1e-4)
+    # the layer_norm row op (eps 1e-5): one parallel kernel, a row per iteration
+    ln = fused_plan([(m, k)], "float32", [], (m, k), "layer_norm", (1,))
+    rows.append(run_case(f"layer norm {m}x{k} float32 (layer_norm row op)",
+                         lambda: ln(x0=x, out={"y": out}), peers, 2 * x.nbytes, reps))
+    np.testing.assert_allclose(ln(x0=x)["y"], np_ln(), rtol=1e-4, atol=1e-4)
     return rows
 
 

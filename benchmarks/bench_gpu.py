@@ -152,29 +152,24 @@ def bench_chain(sizes, copy_bw: float, quick: bool) -> None:
             row(f"chain_{n}", k, t, bw_frac=bytes_ / t / copy_bw, speedup_vs_ours=t / ours)
 
 
-def _layernorm_graph(shape, fused: bool):
+def _layernorm_graph(shape, how: str):
+    """Layer norm over rows without affine: the row op, or written out by hand (7 nodes)."""
     g = tl.EinsumGraph()
     x = g.input("x", shape)
-    n, dt = shape[1], "float32"
-    if not fused:
-        mu = g.mean(x, 1, keepdims=True)
-        d = x - mu
-        var = g.mean(g.square(d), 1, keepdims=True)
-        g.output(d / g.sqrt(var + 1e-5), "y")
+    if how == "op":
+        g.output(g.layer_norm(x, 1, eps=1e-5), "y")
         return g
-    mu = fused_node(g, [x], [FusedOp("mul", (("in", 0), ("const", 1.0)))], shape, dt, "mean", (1,),
-                    (shape[0],))
-    mu2 = g.reshape(mu, (shape[0], 1))
-    var = fused_node(g, [x, mu2], [FusedOp("sub", (("in", 0), ("in", 1))),
-                                   FusedOp("square", (("tmp", 0),))], shape, dt, "mean", (1,),
-                     (shape[0],))
-    var2 = g.reshape(var, (shape[0], 1))
-    y = fused_node(g, [x, mu2, var2], [FusedOp("sub", (("in", 0), ("in", 1))),
-                                       FusedOp("add", (("in", 2), ("const", 1e-5))),
-                                       FusedOp("sqrt", (("tmp", 1),)),
-                                       FusedOp("div", (("tmp", 0), ("tmp", 2)))], shape, dt)
-    g.output(y, "y")
-    del n
+    mu = g.mean(x, 1, keepdims=True)
+    d = x - mu
+    var = g.mean(g.square(d), 1, keepdims=True)
+    g.output(d / g.sqrt(var + 1e-5), "y")
+    return g
+
+
+def _layernorm_affine_graph(shape, w, b):
+    g = tl.EinsumGraph()
+    x = g.input("x", shape)
+    g.output(g.layer_norm(x, 1, eps=1e-5) * g.constant(w) + g.constant(b), "y")
     return g
 
 
@@ -218,16 +213,39 @@ def bench_rows(shapes) -> None:
                 vs_torch=res.get("torch eager", t) / t)
         print(f"layer norm {shape[0]}x{shape[1]} float32 (no affine)")
         res = {}
-        for label, fused in (("tensorlogic fused (3 kernels)", True), ("tensorlogic O0 (7 kernels)", False)):
-            plan = tl.compile(_layernorm_graph(shape, fused), backend="cupy", opt_level=0)
-            if tx is not None:
-                err = float((_torch(plan(x=x)["y"]) - torch.nn.functional.layer_norm(tx, (shape[1],))).abs().max())
-                assert err < 1e-3, (label, err)
+        tref = torch.nn.functional.layer_norm(tx, (shape[1],)) if tx is not None else None
+        for label, how, cg, lvl in (("tensorlogic layer_norm ptx", "op", "ptx", 0),
+                                    ("tensorlogic layer_norm cuda-c", "op", "cuda", 0),
+                                    ("tensorlogic hand-written O2 (rewritten)", "hand", "ptx", 2),
+                                    ("tensorlogic hand-written O0 (7 kernels)", "hand", "ptx", 0)):
+            plan = tl.compile(_layernorm_graph(shape, how), backend="cupy", opt_level=lvl,
+                              codegen=cg)
+            if tref is not None:
+                err = float((_torch(plan(x=x)["y"]) - tref).abs().max())
+                assert err < 1e-4, (label, err)
             res[label] = gpu_time(lambda: plan(x=x), inner)
         if tx is not None:
-            res["torch eager"] = gpu_time(lambda: torch.nn.functional.layer_norm(tx, (shape[1],)), inner)
+            res["torch eager"] = gpu_time(lambda: torch.nn.functional.layer_norm(tx, (shape[1],)),
+                                          inner)
         for k, t in res.items():
             row(f"layernorm_{shape[0]}x{shape[1]}", k, t, GBps=8 * x.size / t / 1e9,
+                vs_torch=res.get("torch eager", t) / t)
+        print(f"layer norm {shape[0]}x{shape[1]} float32 with affine (weight, bias)")
+        w = np.random.default_rng(0).standard_normal(shape[1]).astype(np.float32)
+        bias = np.random.default_rng(1).standard_normal(shape[1]).astype(np.float32)
+        plan = tl.compile(_layernorm_affine_graph(shape, w, bias), backend="cupy", opt_level=2)
+        res = {}
+        if tx is not None:
+            tw, tb = torch.from_numpy(w).to(tx.device), torch.from_numpy(bias).to(tx.device)
+            err = float((_torch(plan(x=x)["y"])
+                         - torch.nn.functional.layer_norm(tx, (shape[1],), tw, tb)).abs().max())
+            assert err < 1e-4, err
+        res["tensorlogic O2"] = gpu_time(lambda: plan(x=x), inner)
+        if tx is not None:
+            res["torch eager"] = gpu_time(
+                lambda: torch.nn.functional.layer_norm(tx, (shape[1],), tw, tb), inner)
+        for k, t in res.items():
+            row(f"layernorm_affine_{shape[0]}x{shape[1]}", k, t, GBps=8 * x.size / t / 1e9,
                 vs_torch=res.get("torch eager", t) / t)
 
 

@@ -23,12 +23,12 @@ WIDTH, DEPTH = 1024, 4
 SEQ, DIM, HEADS = 16, 64, 4
 
 
-def mlp_graph(seed: int = 0) -> tl.EinsumGraph:
-    """x[B, 1024] -> 4 x (relu(x W + b)) -> y[B, 1024]."""
+def mlp_graph(seed: int = 0, depth: int = DEPTH) -> tl.EinsumGraph:
+    """x[B, 1024] -> depth x (relu(x W + b)) -> y[B, 1024] (4 layers by default)."""
     rng = np.random.default_rng(seed)
     g = tl.EinsumGraph()
     h = g.input("x", shape=("B", WIDTH))
-    for k in range(DEPTH):
+    for k in range(depth):
         w = g.constant((rng.standard_normal((WIDTH, WIDTH)) * WIDTH**-0.5).astype(np.float32),
                        name=f"w{k}")
         b = g.constant((rng.standard_normal(WIDTH) * 0.1).astype(np.float32), name=f"b{k}")
@@ -133,41 +133,60 @@ def bench_last_batch(model: str, full: int, last: int, repeat: int) -> dict:
     return row
 
 
-def bench_device_overlap(backend: str, n_batches: int = 40, batch: int = 4096) -> dict:
+def bench_device_overlap(backend: str, n_batches: int = 40, batch: int = 4096,
+                         max_depth: int = 64) -> dict:
     """How much of the host-to-device copy time the pipeline hides behind compute.
 
-    hidden = (compute alone + copies alone - pipelined run) / copies alone.
-    """
-    from tensorlogic.pipeline.staging import DeviceStager
+    Overlap can hide at most the shorter of the two, so the workload is an MLP deep enough that
+    computing a batch takes at least as long as staging it (the depth is calibrated on this
+    card and reported). The serial copy time runs exactly the pipeline's loader path: the batch
+    check, the pageable-to-pinned copy and the asynchronous host-to-device copy on the copy
+    stream, waited for batch by batch.
 
-    plan = tl.compile(mlp_graph(), backend=backend, opt_level=2)
-    be = plan.backend
+    hidden = (copies alone + compute alone - pipelined run) / min(copies alone, compute alone).
+    """
+    from tensorlogic.pipeline.staging import check_batch, make_stager
+
     host = [make_inputs("mlp", batch) for _ in range(4)]
     batches = [host[k % 4] for k in range(n_batches)]
-    dev = [{"x": be.to_device(h["x"])} for h in host]
-    stager = DeviceStager(be)
 
-    def compute():
-        for k in range(n_batches):
-            plan(dev[k % 4])
-        be.synchronize()
+    def measure(depth: int) -> tuple:
+        plan = tl.compile(mlp_graph(depth=depth), backend=backend, opt_level=2)
+        be = plan.backend
+        dev = [{"x": be.to_device(h["x"])} for h in host]
+        stager = make_stager(be)
 
-    def copies():
-        for b in batches:
-            stager.stage(b, None).wait()
+        def compute():
+            for k in range(n_batches):
+                plan(dev[k % 4])
+            be.synchronize()
 
-    def pipelined():
-        for _ in tl.run_batches(plan, batches, progress=False):
-            pass
-        be.synchronize()
+        def copies():
+            for b in batches:
+                stager.stage(check_batch(b, False), None).wait()
 
-    t_compute, t_copy, t_pipe = (timed(f, 3) for f in (compute, copies, pipelined))
-    hidden = (t_compute + t_copy - t_pipe) / t_copy
-    row = {"backend": backend, "batches": n_batches, "batch": batch, "compute_s": t_compute,
-           "copy_s": t_copy, "pipelined_s": t_pipe, "copy_hidden": hidden}
-    print(f"  device overlap ({backend}): compute {t_compute * 1e3:.1f} ms, copies "
-          f"{t_copy * 1e3:.1f} ms, pipelined {t_pipe * 1e3:.1f} ms -> {hidden:.0%} of the copy "
-          "time hidden (target >= 80%)", flush=True)
+        def pipelined():
+            for _ in tl.run_batches(plan, batches, progress=False):
+                pass
+            be.synchronize()
+
+        return tuple(timed(f, 3) for f in (compute, copies, pipelined))
+
+    depth = DEPTH
+    t_compute, t_copy, t_pipe = measure(depth)
+    # compute per layer is about linear in depth: deepen until compute >= 1.25 x copies
+    while t_compute < 1.25 * t_copy and depth < max_depth:
+        depth = min(max_depth, max(2 * depth, int(depth * 1.25 * t_copy / t_compute) + 1))
+        t_compute, t_copy, t_pipe = measure(depth)
+    hidden = (t_compute + t_copy - t_pipe) / min(t_copy, t_compute)
+    row = {"backend": backend, "batches": n_batches, "batch": batch, "depth": depth,
+           "compute_s": t_compute, "copy_s": t_copy, "pipelined_s": t_pipe,
+           "copy_hidden": hidden, "target_met": hidden >= 0.8}
+    print(f"  device overlap ({backend}, MLP depth {depth}, {n_batches} batches of {batch}): "
+          f"compute {t_compute * 1e3:.1f} ms, copies {t_copy * 1e3:.1f} ms (pinned staging "
+          f"path), pipelined {t_pipe * 1e3:.1f} ms, serial sum {(t_compute + t_copy) * 1e3:.1f} "
+          f"ms -> {hidden:.0%} of min(copy, compute) hidden (target >= 80%: "
+          f"{'met' if hidden >= 0.8 else 'NOT met'})", flush=True)
     return row
 
 
