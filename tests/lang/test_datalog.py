@@ -10,13 +10,26 @@ from hypothesis import strategies as st
 
 import tensorlogic as tl
 from tensorlogic.datalog import evaluate
+from tensorlogic.lang.analysis import normalize_facts
+from tensorlogic.lang.fixpoint import Options, decode_all, evaluate_rules
 from tensorlogic.lang.parser import parse_rules
 
 from . import reference
 
 
+ROUNDS = ("auto", "dense", "sparse")
+
+
+def run_rounds(text: str, facts: dict, rounds: str, **kw) -> dict[str, set]:
+    """``evaluate`` with recursive rounds forced dense or sparse (or chosen per round)."""
+    an, dense, _ = evaluate_rules(parse_rules(text), normalize_facts(facts),
+                                  Options(rounds=rounds, **kw))
+    return decode_all(an, dense)
+
+
 def check(text: str, facts: dict | None = None, **kw) -> dict[str, set]:
-    """Evaluate with both engines and require the same relations (or the same error code)."""
+    """Evaluate with the reference and with every kind of round (the public ``evaluate`` for
+    "auto"); require the same relations (or the same error code)."""
     facts = facts or {}
     try:
         want = reference.evaluate(parse_rules(text), {p: set(map(tuple, r)) for p, r in
@@ -30,6 +43,10 @@ def check(text: str, facts: dict | None = None, **kw) -> dict[str, set]:
     assert set(got) == set(want)
     for p in want:
         assert got[p] == want[p], p
+    for rounds in ("dense", "sparse"):
+        other = run_rounds(text, facts, rounds, **kw)
+        for p in want:
+            assert other[p] == want[p], (rounds, p)
     return got
 
 
