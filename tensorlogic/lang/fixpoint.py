@@ -15,6 +15,7 @@ Under Boolean semantics on a host backend, a round whose delta is small runs spa
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -51,8 +52,9 @@ class Options:
     #: how Boolean recursive rounds run: "auto" (sparse while the delta is small), "dense"
     #: (always the compiled dense step) or "sparse" (always index-array joins, on host backends)
     rounds: str = "auto"
-    #: dense FLOPs one sparse candidate row is worth, for the "auto" choice
-    flops_per_candidate: float = FLOPS_PER_CANDIDATE
+    #: dense FLOPs one sparse candidate row is worth, for the "auto" choice; None measures it
+    #: from the rounds' times (starting from sparse.FLOPS_PER_CANDIDATE)
+    flops_per_candidate: float | None = None
 
 
 @dataclass
@@ -331,10 +333,12 @@ class Evaluator:
         flat_delta: dict[str, np.ndarray] = {}
         nnz = sum(int(np.count_nonzero(a)) for a in rel.values())
         sparse = None
-        budget = plan.concrete.flops / self.opts.flops_per_candidate
+        flops = max(plan.concrete.flops, 1)
+        cost = _RoundCosts(self.opts.flops_per_candidate)
         rate = 1.0  # candidate rows per delta tuple, as last measured
         kinds = []
         for it in range(1, self.opts.max_iterations + 1):
+            budget = flops / cost.flops_per_candidate
             go_sparse = mode == "sparse" or (mode == "auto" and nnz * rate <= budget)
             if go_sparse:
                 if sparse is None:
@@ -343,6 +347,7 @@ class Evaluator:
                                             if p not in st.preds})
                 if dense_delta is not None:
                     flat_delta = {p: np.flatnonzero(a) for p, a in dense_delta.items()}
+                t0 = time.perf_counter()
                 try:
                     flat_delta = sparse.round(rel, flat_delta,
                                               budget if mode == "auto" else math.inf)
@@ -354,6 +359,7 @@ class Evaluator:
                     # try sparse again once the delta has shrunk to half of this one
                     rate = 2 * budget / max(nnz, 1)
                     go_sparse = False
+                cost.sparse(time.perf_counter() - t0, sparse.ctx.candidates)
             if not go_sparse:
                 if dense_delta is None:
                     dense_delta = {}
@@ -363,7 +369,9 @@ class Evaluator:
                         dense_delta[p] = d
                 inputs = {"R_" + ids[p]: rel[p] for p in st.preds}
                 inputs.update({"D_" + ids[p]: dense_delta[p] for p in st.preds})
+                t0 = time.perf_counter()
                 res = plan({**inputs, **fixed})
+                cost.dense(time.perf_counter() - t0, flops)
                 rel = {p: res["R_" + ids[p]] for p in st.preds}
                 dense_delta = {p: res["D_" + ids[p]] for p in st.preds}
                 nnz = int(float(res["changed"]))
@@ -379,6 +387,38 @@ class Evaluator:
     def results(self) -> dict[str, np.ndarray]:
         """Host copies of every relation."""
         return {p: np.asarray(self.backend.to_host(a)) for p, a in self.env.items()}
+
+
+class _RoundCosts:
+    """What a sparse candidate row costs in dense FLOPs: fixed when given, else measured.
+
+    BLAS throughput and the cost of numpy gathers vary with the machine and its load in
+    different ways, so the "auto" choice calibrates itself from the latest round of each kind
+    (sparse rounds too small to time reliably are not counted).
+    """
+
+    MIN_CANDIDATES = 20_000
+
+    def __init__(self, fixed: float | None) -> None:
+        self.fixed = fixed
+        self.flops_per_candidate = fixed if fixed is not None else FLOPS_PER_CANDIDATE
+        self._per_flop: float | None = None
+        self._per_candidate: float | None = None
+
+    def sparse(self, seconds: float, candidates: int) -> None:
+        """Record a sparse round (or an attempt stopped over budget)."""
+        if candidates >= self.MIN_CANDIDATES:
+            self._per_candidate = seconds / candidates
+            self._update()
+
+    def dense(self, seconds: float, flops: int) -> None:
+        """Record a dense round."""
+        self._per_flop = seconds / flops
+        self._update()
+
+    def _update(self) -> None:
+        if self.fixed is None and self._per_flop and self._per_candidate:
+            self.flops_per_candidate = self._per_candidate / self._per_flop
 
 
 def _uses(rule: Rule, preds: tuple[str, ...]) -> bool:
