@@ -161,7 +161,8 @@ class Evaluator:
         self.ids = {p: _ident(k) for k, p in enumerate(an.predicates)}
         self.env: dict[str, Any] = {}
         self.iterations: dict[tuple[str, ...], int] = {}
-        #: per recursive stratum, one letter per round: "d" dense, "s" sparse
+        #: per recursive stratum, one letter per round: "d" dense, "s" sparse, "x" a sparse
+        #: attempt that went over its budget, after which the round ran densely
         self.round_kinds: dict[tuple[str, ...], str] = {}
         self.compiles = 0
 
@@ -359,6 +360,7 @@ class Evaluator:
                     # try sparse again once the delta has shrunk to half of this one
                     rate = 2 * budget / max(nnz, 1)
                     go_sparse = False
+                    kinds.append("x")
                 cost.sparse(time.perf_counter() - t0, sparse.ctx.candidates)
             if not go_sparse:
                 if dense_delta is None:
@@ -375,7 +377,8 @@ class Evaluator:
                 rel = {p: res["R_" + ids[p]] for p in st.preds}
                 dense_delta = {p: res["D_" + ids[p]] for p in st.preds}
                 nnz = int(float(res["changed"]))
-                kinds.append("d")
+                if len(kinds) < it:  # not already marked as an attempt over budget
+                    kinds.append("d")
             if nnz == 0:
                 self.iterations[st.preds] = it
                 self.round_kinds[st.preds] = "".join(kinds)
@@ -397,7 +400,7 @@ class _RoundCosts:
     (sparse rounds too small to time reliably are not counted).
     """
 
-    MIN_CANDIDATES = 20_000
+    MIN_CANDIDATES = 4096
 
     def __init__(self, fixed: float | None) -> None:
         self.fixed = fixed

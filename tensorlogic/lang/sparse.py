@@ -29,7 +29,11 @@ from .joins import _compare
 
 #: dense FLOPs that one candidate row of a sparse round costs about as much time as (measured
 #: on the development machine with OpenBLAS float32 matmul against this module's gathers)
-FLOPS_PER_CANDIDATE = 4000.0
+FLOPS_PER_CANDIDATE = 2000.0
+
+#: key spaces up to this size get a table of row starts (8 bytes a key); larger ones are
+#: searched in the sorted keys
+STARTS_LIMIT = 1 << 22
 
 _ORDER = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}
 
@@ -99,9 +103,8 @@ class Context:
         pattern = []
         letters: dict[str, str] = {}
         for i, a in enumerate(atom.args):
-            if isinstance(a, Const):
-                d = self.dom.of_position[(atom.pred, i)]
-                pattern.append(("c", self.dom.index[d].get(a.value, -1)))
+            if isinstance(a, Const):  # every constant of a rule is in its position's domain
+                pattern.append(("c", self.dom.index[self.dom.of_position[(atom.pred, i)]][a.value]))
             elif a.anonymous:
                 pattern.append(("_",))
             else:
@@ -111,18 +114,14 @@ class Context:
         if v is not None:
             return v
         arr = self.rel[atom.pred]
-        if ("c", -1) in pattern:  # a constant outside the domain matches nothing
-            v = np.zeros(tuple(arr.shape[i] for i, p in enumerate(pattern)
-                               if p[0] == "v" and pattern.index(p) == i), bool)
-        else:
-            sel = tuple(p[1] if p[0] == "c" else slice(None) for p in pattern)
-            arr = arr[sel] if any(p[0] == "c" for p in pattern) else arr
-            spare = iter("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
-            terms = "".join(p[1] if p[0] == "v" else next(spare) for p in pattern if p[0] != "c")
-            out = "".join(dict.fromkeys(p[1] for p in pattern if p[0] == "v"))
-            if terms != out:  # diagonal and projection; counts of 0/1 values are exact
-                arr = np.einsum(f"{terms}->{out}", arr)
-            v = np.asarray(arr > 0)
+        if any(p[0] == "c" for p in pattern):
+            arr = arr[tuple(p[1] if p[0] == "c" else slice(None) for p in pattern)]
+        spare = iter("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+        terms = "".join(p[1] if p[0] == "v" else next(spare) for p in pattern if p[0] != "c")
+        out = "".join(dict.fromkeys(p[1] for p in pattern if p[0] == "v"))
+        if terms != out:  # diagonal and projection; a sum of 0/1 values is > 0 iff one is 1
+            arr = np.einsum(f"{terms}->{out}", arr)
+        v = np.asarray(arr > 0)
         self._views[key] = v
         return v
 
@@ -143,7 +142,7 @@ class Context:
         else:
             keys = np.ravel_multi_index(nz[:len(bound)], bshape) if len(bound) > 1 else nz[0]
             space = math.prod(bshape)
-            if space <= max(1 << 22, 4 * len(keys)):
+            if space <= STARTS_LIMIT:
                 starts = np.zeros(space + 1, np.intp)
                 np.cumsum(np.bincount(keys, minlength=space), out=starts[1:])
                 hit = ("starts", starts, free_cols, bshape)
@@ -302,8 +301,7 @@ class Variant:
         for i, a in enumerate(atom.args):
             if isinstance(a, Const):
                 d = self.an.domains.of_position[(atom.pred, i)]
-                idx = self.an.domains.index[d].get(a.value, -1)
-                keep &= coords[i] == idx
+                keep &= coords[i] == self.an.domains.index[d][a.value]
             elif a.anonymous:
                 anon = True
             elif a.name in first:
@@ -375,11 +373,8 @@ class Variant:
         if isinstance(other, Var):
             col = t.cols[other.name]
         else:
-            d = self._var_dom(x)
-            idx = self.an.domains.index[d].get(other.value)
-            if idx is None:
-                return t.empty()
-            col = np.full(t.m, idx, np.intp)
+            # ``X = c`` put c into X's domain
+            col = np.full(t.m, self.an.domains.index[self._var_dom(x)][other.value], np.intp)
         cols = dict(t.cols)
         cols[x] = col
         return Table(t.m, cols)
