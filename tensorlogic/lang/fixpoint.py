@@ -396,21 +396,24 @@ class _RoundCosts:
     """What a sparse candidate row costs in dense FLOPs: fixed when given, else measured.
 
     BLAS throughput and the cost of numpy gathers vary with the machine and its load in
-    different ways, so the "auto" choice calibrates itself from the latest round of each kind
-    (sparse rounds too small to time reliably are not counted).
+    different ways, so the "auto" choice calibrates itself from the latest dense round and the
+    latest sparse round that was large enough to time (at least MIN_CANDIDATES rows and a
+    quarter of the largest one so far: a small round is mostly fixed overhead).
     """
 
-    MIN_CANDIDATES = 4096
+    MIN_CANDIDATES = 1000
 
     def __init__(self, fixed: float | None) -> None:
         self.fixed = fixed
         self.flops_per_candidate = fixed if fixed is not None else FLOPS_PER_CANDIDATE
         self._per_flop: float | None = None
         self._per_candidate: float | None = None
+        self._largest = 0
 
     def sparse(self, seconds: float, candidates: int) -> None:
         """Record a sparse round (or an attempt stopped over budget)."""
-        if candidates >= self.MIN_CANDIDATES:
+        if candidates >= max(self.MIN_CANDIDATES, self._largest // 4):
+            self._largest = max(self._largest, candidates)
             self._per_candidate = seconds / candidates
             self._update()
 

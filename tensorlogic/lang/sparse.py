@@ -29,7 +29,7 @@ from .joins import _compare
 
 #: dense FLOPs that one candidate row of a sparse round costs about as much time as (measured
 #: on the development machine with OpenBLAS float32 matmul against this module's gathers)
-FLOPS_PER_CANDIDATE = 2000.0
+FLOPS_PER_CANDIDATE = 8000.0
 
 #: key spaces up to this size get a table of row starts (8 bytes a key); larger ones are
 #: searched in the sorted keys
