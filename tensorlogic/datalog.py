@@ -55,7 +55,8 @@ def evaluate(rules: str | Iterable[str], facts: Mapping[str, Iterable] | None = 
         memory_budget: bytes the dense relations may take; larger ones raise ``memory_budget``.
         rounds: how Boolean recursive rounds run on a host backend: ``"auto"`` (joins over index
             arrays while the new tuples are few, the compiled dense step otherwise, chosen round
-            by round), ``"dense"`` or ``"sparse"``. All three give the same relations.
+            by round), ``"dense"`` or ``"sparse"`` (but dense for a round whose candidate rows
+            would not fit ``memory_budget``). All three give the same relations.
 
     Returns:
         Every predicate mentioned by the rules or the facts, mapped to its set of tuples (a dict

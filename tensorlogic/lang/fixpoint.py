@@ -50,7 +50,8 @@ class Options:
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     tol: float = 1e-6
     #: how Boolean recursive rounds run: "auto" (sparse while the delta is small), "dense"
-    #: (always the compiled dense step) or "sparse" (always index-array joins, on host backends)
+    #: (always the compiled dense step) or "sparse" (index-array joins on host backends, except
+    #: for a round whose candidate rows, ~128 bytes each, would not fit the memory budget)
     rounds: str = "auto"
     #: dense FLOPs one sparse candidate row is worth, for the "auto" choice; None measures it
     #: from the rounds' times (starting from sparse.FLOPS_PER_CANDIDATE)
@@ -338,8 +339,10 @@ class Evaluator:
         cost = _RoundCosts(self.opts.flops_per_candidate)
         rate = 1.0  # candidate rows per delta tuple, as last measured
         kinds = []
+        # a candidate row holds about a dozen 8-byte index entries at the peak of a round
+        cap = self.opts.memory_budget / 128
         for it in range(1, self.opts.max_iterations + 1):
-            budget = flops / cost.flops_per_candidate
+            budget = cap if mode == "sparse" else min(cap, flops / cost.flops_per_candidate)
             go_sparse = mode == "sparse" or (mode == "auto" and nnz * rate <= budget)
             if go_sparse:
                 if sparse is None:
@@ -350,8 +353,7 @@ class Evaluator:
                     flat_delta = {p: np.flatnonzero(a) for p, a in dense_delta.items()}
                 t0 = time.perf_counter()
                 try:
-                    flat_delta = sparse.round(rel, flat_delta,
-                                              budget if mode == "auto" else math.inf)
+                    flat_delta = sparse.round(rel, flat_delta, budget)
                     rate = max(sparse.ctx.candidates / max(nnz, 1), 1e-3)
                     dense_delta = None
                     nnz = sum(len(a) for a in flat_delta.values())

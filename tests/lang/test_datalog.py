@@ -434,3 +434,12 @@ def test_sparse_rounds_constants_nullary_heads_and_ordering(monkeypatch):
     monkeypatch.setattr(sparse, "STARTS_LIMIT", 0)  # search sorted keys instead of a table
     for p, rows in run_rounds(text, facts, "sparse").items():
         assert rows == run_rounds(text, facts, "dense")[p]
+
+
+def test_sparse_round_too_large_for_memory_runs_dense():
+    n = 20
+    edges = [(i, j) for i in range(n) for j in range(n)]
+    an, dense, ev = evaluate_rules(parse_rules(TC), normalize_facts({"edge": edges}),
+                                   Options(rounds="sparse", memory_budget=128 * 1000))
+    assert ev.round_kinds[("path",)].startswith("x")  # 8000 candidate rows > 1000 allowed
+    assert len(decode_all(an, dense)["path"]) == n * n
