@@ -218,34 +218,103 @@ def stream_bandwidth(quick, reps, rng):
 
 
 _FIRST_CALL = textwrap.dedent("""
-    import time, numpy as np
+    import json, time
     t0 = time.perf_counter()
+    import numpy as np
     import tensorlogic as tl
     t1 = time.perf_counter()
+    import numba  # tensorlogic imports numba lazily: this is numba's own import cost
+    t2 = time.perf_counter()
+    from tensorlogic.backends import get_backend
+    get_backend("numba")  # our backend's modules, the fast exp/log dispatchers, threading setup
+    t2b = time.perf_counter()
     g = tl.EinsumGraph()
     xs = [g.input(f"x{k}", (100000,), "float32") for k in range(5)]
     a, b, c, d, e = xs
     g.output(g.relu(a * b + c) * d - e, "y")
     g.output(g.softmax(g.reshape(a, (100, 1000))), "s")
     plan = tl.compile(g, backend="numba", opt_level=0)
-    plan(**{f"x{k}": np.ones(100000, np.float32) for k in range(5)})
+    t3 = time.perf_counter()
+    kw = {f"x{k}": np.full(100000, 0.5, np.float32) for k in range(5)}
+    plan(**kw)
+    t4 = time.perf_counter()
+    plan(**kw)
+    t5 = time.perf_counter()
+    print(json.dumps({"import_tensorlogic_s": t1 - t0, "import_numba_s": t2 - t1,
+                      "backend_init_s": t2b - t2, "compile_s": t3 - t2b, "call1_s": t4 - t3,
+                      "call2_s": t5 - t4}))
+""")
+
+# numba's own warm start for comparison: import, then the first call of a trivial function whose
+# object is in numba's standard disk cache (numba refreshes its whole target context here)
+_NUMBA_FLOOR = textwrap.dedent("""
+    import json, sys, time
+    t0 = time.perf_counter()
+    import numba
+    t1 = time.perf_counter()
+    sys.path.insert(0, sys.argv[1])
+    from tl_floor_probe import f
+    f(1.0)
     t2 = time.perf_counter()
-    print(t1 - t0, t2 - t1)
+    print(json.dumps({"import_numba_s": t1 - t0, "first_call_s": t2 - t1}))
 """)
 
 
-def first_call_latency():
-    """Compile + first call in a fresh process: cold (empty cache dir) and warm (second run)."""
+def _fresh(script, env, *args):
+    out = subprocess.run([sys.executable, "-c", script, *args], env=env, text=True,
+                         capture_output=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _medians(rows):
+    return {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+
+
+def first_call_latency(quick):
+    """Compile + first call of a 6-step plan (5 distinct kernels) in fresh processes.
+
+    Cold: an empty cache directory (kernels compiled). Warm: the directory a cold run filled
+    (objects loaded). Each process times its imports separately: ``import numba`` is numba's own
+    cost, which no change in tensorlogic can remove (tensorlogic itself imports numba lazily).
+    ``PYTHONDONTWRITEBYTECODE`` is dropped so tensorlogic's modules load from .pyc as they do in
+    an installed package.
+    """
+    n_cold, n_warm = (1, 3) if quick else (2, 7)
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    cold, warm, floor = [], [], []
     with tempfile.TemporaryDirectory() as d:
-        env = dict(os.environ, TL_CACHE_DIR=d)
-        res = []
-        for _ in range(2):
-            out = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, text=True,
-                                 capture_output=True, check=True)
-            imp, first = map(float, out.stdout.split())
-            res.append((imp, first))
-    return {"import_s": res[1][0], "cold_first_call_s": res[0][1], "warm_first_call_s": res[1][1],
-            "note": "first call = compile() + first plan call of a 5-kernel O0 plan"}
+        for k in range(n_cold):
+            env = dict(base, TL_CACHE_DIR=os.path.join(d, f"cold{k}"))
+            cold.append(_fresh(_FIRST_CALL, env))
+        env = dict(base, TL_CACHE_DIR=os.path.join(d, "cold0"))
+        probe = Path(d, "tl_floor_probe.py")
+        probe.write_text("import numba\n\n\n@numba.njit(cache=True)\ndef f(x):\n"
+                         "    return x + 1.0\n")
+        fenv = dict(base, NUMBA_CACHE_DIR=os.path.join(d, "numba_floor"))
+        _fresh(_NUMBA_FLOOR, fenv, d)  # fills numba's cache for the probe
+        for _ in range(n_warm):  # interleaved, so load changes hit both alike
+            warm.append(_fresh(_FIRST_CALL, env))
+            floor.append(_fresh(_NUMBA_FLOOR, fenv, d))
+    res = {"cold": _medians(cold), "warm": _medians(warm), "numba_floor": _medians(floor),
+           "runs": {"cold": cold, "warm": warm, "numba_floor": floor}}
+    for key in ("cold", "warm"):
+        r = res[key]
+        # after the imports: backend set-up + tl.compile (kernels compiled or loaded) + call 1
+        r["first_call_s"] = r["backend_init_s"] + r["compile_s"] + r["call1_s"]
+        r["first_call_with_numba_import_s"] = r["first_call_s"] + r["import_numba_s"]
+        # what first use adds over a steady call (on a loaded machine the steady call itself
+        # is inflated by parallel regions waiting for descheduled threads)
+        r["first_use_overhead_s"] = r["first_call_s"] - r["call2_s"]
+    res["target_s"] = 0.150
+    res["warm_target_met_excluding_numba_import"] = res["warm"]["first_call_s"] < 0.150
+    res["warm_overhead_met_excluding_numba_import"] = (
+        res["warm"]["first_use_overhead_s"] < 0.150)
+    res["warm_target_met_including_numba_import"] = (
+        res["warm"]["first_call_with_numba_import_s"] < 0.150)
+    res["note"] = ("first call = tl.compile() + first plan call of a 6-step O0 plan "
+                   "(relu(a*b+c)*d-e and a 100x1000 softmax on 1e5 float32, 5 distinct kernels); "
+                   f"medians of {n_cold} cold / {n_warm} warm fresh processes")
+    return res
 
 
 def blas_interplay(reps, rng):
@@ -287,17 +356,68 @@ def blas_interplay(reps, rng):
     return res
 
 
-def threshold_sweep(reps, rng):
-    """Serial vs parallel kernel time for the 5-input chain per size (float32)."""
+def _crossover(rows, key):
+    """Smallest n at which the parallel kernel wins there and at the next size (or None).
+
+    Two wins in a row rather than "every larger size": one size hit by a load spike must not
+    hide the crossover.
+    """
+    wins = [r[f"{key}_parallel_us"] < r[f"{key}_serial_us"] for r in rows]
+    for i, r in enumerate(rows):
+        if wins[i] and (i + 1 == len(rows) or wins[i + 1]):
+            return r["n"]
+    return None
+
+
+def threshold_sweep(quick, rng):
+    """Serial vs parallel kernel time per size (float32), to set the parallel threshold.
+
+    Two kernels bracket the work per element: the 5-input chain and a 1-input scale ``x*2``.
+    The kernels are called directly (no plan overhead), in interleaved rounds, and each size is
+    summarized by the 20th percentile of all its calls: on a loaded machine a parallel region
+    often waits a whole scheduler slice (~10 ms) for a descheduled thread, which swamps even
+    medians; the low percentile is the cost when both threads run, the case the threshold
+    decides. A kernel's crossover is where parallel starts to win (``_crossover``); the
+    suggestion is the larger of the two (the cheap kernel needs more elements to pay for the
+    parallel region), rounded up to a power of two.
+    """
+    sizes = [1 << k for k in range(10, 19 if quick else 21)]
+    rounds, reps = (3, 20) if quick else (5, 40)
+    progs = {"chain": (CHAIN, 5), "scale": ([("mul", [("in", 0), ("const", 2.0)])], 1)}
+    cases = []
+    for n in sizes:
+        for key, (instrs, k) in progs.items():
+            xs = [rng.random(n).astype(np.float32) + 0.5 for _ in range(k)]
+            out = np.empty(n, np.float32)
+            for par, thr in (("parallel", 0), ("serial", 1 << 62)):
+                plan = fused_plan([(n,)] * k, "float32", instrs, (n,), parallel_threshold=thr)
+                kern = plan.concrete.kernels[0]
+                assert par in kern.info
+                cases.append((n, f"{key}_{par}_us", kern, xs, out))
+    samples: dict = {}
+    for _ in range(rounds):
+        for n, name, kern, xs, out in cases:
+            kern(xs, out)
+            ts = samples.setdefault((n, name), [])
+            for _ in range(reps):
+                t = time.perf_counter()
+                kern(xs, out)
+                ts.append((time.perf_counter() - t) * 1e6)
     rows = []
-    for n in (1 << 10, 1 << 12, 1 << 14, 1 << 15, 1 << 16, 1 << 18):
-        xs = {f"x{k}": rng.random(n).astype(np.float32) for k in range(5)}
-        out = np.empty(n, np.float32)
-        ser = fused_plan([(n,)] * 5, "float32", CHAIN, (n,), parallel_threshold=1 << 62)
-        par = fused_plan([(n,)] * 5, "float32", CHAIN, (n,), parallel_threshold=0)
-        rows.append({"n": n, "serial_us": timeit(lambda: ser(out={"y": out}, **xs), reps) * 1e6,
-                     "parallel_us": timeit(lambda: par(out={"y": out}, **xs), reps) * 1e6})
-    return rows
+    for n in sizes:
+        row = {"n": n}
+        for (m, name), ts in samples.items():
+            if m == n:
+                row[name] = float(np.percentile(ts, 20))
+        rows.append(row)
+    cross = {key: _crossover(rows, key) for key in progs}
+    known = [c for c in cross.values() if c is not None]
+    suggest = 1 << (max(known) - 1).bit_length() if len(known) == len(cross) else None
+    small = [r["scale_parallel_us"] - r["scale_serial_us"] for r in rows if r["n"] <= 4096]
+    return {"rows": rows, "crossover": cross, "suggested_threshold": suggest,
+            "parallel_region_overhead_us": statistics.median(small),
+            "note": "20th percentiles of direct kernel calls; overhead = parallel minus serial "
+                    "time of the scale kernel at n <= 4096"}
 
 
 def versions():
@@ -331,8 +451,8 @@ def main(argv=None) -> int:
     rows = chain_cases(args.quick, reps, rng) + reduction_cases(args.quick, reps, rng)
     result["cases"] = rows
     result["blas_interplay"] = blas_interplay(reps * 3, rng)
-    result["threshold"] = threshold_sweep(reps * 3, rng)
-    result["first_call"] = first_call_latency()
+    result["threshold"] = threshold_sweep(args.quick, rng)
+    result["first_call"] = first_call_latency(args.quick)
     print(f"threading layer: {result['numba_threading_layer']}; stream: {result['stream']}")
     for r in rows:
         peers = "  ".join(f"{p} {r[f'{p}_ms']:.2f} ms (x{r[f'speedup_vs_{p}']:.2f})"
@@ -342,9 +462,31 @@ def main(argv=None) -> int:
     if torch is None:
         print("torch not installed: torch columns skipped")
     print("blas interplay:", {k: round(v, 3) for k, v in result["blas_interplay"].items()})
-    print("threshold:", [(r["n"], round(r["serial_us"], 1), round(r["parallel_us"], 1))
-                         for r in result["threshold"]])
-    print("first call:", result["first_call"])
+    th = result["threshold"]
+    print("threshold sweep (n: chain serial/parallel us, scale serial/parallel us):")
+    for r in th["rows"]:
+        print(f"  {r['n']:>8}: {r['chain_serial_us']:9.1f} {r['chain_parallel_us']:9.1f}   "
+              f"{r['scale_serial_us']:9.1f} {r['scale_parallel_us']:9.1f}")
+    from tensorlogic.backends.numba_backend import PARALLEL_THRESHOLD
+
+    print(f"crossover {th['crossover']}, suggested threshold {th['suggested_threshold']} "
+          f"(default {PARALLEL_THRESHOLD}); parallel region overhead "
+          f"~{th['parallel_region_overhead_us']:.1f} us")
+    fc = result["first_call"]
+    for key in ("cold", "warm"):
+        r = fc[key]
+        print(f"first call {key}: backend {r['backend_init_s'] * 1e3:.0f} ms + compile "
+              f"{r['compile_s'] * 1e3:.0f} ms + call {r['call1_s'] * 1e3:.0f} ms = "
+              f"{r['first_call_s'] * 1e3:.0f} ms after imports (first-use overhead "
+              f"{r['first_use_overhead_s'] * 1e3:.0f} ms); "
+              f"import numba {r['import_numba_s'] * 1e3:.0f} ms, import tensorlogic "
+              f"{r['import_tensorlogic_s'] * 1e3:.0f} ms; second call {r['call2_s'] * 1e3:.1f} ms")
+    fl = fc["numba_floor"]
+    print(f"numba alone, warm: import {fl['import_numba_s'] * 1e3:.0f} ms + first call of a "
+          f"cached trivial function {fl['first_call_s'] * 1e3:.0f} ms")
+    print(f"warm first call < 150 ms: {fc['warm_target_met_excluding_numba_import']} without "
+          f"numba's import ({fc['warm_overhead_met_excluding_numba_import']} counting only the "
+          f"first-use overhead), {fc['warm_target_met_including_numba_import']} with it")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2))
     print(f"wrote {RESULTS}")

@@ -202,6 +202,20 @@ def bench_rows(shapes) -> None:
         for k, t in res.items():
             row(f"softmax_{shape[0]}x{shape[1]}", k, t, GBps=8 * x.size / t / 1e9,
                 vs_torch=res.get("torch eager", t) / t)
+        print(f"log_softmax {shape[0]}x{shape[1]} float32")
+        g = tl.EinsumGraph()
+        g.output(g.log_softmax(g.input("x", shape), 1), "y")
+        plan = tl.compile(g, backend="cupy", opt_level=0)
+        res = {}
+        if tx is not None:
+            err = float((_torch(plan(x=x)["y"]) - torch.log_softmax(tx, 1)).abs().max())
+            assert err < 1e-4, err
+        res["tensorlogic ptx"] = gpu_time(lambda: plan(x=x), inner)
+        if tx is not None:
+            res["torch eager"] = gpu_time(lambda: torch.log_softmax(tx, 1), inner)
+        for k, t in res.items():
+            row(f"log_softmax_{shape[0]}x{shape[1]}", k, t, GBps=8 * x.size / t / 1e9,
+                vs_torch=res.get("torch eager", t) / t)
         print(f"layer norm {shape[0]}x{shape[1]} float32 (no affine)")
         res = {}
         for label, fused in (("tensorlogic fused (3 kernels)", True), ("tensorlogic O0 (7 kernels)", False)):
@@ -217,6 +231,64 @@ def bench_rows(shapes) -> None:
                 vs_torch=res.get("torch eager", t) / t)
 
 
+def bench_full_reduction(sizes, copy_bw: float) -> None:
+    for n in sizes:
+        x = cp.random.standard_normal(n, dtype=cp.float32)
+        tx = _torch(x) if torch is not None else None
+        inner = 10 if n >= 2**24 else 50
+        for op in ("sum", "max"):
+            # it reads 4n bytes: the roofline moves them at the copy's read+write rate
+            print(f"full {op} of {n / 2**20:.0f}M float32 (roofline {4 * n / copy_bw * 1e3:.4f} ms)")
+            g = tl.EinsumGraph()
+            g.output(g.reduce(op, g.input("x", (n,))), "y")
+            plan = tl.compile(g, backend="cupy", opt_level=0)
+            want = float(getattr(cp, op)(x))
+            err = abs(float(plan(x=x)["y"]) - want)
+            assert err <= (1e-6 * n if op == "sum" else 0.0), (op, err)
+            res = {"tensorlogic ptx": gpu_time(lambda: plan(x=x), inner),
+                   "cupy": gpu_time(lambda: getattr(cp, op)(x), inner)}
+            if tx is not None:
+                res["torch eager"] = gpu_time(lambda: getattr(torch, op)(tx), inner)
+            for k, t in res.items():
+                row(f"full_{op}_{n}", k, t, bw_frac=4 * n / t / copy_bw,
+                    vs_torch=res.get("torch eager", t) / t)
+
+
+def bench_overhead() -> None:
+    print("host time per call, launch-bound (1024 float32 elements, synchronized per batch)")
+    n = 1024
+    xs = [cp.random.standard_normal(n, dtype=cp.float32) for _ in range(5)]
+    chain_k = cp.ElementwiseKernel("T a, T b, T c, T d, T e", "T y",
+                                   "y = max(a * b + c, (T)0) * d - e", "tl_bench_chain_small")
+    g = tl.EinsumGraph()
+    ins = [g.input(k, (n,)) for k in "abcde"]
+    g.output(g.relu(ins[0] * ins[1] + ins[2]) * ins[3] - ins[4], "y")
+    plan = tl.compile(g, backend="cupy", opt_level=2, cuda_graph=False)  # O2: 5 steps
+    gf = tl.EinsumGraph()
+    fi = [gf.input(k, (n,)) for k in "abcde"]
+    gf.output(fused_node(gf, fi, [FusedOp("mul", (("in", 0), ("in", 1))),
+                                  FusedOp("add", (("tmp", 0), ("in", 2))),
+                                  FusedOp("relu", (("tmp", 1),)),
+                                  FusedOp("mul", (("tmp", 2), ("in", 3))),
+                                  FusedOp("sub", (("tmp", 3), ("in", 4)))], (n,), "float32"), "y")
+    fused = tl.compile(gf, backend="cupy", opt_level=0, cuda_graph=False)
+    feed = dict(zip("abcde", xs))
+    g1 = tl.EinsumGraph()
+    g1.output(g1.exp(g1.input("x", (n,))), "y")
+    p1 = tl.compile(g1, backend="cupy", opt_level=0, cuda_graph=False)
+    res = {"tensorlogic plan, 5 inputs 1 fused kernel": wall_time(lambda: fused(**feed), 2000),
+           "tensorlogic plan, 5 inputs 5 steps (O2)": wall_time(lambda: plan(**feed), 2000),
+           "tensorlogic plan, 1 input 1 kernel": wall_time(lambda: p1(x=xs[0]), 2000),
+           "cupy ElementwiseKernel, 5 inputs": wall_time(lambda: chain_k(*xs), 2000),
+           "cupy exp": wall_time(lambda: cp.exp(xs[0]), 2000),
+           "cupy.empty": wall_time(lambda: cp.empty(n, cp.float32), 2000)}
+    if torch is not None:
+        tx = _torch(xs[0])
+        res["torch exp"] = wall_time(lambda: torch.exp(tx), 2000)
+    for k, t in res.items():
+        row("overhead", k, t, us=t * 1e6)
+
+
 def bench_attention(shape) -> None:
     b, h, n, d = shape
     print(f"attention {shape} float32")
@@ -230,8 +302,11 @@ def bench_attention(shape) -> None:
     a2, b2 = g2.input("q", shape), g2.input("k", shape)
     g2.output(g2.einsum("bhqd,bhkd->bhqk", a2, b2), "s")
     plan_s = tl.compile(g2, backend="cupy", opt_level=0)
+    plan_g = tl.compile(g, backend="cupy", opt_level=0, cuda_graph=True)
     res = {"tensorlogic attention": gpu_time(lambda: plan(q=q, k=k, v=v), 10),
+           "tensorlogic attention (cuda graph)": gpu_time(lambda: plan_g(q=q, k=k, v=v), 10),
            "tensorlogic QK^T einsum": gpu_time(lambda: plan_s(q=q, k=k), 10)}
+    print(f"  {plan_g.concrete.runner}")
     res["cupy attention"] = gpu_time(
         lambda: cp.matmul(_cp_softmax(cp.matmul(q, k.swapaxes(-1, -2))), v), 10)
     if torch is not None:
@@ -245,7 +320,9 @@ def bench_attention(shape) -> None:
         res["torch QK^T einsum"] = gpu_time(lambda: torch.einsum("bhqd,bhkd->bhqk", tq_, tk_), 10)
     flops = 4 * b * h * n * n * d
     for k_, t in res.items():
-        row("attention", k_, t, TFLOPs=(flops / 2 if "QK" in k_ else flops) / t / 1e12)
+        peer = res.get("torch QK^T einsum" if "QK" in k_ else "torch attention (einsum)", t)
+        row("attention", k_, t, TFLOPs=(flops / 2 if "QK" in k_ else flops) / t / 1e12,
+            vs_torch=peer / t)
 
 
 def _cp_softmax(s):
@@ -338,21 +415,37 @@ def bench_first_call() -> None:
             row(f"first_call_{path}", "warm cache", warm["first_call_s"], loaded=warm["hits"])
 
 
+SECTIONS = ("chain", "rows", "reduce", "attention", "overhead", "small", "ptx", "first")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, few repeats")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_gpu.json"))
+    ap.add_argument("--sections", default=",".join(SECTIONS),
+                    help=f"comma-separated subset of {','.join(SECTIONS)}")
     args = ap.parse_args()
+    want = set(args.sections.split(","))
     props = cp.cuda.runtime.getDeviceProperties(0)
     card = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     print(f"card: {card}; cupy {cp.__version__}; torch {getattr(torch, '__version__', None)}")
     copy_bw = bench_copy(2**26)
-    bench_chain([2**20] if args.quick else [2**20, 2**24, 2**26], copy_bw, args.quick)
-    bench_rows([(4096, 1024)] if args.quick else [(4096, 1024), (16384, 4096)])
-    bench_attention((8, 8, 1024, 64))
-    bench_small_graph()
-    bench_ptx_generation(args.quick)
-    bench_first_call()
+    if "chain" in want:
+        bench_chain([2**20] if args.quick else [2**20, 2**24, 2**26], copy_bw, args.quick)
+    if "rows" in want:
+        bench_rows([(4096, 1024)] if args.quick else [(4096, 1024), (16384, 4096)])
+    if "reduce" in want:
+        bench_full_reduction([2**20] if args.quick else [2**20, 2**24, 2**26], copy_bw)
+    if "attention" in want:
+        bench_attention((8, 8, 1024, 64))
+    if "overhead" in want:
+        bench_overhead()
+    if "small" in want:
+        bench_small_graph()
+    if "ptx" in want:
+        bench_ptx_generation(args.quick)
+    if "first" in want:
+        bench_first_call()
     meta = {"card": card, "compute_capability": cp.cuda.Device().compute_capability,
             "cupy": cp.__version__, "torch": getattr(torch, "__version__", None),
             "numpy": np.__version__, "python": platform.python_version(),

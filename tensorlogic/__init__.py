@@ -23,6 +23,9 @@ from .profiler import Peaks, Profile, calibrate, profile
 from . import datalog
 from .lang import Program, load_program, parse
 
+# batched inference
+from .pipeline import BatchError, BatchFailure, BatchOutput, run_batched, run_batches
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -34,4 +37,6 @@ __all__ = [
     "MissingDependencyError", "Peaks", "Profile", "calibrate", "profile",
     # the TensorLogic language
     "Program", "datalog", "load_program", "parse",
+    # batched inference (pipeline/)
+    "BatchError", "BatchFailure", "BatchOutput", "run_batched", "run_batches",
 ]

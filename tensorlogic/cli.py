@@ -36,7 +36,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise TensorLogicError(f"{target.name}: expected a graph .json file or a .tl program")
     g = EinsumGraph.load(target)
     plan = compile_graph(g, backend=args.backend, opt_level=args.opt_level)
-    out = plan(_load_inputs(args.inputs), to_host=True)
+    inputs = _load_inputs(args.inputs)
+    if args.batch_size is not None or args.dask is not None:
+        out = _run_batched(plan, inputs, args)
+    else:
+        out = plan(inputs, to_host=True)
     if args.out:
         np.savez(args.out, **out)
     for name, arr in out.items():
@@ -44,6 +48,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.out:
         print(f"wrote {args.out}")
     return 0
+
+
+# ---- batched runs (pipeline): --batch-size, --workers, --dask [ADDRESS]
+def _run_batched(plan, inputs: dict[str, np.ndarray], args: argparse.Namespace) -> dict:
+    from .pipeline import run_batched
+
+    opts = {"batch_size": args.batch_size, "progress": not args.no_progress}
+    if args.dask is None:
+        return run_batched(plan, inputs, workers=args.workers or 1, **opts)
+    try:
+        from distributed import Client
+    except ImportError as exc:
+        raise TensorLogicError("--dask needs dask.distributed: pip install 'tensorlogic[dask]'") from exc
+    if args.dask:
+        with Client(args.dask) as client:
+            return run_batched(plan, inputs, client=client, **opts)
+    from .pipeline.dask import device_count, local_cluster
+
+    # a device backend gets one worker per GPU; a host backend args.workers processes
+    with local_cluster(args.workers, device_count(plan.backend)) as cl, Client(cl) as client:
+        return run_batched(plan, inputs, client=client, **opts)
 
 
 # ---------------------------------------------------------------- TensorLogic programs (.tl)
@@ -112,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", help="OUT.npz to write the outputs to")
     r.add_argument("--backend", default="auto")
     r.add_argument("--opt-level", type=int, default=2)
+    r.add_argument("--batch-size", type=int, help="run in batches of this many items along the "
+                   "graph's symbolic batch dimension (default with --dask: fit free memory)")
+    r.add_argument("--workers", type=int, help="threads computing batches (with --dask and no "
+                   "address: worker processes of the local cluster)")
+    r.add_argument("--dask", nargs="?", const="", metavar="ADDRESS", help="run the batches on a "
+                   "Dask scheduler at ADDRESS, or on a new LocalCluster when no address is given")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.set_defaults(func=_cmd_run)
     # profile
     from .profiler.cli import add_parser as add_profile_parser

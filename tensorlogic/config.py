@@ -33,7 +33,11 @@ def cache_dir() -> Path:
 
 
 def numba_cache_dir() -> Path:
-    """Where the numba backend writes generated kernel modules (under ``cache_dir()``)."""
+    """Where the numba backend writes generated kernel modules and their compiled objects.
+
+    Under ``cache_dir()``; numba's own ``NUMBA_CACHE_DIR`` does not move them (the backend uses
+    its own cache locator, so this function is the only place that decides).
+    """
     return cache_dir() / "numba"
 
 

@@ -23,7 +23,13 @@ class Backend(Protocol):
     name: str
 
     def prepare(self, step: Any, node: Any, in_nodes: list, graph: Any) -> Callable[[list, Any], Any]:
-        """Return ``kernel(inputs, out) -> result`` for one step."""
+        """Return ``kernel(inputs, out) -> result`` for one step.
+
+        Optional kernel attributes the memory planner reads (a kernel without them works):
+        ``scratch``, a list of (shape, dtype) temporaries that the executor passes from the
+        plan's arena after the step's inputs; ``inplace``, the input positions ``out`` may alias
+        exactly with the kernel still correct (elementwise, row-op and fused steps only).
+        """
 
     def empty(self, shape: tuple, dtype: str) -> Any:
         """A new uninitialized array."""

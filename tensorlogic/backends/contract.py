@@ -4,14 +4,20 @@
 only transposes, reshapes (views where the layout allows) and calls ``matmul``. Contractions with
 shared batch indices become batched matmuls (opt_einsum would fall back to ``einsum`` there).
 The same plan serves any array module with numpy's API (numpy, CuPy).
+
+Every array the program materializes (a reduced or diagonal operand, an operand regrouped by a
+copy, a pairwise result that is not the final one) is listed in ``EinsumPlan.scratch`` as
+(shape, dtype), assuming C-contiguous operands. The executor hands those buffers in from its
+arena so a steady-state call allocates nothing; called without them, the program allocates.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import opt_einsum
 
 from ..ir.spec import EinsumSpec
@@ -40,13 +46,49 @@ def contraction_path(inputs: list[str], output: str, sizes: dict[str, int],
 
 @dataclass
 class EinsumPlan:
-    """A compiled einsum: ``run(xp, arrays, out)`` plus what print(plan) shows about it."""
+    """A compiled einsum: ``run(xp, arrays, out, scratch=None)`` plus what print(plan) shows.
 
-    run: Callable[[Any, list, Any], Any]
+    ``scratch`` lists (shape, dtype) of the temporaries ``run`` writes into when given them.
+    """
+
+    run: Callable[..., Any]
     flops: int
     path: list[tuple[int, ...]]
     description: str
     largest_intermediate: int = 0  # elements of the largest pairwise result along the path
+    scratch: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
+
+
+class _Scratch:
+    """Plan-time registry of temporaries: each request gets an index into the scratch list."""
+
+    def __init__(self) -> None:
+        self.specs: list[tuple[tuple[int, ...], str]] = []
+
+    def add(self, shape: tuple[int, ...], dtype: str) -> int:
+        self.specs.append((tuple(int(s) for s in shape), np.dtype(dtype).name))
+        return len(self.specs) - 1
+
+
+def _take(xp, scratch, k: int, shape: tuple[int, ...], dtype: str):
+    """Scratch buffer k viewed as ``shape``, or a fresh array when the caller gave none."""
+    if scratch is None:
+        return xp.empty(shape, dtype)
+    return scratch[k].reshape(shape)
+
+
+def merge_is_view(shape: tuple[int, ...], perm: list[int], group_lens: list[int]) -> bool:
+    """True if a C-contiguous array of ``shape``, transposed by ``perm``, can merge consecutive
+    axes into groups of ``group_lens`` axes without a copy (numpy's no-copy reshape rule)."""
+    nonunit = [ax for ax in range(len(shape)) if shape[ax] != 1]
+    nxt = dict(zip(nonunit, nonunit[1:]))
+    pos = 0
+    for n in group_lens:
+        axes = [perm[i] for i in range(pos, pos + n) if shape[perm[i]] != 1]
+        pos += n
+        if any(nxt.get(a) != b for a, b in zip(axes, axes[1:])):
+            return False
+    return True
 
 
 def _group_layout(term: str, groups: list[list[str]]) -> bool:
@@ -59,10 +101,11 @@ def _broadcast_kept_axes(term: str, shape: tuple[int, ...], sizes: dict[str, int
     return [k for k, (c, d) in enumerate(zip(term, shape)) if not (d == 1 and sizes[c] != 1)]
 
 
-def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], needed: set[str]):
+def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], sizes: dict[str, int],
+                     needed: set[str], dtype: str, scr: _Scratch):
     """Squeeze broadcast dims, take diagonals, sum letters nobody else needs.
 
-    Returns (new_term, fn or None) where fn(xp, x) -> prepared array.
+    Returns (new_term, fn or None) where fn(xp, x, scratch) -> prepared array.
     """
     squeezed = "".join(term[k] for k in kept)
     target = "".join(dict.fromkeys(c for c in squeezed if c in needed))
@@ -72,21 +115,43 @@ def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], needed:
     has_repeat = len(set(squeezed)) != len(squeezed)
     spec = f"{squeezed}->{target}"
     sum_axes = tuple(k for k, c in enumerate(squeezed) if c not in target)
+    t_shape = tuple(sizes[c] for c in target)
+    k_out = scr.add(t_shape, dtype) if (has_repeat or sum_axes) else -1
 
-    def prep(xp, x):
+    def prep(xp, x, scratch):
         if squeezed != term:
             x = x.reshape(sq_shape)
         if has_repeat:
-            return xp.einsum(spec, x)
+            buf = _take(xp, scratch, k_out, t_shape, dtype)
+            if xp is np:
+                return np.einsum(spec, x, out=buf)
+            buf[...] = xp.einsum(spec, x)  # CuPy's einsum takes no ``out``
+            return buf
         if sum_axes:
-            return x.sum(axis=sum_axes)
+            return x.sum(axis=sum_axes, out=_take(xp, scratch, k_out, t_shape, dtype))
         return x
 
     return target, prep
 
 
-def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str | None):
-    """Plan one pairwise contraction; returns (result_term, fn(xp, A, B, out) -> C, flops)."""
+def _regroup(xp, X, perm, shp, k, dtype, scratch):
+    """X transposed by perm and reshaped to shp; through scratch k when plan time saw a copy."""
+    T = X.transpose(perm)
+    if k < 0:
+        return T.reshape(shp)
+    buf = _take(xp, scratch, k, shp, dtype)
+    xp.copyto(buf.reshape(T.shape), T)
+    return buf
+
+
+def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str | None,
+          dts: tuple[str, str], scr: _Scratch):
+    """Plan one pairwise contraction.
+
+    Returns (result_term, result_dtype, fn(xp, A, B, out, scratch) -> C, flops). With
+    ``out_order`` set the result is the einsum's output and lands in ``out``; otherwise it goes
+    into a scratch buffer.
+    """
     batch = [c for c in a if c in b and c in keep]
     contr = [c for c in a if c in b and c not in keep]
     left = [c for c in a if c not in b]
@@ -100,8 +165,10 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
         right.sort(key=key)
         if out_order != "".join(batch + left + right) and out_order == "".join(batch + right + left):
             swap = True
+    da, db = dts
     if swap:
-        a, b, left, right = b, a, right, left
+        a, b, left, right, da, db = b, a, right, left, db, da
+    rdt = np.result_type(da, db).name
     result = "".join(batch + left + right)
     nb = math.prod(sizes[c] for c in batch)
     nl = math.prod(sizes[c] for c in left)
@@ -109,55 +176,69 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
     nc = math.prod(sizes[c] for c in contr)
     res_shape = tuple(sizes[c] for c in result)
     flops = nb * nl * nr * max(nc, 1) * (2 if contr else 1)
+    direct = out_order is not None and out_order == result
+    k_res = -1 if direct else scr.add(res_shape, rdt)
 
     if not contr:
-        # no summed index: a broadcasting multiply
+        # no summed index: a broadcasting multiply (the reshapes only add unit axes: views)
         perm_a = [a.index(c) for c in batch + left]
         perm_b = [b.index(c) for c in batch + right]
         shp_a = tuple(sizes[c] for c in batch + left) + (1,) * len(right)
         shp_b = tuple(sizes[c] for c in batch) + (1,) * len(left) + tuple(sizes[c] for c in right)
 
-        def mul(xp, A, B, out):
+        def mul(xp, A, B, out, scratch):
             A2 = A.transpose(perm_a).reshape(shp_a)
             B2 = B.transpose(perm_b).reshape(shp_b)
+            if out is None:
+                out = _take(xp, scratch, k_res, res_shape, rdt)
             return xp.multiply(A2, B2, out=out)
 
-        return result, _swapped(mul) if swap else mul, flops
+        return result, rdt, (_swapped(mul) if swap else mul), flops
 
     # choose per operand the matrix layout that is a view of its memory
     a_lc = _group_layout(a, [batch, left, contr]) or not _group_layout(a, [batch, contr, left])
     b_cr = _group_layout(b, [batch, contr, right]) or not _group_layout(b, [batch, right, contr])
-    perm_a = [a.index(c) for c in batch + (left + contr if a_lc else contr + left)]
-    perm_b = [b.index(c) for c in batch + (contr + right if b_cr else right + contr)]
+    order_a = batch + (left + contr if a_lc else contr + left)
+    order_b = batch + (contr + right if b_cr else right + contr)
+    perm_a = [a.index(c) for c in order_a]
+    perm_b = [b.index(c) for c in order_b]
+    lens_a = [len(batch), len(left), len(contr)] if a_lc else [len(batch), len(contr), len(left)]
+    lens_b = [len(batch), len(contr), len(right)] if b_cr else [len(batch), len(right), len(contr)]
     shp_a = (nb, nl, nc) if a_lc else (nb, nc, nl)
     shp_b = (nb, nc, nr) if b_cr else (nb, nr, nc)
+    # operands are C-contiguous in their term order (inputs, or results of earlier steps)
+    k_a = -1 if merge_is_view(tuple(sizes[c] for c in a), perm_a, lens_a) else scr.add(shp_a, da)
+    k_b = -1 if merge_is_view(tuple(sizes[c] for c in b), perm_b, lens_b) else scr.add(shp_b, db)
     squeeze = nb == 1
+    mm_shape = (nl, nr) if squeeze else (nb, nl, nr)
 
-    def mm(xp, A, B, out):
-        A2 = A.transpose(perm_a).reshape(shp_a)
-        B2 = B.transpose(perm_b).reshape(shp_b)
+    def mm(xp, A, B, out, scratch):
+        A2 = _regroup(xp, A, perm_a, shp_a, k_a, da, scratch)
+        B2 = _regroup(xp, B, perm_b, shp_b, k_b, db, scratch)
         if not a_lc:
             A2 = A2.swapaxes(1, 2)
         if not b_cr:
             B2 = B2.swapaxes(1, 2)
         if squeeze:
             A2, B2 = A2[0], B2[0]
-        if out is not None and out.ndim > 0 and out.flags.c_contiguous:
-            target = out.reshape((nl, nr) if squeeze else (nb, nl, nr))
-            xp.matmul(A2, B2, out=target)
+        if out is None:
+            C = _take(xp, scratch, k_res, res_shape, rdt)
+            xp.matmul(A2, B2, out=C.reshape(mm_shape))
+            return C
+        if out.flags.c_contiguous:
+            xp.matmul(A2, B2, out=out.reshape(mm_shape))
             return out
-        C = xp.matmul(A2, B2).reshape(res_shape)
-        if out is not None:
-            out[...] = C
-            return out
-        return C
+        out[...] = xp.matmul(A2, B2).reshape(res_shape)
+        return out
 
-    return result, _swapped(mm) if swap else mm, flops
+    return result, rdt, (_swapped(mm) if swap else mm), flops
 
 
 def _swapped(fn):
-    """The same pairwise kernel with its operands given in the caller's (unswapped) order."""
-    return lambda xp, A, B, out: fn(xp, B, A, out)
+    """The pair function called with its operands in the order it was planned for."""
+    def run(xp, A, B, out, scratch):
+        return fn(xp, B, A, out, scratch)
+    return run
 
 
 def prepared_terms(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int]) -> list[str]:
@@ -165,10 +246,11 @@ def prepared_terms(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[st
 
     A contraction path for ``plan_einsum`` is a path over these terms.
     """
-    return _prepare_all(es, shapes, sizes)[0]
+    return _prepare_all(es, shapes, sizes, ["float64"] * len(es.inputs), _Scratch())[0]
 
 
-def _prepare_all(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int]):
+def _prepare_all(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
+                 dts: list[str], scr: _Scratch):
     """(terms, preparation functions, their FLOPs) for every operand."""
     kept = [_broadcast_kept_axes(t, shp, sizes) for t, shp in zip(es.inputs, shapes)]
     counts: dict[str, int] = {}
@@ -179,9 +261,9 @@ def _prepare_all(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str,
     terms: list[str] = []
     preps = []
     flops = 0
-    for t, shp, kp in zip(es.inputs, shapes, kept):
+    for t, shp, kp, dt in zip(es.inputs, shapes, kept, dts):
         needed = {c for c in t if counts.get(c, 0) > 1 or c in out_letters}
-        nt, fn = _prepare_operand(t, shp, kp, needed)
+        nt, fn = _prepare_operand(t, shp, kp, sizes, needed, dt, scr)
         terms.append(nt)
         preps.append(fn)
         if fn is not None:
@@ -190,13 +272,15 @@ def _prepare_all(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str,
 
 
 def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
-                strategy: Any = None) -> EinsumPlan:
-    """Compile an einsum with concrete shapes into a pairwise-matmul program.
+                strategy: Any = None, dtypes: list[str] | None = None) -> EinsumPlan:
+    """Compile an einsum with concrete shapes (and operand dtypes) into a pairwise-matmul program.
 
     ``strategy`` is an opt_einsum strategy name or an explicit path over ``prepared_terms``.
     """
     n = len(es.inputs)
-    terms, preps, flops = _prepare_all(es, shapes, sizes)
+    dts = [np.dtype(d).name for d in dtypes] if dtypes is not None else ["float64"] * n
+    scr = _Scratch()
+    terms, preps, flops = _prepare_all(es, shapes, sizes, dts, scr)
 
     if n == 1:
         term = terms[0]
@@ -204,44 +288,50 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         identity = perm == list(range(len(term)))
         prep = preps[0]
 
-        def run_single(xp, arrays, out):
-            x = arrays[0] if prep is None else prep(xp, arrays[0])
+        def run_single(xp, arrays, out, scratch=None):
+            x = arrays[0] if prep is None else prep(xp, arrays[0], scratch)
             x = x if identity else x.transpose(perm)
             out[...] = x
             return out
 
-        return EinsumPlan(run_single, flops, [(0,)], f"{es}")
+        return EinsumPlan(run_single, flops, [(0,)], f"{es}", 0, scr.specs)
 
     path, info = contraction_path(terms, es.output, sizes, strategy)
     program = []
     largest = 0
     live = list(terms)
+    live_dt = list(dts)
     for k, step in enumerate(path):
         idx = sorted(step, reverse=True)
         picked = [live[i] for i in sorted(step)]
+        picked_dt = [live_dt[i] for i in sorted(step)]
         for i in idx:
             live.pop(i)
+            live_dt.pop(i)
         final = k == len(path) - 1
         keep = set(es.output).union(*[set(t) for t in live])
         # fold a multi-operand step pairwise, left to right
-        acc = picked[0]
+        acc, acc_dt = picked[0], picked_dt[0]
         pair_fns = []
         for j, other in enumerate(picked[1:]):
             last_pair = j == len(picked) - 2
             rest = set().union(*[set(t) for t in picked[j + 2:]]) if not last_pair else set()
-            res, fn, f = _pair(acc, other, keep | rest, sizes, es.output if final and last_pair else None)
+            res, res_dt, fn, f = _pair(acc, other, keep | rest, sizes,
+                                       es.output if final and last_pair else None,
+                                       (acc_dt, picked_dt[j + 1]), scr)
             pair_fns.append(fn)
             flops += f
             largest = max(largest, math.prod(sizes[c] for c in res))
-            acc = res
+            acc, acc_dt = res, res_dt
         live.append(acc)
+        live_dt.append(acc_dt)
         program.append((tuple(sorted(step)), pair_fns))
     result_term = live[0]
     final_perm = [result_term.index(c) for c in es.output]
     direct = result_term == es.output
 
-    def run(xp, arrays, out):
-        ops_ = [a if p is None else p(xp, a) for a, p in zip(arrays, preps)]
+    def run(xp, arrays, out, scratch=None):
+        ops_ = [a if p is None else p(xp, a, scratch) for a, p in zip(arrays, preps)]
         for k, (idx, fns) in enumerate(program):
             picked = [ops_[i] for i in idx]
             for i in sorted(idx, reverse=True):
@@ -250,7 +340,7 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             acc = picked[0]
             for j, fn in enumerate(fns):
                 target = out if (last and direct and j == len(fns) - 1) else None
-                acc = fn(xp, acc, picked[j + 1], target)
+                acc = fn(xp, acc, picked[j + 1], target, scratch)
             ops_.append(acc)
         res = ops_[0]
         if res is out:
@@ -259,4 +349,4 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         return out
 
     desc = f"{es} path={path}"
-    return EinsumPlan(run, flops, path, desc, largest)
+    return EinsumPlan(run, flops, path, desc, largest, scr.specs)

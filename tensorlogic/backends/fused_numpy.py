@@ -47,7 +47,7 @@ def _allocate(body: FusedBody, final_to_out: bool) -> tuple[list[int], int]:
         dying = [v for kind, v in ins.args if kind == "tmp" and last_use[v] == j]
         if j == n - 1 and final_to_out:
             reg[j] = -1
-        elif ins.op != "where" and dying:
+        elif ins.op != "where" and ops.ELEMENTWISE[ins.op].alias_safe and dying:
             reg[j] = reg[dying[0]]  # in place over an operand that dies here
             dying = dying[1:]
         elif free:
@@ -124,16 +124,20 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
                    "prod": np.prod}[tail]
             red(x, axis=red_axes, out=out_block)
 
+    n_in = len(in_nodes)
+    # registers come from the plan's arena (kernel.scratch) when the executor passes them
+    n_elems = total if single else rows * math.prod(space[axis + 1:])
+
     def kernel(arrays: list, out):
         xs = [a.reshape(d) for a, d in zip(arrays, in_dims)]
+        raw = arrays[n_in:] if len(arrays) > n_in else [np.empty(n_elems, dtype)
+                                                         for _ in range(n_regs)]
         out_view = out.reshape(space if tail is None or tail in ops.ROW_OPS else space[:kept])
         if single:
-            regs = [np.empty(space, dtype) for _ in range(n_regs)]
+            regs = [b.reshape(space) for b in raw]
             run_block(xs, regs, out_view)
             return out
         chunk_shape = (rows, *space[axis + 1:])
-        n_chunk = math.prod(chunk_shape)
-        raw = [np.empty(n_chunk, dtype) for _ in range(n_regs)]
         full_regs = [b.reshape(chunk_shape) for b in raw]
         for lead in np.ndindex(*space[:axis]):
             for start in range(0, space[axis], rows):
@@ -151,6 +155,14 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
         return out
 
     kernel.info = describe(body)
+    kernel.scratch = [((n_elems,), dtype.name)] * n_regs
+    # each block of the output is written after that block of every input was read, so the
+    # output may overwrite an input of the full iteration space, unless the last instruction
+    # reads its operands after it started writing (an op that is not alias-safe)
+    last = body.instrs[-1]
+    if final_to_out and (last.op == "where" or ops.ELEMENTWISE[last.op].alias_safe):
+        kernel.inplace = tuple(k for k, d in enumerate(in_dims) if d == space
+                               and np.dtype(in_nodes[k].dtype) == dtype)
     return kernel
 
 

@@ -1,12 +1,24 @@
 """Kernels for every node kind, written once against numpy's API.
 
-``make_kernel(xp, node, in_nodes, graph, is_output)`` returns ``kernel(inputs, out)``. ``xp`` is
-the array module (numpy, or CuPy, whose arrays accept the same ufuncs with ``out=``).
+``make_kernel(xp, node, in_nodes, copy)`` returns ``kernel(inputs, out)``. ``xp`` is the array
+module (numpy, or CuPy, whose arrays accept the same ufuncs with ``out=``).
+
+Kernel attributes the compiler reads (all optional, so a plain function is a valid kernel):
+
+- ``scratch``: a list of (shape, dtype) temporaries. The executor appends one arena buffer per
+  entry to the kernel's inputs, so ``inputs[len(node.inputs) + j]`` is scratch buffer j. Every
+  kernel here also runs without them (it then allocates), so a wrapper that drops the attribute
+  stays correct.
+- ``inplace``: positions of inputs that ``out`` may alias exactly (same shape and dtype) with the
+  kernel still correct; the memory planner may then let the output overwrite such an input when
+  it dies at this step.
 """
 
 from __future__ import annotations
 
 from typing import Any, Callable
+
+import numpy as np
 
 from ..errors import BackendError
 from ..ir import ops, spec as einspec
@@ -16,18 +28,42 @@ Kernel = Callable[[list, Any], Any]
 
 
 def einsum_kernel(xp, node, in_nodes) -> Kernel:
-    """Kernel for an einsum node; it carries its FLOPs and (for 3+ operands) its path."""
+    """Kernel for an einsum node; it carries its FLOPs, scratch and (for 3+ operands) its path."""
     shapes = [tuple(n.shape) for n in in_nodes]
     es = einspec.parse(node.args["spec"], [len(s) for s in shapes])
     sizes = einspec.letter_sizes(es, shapes)
-    plan = contract.plan_einsum(es, shapes, sizes, node.args.get("path_strategy"))
+    # operands of a narrower dtype are widened first (into scratch buffers), so their own
+    # diagonals and sums are computed in the result's precision, as numpy.einsum does
+    widen = [n.dtype != node.dtype for n in in_nodes]
+    plan = contract.plan_einsum(es, shapes, sizes, node.args.get("path_strategy"),
+                                [node.dtype if w else n.dtype for n, w in zip(in_nodes, widen)])
     run = plan.run
+    n = len(in_nodes)
+    k_plan = len(plan.scratch)
+    wide = [(j, shapes[j]) for j in range(n) if widen[j]]
 
-    def kernel(args, out):
-        return run(xp, args, out)
+    if any(widen):
+        def kernel(args, out):
+            given = len(args) > n
+            ops_ = list(args[:n])
+            for w, (j, shape) in enumerate(wide):
+                if given:
+                    buf = args[n + k_plan + w]
+                    xp.copyto(buf, ops_[j])
+                    ops_[j] = buf
+                else:
+                    ops_[j] = ops_[j].astype(node.dtype)
+            return run(xp, ops_, out, args[n:n + k_plan] if given else None)
+    elif plan.scratch:
+        def kernel(args, out):
+            return run(xp, args, out, args[n:] if len(args) > n else None)
+    else:
+        def kernel(args, out):
+            return run(xp, args, out)
 
     kernel.flops = plan.flops
     kernel.info = path_note(node, plan) if len(in_nodes) > 2 else ""
+    kernel.scratch = list(plan.scratch) + [(shape, node.dtype) for _, shape in wide]
     return kernel
 
 
@@ -40,68 +76,139 @@ def path_note(node, plan) -> str:
             f"largest intermediate {plan.largest_intermediate} elements)")
 
 
+def _arg(xp, a: list, k: int, shape: tuple, dtype: str):
+    """Input k, or a fresh array when the caller passed no scratch buffers."""
+    return a[k] if len(a) > k else xp.empty(shape, dtype)
+
+
+def _keep_shape(shape: tuple, axes: tuple[int, ...]) -> tuple:
+    return tuple(1 if k in axes else d for k, d in enumerate(shape))
+
+
 def _logsumexp(xp, x, axes, keepdims, out):
-    m = x.max(axis=axes, keepdims=True)
-    m = xp.where(xp.isfinite(m), m, 0)
-    s = xp.exp(x - m).sum(axis=axes, keepdims=True)
-    r = xp.log(s) + m
-    out[...] = r if keepdims else r.reshape(out.shape)
-    return out
+    """logsumexp of x over axes into out (allocating its temporaries)."""
+    k = _logsumexp_kernel(xp, tuple(x.shape), x.dtype.name, tuple(a % x.ndim for a in axes),
+                          keepdims)
+    return k([x], out)
 
 
 def _softmax(xp, x, axis, out):
-    m = x.max(axis=axis, keepdims=True)
-    xp.subtract(x, m, out=out)
-    xp.exp(out, out=out)
-    s = out.sum(axis=axis, keepdims=True)
-    return xp.divide(out, s, out=out)
+    """softmax of x along axis into out (out may be x)."""
+    return _softmax_kernel(xp, tuple(x.shape), x.dtype.name, axis % x.ndim, False)([x], out)
 
 
 def _log_softmax(xp, x, axis, out):
-    m = x.max(axis=axis, keepdims=True)
-    xp.subtract(x, m, out=out)
-    s = xp.log(xp.exp(out).sum(axis=axis, keepdims=True))
-    return xp.subtract(out, s, out=out)
+    """log_softmax of x along axis into out (out may be x)."""
+    return _softmax_kernel(xp, tuple(x.shape), x.dtype.name, axis % x.ndim, True)([x], out)
 
 
-def make_kernel(xp, node, in_nodes, is_output: bool) -> Kernel:
-    """Kernel for one non-einsum, non-fused node."""
+def _logsumexp_kernel(xp, x_shape, dtype, axes, keepdims) -> Kernel:
+    kd = _keep_shape(x_shape, axes)
+
+    def kernel(a, out):
+        x = a[0]
+        t = _arg(xp, a, 1, x_shape, dtype)
+        m = _arg(xp, a, 2, kd, dtype)
+        fin = _arg(xp, a, 3, kd, "bool")
+        x.max(axis=axes, keepdims=True, out=m)
+        # rows that are all -inf (or hold inf/nan) are shifted by 0 so the result is -inf/inf/nan
+        xp.isfinite(m, out=fin)
+        xp.logical_not(fin, out=fin)
+        xp.copyto(m, 0, where=fin)
+        xp.subtract(x, m, out=t)
+        xp.exp(t, out=t)
+        # a contiguous out reshapes to a view; a strided one (a caller's block) gets a temporary
+        s = out.reshape(kd) if out.flags.c_contiguous else xp.empty(kd, dtype)
+        t.sum(axis=axes, keepdims=True, out=s)
+        xp.log(s, out=s)
+        xp.add(s, m, out=s)
+        if not out.flags.c_contiguous:
+            out[...] = s.reshape(out.shape)
+        return out
+
+    kernel.scratch = [(tuple(x_shape), dtype), (kd, dtype), (kd, "bool")]
+    return kernel
+
+
+def _softmax_kernel(xp, x_shape, dtype, axis, log: bool) -> Kernel:
+    kd = _keep_shape(x_shape, (axis,))
+
+    def softmax(a, out):
+        m = _arg(xp, a, 1, kd, dtype)
+        a[0].max(axis=axis, keepdims=True, out=m)
+        xp.subtract(a[0], m, out=out)
+        xp.exp(out, out=out)
+        out.sum(axis=axis, keepdims=True, out=m)
+        return xp.divide(out, m, out=out)
+
+    def log_softmax(a, out):
+        m = _arg(xp, a, 1, kd, dtype)
+        t = _arg(xp, a, 2, x_shape, dtype)
+        a[0].max(axis=axis, keepdims=True, out=m)
+        xp.subtract(a[0], m, out=out)
+        xp.exp(out, out=t)
+        t.sum(axis=axis, keepdims=True, out=m)
+        xp.log(m, out=m)
+        return xp.subtract(out, m, out=out)
+
+    kernel = log_softmax if log else softmax
+    kernel.scratch = [(kd, dtype)] + ([(tuple(x_shape), dtype)] if log else [])
+    # the input is read only before out is first written
+    kernel.inplace = (0,)
+    return kernel
+
+
+def make_kernel(xp, node, in_nodes, copy: bool) -> Kernel:
+    """Kernel for one non-einsum, non-fused node.
+
+    ``copy``: transpose and reshape write into ``out`` instead of returning a view (for outputs
+    and for layouts a view cannot express).
+    """
     kind, op = node.kind, node.op
+    shape = tuple(node.shape)
     if kind in (ops.UNARY, ops.BINARY):
-        fn = ops.ELEMENTWISE[op].numpy
+        row = ops.ELEMENTWISE[op]
+        fn = row.numpy
         if kind == ops.UNARY:
-            return lambda a, out: fn(a[0], out=out)
-        return lambda a, out: fn(a[0], a[1], out=out)
+            kernel = lambda a, out: fn(a[0], out=out)  # noqa: E731
+        else:
+            kernel = lambda a, out: fn(a[0], a[1], out=out)  # noqa: E731
+        if row.alias_safe:
+            kernel.inplace = tuple(range(row.arity))
+        return kernel
     if kind == ops.WHERE:
         def where(a, out):
+            mask = _arg(xp, a, 3, shape, "bool")
+            xp.not_equal(a[0], 0, out=mask)  # before out is written: out may alias the condition
             xp.copyto(out, a[2])
-            xp.copyto(out, a[1], where=a[0] != 0)
+            xp.copyto(out, a[1], where=mask)
             return out
+        where.scratch = [(shape, "bool")]
+        where.inplace = (0, 2)
         return where
     if kind == ops.REDUCE:
         axes = tuple(node.args["axes"])
         kd = bool(node.args.get("keepdims"))
         if op == "logsumexp":
-            return lambda a, out: _logsumexp(xp, a[0], axes, kd, out)
+            return _logsumexp_kernel(xp, tuple(in_nodes[0].shape), node.dtype, axes, kd)
         red = {"sum": xp.sum, "mean": xp.mean, "max": xp.max, "min": xp.min, "prod": xp.prod}[op]
         return lambda a, out: red(a[0], axis=axes, keepdims=kd, out=out)
     if kind == ops.ROWOP:
-        axis = node.args["axis"]
-        row = _softmax if op == "softmax" else _log_softmax
-        return lambda a, out: row(xp, a[0], axis, out)
+        return _softmax_kernel(xp, tuple(in_nodes[0].shape), node.dtype, node.args["axis"],
+                               op == "log_softmax")
     if kind == ops.TRANSPOSE:
         perm = tuple(node.args["perm"])
-        if is_output:
+        if copy:
             def transpose_copy(a, out):
-                out[...] = a[0].transpose(perm)
+                xp.copyto(out, a[0].transpose(perm))
                 return out
             return transpose_copy
         return lambda a, out: a[0].transpose(perm)
     if kind == ops.RESHAPE:
-        shape = tuple(node.shape)
-        if is_output:
+        if copy:
             def reshape_copy(a, out):
-                out[...] = a[0].reshape(shape)
+                # C-order reshape is a flat-index match: copy through a view of the contiguous out
+                xp.copyto(out.reshape(a[0].shape), a[0])
                 return out
             return reshape_copy
         return lambda a, out: a[0].reshape(shape)
@@ -120,3 +227,4 @@ def elementwise_flops(node, n_elements: int) -> int:
     if node.kind == ops.WHERE:
         return n_elements
     return 0
+

@@ -1,8 +1,10 @@
 """The numba backend: every elementwise, reduction, row-op and fused step is one generated kernel.
 
 Each step is rendered from the op table to numba source (``numba_codegen``), written to a
-content-addressed module in the disk cache (``numba_cache``) and compiled with ``cache=True``;
-contractions run on BLAS exactly like the numpy backend. Kernels write into the plan's buffers.
+content-addressed module in the disk cache (``numba_cache``) and compiled there for one explicit
+signature when the plan is compiled (a second process loads the object instead, without type
+inference); contractions run on BLAS exactly like the numpy backend. Kernels write into the
+plan's buffers.
 
 Plan options read here (``tl.compile(g, backend="numba", **options)``):
 - ``fast_math`` (default True): vectorizable exp/log (float32 within 2 ulp, float64 within 4 ulp;
@@ -27,8 +29,9 @@ from .numba_codegen import render
 from .numba_layout import make_layout
 from .numpy_backend import NumpyBackend
 
-# Below this many points a serial kernel wins (a parallel launch costs ~2-10 us here; see
-# benchmarks/bench_fused_cpu.py --threshold for the measurement).
+# Below this many points a serial kernel wins. Measured by benchmarks/bench_fused_cpu.py (threshold
+# sweep, float32, 2 threads): a parallel region costs ~4 us; the 5-input chain gains from 8K
+# points, a 1-input scale from 32K, so 32K keeps every kernel at least as fast as serial.
 PARALLEL_THRESHOLD = 1 << 15
 _FLOATS = ("float32", "float64")
 
@@ -53,10 +56,20 @@ def _body_of(node, in_nodes) -> FusedBody | None:
 
 
 def _contiguous(a: Any, shape: tuple[int, ...]) -> np.ndarray:
-    # a non-contiguous input (a user slice, a transposed view) costs one copy here
-    if not a.flags.c_contiguous:
-        a = np.ascontiguousarray(a)
+    # kernels are compiled for C-contiguous aligned arrays: a user slice, a transposed view or an
+    # unaligned buffer costs one copy here (read-only arrays are accepted as they are)
+    if not (a.flags.c_contiguous and a.flags.aligned):
+        a = np.array(a, order="C")
     return a.reshape(shape)
+
+
+def _call(fn: Any, out: np.ndarray, oshape: tuple[int, ...], ins: list, dims: tuple) -> None:
+    if out.flags.aligned:  # the plan checked that out= arrays are C-contiguous
+        fn(out.reshape(oshape), *ins, *dims)
+    else:  # an unaligned out= buffer from the caller: compute aligned, then copy into it
+        tmp = np.empty(oshape, out.dtype)
+        fn(tmp, *ins, *dims)
+        out[...] = tmp.reshape(out.shape)
 
 
 class NumbaBackend(NumpyBackend):
@@ -76,7 +89,7 @@ class NumbaBackend(NumpyBackend):
         dts = [n.dtype for n in in_nodes]
         if body is None or node.dtype not in _FLOATS or any(d not in _FLOATS for d in dts):
             # layout ops, casts and float16 have no generated kernel: the numpy ones are exact
-            return kernels.make_kernel(np, node, in_nodes, step.args.get("_is_output", False))
+            return kernels.make_kernel(np, node, in_nodes, not step.view)
         fast = opts.get("fast_math")
         fast = True if fast is None else bool(fast)
         threshold = opts.get("parallel_threshold")
@@ -84,18 +97,24 @@ class NumbaBackend(NumpyBackend):
         if body.instrs:  # single REDUCE/ROWOP nodes are tails over their input alone
             body.validate(len(in_nodes), f"node {node.name!r}")
         return self.kernel_for(body, [tuple(n.shape) for n in in_nodes], node.dtype, fast,
-                               threshold, node.name)
+                               threshold, node.name, dts)
 
     def kernel_for(self, body: FusedBody, in_shapes: list[tuple[int, ...]], dtype: str,
-                   fast: bool = True, threshold: int = PARALLEL_THRESHOLD, where: str = "kernel"):
-        """``kernel(inputs, out)`` for a fused program over inputs of ``in_shapes``."""
+                   fast: bool = True, threshold: int = PARALLEL_THRESHOLD, where: str = "kernel",
+                   in_dtypes: list[str] | None = None):
+        """``kernel(inputs, out)`` for a fused program over inputs of ``in_shapes``.
+
+        ``in_dtypes`` default to ``dtype``. The kernel is compiled (or loaded from the disk
+        cache) here, for exactly these dtypes and ranks, so its first call does no typing.
+        """
         space = tuple(int(d) for d in body.space)
         if any(isinstance(d, str) for s in in_shapes for d in s):
             raise BackendError(f"node {where!r}: symbolic shape reached the numba backend")
         lay = make_layout(space, in_shapes, body.tail, tuple(body.axes))
         parallel = math.prod(space) >= threshold
-        src = render(body.instrs, len(in_shapes), lay, body.tail, dtype, fast, parallel)
-        fn = numba_cache.load(src.text, src.name)
+        src = render(body.instrs, len(in_shapes), lay, body.tail, dtype, fast, parallel,
+                     in_dtypes)
+        fn = numba_cache.load(src.text, src.name, src.signature)
         views = [lay.input_shape(k) for k in range(len(in_shapes))]
         oshape = lay.output_shape()
         dims = lay.dims
@@ -105,11 +124,11 @@ class NumbaBackend(NumpyBackend):
             def kernel(args, out):
                 ins = [_contiguous(a, s) for a, s in zip(args, views)]
                 with lock():
-                    fn(out.reshape(oshape), *ins, *dims)
+                    _call(fn, out, oshape, ins, dims)
                 return out
         else:
             def kernel(args, out):
-                fn(out.reshape(oshape), *[_contiguous(a, s) for a, s in zip(args, views)], *dims)
+                _call(fn, out, oshape, [_contiguous(a, s) for a, s in zip(args, views)], dims)
                 return out
 
         kernel.info = f"numba {'parallel' if parallel else 'serial'}{' fast' if fast else ''}"

@@ -1,4 +1,4 @@
-"""Vectorizable exp and log for generated numba kernels (source text, embedded per module).
+"""Vectorizable exp and log for generated numba kernels.
 
 numba's ``math.exp``/``math.log`` call scalar libm on machines without SVML, which keeps LLVM
 from vectorizing any loop that uses them. These versions are straight-line float arithmetic plus
@@ -14,20 +14,29 @@ sqrt(2)), ``f = m - 1``, ``s = f/(2+f)`` and the odd series of ``log((1+s)/(1-s)
 inputs are scaled by 2**54 first. Special values follow IEEE/libm: exp(nan)=nan, exp(+inf)=inf,
 exp(-inf)=0, log(0)=-inf, log(x<0)=nan, log(inf)=inf.
 
-Measured accuracy (tests/backends/test_numba_fastmath.py sweeps the finite range densely):
+Measured accuracy (tests/backends/test_numba_runtime.py sweeps the finite range densely):
 bounded by 2 ulp (float32) and 4 ulp (float64); observed maxima are below 1 ulp for both (the
 test prints them).
 
-The text below is rendered into every generated module that uses it; the module's content hash
-therefore changes whenever this code changes, which keeps the disk cache honest.
+Generated kernels import these functions from here (they are compiled once per process and
+type, and cached on disk like the kernels); ``SOURCE_DIGEST`` hashes this file and is written into
+every generated module that uses them, so a change here gives those modules new content addresses
+and the disk cache never serves a kernel built with an older exp/log.
 """
 
 from __future__ import annotations
 
-PRELUDE = '''
-from numba.extending import intrinsic as _intrinsic
-from numba.core import types as _types
+import hashlib
+import math
+from pathlib import Path
+
+import numpy as np
 from llvmlite import ir as _llir
+from numba import njit
+from numba.core import types as _types
+from numba.extending import intrinsic as _intrinsic
+
+from . import numba_cache
 
 
 @_intrinsic
@@ -106,8 +115,9 @@ _D_NAN = np.float64(np.nan)
 _D_ZERO = np.float64(0.0)
 
 
-@njit(fastmath={"contract"}, error_model="numpy")
-def _exp_f64(x):
+@njit(fastmath={"contract"}, error_model="numpy", nogil=True)
+def exp_f64(x):
+    """exp of a float64 (vectorizable; see the module docstring for accuracy)."""
     xc = min(max(x, _D_LO), _D_HI)
     n = math.floor(xc * _D_LOG2E + _D_HALF)
     fn = np.float64(n)
@@ -131,8 +141,9 @@ def _exp_f64(x):
     return x if x != x else y
 
 
-@njit(fastmath={"contract"}, error_model="numpy")
-def _log_f64(x):
+@njit(fastmath={"contract"}, error_model="numpy", nogil=True)
+def log_f64(x):
+    """log of a float64 (vectorizable; see the module docstring for accuracy)."""
     sub = x < _D_TINY
     xs = x * _D_TWO54 if sub else x
     bits = _bits_of(xs)
@@ -185,8 +196,9 @@ _F_NAN = np.float32(np.nan)
 _F_ZERO = np.float32(0.0)
 
 
-@njit(fastmath={"contract"}, error_model="numpy")
-def _exp_f32(x):
+@njit(fastmath={"contract"}, error_model="numpy", nogil=True)
+def exp_f32(x):
+    """exp of a float32 (vectorizable; see the module docstring for accuracy)."""
     xc = min(max(x, _F_LO), _F_HI)
     n = np.int32(math.floor(xc * _F_LOG2E + _F_HALF))
     fn = np.float32(n)
@@ -204,8 +216,9 @@ def _exp_f32(x):
     return x if x != x else y
 
 
-@njit(fastmath={"contract"}, error_model="numpy")
-def _log_f32(x):
+@njit(fastmath={"contract"}, error_model="numpy", nogil=True)
+def log_f32(x):
+    """log of a float32 (vectorizable; see the module docstring for accuracy)."""
     sub = x < _F_TINY
     xs = x * _F_TWO25 if sub else x
     bits = _bits_of(xs)
@@ -228,6 +241,12 @@ def _log_f32(x):
     y = x if x == _F_INF else y
     y = -_F_INF if x == _F_ZERO else y
     return _F_NAN if (x < _F_ZERO or x != x) else y
-'''
 
-__all__ = ["PRELUDE"]
+
+SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+NAMES = ("exp_f32", "exp_f64", "log_f32", "log_f64")
+for _fn in (exp_f32, exp_f64, log_f32, log_f64):
+    # compiled on a kernel's first cold compile in a process, then served from the disk cache
+    numba_cache.attach(_fn, SOURCE_DIGEST)
+
+__all__ = ["NAMES", "SOURCE_DIGEST", "exp_f32", "exp_f64", "log_f32", "log_f64"]

@@ -27,7 +27,8 @@ class NumpyBackend:
             from .fused_numpy import fused_kernel
 
             return fused_kernel(node, in_nodes)
-        return kernels.make_kernel(np, node, in_nodes, step.args.get("_is_output", False))
+        # a step that is not a view writes its result into ``out`` (outputs, strided reshapes)
+        return kernels.make_kernel(np, node, in_nodes, not step.view)
 
     # memory -------------------------------------------------------------
     def empty(self, shape, dtype):  # noqa: D102

@@ -9,16 +9,18 @@ from collections import OrderedDict
 from dataclasses import replace
 from typing import Any
 
+import numpy as np
+
 from ..backends import get_backend
 from ..backends import kernels as generic_kernels
-from ..errors import GraphError, MemoryBudgetError, TensorLogicError
+from ..errors import BackendError, GraphError, TensorLogicError
 from ..ir import ops
 from ..ir.graph import EinsumGraph
 from ..optimizer import optimize
 from . import hooks
 from .memory import plan_memory
-from .plan import CompiledPlan, ConcretePlan, Step
-from .schedule import make_buffers, needed_nodes
+from .plan import CompiledPlan, ConcretePlan, Step, check_budget
+from .schedule import Buffer, make_buffers, needed_nodes
 
 _CACHE_SIZE = 128
 _cache: OrderedDict[tuple, CompiledPlan] = OrderedDict()
@@ -37,6 +39,36 @@ def _step_flops(node, in_nodes) -> int:
     return generic_kernels.elementwise_flops(node, n)
 
 
+# steps whose kernel may write over an input (when the kernel says which inputs it can alias)
+_INPLACE_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE, ops.ROWOP, ops.FUSED)
+
+
+def _scratch_buffers(kernel, node, first_id: int) -> list[Buffer]:
+    """Buffers for the temporaries a kernel declares in its ``scratch`` attribute."""
+    specs = getattr(kernel, "scratch", None) or ()
+    out = []
+    for j, spec in enumerate(specs):
+        try:
+            shape, dtype = spec
+            shape = tuple(int(d) for d in shape)
+            dtype = np.dtype(dtype).name
+        except (TypeError, ValueError) as exc:
+            raise BackendError(
+                f"node {node.name!r}: kernel scratch entry {j} is {spec!r}; expected "
+                "(shape tuple, dtype)") from exc
+        if any(d < 0 for d in shape):
+            raise BackendError(f"node {node.name!r}: kernel scratch entry {j} has shape {shape}")
+        out.append(Buffer(first_id + j, node.id, f"{node.name}:scratch{j}", shape, dtype, "scratch"))
+    return out
+
+
+def _inplace_positions(kernel, node) -> tuple[int, ...]:
+    if node.kind not in _INPLACE_KINDS:
+        return ()
+    pos = getattr(kernel, "inplace", None) or ()
+    return tuple(int(p) for p in pos if 0 <= int(p) < len(node.inputs))
+
+
 def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
     graph = plan.graph.bind(binding) if binding else plan.graph
     t0 = time.perf_counter()
@@ -50,6 +82,8 @@ def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
         backend = backend.with_options(plan.options)
     steps: list[Step] = []
     kernels = []
+    scratch: list[Buffer] = []
+    inplace_ok: dict[int, tuple[int, ...]] = {}
     for nid in order:
         node = nodes[nid]
         if node.kind in (ops.INPUT, ops.CONSTANT):
@@ -69,31 +103,41 @@ def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
         if hasattr(kernel, "flops") or hasattr(kernel, "info"):
             step = replace(step, flops=int(getattr(kernel, "flops", step.flops)),
                            info=getattr(kernel, "info", ""))
+        extra = _scratch_buffers(kernel, node, len(order) + len(scratch))
+        if extra:
+            scratch.extend(extra)
+            step = replace(step, scratch=tuple(b.id for b in extra))
+        positions = _inplace_positions(kernel, node)
+        if positions:
+            inplace_ok[step.index] = positions
         kernels.append(kernel)
         steps.append(step)
-    buffers = tuple(bufs[nid] for nid in order)
-    memory = plan_memory(list(buffers), [(s.inputs, s.output) for s in steps])
-    constants = {bufs[nid].id: backend.to_device(optimized.constants[nid])
-                 for nid in order if nodes[nid].kind == ops.CONSTANT}
+    buffers = tuple(bufs[nid] for nid in order) + tuple(scratch)
+    memory = plan_memory(buffers, [(s.inputs, s.output, s.scratch) for s in steps], inplace_ok,
+                         reuse=bool(plan.options.get("reuse_memory", True)))
     cp = ConcretePlan(
         graph=optimized, steps=tuple(steps), buffers=buffers, memory=memory,
         kernels=tuple(kernels),
         input_ids={name: bufs[nid].id for name, nid in optimized.inputs.items() if nid in bufs},
         output_ids={name: bufs[nid].id for name, nid in optimized.outputs.items()},
-        constants=constants, backend=backend, binding=dict(binding), optimizer_report=report,
+        constants={}, backend=backend, binding=dict(binding), optimizer_report=report,
+        pooled=bool(plan.options.get("pool", True)),
     )
+    # the budget is checked before anything is allocated (constants moved, arenas built)
+    limit = plan.options.get("memory_limit")
+    if limit is not None:
+        check_budget(cp, limit, "memory_limit")
+    else:
+        free = getattr(backend, "free_memory", None)
+        avail = free() if callable(free) else None
+        if avail is not None:
+            check_budget(cp, int(avail), f"the free memory of the {backend.name} device")
+    cp.constants.update({bufs[nid].id: backend.to_device(optimized.constants[nid])
+                         for nid in order if nodes[nid].kind == ops.CONSTANT})
     if hasattr(backend, "plan_runner"):
         cp.runner = backend.plan_runner(cp)
     hooks.compile_event("compile", "build plan", t0, time.perf_counter() - t0,
                         steps=len(steps), binding=dict(binding))
-    limit = plan.options.get("memory_limit")
-    if limit is not None:
-        need = memory.peak_bytes + sum(b.nbytes for b in buffers if b.role == "output")
-        if need > limit:
-            raise MemoryBudgetError(
-                f"plan needs {need} bytes (intermediates {memory.peak_bytes} + outputs) but "
-                f"memory_limit is {limit} bytes"
-            )
     return cp
 
 
@@ -103,6 +147,11 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
 
     Plans are cached by the graph's content hash, backend, opt level and options; graphs with
     symbolic dimensions are specialized per concrete binding on first call.
+
+    Memory options: ``memory_limit`` (bytes one call may need: planned peak of intermediates
+    plus outputs; without it the backend's free memory is the limit) raises MemoryBudgetError
+    before anything is allocated; ``pool=False`` builds fresh buffers on every call instead of
+    reusing pooled arenas; ``reuse_memory=False`` gives every intermediate its own memory.
     """
     if not isinstance(graph, EinsumGraph):
         raise GraphError(f"compile() expects an EinsumGraph, got {type(graph).__name__}")
@@ -110,6 +159,9 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
         raise GraphError(f"opt_level must be an int from 0 to 3, got {opt_level!r}")
     if memory_limit is not None and (not isinstance(memory_limit, int) or memory_limit <= 0):
         raise GraphError(f"memory_limit must be a positive number of bytes, got {memory_limit!r}")
+    for flag in ("pool", "reuse_memory"):
+        if flag in options and not isinstance(options[flag], bool):
+            raise GraphError(f"{flag} must be True or False, got {options[flag]!r}")
     graph.validate()
     be = get_backend(backend)
     opts = dict(options, memory_limit=memory_limit)

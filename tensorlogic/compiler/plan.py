@@ -17,7 +17,7 @@ from ..errors import GraphError, InputError, MemoryBudgetError
 from ..ir.graph import EinsumGraph
 from . import hooks
 from .memory import MemoryPlan, _fmt
-from .pool import TensorPool
+from .pool import Arena, TensorPool
 from .schedule import Buffer
 
 
@@ -39,6 +39,7 @@ class Step:
     bytes: int
     args: Mapping[str, Any] = field(default_factory=dict)
     info: str = ""  # backend notes, e.g. the contraction path
+    scratch: tuple[int, ...] = ()  # arena buffers passed after the inputs (kernel.scratch)
 
     @property
     def view(self) -> bool:
@@ -64,24 +65,35 @@ class ConcretePlan:
     backend: Any
     binding: dict[str, int]
     optimizer_report: Any = None
+    pooled: bool = True  # keep arenas across calls (False: a fresh arena per call)
     # a backend's own executor (e.g. CUDA-graph replay); None runs the steps one by one
     runner: Any = None
     pool: TensorPool = field(init=False)
     program: list = field(init=False)
 
     def __post_init__(self) -> None:
-        self.pool = TensorPool(self._make_arena, sum(self.memory.slot_bytes))
-        self.program = [(k, s.inputs, s.output) for k, s in zip(self.kernels, self.steps)]
+        self.pool = TensorPool(self._make_arena, self.memory.peak_bytes, reuse=self.pooled)
+        # scratch buffers travel after the inputs, so observers run the same (fn, ins, out) loop
+        self.program = [(k, s.inputs + s.scratch, s.output)
+                        for k, s in zip(self.kernels, self.steps)]
         self.flops = sum(s.flops for s in self.steps)
 
-    def _make_arena(self) -> list:
-        env: list = [None] * len(self.buffers)
+    @property
+    def planned_bytes(self) -> int:
+        """Bytes one call needs: the arena (planned peak of intermediates) plus the outputs."""
+        return self.memory.peak_bytes + sum(b.nbytes for b in self.buffers if b.role == "output")
+
+    def _make_arena(self) -> Arena:
+        """A buffer table whose intermediates are typed views into one fresh arena."""
+        env = Arena([None] * len(self.buffers))
         for bid, arr in self.constants.items():
             env[bid] = arr
-        raws = [self.backend.alloc_bytes(n) for n in self.memory.slot_bytes]
-        for bid, slot in self.memory.slots.items():
-            b = self.buffers[bid]
-            env[bid] = self.backend.view_bytes(raws[slot], b.shape, b.dtype)
+        if self.memory.offsets:
+            raw = self.backend.alloc_bytes(self.memory.peak_bytes)
+            for bid, off in self.memory.offsets.items():
+                b = self.buffers[bid]
+                env[bid] = self.backend.view_bytes(raw[off:off + b.nbytes], b.shape, b.dtype)
+        env.seal()
         return env
 
     def run(self, inputs: Mapping[str, Any], out: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -125,11 +137,8 @@ class ConcretePlan:
                     results[name] = self.backend.copy(env[bid], arr)
             return results
         finally:
-            for bid in self.input_ids.values():
-                env[bid] = None
-            for bid in self.output_ids.values():
-                if self.buffers[bid].role == "output":
-                    env[bid] = None
+            # drop the references to this call's inputs, outputs and views before reuse
+            env.reset()
             self.pool.release(env)
 
     def table(self) -> str:
@@ -167,6 +176,11 @@ class CompiledPlan:
         self.symbols = graph.symbols
         if not self.symbols:
             self._last = self.specialize()
+        # fast input binding: a backend that names its native array type takes C-contiguous
+        # arrays of that type with the declared shapes and dtypes as they are
+        native = getattr(backend, "native_array", None)
+        self._fast = None if native is None or self.symbols else (native, tuple(
+            (name, tuple(node.shape), np.dtype(node.dtype)) for name, node in self._inputs.items()))
 
     # ------------------------------------------------------------------ specialization
     def specialize(self, **sizes: int) -> ConcretePlan:
@@ -272,18 +286,22 @@ class CompiledPlan:
                  check_finite: bool = False, to_host: bool = False, **kwargs: Any) -> dict[str, Any]:
         if inputs is not None and not isinstance(inputs, Mapping):
             raise InputError(f"inputs must be a dict of name -> array, got {type(inputs).__name__}")
-        given = {**(inputs or {}), **kwargs}
-        arrays, sizes = self._bind_inputs(given)
+        arrays = self._fast_inputs(inputs, kwargs)
+        fast = arrays is not None  # ready native arrays: no conversion, no copy
+        if not fast:
+            given = {**(inputs or {}), **kwargs}
+            arrays, sizes = self._bind_inputs(given)
         if check_finite:
             for name, x in arrays.items():
                 if not self.backend.all_finite(x):
                     raise InputError(f"input {name!r} contains NaN or inf (check_finite=True)")
-        cp = self.specialize(**sizes) if self.symbols else self._last
+        cp = self.specialize(**sizes) if self.symbols and not fast else self._last
         if out:
             self._check_out(cp, out)
         obs = hooks.active()
         if obs is None:
-            arrays = {n: self.backend.to_device(x) for n, x in arrays.items()}
+            if not fast:
+                arrays = {n: self.backend.to_device(x) for n, x in arrays.items()}
             results = cp.run(arrays, out)
             if to_host:
                 results = {k: self.backend.to_host(v) for k, v in results.items()}
@@ -297,6 +315,19 @@ class CompiledPlan:
             results = {k: hooks.transfer(obs, "d2h", k, be.to_host, v, sync)
                        for k, v in results.items()}
         return results
+
+    def _fast_inputs(self, inputs: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
+        """``kwargs`` itself when every input is already a ready native array (see __init__)."""
+        fast = self._fast
+        if fast is None or inputs is not None or len(kwargs) != len(fast[1]):
+            return None
+        native = fast[0]
+        for name, shape, dtype in fast[1]:
+            x = kwargs.get(name)
+            if type(x) is not native or x.shape != shape or x.dtype != dtype or \
+                    not x.flags.c_contiguous:
+                return None
+        return kwargs
 
     def _check_out(self, cp: ConcretePlan, out: Mapping[str, Any]) -> None:
         for name, arr in out.items():
@@ -315,14 +346,7 @@ class CompiledPlan:
         """Raise MemoryBudgetError if the current concrete plan's peak exceeds ``limit`` bytes."""
         if limit is None or self._last is None:
             return
-        need = self._last.memory.peak_bytes + sum(
-            b.nbytes for b in self._last.buffers if b.role == "output")
-        if need > limit:
-            raise MemoryBudgetError(
-                f"plan needs {need} bytes ({_fmt(need)}: intermediates peak "
-                f"{_fmt(self._last.memory.peak_bytes)} plus outputs) but the memory limit is "
-                f"{limit} bytes ({_fmt(limit)})"
-            )
+        check_budget(self._last, limit, "the memory limit")
 
     # ------------------------------------------------------------------ display
     def __str__(self) -> str:
@@ -343,6 +367,24 @@ class CompiledPlan:
             lines.append(str(cp.optimizer_report))
         return "\n".join(lines)
 
+    def release_memory(self) -> None:
+        """Free the idle arenas of every concrete plan (they are rebuilt on the next call)."""
+        for cp in list(self._specs.values()) + ([self._last] if self._last else []):
+            cp.pool.clear()
+
     def __repr__(self) -> str:
         return (f"<CompiledPlan backend={self.backend.name} opt_level={self.opt_level} "
                 f"steps={len(self._last.steps) if self._last else '?'}>")
+
+
+def check_budget(cp: ConcretePlan, limit: int, what: str) -> None:
+    """Raise MemoryBudgetError if one call of ``cp`` needs more than ``limit`` bytes."""
+    need = cp.planned_bytes
+    if need > limit:
+        outs = need - cp.memory.peak_bytes
+        raise MemoryBudgetError(
+            f"plan needs {need} bytes ({_fmt(need)}: planned peak of intermediates "
+            f"{_fmt(cp.memory.peak_bytes)}, naive {_fmt(cp.memory.naive_bytes)}, plus outputs "
+            f"{_fmt(outs)}) but {what} is {limit} bytes ({_fmt(limit)})",
+            planned_bytes=need, limit=limit,
+        )

@@ -49,6 +49,9 @@ def make_buffers(g: EinsumGraph, order: list[int]) -> dict[int, Buffer]:
     """One buffer per scheduled node, keyed by node id (buffer id = position in ``order``)."""
     outputs = set(g.outputs.values())
     buffers: dict[int, Buffer] = {}
+    # whether a buffer's array is C-contiguous: a reshape is a view only of a contiguous array
+    # (graph inputs are assumed contiguous; a strided input makes numpy copy, which stays correct)
+    contiguous: dict[int, bool] = {}
     for pos, nid in enumerate(order):
         node = g.node(nid)
         if node.kind == ops.INPUT:
@@ -60,7 +63,20 @@ def make_buffers(g: EinsumGraph, order: list[int]) -> dict[int, Buffer]:
         else:
             role = "intermediate"
         view_of = None
+        contiguous[nid] = True
         if node.kind in VIEW_KINDS and role == "intermediate":
-            view_of = buffers[node.inputs[0]].id
+            src = node.inputs[0]
+            if node.kind == ops.TRANSPOSE:
+                view_of = buffers[src].id
+                contiguous[nid] = contiguous[src] and _keeps_order(g.node(src).shape,
+                                                                   node.args["perm"])
+            elif contiguous[src]:
+                view_of = buffers[src].id
         buffers[nid] = Buffer(pos, nid, node.name, tuple(node.shape), node.dtype, role, view_of)
     return buffers
+
+
+def _keeps_order(shape, perm) -> bool:
+    """True if transposing by ``perm`` leaves a C-contiguous array contiguous (unit axes aside)."""
+    moved = [p for p in perm if shape[p] != 1]
+    return moved == sorted(moved)

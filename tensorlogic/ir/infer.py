@@ -46,8 +46,8 @@ def normalize_axes(axes, rank: int, where: str) -> tuple[int, ...]:
     """Axes as sorted non-negative ints; None means all axes."""
     if axes is None:
         return tuple(range(rank))
-    if isinstance(axes, int):
-        axes = (axes,)
+    if not isinstance(axes, (tuple, list)):
+        axes = (axes,)  # one axis; a non-integer is reported below
     result = []
     for a in axes:
         if not isinstance(a, int) or isinstance(a, bool):
@@ -95,10 +95,20 @@ def reshape_target(shape: Shape, newshape: Sequence[Dim], where: str) -> Shape:
     return tuple(newshape)
 
 
+_KNOWN_OPS = {ops.UNARY: ops.UNARY_OPS, ops.BINARY: ops.BINARY_OPS, ops.REDUCE: ops.REDUCTIONS,
+              ops.ROWOP: ops.ROW_OPS}
+_OP_WORD = {ops.UNARY: "unary op", ops.BINARY: "binary op", ops.REDUCE: "reduction",
+            ops.ROWOP: "row op"}
+
+
 def infer(kind: str, op: str | None, inputs: Sequence, args: Mapping, where: str) -> tuple[Shape, str]:
     """Return (shape, dtype) of a node given its input nodes (objects with shape and dtype)."""
     shapes = [tuple(n.shape) for n in inputs]
     dts = [n.dtype for n in inputs]
+    known = _KNOWN_OPS.get(kind)
+    if known is not None and op not in known:
+        # add_node and loaded graphs reach here without the builder methods' checks
+        raise GraphError(f"{where}: unknown {_OP_WORD[kind]} {op!r}; expected one of {known}")
     if kind == ops.EINSUM:
         es = einspec.parse(args["spec"], [len(s) for s in shapes])
         for k, (term, s) in enumerate(zip(es.inputs, shapes)):

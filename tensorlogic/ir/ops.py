@@ -45,6 +45,8 @@ class ElementwiseOp:
     cuda: str
     flops: int
     commutative: bool = False
+    # numpy(x, out=x) is correct: the input is not read after out is first written
+    alias_safe: bool = True
 
 
 _SQRT_2_OVER_PI = 0.7978845608028654
@@ -67,15 +69,16 @@ def _softplus(x, out):
 
 
 def _gelu(x, out):
-    # tanh approximation (PyTorch's approximate="tanh")
-    t = np.multiply(x, x)
-    np.multiply(t, 0.044715 * _SQRT_2_OVER_PI, out=t)
-    np.add(t, _SQRT_2_OVER_PI, out=t)
-    np.multiply(t, x, out=t)
-    np.tanh(t, out=t)
-    np.add(t, 1.0, out=t)
-    np.multiply(t, x, out=t)
-    return np.multiply(t, 0.5, out=out)
+    # tanh approximation (PyTorch's approximate="tanh"), computed in out without temporaries;
+    # x is read after out is written, so out must not alias x (alias_safe=False)
+    np.multiply(x, x, out=out)
+    np.multiply(out, 0.044715 * _SQRT_2_OVER_PI, out=out)
+    np.add(out, _SQRT_2_OVER_PI, out=out)
+    np.multiply(out, x, out=out)
+    np.tanh(out, out=out)
+    np.add(out, 1.0, out=out)
+    np.multiply(out, x, out=out)
+    return np.multiply(out, 0.5, out=out)
 
 
 def _step(x, out):
@@ -131,7 +134,7 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
             "softplus", 1, _softplus, "(max({x}, 0.0)+math.log1p(math.exp(-abs({x}))))",
             "(fmax({x}, ({T})0)+log1p(exp(-fabs({x}))))", 20,
         ),
-        ElementwiseOp("gelu", 1, _gelu, _GELU_NB, _GELU_C, 18),
+        ElementwiseOp("gelu", 1, _gelu, _GELU_NB, _GELU_C, 18, alias_safe=False),
         ElementwiseOp("step", 1, _step, "(1.0 if {x} > 0 else 0.0)", "({x} > ({T})0 ? ({T})1 : ({T})0)", 1),
         ElementwiseOp("one_minus", 1, _one_minus, "(1.0-{x})", "(({T})1-{x})", 1),
         # binary

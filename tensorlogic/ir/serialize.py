@@ -193,7 +193,8 @@ def load_npz(path: str | Path, where: str = "") -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
     except (OSError, ValueError, EOFError, KeyError) as exc:
-        raise SerializationError(f"{where or path}: cannot read arrays from {Path(path).name!r} ({exc})") from exc
+        name = Path(path).name if isinstance(path, (str, Path)) else "an in-memory archive"
+        raise SerializationError(f"{where or name}: cannot read arrays from {name!r} ({exc})") from exc
 
 
 def dumps(g: EinsumGraph) -> bytes:
@@ -209,5 +210,10 @@ def loads(blob: bytes) -> EinsumGraph:
     arrays = load_npz(io.BytesIO(blob), "graph blob")
     if "__graph__" not in arrays:
         raise SerializationError("graph blob: no graph record inside")
-    doc = json.loads(arrays.pop("__graph__").tobytes().decode())
+    try:
+        doc = json.loads(arrays.pop("__graph__").tobytes().decode())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SerializationError(f"graph blob: the graph record is not valid JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise SerializationError("graph blob: JSON nested too deeply") from exc
     return from_dict(doc, arrays, "graph blob")

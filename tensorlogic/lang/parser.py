@@ -31,11 +31,19 @@ DTYPES = ("float32", "float64", "float16")
 _CMP_TOKENS = {"=": "=", "==": "=", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 
 
+# Bounds on one equation's expression, so that hostile input cannot exhaust Python's
+# recursion limit in the parser or in the passes that walk the expression tree.
+MAX_NESTING = 64  # parentheses, function calls and signs inside one another
+MAX_OPERATORS = 256  # binary operators in one equation
+
+
 class _Parser:
     def __init__(self, text: str) -> None:
         self.toks = tokenize(text)
         self.i = 0
         self.anon = 0
+        self.depth = 0
+        self.operators = 0
 
     # ------------------------------------------------------------------ helpers
     @property
@@ -251,6 +259,7 @@ class _Parser:
         if self.tok.kind == "IDENT" and self.tok.text in ("max", "avg", "sum"):
             projection = self.next().text
         self.expect("=", "'=' after the left side of the equation")
+        self.operators = 0
         expr = self.expr()
         self.end_of_equation()
         return Equation(lhs, expr, projection, lhs.pos)
@@ -262,9 +271,15 @@ class _Parser:
         else:
             left = self.product()
         while self.tok.kind in ("+", "-"):
-            op = self.next()
+            op = self._operator()
             left = BinOp(op.kind, left, self.product(), op.pos)
         return left
+
+    def _operator(self, consume: bool = True) -> Token:
+        self.operators += 1
+        if self.operators > MAX_OPERATORS:
+            raise self.error(f"expression has more than {MAX_OPERATORS} operators")
+        return self.next() if consume else self.tok
 
     def _starts_factor(self) -> bool:
         t = self.tok
@@ -274,14 +289,25 @@ class _Parser:
         left = self.factor()
         while True:
             if self.tok.kind in ("*", "/"):
-                op = self.next()
+                op = self._operator()
                 left = BinOp(op.kind, left, self.factor(), op.pos)
             elif self._starts_factor():
-                left = BinOp("*", left, self.factor(), self.tok.pos)
+                pos = self._operator(consume=False).pos
+                left = BinOp("*", left, self.factor(), pos)
             else:
                 return left
 
     def factor(self) -> Expr:
+        # a bound on nesting keeps hostile input from exhausting Python's recursion limit
+        self.depth += 1
+        try:
+            if self.depth > MAX_NESTING:
+                raise self.error(f"expression nested more than {MAX_NESTING} levels deep")
+            return self._factor()
+        finally:
+            self.depth -= 1
+
+    def _factor(self) -> Expr:
         t = self.tok
         if t.kind == "-":
             self.next()

@@ -8,7 +8,10 @@ from tensorlogic.ir.fused import FusedOp
 
 DTYPES = ("float32", "float64")
 # (space, reduced axes) per family: row (block per row), col (thread per point), mixed axes
-TAIL_LAYOUTS = (((64, 1000), (1,)), ((300, 5, 7), (1,)), ((40, 30, 20), (0, 2)), ((17, 300), (0,)))
+# plus a scalar register row (999 is no multiple of 4) and few long rows (split reductions; the
+# row ops fall back to the multi-pass row kernel)
+TAIL_LAYOUTS = (((64, 1000), (1,)), ((300, 5, 7), (1,)), ((40, 30, 20), (0, 2)), ((17, 300), (0,)),
+                ((50, 999), (1,)), ((4, 50000), (1,)))
 
 
 def contiguous_spec(prog: S.Program, dtype: str, shapes, in_dtypes=None) -> S.KernelSpec:

@@ -75,3 +75,41 @@ def tol(dtype, n=1):
     eps = float(np.finfo(dtype).eps)
     s = max(1.0, math.sqrt(n))
     return {"rtol": 64 * eps * s, "atol": 64 * eps * s}
+
+
+def every_kind_graph(dtype):
+    """One graph with every single-node kernel kind: elementwise, where, reductions, row ops."""
+    g = tl.EinsumGraph()
+    a = g.input("a", (6, 10), dtype)
+    b = g.input("b", (10,), dtype)
+    g.output(g.sigmoid(a * b + 0.5) - g.tanh(a), "y")
+    g.output(g.where(a > 0, a, b), "w")
+    g.output(g.sum(g.exp(a), axis=1), "s")
+    g.output(g.mean(a, axis=0, keepdims=True), "mean")
+    g.output(g.max(a), "max")
+    g.output(g.min(a, axis=1), "min")
+    g.output(g.prod(a, axis=0), "prod")
+    g.output(g.logsumexp(a, axis=1), "lse")
+    g.output(g.softmax(a, axis=-1), "sm")
+    g.output(g.log_softmax(a, axis=0), "lsm")
+    return g
+
+
+def every_kind_inputs(rng, dtype):
+    """Fresh inputs for ``every_kind_graph``."""
+    return {"a": rng.uniform(-2, 2, (6, 10)).astype(dtype),
+            "b": rng.uniform(-2, 2, 10).astype(dtype)}
+
+
+# the plan options every_kind_graph is compiled with per dtype (float32: all kernels parallel,
+# float64: serial), shared with the warm-process test so it finds their objects cached
+EVERY_KIND_OPTIONS = {"float32": {"parallel_threshold": 0}, "float64": {}}
+
+
+def libm_graph():
+    """exp, log and softmax with fast math off (libm calls in the compiled objects)."""
+    g = tl.EinsumGraph()
+    x = g.input("x", (9, 11), "float64")
+    g.output(g.log(g.exp(x) + 1.0), "y")
+    g.output(g.softmax(x), "sm")
+    return g

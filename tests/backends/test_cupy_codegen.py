@@ -73,12 +73,14 @@ def test_ptx_covers_every_op_dtype_and_family():
         for tail in ops.REDUCTIONS + ops.ROW_OPS:
             assert f"{tail}_0_{dt}" in names
     families = {s.family for _, s in all_cases()}
-    assert families == {"ew", "row", "col"}
+    assert families == {"ew", "row", "col", "split"}
 
 
 def test_cuda_c_compiles_with_nvcc(tmp_path):
     nvcc = _tool("nvcc")
     srcs = [cuda_c.render(spec, name, prelude=(k == 0)) for k, (name, spec) in enumerate(all_cases())]
+    srcs += [cuda_c.render(spec, name + "_v", prelude=False, vector=True)
+             for name, spec in all_cases() if spec.family in ("row", "split") and ptx.vector_width(spec)]
     f = tmp_path / "all.cu"
     f.write_text("\n".join(srcs))
     r = subprocess.run([nvcc, "-arch=sm_90", "-c", str(f), "-o", str(tmp_path / "all.o")],
@@ -116,6 +118,45 @@ def test_row_kernel_uses_warp_shuffles_and_grid_stride():
     src = ptx.emit(contiguous_spec(prog, "float64", [(64, 1000)]), "k", 90)
     assert src.count("shfl.sync.bfly.b32") == 2 * 5 * 2  # 2 reductions, 5 steps, 2 halves of f64
     assert "%nctaid.x" in src and "bar.sync 0" in src
+
+
+def test_register_rows_read_once_with_vector_loads():
+    """A row that fits is held in registers: one vector load per chunk, no second pass."""
+    prog = S.Program((FusedOp("mul", (("in", 0), ("in", 1))),), ("tmp", 0), (16, 4096), "softmax", (1,))
+    spec = contiguous_spec(prog, "float32", [(16, 4096), (16, 1)])
+    lay = S.row_layout(spec, 4)
+    assert (lay.threads, lay.rows, lay.chunks) == (256, 1, 4)
+    src = ptx.emit(spec, "k", 90, vector=True)
+    assert src.count("ld.global.nc.v4.f32") == lay.chunks  # the (16, 1) operand: one scalar load
+    assert src.count("ld.global.nc.f32") == 1 and src.count("st.global.v4.f32") == lay.chunks
+    # a short row: a warp per row, four rows per block, shuffles only
+    small = contiguous_spec(S.Program((), ("in", 0), (4096, 1024), "log_softmax", (1,)), "float32",
+                            [(4096, 1024)])
+    assert S.row_layout(small, 4) == S.RowLayout(32, 4, 4, 8)
+    assert "bar.sync" not in ptx.emit(small, "k", 90, vector=True)
+    # too long for registers: the multi-pass kernel
+    assert S.row_layout(contiguous_spec(S.Program((), ("in", 0), (2, 70001), "softmax", (1,)),
+                                        "float32", [(2, 70001)]), 1) is None
+
+
+def test_full_reduction_splits_over_blocks():
+    spec = contiguous_spec(S.Program((), ("in", 0), (1 << 24,), "max", (0,)), "float32", [(1 << 24,)])
+    assert spec.family == "split" and spec.sizes == (1, 1 << 24) and spec.splits == S.SPLIT_BLOCKS
+    fin = S.finish_program(spec)
+    assert fin.space == (1, spec.splits) and fin.tail == "max"
+    mean = contiguous_spec(S.Program((), ("in", 0), (8, 100000), "mean", (1,)), "float64", [(8, 100000)])
+    assert mean.family == "split" and S.finish_program(mean).tail == "sum"
+    lse = contiguous_spec(S.Program((), ("in", 0), (1 << 20,), "logsumexp", (0,)), "float32", [(1 << 20,)])
+    assert lse.family == "row"  # partial logsumexps don't combine by one operation: one block
+    src = ptx.emit(mean, "k", 90, vector=True)
+    assert "ld.global.nc.v2.f64" in src and src.count("st.global.f64") == 1  # one partial a block
+
+
+def test_max_min_reductions_propagate_nan_in_the_text():
+    for tail in ("max", "min"):
+        spec = contiguous_spec(S.Program((), ("in", 0), (8, 256), tail, (1,)), "float32", [(8, 256)])
+        assert "setp.nan.f32" in ptx.emit(spec, "k", 90)
+        assert f"tl_{tail}(" in cuda_c.render(spec, "k")
 
 
 def test_registers_are_named_by_class():

@@ -8,7 +8,8 @@ import pytest
 import tensorlogic as tl
 from tensorlogic.ir import ops
 
-from numba_cases import tol
+from numba_cases import (EVERY_KIND_OPTIONS, every_kind_graph, every_kind_inputs, libm_graph,
+                         tol)
 
 # inputs in a range where every op is defined (log, sqrt, pow need positive bases)
 _POSITIVE = {"log", "sqrt", "pow", "reciprocal"}
@@ -48,23 +49,12 @@ def test_binary_op_broadcast_float64(op, rng):
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_single_nodes_float32_float64(dtype, rng):
     """O0 plans: each UNARY/BINARY/WHERE/REDUCE/ROWOP node is its own generated kernel."""
-    g = tl.EinsumGraph()
-    a = g.input("a", (6, 10), dtype)
-    b = g.input("b", (10,), dtype)
-    y = g.sigmoid(a * b + 0.5) - g.tanh(a)
-    g.output(y, "y")
-    g.output(g.where(a > 0, a, b), "w")
-    g.output(g.sum(g.exp(a), axis=1), "s")
-    g.output(g.mean(a, axis=0, keepdims=True), "mean")
-    g.output(g.max(a), "max")
-    g.output(g.min(a, axis=1), "min")
-    g.output(g.prod(a, axis=0), "prod")
-    g.output(g.logsumexp(a, axis=1), "lse")
-    g.output(g.softmax(a, axis=-1), "sm")
-    g.output(g.log_softmax(a, axis=0), "lsm")
-    xs = {"a": rng.uniform(-2, 2, (6, 10)).astype(dtype), "b": rng.uniform(-2, 2, 10).astype(dtype)}
-    plan = tl.compile(g, backend="numba", opt_level=0)
+    g = every_kind_graph(dtype)
+    xs = every_kind_inputs(rng, dtype)
+    opts = EVERY_KIND_OPTIONS[dtype]
+    plan = tl.compile(g, backend="numba", opt_level=0, **opts)
     assert all("numba" in s.info for s in plan.steps)
+    assert all(("parallel" in s.info) == bool(opts) for s in plan.steps)
     got = plan(**xs)
     want = tl.compile(g, backend="numpy", opt_level=0)(**xs)
     for k in want:
@@ -101,14 +91,34 @@ def test_non_contiguous_input_and_float16_fallback(rng):
 
 
 def test_fast_math_off_matches_libm(rng):
-    g = tl.EinsumGraph()
-    x = g.input("x", (9, 11), "float64")
-    g.output(g.log(g.exp(x) + 1.0), "y")
-    g.output(g.softmax(x), "sm")
     xs = {"x": rng.uniform(-5, 5, (9, 11))}
-    plan = tl.compile(g, backend="numba", opt_level=0, fast_math=False)
+    plan = tl.compile(libm_graph(), backend="numba", opt_level=0, fast_math=False)
     assert all("fast" not in s.info for s in plan.steps)
     got = plan(**xs)
-    want = tl.compile(g, backend="numpy", opt_level=0)(**xs)
+    want = tl.compile(libm_graph(), backend="numpy", opt_level=0)(**xs)
     np.testing.assert_allclose(got["y"], want["y"], rtol=1e-15, atol=1e-15)
     np.testing.assert_allclose(got["sm"], want["sm"], **tol("float64", 11))
+
+
+def test_strided_out_and_read_only_inputs(rng):
+    """Kernels are compiled for aligned arrays: other buffers are handled around them."""
+    g = tl.EinsumGraph()
+    a = g.input("a", (6, 8), "float32")
+    b = g.input("b", (8,), "float32")
+    g.output(g.exp(a) * b, "y")
+    plan = tl.compile(g, backend="numba", opt_level=0)
+    xa = rng.uniform(-1, 1, (6, 8)).astype(np.float32)
+    xb = rng.uniform(-1, 1, 8).astype(np.float32)
+    xa.flags.writeable = False
+    xb_ro = np.broadcast_to(xb, (8,))  # read-only view
+    want = np.exp(xa) * xb
+    np.testing.assert_allclose(plan(a=xa, b=xb_ro)["y"], want, **tol("float32"))
+    # unaligned buffers (a float32 view at an odd byte offset), as input and as out=
+    raw = bytearray(4 * 48 + 1)
+    out = np.frombuffer(raw, np.float32, count=48, offset=1).reshape(6, 8)
+    ua = np.frombuffer(bytearray(4 * 48 + 1), np.float32, count=48, offset=1).reshape(6, 8)
+    ua[...] = xa
+    assert not out.flags.aligned and not ua.flags.aligned and out.flags.writeable
+    res = plan(a=ua, b=xb, out={"y": out})["y"]
+    assert res is out
+    np.testing.assert_allclose(out, want, **tol("float32"))

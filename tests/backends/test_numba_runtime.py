@@ -40,7 +40,8 @@ def _run(env):
 
 
 def test_second_process_reuses_disk_cache(tmp_path):
-    env = dict(os.environ, TL_CACHE_DIR=str(tmp_path))
+    # numba's own cache directory variable must not move our objects: config.py decides
+    env = dict(os.environ, TL_CACHE_DIR=str(tmp_path), NUMBA_CACHE_DIR=str(tmp_path / "nb_env"))
     first = _run(env)
     second = _run(env)
     assert first["dir"] == second["dir"] == str(tmp_path / "numba")
@@ -49,6 +50,50 @@ def test_second_process_reuses_disk_cache(tmp_path):
     assert first["sum"] == pytest.approx(50.0, rel=1e-5) and second["sum"] == first["sum"]
     modules = sorted(p.name for p in (tmp_path / "numba").glob("tl_*.py"))
     assert len(modules) == 4
+    assert len(list((tmp_path / "numba").glob("*.nbi"))) >= 4
+    assert not list(tmp_path.glob("nb_env/**/*.nbi"))
+
+
+_EVERY_KIND = textwrap.dedent("""
+    import json, sys, numpy as np, tensorlogic as tl
+    sys.path.insert(0, sys.argv[1])
+    from numba_cases import EVERY_KIND_OPTIONS, every_kind_graph, every_kind_inputs, libm_graph
+    rng = np.random.default_rng(int(sys.argv[2]))
+    runs = [(every_kind_graph(dt), every_kind_inputs(rng, dt), opts)
+            for dt, opts in EVERY_KIND_OPTIONS.items()]
+    runs.append((libm_graph(), {"x": rng.uniform(-5, 5, (9, 11))}, {"fast_math": False}))
+    res = {"misses": 0, "err": {}}
+    for g, xs, opts in runs:
+        plan = tl.compile(g, backend="numba", opt_level=0, **opts)
+        got = plan(**xs)
+        want = tl.compile(g, backend="numpy", opt_level=0)(**xs)
+        for k in want:
+            d = np.abs(got[k].astype(np.float64) - want[k]) / (1 + np.abs(want[k]))
+            res["err"][f"{want[k].dtype}:{opts}:{k}"] = float(d.max())
+        res["misses"] += sum(sum(k.dispatcher.stats.cache_misses.values())
+                             for k in plan.concrete.kernels if hasattr(k, "dispatcher"))
+    print(json.dumps(res))
+""")
+
+
+def test_warm_process_runs_every_kernel_kind_from_cache():
+    """A process that only loads cached objects (no compile, no registry refresh) is correct.
+
+    Uses the session's cache directory: the objects are usually there already (test_numba_ops
+    compiles the same graphs with the same options), so the first run is cheap.
+    """
+    here = os.path.dirname(__file__)
+    seed = int(np.random.default_rng().integers(2**31))
+    outs = []
+    for _ in range(2):
+        out = subprocess.run([sys.executable, "-c", _EVERY_KIND, here, str(seed)],
+                             capture_output=True, text=True, timeout=600, check=True)
+        outs.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    assert outs[1]["misses"] == 0, outs[1]
+    for name, err in outs[1]["err"].items():
+        bound = 1e-4 if name.startswith("float32") else 1e-12
+        assert err <= bound, (name, err)
+    assert outs[1]["err"] == outs[0]["err"]  # cached objects compute what fresh ones did
 
 
 def test_four_threads_call_plans_concurrently(rng):

@@ -2,24 +2,134 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
+import threading
 from typing import Any
 
 import cupy
 import numpy as np
+from cupy.cuda import driver
 
 from ...errors import GraphError, InputError
 from ...ir import ops
 from .. import kernels as generic
 from . import cuda_c, ptx
+from . import cublas
 from .cache import KernelCache
 from .compiler import KernelCompiler
 from .graphs import PlanRunner
-from .spec import ITEMSIZE, make_spec, program_of, row_block
+from .spec import (ITEMSIZE, SPLIT_THREADS, finish_program, make_spec, program_of, row_block,
+                   row_layout)
 
 GENERATED_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE, ops.REDUCE, ops.ROWOP, ops.FUSED)
 CODEGEN_PATHS = ("ptx", "cuda")
 _EW_BLOCK = 256
+_launch = driver.launchKernel
+_current_stream = cupy.cuda.get_current_stream
+
+
+class _Launcher:
+    """One compiled kernel with fixed launch geometry: ``launcher(pointers, stream)``.
+
+    Launches through ``cuLaunchKernel`` with a parameter block built once (pointer values are
+    written into it per call), which costs a fraction of CuPy's generic argument handling.
+    """
+
+    def __init__(self, fn, n_args: int, grid: int, block: int) -> None:
+        self.fn = fn  # keeps the module loaded
+        self.f = fn.ptr
+        self.grid, self.block = grid, block
+        self.vals = (ctypes.c_uint64 * n_args)()
+        base = ctypes.addressof(self.vals)
+        self.params = (ctypes.c_void_p * n_args)(*(base + 8 * k for k in range(n_args)))
+        self.pptr = ctypes.addressof(self.params)
+        self.lock = threading.Lock()  # the block is shared: one launch at a time fills it
+
+    def __call__(self, ptrs: list[int], stream: int) -> None:
+        with self.lock:
+            self.vals[:] = ptrs
+            _launch(self.f, self.grid, 1, 1, self.block, 1, 1, 0, stream, self.pptr, 0)
+
+
+def _geometry(spec, vector: bool, sms: int) -> tuple[int, int]:
+    """(grid, block) of a spec's scalar or vector variant."""
+    cap = sms * 32
+    if spec.family == "ew":
+        w = ptx.vector_width(spec) if vector else 1
+        return max(1, min(math.ceil(spec.total / w / _EW_BLOCK), cap)), _EW_BLOCK
+    if spec.family == "split":
+        return spec.sizes[0] * spec.splits, SPLIT_THREADS
+    if spec.family == "row":
+        lay = row_layout(spec, ptx.vector_width(spec) if vector else 1)
+        if lay is None:
+            return max(1, min(spec.sizes[0], cap)), row_block(spec.sizes[1])
+        return max(1, min(math.ceil(spec.sizes[0] / lay.rows), cap)), lay.block
+    return max(1, min(math.ceil(spec.sizes[0] * spec.sizes[2] / _EW_BLOCK), cap)), _EW_BLOCK
+
+
+class _SpecKernel:
+    """A spec's compiled scalar (and vector) variants: ``run(out, args)`` on the current stream.
+
+    A split spec also holds the kernel that reduces its partials."""
+
+    def __init__(self, backend: "CupyBackend", spec, name: str, codegen: str) -> None:
+        self.spec = spec
+        comp, sms, arch = backend.compiler, backend.sm_count, int(backend.arch)
+        n_args = spec.n_inputs + 1
+        w = ptx.vector_width(spec)
+        if codegen == "ptx":
+            self.source = ptx.emit(spec, name, arch)
+            fn = comp.function(self.source, name, "ptx")
+            vfn = comp.function(ptx.emit(spec, name + "_v", arch, vector=True), name + "_v",
+                                "ptx") if w else None
+        else:
+            self.source = cuda_c.render(spec, name)
+            fn = comp.function(self.source, name, "cuda")
+            w = w if spec.family in ("row", "split") else 0
+            vfn = comp.function(cuda_c.render(spec, name + "_v", vector=True), name + "_v",
+                                "cuda") if w else None
+        self.scalar = _Launcher(fn, n_args, *_geometry(spec, False, sms))
+        self.vector = _Launcher(vfn, n_args, *_geometry(spec, True, sms)) if vfn else None
+        # pointers that a vector variant reads or writes 16 bytes at a time: 0 is the output
+        if spec.family == "ew":
+            self.aligned = [0] + [k + 1 for k in range(spec.n_inputs)
+                                  if spec.input_mode(k) == "full"]
+        else:
+            gr = spec.groups[1]
+            self.aligned = [k + 1 for k in range(spec.n_inputs) if gr and gr[0].strides[k] == 1]
+            if spec.family == "row" and spec.tail in ops.ROW_OPS:
+                self.aligned.append(0)
+        self.finish = None
+        if spec.family == "split":
+            n_o, s = spec.sizes[0], spec.splits
+            fspec = make_spec(finish_program(spec), spec.dtype, [(n_o, s)], [spec.compute],
+                              [(s, 1)])
+            self.finish = _SpecKernel(backend, fspec, name + "_f", codegen)
+            self.partials = (n_o * s,)
+
+    def run(self, out, args) -> None:
+        """Launch on the current stream (out and args are CuPy arrays of the spec's layout)."""
+        # the hot path of every generated step: kept flat (no helper calls) on purpose
+        ptrs = [out.data.ptr]
+        for a in args:
+            ptrs.append(a.data.ptr)
+        if self.finish is not None:
+            part = cupy.empty(self.partials, self.spec.compute)
+            ptrs[0] = part.data.ptr
+        lau = self.vector
+        if lau is not None:
+            for k in self.aligned:
+                if ptrs[k] % 16:
+                    lau = self.scalar
+                    break
+        else:
+            lau = self.scalar
+        with lau.lock:
+            lau.vals[:] = ptrs
+            _launch(lau.f, lau.grid, 1, 1, lau.block, 1, 1, 0, _current_stream().ptr, lau.pptr, 0)
+        if self.finish is not None:
+            self.finish.run(out, [part])
 
 
 class GeneratedKernel:
@@ -40,65 +150,30 @@ class GeneratedKernel:
         self.variants: dict[tuple, Any] = {}
         self.spec = None
         self.source = ""
+        self.empty = math.prod(int(d) for d in node.shape) == 0
         # the contiguous layout is what a plan passes almost always: build it now
-        self._build(tuple(tuple(s * ITEMSIZE[dt] for s in _cstrides(shape))
-                          for shape, dt in zip(self.in_shapes, self.in_dtypes)))
+        self._contig = tuple(tuple(s * ITEMSIZE[dt] for s in _cstrides(shape))
+                             for shape, dt in zip(self.in_shapes, self.in_dtypes))
+        self._main = self._build(self._contig)
 
     def _build(self, sig: tuple) -> Any:
         strides = [tuple(b // ITEMSIZE[dt] for b in st) for st, dt in zip(sig, self.in_dtypes)]
         spec = make_spec(self.prog, self.out_dtype, self.in_shapes, self.in_dtypes, strides)
-        name = f"tl_{spec.family}_{spec.key()}"
-        comp = self.backend.compiler
-        sms = self.backend.sm_count
-        if self.codegen == "ptx":
-            src = ptx.emit(spec, name, int(self.backend.arch))
-            fn = comp.function(src, name, "ptx")
-            vfn = None
-            w = ptx.vector_width(spec)
-            if w:
-                vsrc = ptx.emit(spec, name + "_v", int(self.backend.arch), vector=True)
-                vfn = comp.function(vsrc, name + "_v", "ptx")
-        else:
-            src = cuda_c.render(spec, name)
-            fn = comp.function(src, name, "cuda")
-            vfn, w = None, 0
+        sk = _SpecKernel(self.backend, spec, f"tl_{spec.family}_{spec.key()}", self.codegen)
         if self.spec is None:
-            self.spec, self.source = spec, src
-        if spec.family == "ew":
-            work = spec.total
-            block = _EW_BLOCK
-            grid = max(1, min(math.ceil(work / block), sms * 32))
-            vgrid = max(1, min(math.ceil(work / max(w, 1) / block), sms * 32))
-            full = [k for k in range(spec.n_inputs) if spec.input_mode(k) == "full"]
-        elif spec.family == "row":
-            block = row_block(spec.sizes[1])
-            grid = max(1, min(spec.sizes[0], sms * 32))
-            vgrid, full = grid, []
-        else:
-            block = _EW_BLOCK
-            grid = max(1, min(math.ceil(spec.sizes[0] * spec.sizes[2] / block), sms * 32))
-            vgrid, full = grid, []
-        empty = spec.total == 0 or math.prod(int(d) for d in self.node.shape) == 0
-
-        def launch(args, out):
-            if empty:
-                return out
-            if vfn is not None and out.data.ptr % 16 == 0 and all(
-                    args[k].data.ptr % 16 == 0 for k in full):
-                vfn((vgrid,), (block,), (out, *args))
-            else:
-                fn((grid,), (block,), (out, *args))
-            return out
-
-        self.variants[sig] = launch
-        return launch
+            self.spec, self.source = spec, sk.source
+        run = None if self.empty or spec.total == 0 else sk.run
+        self.variants[sig] = run
+        return run
 
     def __call__(self, args: list, out):
-        sig = tuple(a.strides for a in args)
-        launch = self.variants.get(sig)
-        if launch is None:
-            launch = self._build(sig)
-        return launch(args, out)
+        sig = tuple([a.strides for a in args])
+        run = self._main if sig == self._contig else self.variants.get(sig, False)
+        if run is False:
+            run = self._build(sig)
+        if run is not None:
+            run(out, args)
+        return out
 
 
 def _cstrides(shape):
@@ -114,6 +189,7 @@ class CupyBackend:
 
     name = "cupy"
     xp = cupy
+    native_array = cupy.ndarray  # C-contiguous CuPy inputs skip conversion (CompiledPlan)
 
     def __init__(self, cache_dir=None) -> None:
         dev = cupy.cuda.Device()
@@ -126,6 +202,9 @@ class CupyBackend:
         self.compiler = KernelCompiler(self.cache, self.arch)
         self.codegen = "ptx"
         self.cuda_graph: Any = "auto"
+        # contractions call cuBLAS directly (capturable in CUDA graphs); CuPy's matmul otherwise
+        blas = cublas.get()
+        self.blas_xp = cublas.CublasXp(blas) if blas is not None else cupy
 
     # plan options ---------------------------------------------------------------
     def with_options(self, options: dict) -> "CupyBackend":
@@ -147,10 +226,10 @@ class CupyBackend:
         """Kernel for a step: cuBLAS for einsums, a generated kernel for elementwise groups,
         reductions and row ops, CuPy's own operations for layout changes and casts."""
         if node.kind == ops.EINSUM:
-            return generic.einsum_kernel(cupy, node, in_nodes)
+            return generic.einsum_kernel(self.blas_xp, node, in_nodes)
         if node.kind in GENERATED_KINDS:
             return GeneratedKernel(self, node, in_nodes, self.codegen)
-        return generic.make_kernel(cupy, node, in_nodes, step.args.get("_is_output", False))
+        return generic.make_kernel(cupy, node, in_nodes, not step.view)
 
     def plan_runner(self, plan) -> PlanRunner:
         """The executor of a concrete plan: CUDA graph replay or stream launches."""

@@ -12,19 +12,25 @@ from typing import Sequence
 
 from ...errors import BackendError
 from ...ir import ops
-from .spec import KernelSpec, row_block
+from .spec import SPLIT_THREADS, KernelSpec, RowLayout, row_block, row_layout, row_width
 
 CTYPE = {"float32": "float", "float64": "double", "float16": "unsigned short"}
+VTYPE = {("float", 4): "float4", ("double", 2): "double2"}
+_LANES = "xyzw"
 
 _PRELUDE = r"""
 __device__ __forceinline__ float tl_h2f(unsigned short h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short tl_f2h(float f) {
   unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+template <typename T> __device__ __forceinline__ T tl_max(T a, T b) {
+  return (a > b || a != a) ? a : b; }
+template <typename T> __device__ __forceinline__ T tl_min(T a, T b) {
+  return (a < b || a != a) ? a : b; }
 """
 
 _COMBINE = {"sum": "({a} + {b})", "mean": "({a} + {b})", "prod": "({a} * {b})",
-            "max": "fmax({a}, {b})", "min": "fmin({a}, {b})"}
+            "max": "tl_max({a}, {b})", "min": "tl_min({a}, {b})"}  # NaN wins, like numpy
 _IDENT = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}
 
 
@@ -62,9 +68,10 @@ class _Src:
     def store_expr(self, v: str) -> str:
         return f"tl_f2h({v})" if self.spec.dtype == "float16" else f"(({CTYPE[self.spec.dtype]}){v})"
 
-    def program(self, offs: Sequence[str | None], depth: int) -> str:
+    def program(self, offs: Sequence[str | None], depth: int,
+                given: dict[int, str] | None = None) -> str:
         spec = self.spec
-        vals: dict[tuple, str] = {}
+        vals: dict[tuple, str] = {("in", k): v for k, v in (given or {}).items()}
 
         def ref(r) -> str:
             if r[0] == "in":
@@ -160,6 +167,151 @@ def _ew(s: _Src) -> None:
     s.emit("}")
 
 
+def _allreduce(s: _Src, tail: str, acc: str, threads: int, depth: int) -> None:
+    """Reduce ``acc`` over the row's lanes (warp shuffles, then shared memory); all get it."""
+    s.emit(f"for (int m = 16; m > 0; m >>= 1) {acc} = "
+           f"{_COMBINE[tail].format(a=acc, b=f'__shfl_xor_sync(0xffffffffu, {acc}, m)')};", depth)
+    if threads > 32:
+        s.emit(f"if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = {acc};", depth)
+        s.emit("__syncthreads();", depth)
+        s.emit(f"{acc} = smem[0];", depth)
+        s.emit(f"for (int w = 1; w < {threads // 32}; ++w) "
+               f"{acc} = {_COMBINE[tail].format(a=acc, b='smem[w]')};", depth)
+        s.emit("__syncthreads();", depth)
+
+
+class _Chunks:
+    """Program values of a row chunk: scalar, or 16-byte vector loads of inputs contiguous along
+    the row with row-invariant inputs read once (mirrors ptx._RowValues)."""
+
+    def __init__(self, s: _Src, base: list[str | None], width: int, depth: int) -> None:
+        self.s, self.base, self.width = s, base, width
+        spec = s.spec
+        gr = spec.groups[1]
+        self.along = [gr[0].strides[k] if gr else 0 for k in range(spec.n_inputs)]
+        self.pre: dict[int, str] = {}
+        if width > 1:
+            for k in range(spec.n_inputs):
+                if self.along[k] == 0:
+                    v = s.var("p")
+                    s.emit(f"const {s.ct} {v} = {s.load(k, base[k])};", depth)
+                    self.pre[k] = v
+
+    def values(self, c: str, depth: int) -> list[str]:
+        s, w, spec = self.s, self.width, self.s.spec
+        if w == 1:
+            return [s.program(s.add(self.base, s.offsets(spec.groups[1], c, depth)), depth)]
+        vt = VTYPE[(s.ct, w)]
+        vecs: dict[int, str] = {}
+        for k in range(spec.n_inputs):
+            if self.along[k] == 1:
+                q = s.var("q")
+                off = f"{c} * {w}u" if self.base[k] is None else f"({self.base[k]} + {c} * {w}u)"
+                s.emit(f"const {vt} {q} = __ldg(reinterpret_cast<const {vt}*>(in{k} + {off}));",
+                       depth)
+                vecs[k] = q
+        return [s.program([None] * spec.n_inputs, depth,
+                          {**self.pre, **{k: f"{q}.{_LANES[lane]}" for k, q in vecs.items()}})
+                for lane in range(w)]
+
+
+def _row_reg(s: _Src, lay: RowLayout) -> None:
+    """Register-held rows (mirrors ptx._row_reg): one read, one write."""
+    spec, it, ct = s.spec, s.it, s.ct
+    (go, _gr), (n_o, n_r) = spec.groups, spec.sizes
+    T, R, W, CH = lay.threads, lay.rows, lay.width, lay.chunks
+    per, n_ch = CH * W, n_r // W
+    if T > 32:
+        s.emit(f"__shared__ {ct} smem[{T // 32}];")
+    s.emit(f"const unsigned int lane = threadIdx.x % {T}u, sub = threadIdx.x / {T}u;")
+    s.emit(f"for ({it} row = ({it})blockIdx.x * {R}u + sub; row < {n_o}u; "
+           f"row += ({it})gridDim.x * {R}u) {{")
+    ch = _Chunks(s, s.offsets(go, "row", 2), W, 2)
+    s.emit(f"{ct} v[{per}]; bool ok[{CH}];", 2)
+    s.emit("#pragma unroll", 2)
+    s.emit(f"for (int j = 0; j < {CH}; ++j) {{", 2)
+    s.emit(f"const {it} c0 = ({it})j * {T}u + lane;", 3)
+    s.emit(f"ok[j] = c0 < {n_ch}u;", 3)
+    s.emit(f"const {it} c = ok[j] ? c0 : 0u;", 3)
+    for lane, v in enumerate(ch.values("c", 3)):
+        s.emit(f"v[j * {W} + {lane}] = {v};", 3)
+    s.emit("}", 2)
+
+    def reduce(tail: str, arr: str) -> str:
+        acc = s.var("acc")
+        s.emit(f"{ct} {acc} = {literal(_IDENT[tail], ct)};", 2)
+        s.emit("#pragma unroll", 2)
+        s.emit(f"for (int e = 0; e < {per}; ++e) if (ok[e / {W}]) "
+               f"{acc} = {_COMBINE[tail].format(a=acc, b=f'{arr}[e]')};", 2)
+        _allreduce(s, tail, acc, T, 2)
+        return acc
+
+    def finish(v: str) -> None:
+        s.emit(f"if (lane == 0) out[row] = {s.store_expr(v)};", 2)
+
+    def write(expr) -> None:
+        s.emit("#pragma unroll", 2)
+        s.emit(f"for (int j = 0; j < {CH}; ++j) if (ok[j]) {{", 2)
+        s.emit(f"const {it} c = ({it})j * {T}u + lane;", 3)
+        if W == 1:
+            s.emit(f"out[row * {n_r}u + c] = {s.store_expr(expr('j'))};", 3)
+        else:
+            vt = VTYPE[(ct, W)]
+            s.emit(f"{vt} o;", 3)
+            for lane in range(W):
+                s.emit(f"o.{_LANES[lane]} = {expr(f'j * {W} + {lane}')};", 3)
+            s.emit(f"*reinterpret_cast<{vt}*>(out + (row * {n_ch}u + c) * {W}u) = o;", 3)
+        s.emit("}", 2)
+
+    tail = spec.tail
+    if tail in _COMBINE:
+        acc = reduce(tail, "v")
+        if tail == "mean":
+            acc = f"({acc} * {literal(1.0 / n_r, ct)})"
+        finish(acc)
+    else:
+        m = reduce("max", "v")
+        ms = s.var("ms")
+        s.emit(f"const {ct} {ms} = ({m} == {literal(float('-inf'), ct)}) ? ({ct})0 : {m};", 2)
+        s.emit(f"{ct} ex[{per}];", 2)
+        s.emit("#pragma unroll", 2)
+        s.emit(f"for (int e = 0; e < {per}; ++e) ex[e] = exp(v[e] - {ms});", 2)
+        ssum = reduce("sum", "ex")
+        if tail == "logsumexp":
+            finish(f"(log({ssum}) + {ms})")
+        elif tail == "softmax":
+            inv = s.var("inv")
+            s.emit(f"const {ct} {inv} = ({ct})1 / {ssum};", 2)
+            write(lambda e: f"(ex[{e}] * {inv})")
+        elif tail == "log_softmax":
+            sh = s.var("sh")
+            s.emit(f"const {ct} {sh} = log({ssum}) + {ms};", 2)
+            write(lambda e: f"(v[{e}] - {sh})")
+        else:
+            raise BackendError(f"no CUDA C for tail {tail!r}")
+    s.emit("}")
+
+
+def _split(s: _Src, width: int) -> None:
+    """Stage one of a multi-block reduction (mirrors ptx._split)."""
+    spec, it, ct = s.spec, s.it, s.ct
+    (go, _gr), (n_o, n_r) = spec.groups, spec.sizes
+    S, T = spec.splits, SPLIT_THREADS
+    tail = "sum" if spec.tail == "mean" else spec.tail
+    s.emit(f"__shared__ {ct} smem[{T // 32}];")
+    s.emit(f"const unsigned int sl = blockIdx.x % {S}u;")
+    s.emit(f"const {it} o = blockIdx.x / {S}u;")
+    ch = _Chunks(s, s.offsets(go, "o", 1), width, 1)
+    s.emit(f"{ct} acc = {literal(_IDENT[tail], ct)};")
+    s.emit(f"for ({it} c = ({it})sl * {T}u + threadIdx.x; c < {n_r // width}u; "
+           f"c += {S * T}u) {{")
+    for v in ch.values("c", 2):
+        s.emit(f"acc = {_COMBINE[tail].format(a='acc', b=v)};", 2)
+    s.emit("}")
+    _allreduce(s, tail, "acc", T, 1)
+    s.emit("if (threadIdx.x == 0) out[blockIdx.x] = acc;")
+
+
 def _row(s: _Src) -> None:
     spec, it, ct = s.spec, s.it, s.ct
     (go, gr), (n_o, n_r) = spec.groups, spec.sizes
@@ -229,19 +381,37 @@ def _col(s: _Src) -> None:
     s.emit("}")
 
 
-def render(spec: KernelSpec, name: str, prelude: bool = True) -> str:
-    """CUDA C source of one ``extern "C"`` kernel ``name`` (``prelude``: with its helpers)."""
+def render(spec: KernelSpec, name: str, prelude: bool = True, vector: bool = False) -> str:
+    """CUDA C source of one ``extern "C"`` kernel ``name`` (``prelude``: with its helpers;
+    ``vector``: 16-byte accesses along rows, see ``ptx.vector_width``)."""
     s = _Src(spec)
-    params = [f"{CTYPE[spec.dtype]}* __restrict__ out"] + [
+    out_t = CTYPE[spec.compute] if spec.family == "split" else CTYPE[spec.dtype]
+    params = [f"{out_t}* __restrict__ out"] + [
         f"const {CTYPE[dt]}* __restrict__ in{k}" for k, dt in enumerate(spec.in_dtypes)]
+    width = row_width(spec) if vector else 1
+    if vector and (width == 1 or spec.family not in ("row", "split")):
+        raise BackendError(f"kernel {name}: this spec cannot use vector loads")
+    bounds = 0  # threads per block the kernel is launched with (0: not fixed by the spec)
     if spec.family == "ew":
         _ew(s)
+    elif spec.family == "split":
+        _split(s, width)
+        bounds = SPLIT_THREADS
     elif spec.family == "row":
-        _row(s)
+        lay = row_layout(spec, width)
+        if lay is not None:
+            _row_reg(s, lay)
+            bounds = lay.block
+        elif vector:
+            raise BackendError(f"kernel {name}: this row is too long for vector loads")
+        else:
+            _row(s)
+            bounds = row_block(spec.sizes[1])
     elif spec.family == "col":
         _col(s)
     else:
         raise BackendError(f"unknown kernel family {spec.family!r}")
     head = f"// tensorlogic generated: {spec.family} {spec.tail or 'elementwise'} {spec.dtype}"
-    return "\n".join([head, _PRELUDE.strip() if prelude else "", f'extern "C" __global__ void {name}(',
+    lb = f"__launch_bounds__({bounds}) " if bounds else ""
+    return "\n".join([head, _PRELUDE.strip() if prelude else "", f'extern "C" __global__ void {lb}{name}(',
                       "    " + ", ".join(params) + ") {", *s.lines, "}", ""])

@@ -9,6 +9,7 @@ launches, and ``str(runner)`` (shown by ``print(plan)``) says which path runs an
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import cupy
@@ -45,6 +46,7 @@ class PlanRunner:
         self.fixed_in: dict[str, Any] = {}
         self.fixed_out: dict[str, Any] = {}
         self.replays = 0
+        self._busy = threading.Lock()
         n_views = sum(1 for s in plan.steps if s.view)
         io = sum(b.nbytes for b in plan.buffers if b.role in ("input", "output"))
         n_io = sum(1 for b in plan.buffers if b.role in ("input", "output"))
@@ -59,8 +61,23 @@ class PlanRunner:
         else:
             self.enabled, self.status = True, "pending (captured on the second call)"
         # warm-up and capture share one stream, so that cuBLAS's per-stream workspace and CuPy's
-        # per-stream pool blocks exist before capture (no allocation happens while capturing)
-        self.stream = cupy.cuda.Stream(non_blocking=False) if self.enabled else None
+        # per-stream pool blocks exist before capture. It is non-blocking: a blocking stream in
+        # capture makes any other thread's legacy-stream work fail (cudaErrorStreamCaptureImplicit),
+        # so ordering with the caller's stream is made explicit with events instead.
+        self.stream = cupy.cuda.Stream(non_blocking=True) if self.enabled else None
+        # what is allocated while capturing (temporaries of a step) comes from a pool that only
+        # the graph uses, so later allocations never get memory a replay writes to
+        self.capture_pool = None
+        # the stream-launch loop's tables (inputs, fresh outputs, outputs handed back as copies)
+        self._inputs = tuple(plan.input_ids.items())
+        self._fresh = tuple((name, bid, plan.buffers[bid].shape, plan.buffers[bid].dtype)
+                            for name, bid in plan.output_ids.items()
+                            if plan.buffers[bid].role == "output")
+        self._copied = tuple((name, bid) for name, bid in plan.output_ids.items()
+                             if plan.buffers[bid].role != "output")
+        self._names = tuple(plan.output_ids)
+        # a plan without intermediates needs no pooled arena: each call copies this table
+        self._template = None if plan.memory.offsets else plan._make_arena()
 
     def __str__(self) -> str:
         return f"cuda graph: {self.status}"
@@ -68,16 +85,30 @@ class PlanRunner:
     # ------------------------------------------------------------------ calling
     def __call__(self, plan, inputs, out):
         try:
-            if not self.enabled or hooks.active() is not None:
-                return plan.run_steps(inputs, out)
-            self.calls += 1
-            if self.graph is None:
-                if self.calls == 1:  # warm-up: load kernels, create handles, fill the pool
-                    with self.stream:
-                        return plan.run_steps(inputs, out)
-                if not self._capture(plan, inputs):
+            if not self.enabled:
+                if hooks.active() is not None:
                     return plan.run_steps(inputs, out)
-            return self._replay(plan, inputs, out)
+                return self._launches(plan, inputs, out)
+            if hooks.active() is not None:
+                return plan.run_steps(inputs, out)
+            # the graph owns one set of fixed buffers: a call that finds it busy (another thread)
+            # runs step by step on its own pooled arena instead of racing for those buffers
+            if not self._busy.acquire(blocking=False):
+                return plan.run_steps(inputs, out)
+            try:
+                self.calls += 1
+                if self.graph is None:
+                    if self.calls == 1:  # warm-up: load kernels, create handles, fill the pool
+                        caller = self._follow_caller()
+                        with self.stream:
+                            results = plan.run_steps(inputs, out)
+                        caller.wait_event(self.stream.record())
+                        return results
+                    if not self._capture(plan, inputs):
+                        return plan.run_steps(inputs, out)
+                return self._replay(plan, inputs, out)
+            finally:
+                self._busy.release()
         except cupy.cuda.memory.OutOfMemoryError as exc:
             need = plan.memory.peak_bytes + sum(b.nbytes for b in plan.buffers if b.role == "output")
             free = self.backend.free_memory()
@@ -85,6 +116,36 @@ class PlanRunner:
                 f"out of GPU memory running the plan: it plans {need} bytes ({_fmt(need)}: "
                 f"intermediates {_fmt(plan.memory.peak_bytes)} plus outputs) and the device has "
                 f"{free} bytes ({_fmt(free)}) free; {exc}", planned=need, free=free) from exc
+
+    def _launches(self, plan, inputs, out):
+        """``plan.run_steps`` without what a GPU plan never needs (numpy error states)."""
+        template = self._template
+        env = plan.pool.acquire() if template is None else template.copy()
+        try:
+            for name, bid in self._inputs:
+                env[bid] = inputs[name]
+            fresh: dict[int, Any] = {}
+            for name, bid, shape, dtype in self._fresh:
+                arr = out.get(name) if out else None
+                if arr is None:
+                    arr = fresh.get(bid)  # two output names of one buffer share an array
+                    if arr is None:
+                        arr = cupy.empty(shape, dtype)
+                fresh[bid] = env[bid] = arr
+            for fn, ins, o in plan.program:
+                env[o] = fn([env[i] for i in ins], env[o])
+            results = {}
+            for name, bid, _shape, _dtype in self._fresh:
+                results[name] = env[bid]
+            for name, bid in self._copied:
+                results[name] = self.backend.copy(env[bid], out.get(name) if out else None)
+            if self._copied:
+                results = {name: results[name] for name in self._names}
+            return results
+        finally:
+            if template is None:
+                env.reset()  # drop this call's inputs, outputs and views
+                plan.pool.release(env)
 
     def _capture(self, plan, inputs) -> bool:
         env = plan._make_arena()
@@ -100,8 +161,9 @@ class PlanRunner:
         stream = self.stream
         graph = None
         relaxed = getattr(cupy.cuda.runtime, "streamCaptureModeRelaxed", None)
+        pool = cupy.cuda.MemoryPool()
         try:
-            with stream:
+            with stream, cupy.cuda.using_allocator(pool.malloc):
                 if relaxed is None:
                     stream.begin_capture()
                 else:
@@ -117,12 +179,19 @@ class PlanRunner:
             self.fixed_in.clear()
             self.fixed_out.clear()
             return False
-        self.graph, self.env = graph, env
+        self.graph, self.env, self.capture_pool = graph, env, pool
         self.status = f"on ({len(plan.steps)} steps replayed as one graph)"
         return True
 
+    def _follow_caller(self):
+        """Order our stream after the work already queued on the caller's stream."""
+        caller = cupy.cuda.get_current_stream()
+        self.stream.wait_event(caller.record())
+        return caller
+
     def _replay(self, plan, inputs, out):
         stream = self.stream
+        caller = self._follow_caller()
         sp = stream.ptr
         for name, fixed in self.fixed_in.items():
             src = inputs[name]
@@ -142,4 +211,5 @@ class PlanRunner:
             else:  # an output that is an input or a constant
                 with stream:
                     results[name] = self.backend.copy(self.env[bid], arr)
+        caller.wait_event(stream.record())
         return results

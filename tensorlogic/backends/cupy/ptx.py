@@ -13,7 +13,7 @@ from typing import Sequence
 from ...errors import BackendError
 from ...ir import ops
 from . import ptx_math
-from .spec import ITEMSIZE, KernelSpec, row_block
+from .spec import ITEMSIZE, SPLIT_THREADS, KernelSpec, RowLayout, row_block, row_layout, row_width
 
 PTX_VERSION = "8.0"
 PTYPE = {"float32": "f32", "float64": "f64", "float16": "f16"}
@@ -238,8 +238,15 @@ class _Kernel:
         return i, s
 
     def combine(self, tail: str, acc: str, v: str) -> str:
+        """acc (+) v; max/min propagate a NaN operand like numpy (PTX max/min drop it)."""
         d = self.new(self.ct)
-        self.emit(f"{_COMBINE[tail][0]}.{self.ct} {d}, {acc}, {v};")
+        op = _COMBINE[tail][0]
+        if op not in ("max", "min"):
+            self.emit(f"{op}.{self.ct} {d}, {acc}, {v};")
+            return d
+        m, s, p = self.new(self.ct), self.new(self.ct), self.new("pred")
+        self.emit(f"{op}.{self.ct} {m}, {acc}, {v};", f"setp.nan.{self.ct} {p}, {acc}, {v};",
+                  f"add.{self.ct} {s}, {acc}, {v};", f"selp.{self.ct} {d}, {s}, {m}, {p};")
         return d
 
     def const(self, v: float) -> str:
@@ -268,7 +275,12 @@ def _pointers(k: _Kernel, pnames: list[str]) -> list[str]:
 
 
 def vector_width(spec: KernelSpec) -> int:
-    """Elements per 16-byte vector for the ew family, or 0 if the kernel cannot vectorize."""
+    """Elements per 16-byte vector access, or 0 if the kernel cannot vectorize."""
+    if spec.family in ("row", "split"):
+        w = row_width(spec)
+        if w == 1 or (spec.family == "row" and row_layout(spec, w) is None):
+            return 0
+        return w
     if spec.family != "ew" or spec.dtype == "float16":
         return 0
     size = ITEMSIZE[spec.dtype]
@@ -456,7 +468,7 @@ def _row(k: _Kernel, ptrs: list[str], smem: str) -> None:
                f"{loop}:")
         offs = k.add_offsets(base, k.offsets(gr, r))
         v = f(k.program(ins, k.zero_offsets(offs)))
-        k.emit(f"{_COMBINE[tail][0]}.{k.ct} {acc}, {acc}, {v};",
+        k.emit(f"mov.{k.ct} {acc}, {k.combine(tail, acc, v)};",
                f"add.{it} {r}, {r}, {block};", f"setp.lt.{it} {q}, {r}, {n_r};",
                f"@{q} bra {loop};", f"{done}:")
         return _block_allreduce(k, tail, acc, block, smem)
@@ -485,6 +497,209 @@ def _row(k: _Kernel, ptrs: list[str], smem: str) -> None:
            f"@{p} bra {rloop};", f"{rend}:", "ret;")
 
 
+# ------------------------------------------------------------------ register-held rows
+def _row_index(k: _Kernel, lay: RowLayout) -> tuple[str, str, str]:
+    """(lane, first row, row step) of this thread in the index type."""
+    it = k.it
+    t, c, g = k.new("u32"), k.new("u32"), k.new("u32")
+    k.emit(f"mov.u32 {t}, %tid.x;", f"mov.u32 {c}, %ctaid.x;", f"mov.u32 {g}, %nctaid.x;")
+    lane32, sub = k.new("u32"), k.new("u32")
+    if lay.rows > 1:
+        k.emit(f"and.b32 {lane32}, {t}, {lay.threads - 1};", f"shr.u32 {sub}, {t}, 5;",
+               f"mad.lo.u32 {sub}, {c}, {lay.rows}, {sub};", f"mul.lo.u32 {g}, {g}, {lay.rows};")
+    else:
+        k.emit(f"mov.u32 {lane32}, {t};", f"mov.u32 {sub}, {c};")
+    if it == "u32":
+        return lane32, sub, g
+    lane, row, step = k.new(it), k.new(it), k.new(it)
+    k.emit(f"cvt.u64.u32 {lane}, {lane32};", f"cvt.u64.u32 {row}, {sub};",
+           f"cvt.u64.u32 {step}, {g};")
+    return lane, row, step
+
+
+class _RowValues:
+    """Loads a row's (or a slice's) chunks and evaluates the program on them.
+
+    Vector mode (width > 1): an input with element stride 1 along the row is read with one
+    16-byte load per chunk, an input constant along the row is read once per row.
+    """
+
+    def __init__(self, k: _Kernel, ins: list[str], base: list[str | None], width: int) -> None:
+        self.k, self.ins, self.base, self.width = k, ins, base, width
+        spec = k.spec
+        gr = spec.groups[1]
+        self.along = [gr[0].strides[j] if gr else 0 for j in range(spec.n_inputs)]
+        self.pre: dict[int, str] = {}
+        if width > 1:
+            self.pre = {j: k.load(ins[j], base[j], spec.in_dtypes[j])
+                        for j in range(spec.n_inputs) if self.along[j] == 0}
+
+    def chunk(self, c: str) -> list[str]:
+        """Program values of the ``width`` elements of chunk ``c`` (an index register)."""
+        k, spec, w = self.k, self.k.spec, self.width
+        if w == 1:
+            offs = k.add_offsets(self.base, k.offsets(spec.groups[1], c))
+            return [k.program(self.ins, k.zero_offsets(offs))]
+        pt = PTYPE[spec.dtype]
+        lanes: dict[int, list[str]] = {}
+        for j in range(spec.n_inputs):
+            if self.along[j] != 1:
+                continue
+            e = k.new(k.it)
+            if self.base[j] is None:
+                k.emit(f"mul.lo.{k.it} {e}, {c}, {w};")
+            else:
+                k.emit(f"mad.lo.{k.it} {e}, {c}, {w}, {self.base[j]};")
+            addr = k.address(self.ins[j], e, ITEMSIZE[spec.in_dtypes[j]])
+            regs = [k.new(k.ct) for _ in range(w)]
+            k.emit(f"ld.global.nc.v{w}.{pt} {{{', '.join(regs)}}}, [{addr}];")
+            lanes[j] = regs
+        n = spec.n_inputs
+        return [k.program(self.ins, [None] * n, {**self.pre, **{j: r[lane] for j, r in lanes.items()}})
+                for lane in range(w)]
+
+
+def _row_reg(k: _Kernel, ptrs: list[str], smem: str, lay: RowLayout) -> None:
+    """Row kernel with the row's values held in registers: one read, one write."""
+    spec, it, w = k.spec, k.it, lay.width
+    (go, _gr), (n_o, n_r) = spec.groups, spec.sizes
+    n_ch = n_r // w
+    out, ins = ptrs[0], ptrs[1:]
+    lane, row, step = _row_index(k, lay)
+    p = k.new("pred")
+    rloop, rend = k.label("row"), k.label("rowend")
+    k.emit(f"setp.ge.{it} {p}, {row}, {n_o};", f"@{p} bra {rend};", f"{rloop}:")
+    rv = _RowValues(k, ins, k.offsets(go, row), w)
+    chunks, valid, vals = [], [], []
+    for j in range(lay.chunks):
+        c, cc, q = k.new(it), k.new(it), k.new("pred")
+        k.emit(f"add.{it} {c}, {lane}, {j * lay.threads};", f"setp.lt.{it} {q}, {c}, {n_ch};",
+               f"selp.b{32 if it == 'u32' else 64} {cc}, {c}, 0, {q};")
+        chunks.append(cc)
+        valid.append(q)
+        vals.append(rv.chunk(cc))
+
+    def reduce(tail: str, values: list[list[str]]) -> str:
+        acc = k.const(_COMBINE[tail][1])
+        for q, vs in zip(valid, values):
+            for v in vs:
+                t = k.combine(tail, acc, v)
+                a2 = k.new(k.ct)
+                k.emit(f"selp.{k.ct} {a2}, {t}, {acc}, {q};")
+                acc = a2
+        return _block_allreduce(k, tail, acc, lay.threads, smem)
+
+    def finish(v: str) -> None:
+        q, skip = k.new("pred"), k.label("w")
+        k.emit(f"setp.ne.{it} {q}, {lane}, 0;", f"@{q} bra {skip};")
+        k.store(out, row, v)
+        k.emit(f"{skip}:")
+
+    def write(values: list[list[str]]) -> None:
+        for cc, q, vs in zip(chunks, valid, values):
+            skip = k.label("w")
+            o = k.new(it)
+            k.emit(f"@!{q} bra {skip};", f"mad.lo.{it} {o}, {row}, {n_r // w}, {cc};")
+            if w == 1:
+                k.store(out, o, vs[0])
+            else:
+                addr = k.address(out, o, 16)
+                k.emit(f"st.global.v{w}.{PTYPE[spec.dtype]} [{addr}], {{{', '.join(vs)}}};")
+            k.emit(f"{skip}:")
+
+    def mapv(values: list[list[str]], f) -> list[list[str]]:
+        return [[f(v) for v in vs] for vs in values]
+
+    tail = spec.tail
+    if tail in _COMBINE:
+        acc = reduce(tail, vals)
+        if tail == "mean":
+            acc2 = k.new(k.ct)
+            k.emit(f"mul.{k.ct} {acc2}, {acc}, {ptx_math.imm(1.0 / n_r, k.ct)};")
+            acc = acc2
+        finish(acc)
+    else:
+        m = reduce("max", vals)
+        ninf, ms = k.new("pred"), k.new(k.ct)
+        k.emit(f"setp.eq.{k.ct} {ninf}, {m}, {ptx_math.imm(float('-inf'), k.ct)};",
+               f"selp.{k.ct} {ms}, {ptx_math.imm(0.0, k.ct)}, {m}, {ninf};")
+
+        def shifted_exp(v: str) -> str:
+            t = k.new(k.ct)
+            k.emit(f"sub.{k.ct} {t}, {v}, {ms};")
+            return k.macro("exp", t)
+
+        exps = mapv(vals, shifted_exp)
+        s = reduce("sum", exps)
+        if tail == "logsumexp":
+            ls = k.macro("log", s)
+            r = k.new(k.ct)
+            k.emit(f"add.{k.ct} {r}, {ls}, {ms};")
+            finish(r)
+        elif tail == "softmax":
+            inv = k.new(k.ct)
+            k.emit(f"rcp.rn.{k.ct} {inv}, {s};")
+
+            def scale(v: str) -> str:
+                r = k.new(k.ct)
+                k.emit(f"mul.{k.ct} {r}, {v}, {inv};")
+                return r
+            write(mapv(exps, scale))
+        elif tail == "log_softmax":
+            ls = k.macro("log", s)
+            sh = k.new(k.ct)
+            k.emit(f"add.{k.ct} {sh}, {ls}, {ms};")
+
+            def shift(v: str) -> str:
+                r = k.new(k.ct)
+                k.emit(f"sub.{k.ct} {r}, {v}, {sh};")
+                return r
+            write(mapv(vals, shift))
+        else:
+            raise BackendError(f"no PTX for tail {tail!r}")
+    k.emit(f"add.{it} {row}, {row}, {step};", f"setp.lt.{it} {p}, {row}, {n_o};",
+           f"@{p} bra {rloop};", f"{rend}:", "ret;")
+
+
+def _split(k: _Kernel, ptrs: list[str], smem: str, width: int) -> None:
+    """Stage one of a multi-block reduction: block b reduces slice b % S of row b / S into
+    partial b (compute dtype)."""
+    spec, it, w = k.spec, k.it, width
+    (go, _gr), (n_o, n_r) = spec.groups, spec.sizes
+    S, T = spec.splits, SPLIT_THREADS
+    tail = "sum" if spec.tail == "mean" else spec.tail
+    n_ch = n_r // w
+    out, ins = ptrs[0], ptrs[1:]
+    c32, t32, s32, o32 = (k.new("u32") for _ in range(4))
+    k.emit(f"mov.u32 {c32}, %ctaid.x;", f"mov.u32 {t32}, %tid.x;",
+           f"rem.u32 {s32}, {c32}, {S};", f"div.u32 {o32}, {c32}, {S};")
+    if it == "u32":
+        o, ch = o32, k.new("u32")
+        k.emit(f"mad.lo.u32 {ch}, {s32}, {T}, {t32};")
+    else:
+        o, ch, t64 = k.new("u64"), k.new("u64"), k.new("u64")
+        k.emit(f"cvt.u64.u32 {o}, {o32};", f"mul.wide.u32 {ch}, {s32}, {T};",
+               f"cvt.u64.u32 {t64}, {t32};", f"add.u64 {ch}, {ch}, {t64};")
+    rv = _RowValues(k, ins, k.offsets(go, o), w)
+    acc = k.const(_COMBINE[tail][1])
+    q = k.new("pred")
+    loop, done = k.label("s"), k.label("sdone")
+    k.emit(f"setp.ge.{it} {q}, {ch}, {n_ch};", f"@{q} bra {done};", f"{loop}:")
+    for v in rv.chunk(ch):
+        k.emit(f"mov.{k.ct} {acc}, {k.combine(tail, acc, v)};")
+    k.emit(f"add.{it} {ch}, {ch}, {S * T};", f"setp.lt.{it} {q}, {ch}, {n_ch};",
+           f"@{q} bra {loop};", f"{done}:")
+    total = _block_allreduce(k, tail, acc, T, smem)
+    skip = k.label("w")
+    k.emit(f"setp.ne.u32 {q}, {t32}, 0;", f"@{q} bra {skip};")
+    idx = c32  # the partial's index is the block index
+    if it != "u32":
+        idx = k.new("u64")
+        k.emit(f"cvt.u64.u32 {idx}, {c32};")
+    addr = k.address(out, idx, 8 if k.ct == "f64" else 4)
+    k.emit(f"st.global.{k.ct} [{addr}], {total};", f"{skip}:", "ret;")
+
+
 def _col(k: _Kernel, ptrs: list[str]) -> None:
     spec = k.spec
     it = k.it
@@ -509,7 +724,7 @@ def _col(k: _Kernel, ptrs: list[str]) -> None:
 
     def run_pass(tail: str, f) -> str:
         acc = k.const(_COMBINE[tail][1])
-        serial(lambda r, v: k.emit(f"{_COMBINE[tail][0]}.{k.ct} {acc}, {acc}, {f(v)};"))
+        serial(lambda r, v: k.emit(f"mov.{k.ct} {acc}, {k.combine(tail, acc, f(v))};"))
         return acc
 
     def finish_reduce(v: str) -> None:
@@ -536,20 +751,32 @@ def emit(spec: KernelSpec, name: str, sm: int = 80, vector: bool = False) -> str
     params, pnames = _params(name, spec.n_inputs)
     ptrs = _pointers(k, pnames)
     smem_decl = ""
+    threads = 0  # threads per block the kernel is launched with (0: not fixed by the spec)
     if spec.family == "ew":
         _ew(k, ptrs, vector)
-    elif spec.family == "row":
-        nw = row_block(spec.sizes[1]) // 32
+    elif spec.family in ("row", "split"):
+        lay = row_layout(spec, vector_width(spec) if vector else 1)
+        lanes = (SPLIT_THREADS if spec.family == "split" else
+                 lay.threads if lay is not None else row_block(spec.sizes[1]))
+        threads = lay.block if spec.family == "row" and lay is not None else lanes
         size = 8 if k.ct == "f64" else 4
-        smem_decl = f"  .shared .align 8 .b8 {name}_smem[{nw * size}];"
-        _row(k, ptrs, f"{name}_smem")
+        smem_decl = f"  .shared .align 8 .b8 {name}_smem[{max(lanes // 32, 1) * size}];"
+        if spec.family == "split":
+            _split(k, ptrs, f"{name}_smem", vector_width(spec) if vector else 1)
+        elif lay is not None:
+            _row_reg(k, ptrs, f"{name}_smem", lay)
+        else:
+            _row(k, ptrs, f"{name}_smem")
     elif spec.family == "col":
         _col(k, ptrs)
     else:
         raise BackendError(f"unknown kernel family {spec.family!r}")
     head = [f"// tensorlogic generated: {spec.family} {spec.tail or 'elementwise'} {spec.dtype}",
             f".version {PTX_VERSION}", f".target sm_{sm}", ".address_size 64", "",
-            f".visible .entry {name}(", "  " + ",\n  ".join(params), ")", "{"]
+            f".visible .entry {name}(", "  " + ",\n  ".join(params), ")"]
+    if threads:
+        head.append(f".maxntid {threads}, 1, 1")
+    head.append("{")
     if smem_decl:
         head.append(smem_decl)
     return "\n".join(head + k.regs.decls() + k.body + ["}", ""])

@@ -9,6 +9,14 @@ Families:
   ``ew``   elementwise over one group (the whole space); output written at the linear index.
   ``row``  a block of threads per output row: groups (O, R); reduce or row op over R.
   ``col``  a thread per output point: groups (O, R, I); reduce or row op over R, serial loop.
+  ``split`` stage one of a multi-block reduction of few long rows: groups (O, R); ``splits``
+           blocks per row each reduce a slice into a partial (compute dtype); a ``row``/``col``
+           kernel over the (O, splits) partials finishes it (see ``finish_program``).
+
+A ``row`` kernel whose row fits (``row_layout``) holds the row's values in registers: one read of
+the inputs and one write of the output, with 16-byte vector accesses where the layout allows; a
+warp per row up to 32 elements per lane, a block per row beyond. Longer rows loop over the row
+once per pass.
 """
 
 from __future__ import annotations
@@ -28,6 +36,15 @@ ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8}
 
 # Below this many elements per row a block per row wastes threads: use a thread per row.
 ROW_FAMILY_MIN = 64
+# Register-held rows: at most this many values per lane with a warp per row (blocks of 128
+# threads), half as many with a block per row (up to 1024 threads: 64 registers a thread).
+ROW_REG_MAX = {"float16": 32, "float32": 32, "float64": 16}
+# Reductions a ``split`` kernel can stage (combine partials with the same operation).
+SPLIT_TAILS = ("sum", "mean", "max", "min", "prod")
+SPLIT_THREADS = 256
+SPLIT_SLICE = 2048  # at least this many elements per block of a split reduction
+SPLIT_BLOCKS = 2048  # at most this many blocks for all rows together
+SPLIT_MIN = 8  # split only when a row gets at least this many blocks
 
 
 @dataclass(frozen=True)
@@ -51,6 +68,7 @@ class KernelSpec:
     groups: tuple[tuple[Dim, ...], ...]  # ew: (all,), row: (O, R), col: (O, R, I)
     sizes: tuple[int, ...]  # total size of each group
     order: tuple[int, ...] = ()  # the space's axes in group order (C order over the groups)
+    splits: int = 1  # split family: blocks per row
 
     @property
     def compute(self) -> str:
@@ -196,6 +214,10 @@ def make_spec(prog: Program, out_dtype: str, in_shapes: Sequence[Sequence[int]],
     go, gr, gi = (_group(space, g, bst) for g in (outer, red, inner))
     n_o, n_r, n_i = (math.prod(d.size for d in g) for g in (go, gr, gi))
     order = tuple(outer) + tuple(red) + tuple(inner)
+    splits = split_count(prog.tail, n_o, n_r) if n_i == 1 else 1
+    if splits > 1:
+        return KernelSpec("split", groups=(go, gr), sizes=(n_o, n_r), order=order, splits=splits,
+                          **common)
     if n_i == 1 and n_r >= ROW_FAMILY_MIN:
         return KernelSpec("row", groups=(go, gr), sizes=(n_o, n_r), order=order, **common)
     return KernelSpec("col", groups=(go, gr, gi), sizes=(n_o, n_r, n_i), order=order, **common)
@@ -207,3 +229,87 @@ def row_block(n_r: int) -> int:
     while b < 1024 and b * 4 < n_r:
         b *= 2
     return b
+
+
+def split_count(tail: str | None, n_o: int, n_r: int) -> int:
+    """Blocks per row for a multi-block reduction of few long rows (1: no split)."""
+    if tail not in SPLIT_TAILS or n_o == 0:
+        return 1
+    s = min(-(-n_r // SPLIT_SLICE), max(1, SPLIT_BLOCKS // n_o))
+    return s if s >= SPLIT_MIN else 1
+
+
+def finish_program(spec: KernelSpec) -> Program:
+    """The program that reduces a split kernel's (O, splits) partials to the final result."""
+    n_o, n_r = spec.sizes
+    if spec.tail == "mean":  # partials are sums: scale their sum by 1/n
+        return Program((FusedOp("mul", (("in", 0), ("const", 1.0 / n_r))),), ("tmp", 0),
+                       (n_o, spec.splits), "sum", (1,))
+    return Program((), ("in", 0), (n_o, spec.splits), spec.tail, (1,))
+
+
+def _pow2_at_least(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """How a register-held row kernel covers a row.
+
+    ``threads`` lanes per row (32: a warp per row, ``rows`` rows per block), ``width`` elements
+    per vector access, ``chunks`` vector accesses per lane: lane t holds chunks j*threads + t.
+    """
+
+    threads: int
+    rows: int
+    width: int
+    chunks: int
+
+    @property
+    def block(self) -> int:
+        """Threads per block."""
+        return self.threads * self.rows
+
+    @property
+    def n_chunks(self) -> int:
+        """Vector chunks per lane times lanes (an upper bound of the row's chunks)."""
+        return self.threads * self.chunks
+
+
+def row_width(spec: KernelSpec) -> int:
+    """Elements per 16-byte access along a row, or 1 when some operand or the output can't."""
+    if spec.family not in ("row", "split") or spec.dtype == "float16":
+        return 1
+    size = ITEMSIZE[spec.dtype]
+    if any(ITEMSIZE[dt] != size for dt in spec.in_dtypes):
+        return 1
+    w = 16 // size
+    go, gr = spec.groups
+    n_r = spec.sizes[1]
+    if n_r % w or len(gr) > 1:
+        return 1
+    for k in range(spec.n_inputs):
+        st = gr[0].strides[k] if gr else 0
+        if st not in (0, 1):
+            return 1
+        if st == 1 and any(d.strides[k] % w for d in go):
+            return 1
+    return w
+
+
+def row_layout(spec: KernelSpec, width: int) -> RowLayout | None:
+    """The register-held layout of a row kernel with ``width``, or None if the row is too long."""
+    n_r = spec.sizes[1]
+    cap = ROW_REG_MAX[spec.compute]
+    total = -(-n_r // width)  # chunks in a row
+    chunks = -(-total // 32)
+    if chunks <= 8 and chunks * width <= cap:
+        return RowLayout(32, 4, width, chunks)
+    threads = min(1024, max(64, _pow2_at_least(-(-total // 4))))
+    chunks = -(-total // threads)
+    if chunks * width > cap // 2:
+        return None
+    return RowLayout(threads, 1, width, chunks)

@@ -1,0 +1,8 @@
+"""Batched inference: stream batches through a compiled plan on threads or a Dask cluster."""
+
+from __future__ import annotations
+
+from .batches import run_batched, run_batches
+from .results import BatchError, BatchFailure, BatchOutput
+
+__all__ = ["BatchError", "BatchFailure", "BatchOutput", "run_batched", "run_batches"]
