@@ -5,7 +5,13 @@ same-generation on a random tree. Each system computes the full least model and 
 number of derived tuples, which must agree. Peers run in a child process with a time limit; a
 peer that is not installed is skipped. Writes benchmarks/results/bench_datalog.json.
 
+``tensorlogic s`` is ``evaluate`` end to end (relations decoded into Python sets of tuples, as
+the peers hand back their answers); ``fixpoint s`` is the same evaluation up to the dense
+relations, without building Python tuples; ``rounds`` shows each recursive round's kind
+(s sparse, d dense, x a sparse attempt over budget then dense).
+
     python benchmarks/bench_datalog.py [--quick] [--backend auto] [--sizes 500,1000]
+        [--rounds auto|dense|sparse] [--peers clingo,pyDatalog|none]
 """
 
 from __future__ import annotations
@@ -44,11 +50,24 @@ def sg_case(n: int, seed: int = 0) -> dict:
 
 
 # ---------------------------------------------------------------------- systems
-def run_tensorlogic(case: dict, backend: str) -> int:
+def run_tensorlogic(case: dict, backend: str, rounds: str = "auto") -> int:
     from tensorlogic.datalog import evaluate
 
     rules = TC if case["kind"] == "tc" else SG
-    return len(evaluate(rules, case["facts"], backend=backend)[case["out"]])
+    return len(evaluate(rules, case["facts"], backend=backend, rounds=rounds)[case["out"]])
+
+
+def run_fixpoint(case: dict, backend: str, rounds: str = "auto") -> tuple[float, str]:
+    """Seconds to the dense relations (no Python tuples), and the kinds of the rounds."""
+    from tensorlogic.lang.analysis import normalize_facts
+    from tensorlogic.lang.fixpoint import Options, evaluate_rules
+    from tensorlogic.lang.parser import parse_rules
+
+    t0 = time.perf_counter()
+    rules = parse_rules(TC if case["kind"] == "tc" else SG)
+    _, _, ev = evaluate_rules(rules, normalize_facts(case["facts"]),
+                              Options(backend=backend, rounds=rounds))
+    return time.perf_counter() - t0, "".join(ev.round_kinds.values())
 
 
 def run_clingo(case: dict) -> int:
@@ -123,7 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", help="comma-separated node counts for transitive closure")
     ap.add_argument("--timeout", type=float, help="seconds a peer may take per case")
     ap.add_argument("--repeat", type=int)
+    ap.add_argument("--rounds", default="auto", choices=("auto", "dense", "sparse"),
+                    help="kind of recursive rounds for tensorlogic")
+    ap.add_argument("--peers", default=",".join(PEERS),
+                    help="comma-separated peers to run, or 'none'")
     args = ap.parse_args(argv)
+    peers = {} if args.peers == "none" else {p: PEERS[p] for p in args.peers.split(",")}
     sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else (
         [300, 500] if args.quick else [500, 1000, 2000])
     repeat = args.repeat or (1 if args.quick else 3)
@@ -137,21 +161,24 @@ def main(argv: list[str] | None = None) -> int:
 
     versions = {"tensorlogic": tl.__version__, "numpy": np.__version__,
                 "python": platform.python_version()}
-    for peer, (module, _) in PEERS.items():
+    for peer, (module, _) in peers.items():
         versions[peer] = available(module) or "not installed"
     rows = []
-    print(f"{'case':<22} {'tuples':>9} {'tensorlogic s':>14} " +
-          " ".join(f"{p + ' s':>13} {'x':>6}" for p in PEERS))
+    print(f"{'case':<18} {'tuples':>8} {'tensorlogic s':>13} {'fixpoint s':>10} " +
+          " ".join(f"{p + ' s':>13} {'x':>6}" for p in peers) + "  rounds")
     for case in cases:
-        run_tensorlogic(case, args.backend)  # warm up: imports, first compile
-        times = []
+        run_tensorlogic(case, args.backend, args.rounds)  # warm up: imports, first compile
+        times, fix = [], []
         for _ in range(repeat):
             t0 = time.perf_counter()
-            count = run_tensorlogic(case, args.backend)
+            count = run_tensorlogic(case, args.backend, args.rounds)
             times.append(time.perf_counter() - t0)
+            secs, kinds = run_fixpoint(case, args.backend, args.rounds)
+            fix.append(secs)
         ours = statistics.median(times)
-        row = {"case": case["name"], "tuples": count, "tensorlogic_s": ours, "peers": {}}
-        for peer, (module, fn) in PEERS.items():
+        row = {"case": case["name"], "tuples": count, "tensorlogic_s": ours,
+               "fixpoint_s": statistics.median(fix), "rounds": kinds, "peers": {}}
+        for peer, (module, fn) in peers.items():
             if versions[peer] == "not installed":
                 row["peers"][peer] = {"status": "skipped (not installed)"}
                 continue
@@ -167,18 +194,20 @@ def main(argv: list[str] | None = None) -> int:
             row["peers"][peer] = entry
         rows.append(row)
         cells = []
-        for peer in PEERS:
+        for peer in peers:
             e = row["peers"][peer]
             if e["status"] == "ok":
                 cells.append(f"{e['seconds']:>13.3f} {e['speedup']:>6.1f}")
             else:
                 cells.append(f"{e['status'][:20]:>20}")
-        print(f"{case['name']:<22} {count:>9} {ours:>14.3f} " + " ".join(cells), flush=True)
-    extra = {"backend": args.backend, "repeat": repeat, "quick": args.quick,
+        print(f"{case['name']:<18} {count:>8} {ours:>13.3f} {row['fixpoint_s']:>10.3f} " +
+              " ".join(cells) + f"  {kinds}", flush=True)
+    extra = {"backend": args.backend, "rounds": args.rounds, "repeat": repeat,
+             "quick": args.quick,
              "peer_versions": versions,
              "note": "x = peer seconds / tensorlogic seconds (median of repeats for tensorlogic, "
                      "one run in a fresh process for each peer)"}
-    out = write_results("bench_datalog", rows, extra, peers=("clingo", "pyDatalog"))
+    out = write_results("bench_datalog", rows, extra, peers=tuple(peers))
     print(f"wrote {out}")
     return 0
 

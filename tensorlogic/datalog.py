@@ -40,7 +40,8 @@ def _rules_text(rules: str | Iterable[str]) -> str:
 def evaluate(rules: str | Iterable[str], facts: Mapping[str, Iterable] | None = None, *,
              backend: str = "auto", semantics: str = "boolean",
              max_iterations: int = DEFAULT_MAX_ITERATIONS,
-             memory_budget: int = DEFAULT_MEMORY_BUDGET) -> dict[str, set[tuple]]:
+             memory_budget: int = DEFAULT_MEMORY_BUDGET,
+             rounds: str = "auto") -> dict[str, set[tuple]]:
     """Evaluate Datalog ``rules`` over ``facts`` to a fixpoint.
 
     Args:
@@ -52,6 +53,10 @@ def evaluate(rules: str | Iterable[str], facts: Mapping[str, Iterable] | None = 
             the result when its value is above zero.
         max_iterations: rounds a recursive stratum may take before ``max_iterations`` is raised.
         memory_budget: bytes the dense relations may take; larger ones raise ``memory_budget``.
+        rounds: how Boolean recursive rounds run on a host backend: ``"auto"`` (joins over index
+            arrays while the new tuples are few, the compiled dense step otherwise, chosen round
+            by round), ``"dense"`` or ``"sparse"`` (but dense for a round whose candidate rows
+            would not fit ``memory_budget``). All three give the same relations.
 
     Returns:
         Every predicate mentioned by the rules or the facts, mapped to its set of tuples (a dict
@@ -59,11 +64,12 @@ def evaluate(rules: str | Iterable[str], facts: Mapping[str, Iterable] | None = 
 
     Raises:
         ProgramError: with ``code`` ``parse_error``, ``arity_mismatch``, ``unbound_variable``,
-            ``cyclic_negation``, ``invalid_fact``, ``max_iterations`` or ``memory_budget``.
+            ``cyclic_negation``, ``invalid_fact``, ``max_iterations``, ``memory_budget`` or
+            ``invalid_option``.
     """
     parsed = parse_rules(_rules_text(rules))
     opts = Options(backend=backend, semantics=semantics, max_iterations=max_iterations,
-                   memory_budget=memory_budget)
+                   memory_budget=memory_budget, rounds=rounds)
     an, dense, _ = evaluate_rules(parsed, normalize_facts(facts), opts)
     return decode_all(an, dense)
 

@@ -34,14 +34,7 @@ class Buffer:
 
 def needed_nodes(g: EinsumGraph) -> list[int]:
     """Ids of the nodes the outputs depend on, in topological (insertion) order."""
-    need: set[int] = set()
-    stack = list(g.outputs.values())
-    while stack:
-        n = stack.pop()
-        if n in need:
-            continue
-        need.add(n)
-        stack.extend(g.node(n).inputs)
+    need = g.live_nodes()
     return [n.id for n in g.nodes if n.id in need]
 
 

@@ -112,6 +112,18 @@ class EinsumGraph:
         """Ids of the nodes that consume ``node_id``."""
         return [u for u in self._g.successors(node_id)]
 
+    def live_nodes(self) -> set[int]:
+        """Ids of every node some output depends on (the outputs included)."""
+        live: set[int] = set()
+        stack = list(self.outputs.values())
+        while stack:
+            n = stack.pop()
+            if n in live:
+                continue
+            live.add(n)
+            stack.extend(self._nodes[n].inputs)
+        return live
+
     def tensor(self, ref: int | str) -> "Tensor":
         """A handle on an existing node."""
         return Tensor(self, self.node(ref).id)

@@ -5,11 +5,17 @@ is evaluated semi-naively under Boolean semantics: its step graph derives, from 
 ``R`` and the tuples new in the last round ``D``, the tuples that are new now; the step is
 compiled once and called each round until nothing changes. The fuzzy and probabilistic
 semantics iterate the full step (naive evaluation) until the largest change is below ``tol``.
+
+Under Boolean semantics on a host backend, a round whose delta is small runs sparsely instead
+(``sparse.py``: joins over index arrays driven by the delta's tuples); ``Options.rounds`` picks
+``"auto"`` (per round, by comparing the expected candidate rows with the dense step's FLOPs),
+``"dense"`` or ``"sparse"``. Both kinds of round derive the same tuples.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -25,10 +31,12 @@ from .analysis import (
 )
 from .ast import Const, Literal, Rule
 from .joins import RuleBuilder
+from .sparse import FLOPS_PER_CANDIDATE, OverBudget, SparseStratum
 
 #: dense relations larger than this (bytes, all copies together) are refused by default
 DEFAULT_MEMORY_BUDGET = 4 << 30
 DEFAULT_MAX_ITERATIONS = 100_000
+ROUNDS = ("auto", "dense", "sparse")
 
 
 @dataclass
@@ -41,6 +49,13 @@ class Options:
     max_iterations: int = DEFAULT_MAX_ITERATIONS
     memory_budget: int = DEFAULT_MEMORY_BUDGET
     tol: float = 1e-6
+    #: how Boolean recursive rounds run: "auto" (sparse while the delta is small), "dense"
+    #: (always the compiled dense step) or "sparse" (index-array joins on host backends, except
+    #: for a round whose candidate rows, ~128 bytes each, would not fit the memory budget)
+    rounds: str = "auto"
+    #: dense FLOPs one sparse candidate row is worth, for the "auto" choice; None measures it
+    #: from the rounds' times (starting from sparse.FLOPS_PER_CANDIDATE)
+    flops_per_candidate: float | None = None
 
 
 @dataclass
@@ -78,8 +93,13 @@ class Analysis:
         vals = [self.domains.values[self.domains.of_position[(pred, i)]] for i in range(n)]
         if n == 0:
             return {()} if float(arr) > 0 else set()
-        return {tuple(vals[i][int(k)] for i, k in enumerate(idx))
-                for idx in zip(*np.nonzero(arr > 0))}
+        # whole columns at a time: index arrays -> object arrays of the constants -> lists
+        cols = []
+        for i, idx in enumerate(np.nonzero(np.asarray(arr) > 0)):
+            table = np.empty(len(vals[i]), object)
+            table[:] = vals[i]
+            cols.append(table[idx].tolist())
+        return set(zip(*cols))
 
 
 def analyze(rules: list[Rule], facts: dict[str, dict[tuple, float]]) -> Analysis:
@@ -133,12 +153,18 @@ class Evaluator:
         if not isinstance(opts.max_iterations, int) or opts.max_iterations < 1:
             raise ProgramError(f"max_iterations must be a positive int, got "
                                f"{opts.max_iterations!r}", code="invalid_option")
+        if opts.rounds not in ROUNDS:
+            raise ProgramError(f"rounds must be one of {ROUNDS}, got {opts.rounds!r}",
+                               code="invalid_option")
         self.an = an
         self.opts = opts
         self.backend = get_backend(opts.backend)
         self.ids = {p: _ident(k) for k, p in enumerate(an.predicates)}
         self.env: dict[str, Any] = {}
         self.iterations: dict[tuple[str, ...], int] = {}
+        #: per recursive stratum, one letter per round: "d" dense, "s" sparse, "x" a sparse
+        #: attempt that went over its budget, after which the round ran densely
+        self.round_kinds: dict[tuple[str, ...], str] = {}
         self.compiles = 0
 
     # ------------------------------------------------------------------ helpers
@@ -274,22 +300,133 @@ class Evaluator:
             state.update({"F_" + self.ids[p]: self.backend.to_device(self.an.dense_facts(p))
                           for p in st.preds})
         fixed = {"L_" + self.ids[p]: self.env[p] for p in lower}
+        if boolean and all(isinstance(self.env[p], np.ndarray) for p in st.preds):
+            self._boolean_rounds(st, plan, fixed)
+            return
         for it in range(1, self.opts.max_iterations + 1):
             res = plan({**state, **fixed})
             changed = float(self.backend.to_host(res["changed"]))
             state.update({k: v for k, v in res.items() if k != "changed"})
             if (changed == 0.0) if boolean else (changed <= self.opts.tol):
                 self.iterations[st.preds] = it
+                self.round_kinds[st.preds] = "d" * it
                 for p in st.preds:
                     self.env[p] = state["R_" + self.ids[p]]
                 return
+        self._too_many(st)
+
+    def _too_many(self, st: Stratum) -> None:
         raise ProgramError(
             f"the recursive rules for {', '.join(map(repr, st.preds))} did not reach a fixpoint "
             f"within max_iterations={self.opts.max_iterations} rounds", code="max_iterations")
 
+    def _boolean_rounds(self, st: Stratum, plan, fixed: dict[str, Any]) -> None:
+        """Semi-naive rounds on the host, each one dense (the compiled step) or sparse.
+
+        The relations stay dense numpy arrays; the delta is either dense (after a dense round)
+        or a sorted array of flat indices (after a sparse round), converted when the next
+        round is of the other kind.
+        """
+        mode = self.opts.rounds
+        ids = self.ids
+        # private copies: sparse rounds update the relations in place
+        rel = {p: np.array(self.env[p], np.float32) for p in st.preds}
+        dense_delta: dict[str, np.ndarray] | None = dict(rel)
+        flat_delta: dict[str, np.ndarray] = {}
+        nnz = sum(int(np.count_nonzero(a)) for a in rel.values())
+        sparse = None
+        flops = max(plan.concrete.flops, 1)
+        cost = _RoundCosts(self.opts.flops_per_candidate)
+        rate = 1.0  # candidate rows per delta tuple, as last measured
+        kinds = []
+        # a candidate row holds about a dozen 8-byte index entries at the peak of a round
+        cap = self.opts.memory_budget / 128
+        for it in range(1, self.opts.max_iterations + 1):
+            budget = cap if mode == "sparse" else min(cap, flops / cost.flops_per_candidate)
+            go_sparse = mode == "sparse" or (mode == "auto" and nnz * rate <= budget)
+            if go_sparse:
+                if sparse is None:
+                    sparse = SparseStratum(self.an, st.preds, st.rules,
+                                           {p: a for p, a in self.env.items()
+                                            if p not in st.preds})
+                if dense_delta is not None:
+                    flat_delta = {p: np.flatnonzero(a) for p, a in dense_delta.items()}
+                t0 = time.perf_counter()
+                try:
+                    flat_delta = sparse.round(rel, flat_delta, budget)
+                    rate = max(sparse.ctx.candidates / max(nnz, 1), 1e-3)
+                    dense_delta = None
+                    nnz = sum(len(a) for a in flat_delta.values())
+                    kinds.append("s")
+                except OverBudget:
+                    # try sparse again once the delta has shrunk to half of this one
+                    rate = 2 * budget / max(nnz, 1)
+                    go_sparse = False
+                    kinds.append("x")
+                cost.sparse(time.perf_counter() - t0, sparse.ctx.candidates)
+            if not go_sparse:
+                if dense_delta is None:
+                    dense_delta = {}
+                    for p in st.preds:
+                        d = np.zeros(rel[p].shape, np.float32)
+                        d.reshape(-1)[flat_delta[p]] = 1.0
+                        dense_delta[p] = d
+                inputs = {"R_" + ids[p]: rel[p] for p in st.preds}
+                inputs.update({"D_" + ids[p]: dense_delta[p] for p in st.preds})
+                t0 = time.perf_counter()
+                res = plan({**inputs, **fixed})
+                cost.dense(time.perf_counter() - t0, flops)
+                rel = {p: res["R_" + ids[p]] for p in st.preds}
+                dense_delta = {p: res["D_" + ids[p]] for p in st.preds}
+                nnz = int(float(res["changed"]))
+                if len(kinds) < it:  # not already marked as an attempt over budget
+                    kinds.append("d")
+            if nnz == 0:
+                self.iterations[st.preds] = it
+                self.round_kinds[st.preds] = "".join(kinds)
+                for p in st.preds:
+                    self.env[p] = rel[p]
+                return
+        self._too_many(st)
+
     def results(self) -> dict[str, np.ndarray]:
         """Host copies of every relation."""
         return {p: np.asarray(self.backend.to_host(a)) for p, a in self.env.items()}
+
+
+class _RoundCosts:
+    """What a sparse candidate row costs in dense FLOPs: fixed when given, else measured.
+
+    BLAS throughput and the cost of numpy gathers vary with the machine and its load in
+    different ways, so the "auto" choice calibrates itself from the latest dense round and the
+    latest sparse round that was large enough to time (at least MIN_CANDIDATES rows and a
+    quarter of the largest one so far: a small round is mostly fixed overhead).
+    """
+
+    MIN_CANDIDATES = 1000
+
+    def __init__(self, fixed: float | None) -> None:
+        self.fixed = fixed
+        self.flops_per_candidate = fixed if fixed is not None else FLOPS_PER_CANDIDATE
+        self._per_flop: float | None = None
+        self._per_candidate: float | None = None
+        self._largest = 0
+
+    def sparse(self, seconds: float, candidates: int) -> None:
+        """Record a sparse round (or an attempt stopped over budget)."""
+        if candidates >= max(self.MIN_CANDIDATES, self._largest // 4):
+            self._largest = max(self._largest, candidates)
+            self._per_candidate = seconds / candidates
+            self._update()
+
+    def dense(self, seconds: float, flops: int) -> None:
+        """Record a dense round."""
+        self._per_flop = seconds / flops
+        self._update()
+
+    def _update(self) -> None:
+        if self.fixed is None and self._per_flop and self._per_candidate:
+            self.flops_per_candidate = self._per_candidate / self._per_flop
 
 
 def _uses(rule: Rule, preds: tuple[str, ...]) -> bool:

@@ -9,22 +9,9 @@ from ..ir.graph import EinsumGraph
 from .base import PassResult, function_pass
 
 
-def live_nodes(g: EinsumGraph) -> set[int]:
-    """Ids of every node some output depends on (outputs included)."""
-    live: set[int] = set()
-    stack = list(g.outputs.values())
-    while stack:
-        n = stack.pop()
-        if n in live:
-            continue
-        live.add(n)
-        stack.extend(g.node(n).inputs)
-    return live
-
-
 def _dce(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     """Remove every node no output depends on; inputs and outputs are never removed."""
-    live = live_nodes(graph)
+    live = graph.live_nodes()
     dead = [n.id for n in graph if n.id not in live and n.kind != ops.INPUT]
     if not dead:
         return PassResult(graph, False, {})

@@ -10,13 +10,26 @@ from hypothesis import strategies as st
 
 import tensorlogic as tl
 from tensorlogic.datalog import evaluate
+from tensorlogic.lang.analysis import normalize_facts
+from tensorlogic.lang.fixpoint import Options, decode_all, evaluate_rules
 from tensorlogic.lang.parser import parse_rules
 
 from . import reference
 
 
+ROUNDS = ("auto", "dense", "sparse")
+
+
+def run_rounds(text: str, facts: dict, rounds: str, **kw) -> dict[str, set]:
+    """``evaluate`` with recursive rounds forced dense or sparse (or chosen per round)."""
+    an, dense, _ = evaluate_rules(parse_rules(text), normalize_facts(facts),
+                                  Options(rounds=rounds, **kw))
+    return decode_all(an, dense)
+
+
 def check(text: str, facts: dict | None = None, **kw) -> dict[str, set]:
-    """Evaluate with both engines and require the same relations (or the same error code)."""
+    """Evaluate with the reference and with every kind of round (the public ``evaluate`` for
+    "auto"); require the same relations (or the same error code)."""
     facts = facts or {}
     try:
         want = reference.evaluate(parse_rules(text), {p: set(map(tuple, r)) for p, r in
@@ -30,6 +43,10 @@ def check(text: str, facts: dict | None = None, **kw) -> dict[str, set]:
     assert set(got) == set(want)
     for p in want:
         assert got[p] == want[p], p
+    for rounds in ("dense", "sparse"):
+        other = run_rounds(text, facts, rounds, **kw)
+        for p in want:
+            assert other[p] == want[p], (rounds, p)
     return got
 
 
@@ -305,3 +322,124 @@ def test_bodies_of_comparisons_only():
     got = check('c(X) :- X = 1.\nd(X, Y) :- X = "a", Y = X.\ne :- 1 < 2.\nf :- 2 < 1.')
     assert got["c"] == {(1,)} and got["d"] == {("a", "a")} and got["e"] == {()}
     assert got["f"] == set()
+
+
+# ---------------------------------------------------------------------- sparse and dense rounds
+def _kinds(text: str, facts: dict, **kw) -> str:
+    """Check every mode against the reference; the round kinds of the "auto" run with ``kw``."""
+    check(text, facts)
+    an, dense, ev = evaluate_rules(parse_rules(text), normalize_facts(facts), Options(**kw))
+    want = reference.evaluate(parse_rules(text), {p: set(map(tuple, r)) for p, r in
+                                                  facts.items()})
+    got = decode_all(an, dense)
+    assert all(got[p] == want[p] for p in want)
+    return "".join(ev.round_kinds.values())
+
+
+def test_rounds_switch_between_sparse_and_dense():
+    # a fixed exchange rate makes the choice deterministic: the wide middle rounds of the closure
+    # are dense, the narrow first and last ones sparse
+    edges = random_graph(60, 110, 7)
+    kinds = _kinds(TC, {"edge": edges}, flops_per_candidate=1000.0)
+    assert "s" in kinds and "d" in kinds, kinds
+    assert kinds.index("d") < kinds.rindex("s"), kinds  # back to sparse after dense
+
+
+def test_sparse_round_over_budget_runs_dense():
+    # every node points at every node: the first sparse attempt meets n candidates per delta
+    # tuple, far over a budget sized for one candidate per tuple
+    n = 20
+    edges = [(i, j) for i in range(n) for j in range(n)]
+    kinds = _kinds(TC, {"edge": edges}, flops_per_candidate=2.0 * n ** 3 / (n * n))
+    assert kinds.startswith("x"), kinds
+
+
+def test_sparse_rounds_several_recursive_atoms():
+    check("""
+    p(X, Y) :- e(X, Y).
+    p(X, W) :- p(X, Y), p(Y, Z), p(Z, W).
+    t(X, Y, Z) :- e(X, Y), e(Y, Z).
+    t(X, Y, W) :- t(X, Y, Z), p(Z, W), not e(W, X).
+    c(X) :- t(X, X, _).
+    c(Y) :- c(X), p(X, Y), p(Y, X).
+    """, {"e": random_graph(12, 22, 11)})
+
+
+def test_sparse_rounds_mutual_recursion_with_lower_negation_and_comparisons():
+    check("""
+    blocked(X) :- n(X), not e(X, _).
+    a(X, Y) :- e(X, Y), X < Y.
+    b(X, Y) :- a(X, Z), e(Z, Y), not blocked(Y), X != Y.
+    a(X, Y) :- b(X, Y), Y >= 3.
+    a(X, Y) :- b(Y, X), X = Y.
+    b(X, Y) :- b(X, Z), Z = Y, a(Y, _).
+    """, {"e": random_graph(14, 30, 2), "n": [(i,) for i in range(16)]})
+
+
+def test_sparse_rounds_projection_cross_product_and_bindings():
+    check("""
+    r(X) :- s(X).
+    r(X) :- r(Y), e(Y, Z), e(Z, X).
+    pair(X, Y) :- r(X), f(Y).
+    pair(X, Y) :- pair(X, _), r(Y).
+    tag(X, 1) :- r(X).
+    tag(X, K) :- tag(X, J), e(J, K), K = 2.
+    tag(X, Y) :- tag(Y, X), X = Y.
+    """, {"s": [(0,)], "e": random_graph(10, 18, 4), "f": [(1,), (3,)]})
+
+
+def test_sparse_rounds_nullary_constants_and_repeated_variables():
+    check("""
+    go :- start.
+    on(X) :- go, e(0, X).
+    on(Y) :- on(X), e(X, Y), go.
+    loop(X, X) :- e(X, X).
+    loop(X, Y) :- loop(Z, Z), e(Z, X), e(X, Y).
+    back(X) :- on(X), loop(X, X), not stop.
+    start.
+    """, {"e": random_graph(9, 20, 8) + [(3, 3)]})
+
+
+def test_sparse_rounds_empty_and_full_deltas():
+    # nothing to start from: the recursive stratum's first delta is empty
+    check(TC + "q(X, Y) :- q(X, Z), edge(Z, Y).\n", {"edge": random_graph(8, 12, 1)})
+    # a complete graph: the first delta is the whole relation, the second empty
+    got = check(TC, {"edge": [(i, j) for i in range(9) for j in range(9)]})
+    assert len(got["path"]) == 81
+
+
+def test_invalid_rounds_option():
+    with pytest.raises(tl.ProgramError) as info:
+        run_rounds(TC, {"edge": [(1, 2)]}, "sometimes")
+    assert info.value.code == "invalid_option"
+
+
+def test_sparse_rounds_constants_nullary_heads_and_ordering(monkeypatch):
+    from tensorlogic.lang import sparse
+
+    text = """
+    r(X, "a") :- e(X, 1).
+    r(Y, "b") :- r(X, "a"), e(X, Y), X < Y, 1 < 2.
+    r(Y, T) :- r(X, T), e(X, Y), not halt, Y >= X.
+    r(X, "c") :- r(X, _), X = 4, 2 < 1.
+    hit :- r(_, "b").
+    hit :- hit, e(3, _).
+    more(X) :- hit, e(X, _).
+    more(Y) :- more(X), e(X, Y), Y = 5.
+    more(Y) :- more(X), Y = 7, not halt2.
+    halt2 :- e(9, 9).
+    """
+    facts = {"e": random_graph(8, 20, 3) + [(2, 1), (3, 1)]}
+    check(text, facts)
+    monkeypatch.setattr(sparse, "STARTS_LIMIT", 0)  # search sorted keys instead of a table
+    for p, rows in run_rounds(text, facts, "sparse").items():
+        assert rows == run_rounds(text, facts, "dense")[p]
+
+
+def test_sparse_round_too_large_for_memory_runs_dense():
+    n = 20
+    edges = [(i, j) for i in range(n) for j in range(n)]
+    an, dense, ev = evaluate_rules(parse_rules(TC), normalize_facts({"edge": edges}),
+                                   Options(rounds="sparse", memory_budget=128 * 1000))
+    assert ev.round_kinds[("path",)].startswith("x")  # 8000 candidate rows > 1000 allowed
+    assert len(decode_all(an, dense)["path"]) == n * n
