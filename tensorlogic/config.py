@@ -48,3 +48,17 @@ def numba_threading_layer() -> str:
     run parallel kernels at once; numba's "workqueue" layer aborts the process when that happens.
     """
     return os.environ.get("TL_NUMBA_THREADING_LAYER", "threadsafe") or "threadsafe"
+
+
+def omp_wait_policy() -> str:
+    """OpenMP wait policy for numba's OpenMP thread pool: OMP_WAIT_POLICY if set, else "passive".
+
+    The numba backend exports the result as OMP_WAIT_POLICY before numba loads its OpenMP
+    runtime (which reads it once, at load). Passive workers sleep between parallel regions
+    instead of spinning: on a 2-core machine the spinning workers of the default policy compete
+    with the calling thread, OpenBLAS's threads and any other process, and one descheduled
+    worker stalls a whole region for a scheduler tick (measured: 4-8 ms per call under light
+    load, vs 10-40 us passive; benchmarks/bench_fused_cpu.py records both). Set
+    OMP_WAIT_POLICY=active for the last microseconds of launch latency on a dedicated machine.
+    """
+    return os.environ.get("OMP_WAIT_POLICY", "passive") or "passive"

@@ -16,7 +16,7 @@ The serial variant is the same text with ``range`` and ``parallel=False``.
 
 The module text is also the disk-cache key, so it names everything the compiled object depends
 on: the jit options (``JIT_OPTIONS``, read by ``numba_cache.load``), the explicit signature (a
-comment; ``KernelSource.signature`` is the numba object) and, when fast exp/log are used, the
+comment; ``KernelSource.signature`` is the numba object) and, when fast math functions are used, the
 digest of ``numba_fastmath`` (whose functions the module imports rather than embeds, so a module
 is ~30 lines and a process compiles each fast function once, not once per kernel).
 """
@@ -97,6 +97,8 @@ def _math_names(expr: str, fast: bool, dtype: str) -> str:
         sfx = "f32" if dtype == "float32" else "f64"
         expr = re.sub(r"\bmath\.exp\(", f"_exp_{sfx}(", expr)
         expr = re.sub(r"\bmath\.log\(", f"_log_{sfx}(", expr)
+        expr = re.sub(r"\bmath\.log1p\(", f"_log1p_{sfx}(", expr)
+        expr = re.sub(r"\bmath\.tanh\(", f"_tanh_{sfx}(", expr)
     return expr
 
 

@@ -5,7 +5,8 @@ from vectorizing any loop that uses them. These versions are straight-line float
 integer bit tricks (no calls, no branches, no tables), so a loop over them vectorizes to
 AVX-512.
 
-exp: Cody-Waite range reduction ``x = n*ln2 + r`` with ``|r| <= ln2/2`` (ln2 split in a high
+exp: Cody-Waite range reduction ``x = n*ln2 + r`` with ``|r| <= ln2/2`` (``n`` rounded by
+adding and subtracting ``1.5 * 2**(mantissa bits)``; ln2 split in a high
 part with trailing zero bits, so ``n*ln2_hi`` is exact), a Taylor polynomial for ``exp(r)``
 (degree 7 in float32, 13 in float64; truncation error far below half an ulp), and ``2**n`` built
 from exponent bits in two halves so results that underflow into subnormals or overflow to inf
@@ -14,9 +15,17 @@ sqrt(2)), ``f = m - 1``, ``s = f/(2+f)`` and the odd series of ``log((1+s)/(1-s)
 inputs are scaled by 2**54 first. Special values follow IEEE/libm: exp(nan)=nan, exp(+inf)=inf,
 exp(-inf)=0, log(0)=-inf, log(x<0)=nan, log(inf)=inf.
 
+tanh: for ``|x| < 0.625`` Cephes' odd minimax polynomial (float32) or rational function
+(float64) in ``x*x``; above, ``1 - 2/(exp(2|x|) + 1)`` with the fast exp and the sign restored
+(``|x|`` clamped where tanh rounds to 1, so large inputs and inf give exactly +-1). Both branches
+are computed and one selected, so the loop stays branch-free. log1p:
+``log(u) - ((u - 1) - x) / u`` with ``u = 1 + x``: ``(u - 1) - x`` is the exact rounding error
+of ``u``, removed to first order (``x`` itself where ``u`` rounds to 1). sigmoid, gelu (through tanh) and softplus (through exp and
+log1p) use these in fast-math kernels, so they vectorize too.
+
 Measured accuracy (tests/backends/test_numba_runtime.py sweeps the finite range densely):
-bounded by 2 ulp (float32) and 4 ulp (float64); observed maxima are below 1 ulp for both (the
-test prints them).
+bounded by 2 ulp (float32) and 4 ulp (float64) for exp, log, tanh and log1p; observed maxima for
+exp/log are below 1 ulp (the test prints them all).
 
 Generated kernels import these functions from here (they are compiled once per process and
 type, and cached on disk like the kernels); ``SOURCE_DIGEST`` hashes this file and is written into
@@ -87,6 +96,7 @@ _D_LN2_LO = np.float64(1.90821492927058770002e-10)
 _D_HI = np.float64(709.8)
 _D_LO = np.float64(-745.2)
 _D_HALF = np.float64(0.5)
+_D_SHIFT = np.float64(6755399441055744.0)  # 1.5 * 2**52
 _D_ONE = np.float64(1.0)
 _D_TWO = np.float64(2.0)
 _D_P2 = np.float64(1.0 / 2)
@@ -119,8 +129,10 @@ _D_ZERO = np.float64(0.0)
 def exp_f64(x):
     """exp of a float64 (vectorizable; see the module docstring for accuracy)."""
     xc = min(max(x, _D_LO), _D_HI)
-    n = math.floor(xc * _D_LOG2E + _D_HALF)
-    fn = np.float64(n)
+    # round to nearest by the 1.5 * 2**52 shifter: no floor() call, which LLVM leaves as a
+    # scalar libm call that keeps the loop from vectorizing
+    fn = (xc * _D_LOG2E + _D_SHIFT) - _D_SHIFT
+    n = np.int64(fn)
     r = (xc - fn * _D_LN2_HI) - fn * _D_LN2_LO
     p = _D_P12 + r * _D_P13
     p = _D_P11 + r * p
@@ -175,6 +187,7 @@ _F_LN2_LO = np.float32(-2.12194440e-4)
 _F_HI = np.float32(88.8)
 _F_LO = np.float32(-104.0)
 _F_HALF = np.float32(0.5)
+_F_SHIFT = np.float32(12582912.0)  # 1.5 * 2**23
 _F_ONE = np.float32(1.0)
 _F_TWO = np.float32(2.0)
 _F_P2 = np.float32(1.0 / 2)
@@ -200,8 +213,8 @@ _F_ZERO = np.float32(0.0)
 def exp_f32(x):
     """exp of a float32 (vectorizable; see the module docstring for accuracy)."""
     xc = min(max(x, _F_LO), _F_HI)
-    n = np.int32(math.floor(xc * _F_LOG2E + _F_HALF))
-    fn = np.float32(n)
+    fn = (xc * _F_LOG2E + _F_SHIFT) - _F_SHIFT  # round to nearest (see exp_f64)
+    n = np.int32(fn)
     r = (xc - fn * _F_LN2_HI) - fn * _F_LN2_LO
     p = _F_P6 + r * _F_P7
     p = _F_P5 + r * p
@@ -243,10 +256,79 @@ def log_f32(x):
     return _F_NAN if (x < _F_ZERO or x != x) else y
 
 
+_D_TANH_SMALL = np.float64(0.625)
+_D_TANH_BIG = np.float64(22.0)  # tanh(22) rounds to 1.0 in float64
+_D_TP0 = np.float64(-9.64399179425052238628e-1)
+_D_TP1 = np.float64(-9.92877231001918586564e1)
+_D_TP2 = np.float64(-1.61468768441708447952e3)
+_D_TQ0 = np.float64(1.12811678491632931402e2)
+_D_TQ1 = np.float64(2.23548839060100448583e3)
+_D_TQ2 = np.float64(4.84406305325125486048e3)
+_F_TANH_SMALL = np.float32(0.625)
+_F_TANH_BIG = np.float32(9.0)  # tanh(9) rounds to 1.0 in float32
+_F_TP0 = np.float32(-5.70498872745e-3)
+_F_TP1 = np.float32(2.06390887954e-2)
+_F_TP2 = np.float32(-5.37397155531e-2)
+_F_TP3 = np.float32(1.33314422036e-1)
+_F_TP4 = np.float32(-3.33332819422e-1)
+
+
+# inline="always": numba inlines tanh into the caller's IR (LLVM's inliner declines a body this
+# size, and a call per element keeps the loop scalar); the caller's fastmath flags then apply,
+# which tanh tolerates (no compensated sums; NaN handling is a select, and kernels keep NaN
+# semantics). log1p's compensation would not survive reassociation, so it is a normal call,
+# which LLVM inlines with its own flags.
+@njit(fastmath={"contract"}, error_model="numpy", nogil=True, inline="always")
+def tanh_f64(x):
+    """tanh of a float64 (vectorizable; see the module docstring for accuracy)."""
+    z = x * x
+    small = x + x * z * (((_D_TP0 * z + _D_TP1) * z + _D_TP2)
+                         / (((z + _D_TQ0) * z + _D_TQ1) * z + _D_TQ2))
+    a = min(abs(x), _D_TANH_BIG)
+    big = _D_ONE - _D_TWO / (exp_f64(a + a) + _D_ONE)
+    big = big if x >= _D_ZERO else -big
+    small = x if z == _D_ZERO else small  # keeps the sign of -0.0 (and tanh(x) = x there)
+    return small if abs(x) < _D_TANH_SMALL else (x if x != x else big)
+
+
+@njit(fastmath={"contract"}, error_model="numpy", nogil=True, inline="always")
+def tanh_f32(x):
+    """tanh of a float32 (vectorizable; see the module docstring for accuracy)."""
+    z = x * x
+    small = x + x * z * ((((_F_TP0 * z + _F_TP1) * z + _F_TP2) * z + _F_TP3) * z + _F_TP4)
+    a = min(abs(x), _F_TANH_BIG)
+    big = _F_ONE - _F_TWO / (exp_f32(a + a) + _F_ONE)
+    big = big if x >= _F_ZERO else -big
+    small = x if z == _F_ZERO else small  # keeps the sign of -0.0 (and tanh(x) = x there)
+    return small if abs(x) < _F_TANH_SMALL else (x if x != x else big)
+
+
+@njit(fastmath={"contract"}, error_model="numpy", nogil=True)
+def log1p_f64(x):
+    """log(1 + x) of a float64 (vectorizable; see the module docstring for accuracy)."""
+    u = _D_ONE + x
+    lu = log_f64(u)
+    # u = 1 + x + c with c = (u - 1) - x exact; log(1 + x) = log(u) - c/u to first order
+    y = lu - ((u - _D_ONE) - x) / u
+    return lu if (u == _D_ZERO or u == _D_INF) else y
+
+
+@njit(fastmath={"contract"}, error_model="numpy", nogil=True)
+def log1p_f32(x):
+    """log(1 + x) of a float32 (vectorizable; see the module docstring for accuracy)."""
+    u = _F_ONE + x
+    lu = log_f32(u)
+    # u = 1 + x + c with c = (u - 1) - x exact; log(1 + x) = log(u) - c/u to first order
+    y = lu - ((u - _F_ONE) - x) / u
+    return lu if (u == _F_ZERO or u == _F_INF) else y
+
+
 SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
-NAMES = ("exp_f32", "exp_f64", "log_f32", "log_f64")
-for _fn in (exp_f32, exp_f64, log_f32, log_f64):
+NAMES = ("exp_f32", "exp_f64", "log_f32", "log_f64", "tanh_f32", "tanh_f64", "log1p_f32",
+         "log1p_f64")
+for _fn in (exp_f32, exp_f64, log_f32, log_f64, tanh_f32, tanh_f64, log1p_f32, log1p_f64):
     # compiled on a kernel's first cold compile in a process, then served from the disk cache
     numba_cache.attach(_fn, SOURCE_DIGEST)
 
-__all__ = ["NAMES", "SOURCE_DIGEST", "exp_f32", "exp_f64", "log_f32", "log_f64"]
+__all__ = ["NAMES", "SOURCE_DIGEST", "exp_f32", "exp_f64", "log1p_f32", "log1p_f64", "log_f32",
+           "log_f64", "tanh_f32", "tanh_f64"]

@@ -14,11 +14,19 @@ shared (heavily loaded) 2-vCPU machine the difference was within noise (1M-eleme
 after BLAS vs 34 ms with BLAS limited to one thread vs 32 ms alone), while limiting BLAS costs
 matmul throughput on a quiet machine, so no limit is the default until a quiet rerun says
 otherwise.
+
+OpenMP wait policy: ``configure()`` exports ``config.omp_wait_policy()`` (default "passive")
+as OMP_WAIT_POLICY before numba first loads GNU OpenMP, which reads it once at load. With the
+default (spin, then sleep) policy a parallel kernel on a 2-core machine with any other load took
+4-8 ms per call whatever its size (a worker spinning or descheduled while the caller waits);
+passive workers sleep on a futex, costing ~5-10 us of wake-up per region. If OpenMP was loaded
+before (numba used directly first), the policy already in effect stays.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Iterator
 
@@ -57,6 +65,8 @@ def configure() -> None:
             return  # already launched by someone else: keep theirs, checked in launch_lock()
         except ValueError:
             pass
+        # must precede the first load of libgomp (the omppool import below or numba's launch)
+        os.environ["OMP_WAIT_POLICY"] = config.omp_wait_policy()
         want = config.numba_threading_layer()
         if want in ("threadsafe", "safe"):
             ok = _loadable("tbb") or (want == "threadsafe" and _loadable("omp"))

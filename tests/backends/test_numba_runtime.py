@@ -178,3 +178,45 @@ def test_fast_exp_log_accuracy_dense_sweep(dtype, bound):
     with np.errstate(all="ignore"):
         np.testing.assert_allclose(e, np.exp(sp), rtol=4 * fi.eps)
         np.testing.assert_allclose(lg, np.log(sp), rtol=4 * fi.eps)
+
+
+@pytest.mark.parametrize("dtype,bound", [("float32", 2.0), ("float64", 4.0)])
+def test_fast_tanh_log1p_accuracy_dense_sweep(dtype, bound):
+    # tanh through the generated kernel (the fast path must be the one taken), log1p directly
+    import numba
+
+    from tensorlogic.backends import numba_fastmath
+    from tensorlogic.backends.numba_codegen import FAST_FLAGS
+
+    be = get_backend("numba")
+    n = 1_000_003
+    xt = np.concatenate([np.linspace(-30, 30, n), np.linspace(-1, 1, n),
+                         np.linspace(-1e-3, 1e-3, n)]).astype(dtype)
+    body = FusedBody((FusedOp("tanh", (("in", 0),)),), (xt.size,))
+    k = be.kernel_for(body, [xt.shape], dtype, fast=True, threshold=0)
+    assert "_tanh_f" in k.source
+    worst = {"tanh": _ulps(k([xt], np.empty_like(xt)), xt, np.tanh, dtype)}
+    fn = getattr(numba_fastmath, f"log1p_{'f32' if dtype == 'float32' else 'f64'}")
+
+    @numba.njit(fastmath=set(eval(FAST_FLAGS)), error_model="numpy")  # as in kernels
+    def run(a, o):
+        for i in range(a.size):
+            o[i] = fn(a[i])
+
+    xl = np.concatenate([np.linspace(-0.999, 1, n), np.linspace(-1e-3, 1e-3, n),
+                         np.exp2(np.linspace(-60, 100, n))]).astype(dtype)
+    out = np.empty_like(xl)
+    run(xl, out)
+    worst["log1p"] = _ulps(out, xl, np.log1p, dtype)
+    print(f"{dtype} max ulp error: {worst}")
+    assert max(worst.values()) <= bound, worst
+    sp = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, -1.0, -2.0, 1e-30], dtype)
+    out = np.empty_like(sp)
+    run(sp, out)
+    with np.errstate(all="ignore"):
+        np.testing.assert_allclose(out, np.log1p(sp), rtol=4 * np.finfo(dtype).eps)
+        ks = be.kernel_for(FusedBody((FusedOp("tanh", (("in", 0),)),), sp.shape), [sp.shape],
+                           dtype, fast=True, threshold=0)
+        t = ks([sp], np.empty_like(sp))
+        np.testing.assert_allclose(t, np.tanh(sp), rtol=4 * np.finfo(dtype).eps)
+        assert np.signbit(t[4]) and not np.signbit(t[3])
