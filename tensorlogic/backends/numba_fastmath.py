@@ -323,12 +323,47 @@ def log1p_f32(x):
     return lu if (u == _F_ZERO or u == _F_INF) else y
 
 
+# Order-preserving integer keys of floats: key(a) < key(b) exactly when a < b (non-NaN; -0.0 just
+# below +0.0; a positive NaN above +inf). A running max over keys is an integer max, which LLVM
+# vectorizes; a float max(m, v) is a compare-and-select it keeps scalar without no-NaNs flags.
+_I32_MAX = 0x7FFFFFFF
+_I32_SIGN = 0x80000000
+_I64_MAG = 0x7FFFFFFFFFFFFFFF
+
+
+@njit(error_model="numpy", nogil=True)
+def key_f32(x):
+    """Order-preserving int64 key of a float32 (see ``unkey_f32``)."""
+    b = _bits_of(x)  # the 32 bits, zero-extended
+    return b if b < _I32_SIGN else _I32_MAX - b
+
+
+@njit(error_model="numpy", nogil=True)
+def unkey_f32(k):
+    """The float32 whose ``key_f32`` is ``k``."""
+    return _f32_from_bits(k if k >= 0 else _I32_MAX - k)
+
+
+@njit(error_model="numpy", nogil=True)
+def key_f64(x):
+    """Order-preserving int64 key of a float64 (see ``unkey_f64``)."""
+    b = _bits_of(x)
+    return b if b >= 0 else b ^ _I64_MAG
+
+
+@njit(error_model="numpy", nogil=True)
+def unkey_f64(k):
+    """The float64 whose ``key_f64`` is ``k``."""
+    return _f64_from_bits(k if k >= 0 else k ^ _I64_MAG)
+
+
 SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 NAMES = ("exp_f32", "exp_f64", "log_f32", "log_f64", "tanh_f32", "tanh_f64", "log1p_f32",
-         "log1p_f64")
-for _fn in (exp_f32, exp_f64, log_f32, log_f64, tanh_f32, tanh_f64, log1p_f32, log1p_f64):
+         "log1p_f64", "key_f32", "key_f64", "unkey_f32", "unkey_f64")
+for _fn in (exp_f32, exp_f64, log_f32, log_f64, tanh_f32, tanh_f64, log1p_f32, log1p_f64, key_f32,
+            key_f64, unkey_f32, unkey_f64):
     # compiled on a kernel's first cold compile in a process, then served from the disk cache
     numba_cache.attach(_fn, SOURCE_DIGEST)
 
-__all__ = ["NAMES", "SOURCE_DIGEST", "exp_f32", "exp_f64", "log1p_f32", "log1p_f64", "log_f32",
-           "log_f64", "tanh_f32", "tanh_f64"]
+__all__ = ["NAMES", "SOURCE_DIGEST", "exp_f32", "exp_f64", "key_f32", "key_f64", "log1p_f32",
+           "log1p_f64", "log_f32", "log_f64", "tanh_f32", "tanh_f64", "unkey_f32", "unkey_f64"]
