@@ -50,15 +50,19 @@ def numba_threading_layer() -> str:
     return os.environ.get("TL_NUMBA_THREADING_LAYER", "threadsafe") or "threadsafe"
 
 
-def omp_wait_policy() -> str:
-    """OpenMP wait policy for numba's OpenMP thread pool: OMP_WAIT_POLICY if set, else "passive".
 
-    The numba backend exports the result as OMP_WAIT_POLICY before numba loads its OpenMP
-    runtime (which reads it once, at load). Passive workers sleep between parallel regions
-    instead of spinning: on a 2-core machine the spinning workers of the default policy compete
-    with the calling thread, OpenBLAS's threads and any other process, and one descheduled
-    worker stalls a whole region for a scheduler tick (measured: 4-8 ms per call under light
-    load, vs 10-40 us passive; benchmarks/bench_fused_cpu.py records both). Set
-    OMP_WAIT_POLICY=active for the last microseconds of launch latency on a dedicated machine.
+def gomp_environment() -> dict[str, str]:
+    """Settings the numba backend exports for GNU OpenMP before numba loads it (read once there).
+
+    Empty when the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT (theirs apply); otherwise
+    ``{"GOMP_SPINCOUNT": "1000"}``: idle workers spin briefly, then sleep. libgomp's default spins
+    for ~300000 iterations, and on a 2-core machine those spinning workers compete with the
+    caller, OpenBLAS's threads and other processes: a plan mixing matmuls and parallel kernels
+    took 16 ms instead of 3 ms, and under other load any parallel kernel could take 4-8 ms. A
+    passive policy (no spin) avoids that too but pays a sleeping worker's wake-up on every
+    kernel (a 128K-element chain: 71 us vs 25 us on a quiet machine; 54 us vs 101 us with a
+    competing busy process). Measured in benchmarks/bench_fused_cpu.py (numbers in RESULTS.md).
     """
-    return os.environ.get("OMP_WAIT_POLICY", "passive") or "passive"
+    if os.environ.get("OMP_WAIT_POLICY") or os.environ.get("GOMP_SPINCOUNT"):
+        return {}
+    return {"GOMP_SPINCOUNT": "1000"}

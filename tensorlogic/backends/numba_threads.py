@@ -15,12 +15,10 @@ after BLAS vs 34 ms with BLAS limited to one thread vs 32 ms alone), while limit
 matmul throughput on a quiet machine, so no limit is the default until a quiet rerun says
 otherwise.
 
-OpenMP wait policy: ``configure()`` exports ``config.omp_wait_policy()`` (default "passive")
-as OMP_WAIT_POLICY before numba first loads GNU OpenMP, which reads it once at load. With the
-default (spin, then sleep) policy a parallel kernel on a 2-core machine with any other load took
-4-8 ms per call whatever its size (a worker spinning or descheduled while the caller waits);
-passive workers sleep on a futex, costing ~5-10 us of wake-up per region. If OpenMP was loaded
-before (numba used directly first), the policy already in effect stays.
+OpenMP spinning: ``configure()`` exports ``config.gomp_environment()`` (a short
+GOMP_SPINCOUNT unless the user set a policy) before numba first loads GNU OpenMP, which reads it
+once at load; the reasons and measurements are in that function's docstring. If OpenMP was
+loaded before (numba used directly first), the settings already in effect stay.
 """
 
 from __future__ import annotations
@@ -66,7 +64,7 @@ def configure() -> None:
         except ValueError:
             pass
         # must precede the first load of libgomp (the omppool import below or numba's launch)
-        os.environ["OMP_WAIT_POLICY"] = config.omp_wait_policy()
+        os.environ.update(config.gomp_environment())
         want = config.numba_threading_layer()
         if want in ("threadsafe", "safe"):
             ok = _loadable("tbb") or (want == "threadsafe" and _loadable("omp"))

@@ -264,3 +264,37 @@ def test_row_ops_with_nan_and_inf_rows_match_numpy(op):
     got = tl.compile(g, backend="numba", opt_level=0)(x=x)["y"]
     want = tl.compile(g, backend="numpy", opt_level=0)(x=x)["y"]
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_gomp_environment_respects_user_settings(monkeypatch):
+    from tensorlogic import config
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    assert config.gomp_environment() == {"GOMP_SPINCOUNT": "1000"}
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    assert config.gomp_environment() == {}
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "5")
+    assert config.gomp_environment() == {}
+
+
+_GOMP = textwrap.dedent("""
+    import os, numpy as np, tensorlogic as tl
+    g = tl.EinsumGraph()
+    x = g.input("x", (1 << 16,), "float32")
+    g.output(g.exp(x) * 2.0, "y")
+    y = tl.compile(g, backend="numba", opt_level=0, parallel_threshold=0)(
+        x=np.ones(1 << 16, np.float32))["y"]
+    assert np.allclose(y, 2 * np.e)
+    print(os.environ.get("GOMP_SPINCOUNT"), os.environ.get("OMP_WAIT_POLICY"))
+""")
+
+
+@pytest.mark.parametrize("user,want", [({}, "1000 None"), ({"OMP_WAIT_POLICY": "passive"},
+                                                            "None passive")])
+def test_backend_exports_gomp_settings_before_openmp_loads(user, want):
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run([sys.executable, "-c", _GOMP], env={**env, **user}, capture_output=True,
+                         text=True, timeout=300, check=True)
+    assert out.stdout.strip().splitlines()[-1] == want
