@@ -51,17 +51,19 @@ def numba_threading_layer() -> str:
 
 
 
+
+
 def gomp_environment() -> dict[str, str]:
     """Settings the numba backend exports for GNU OpenMP before numba loads it (read once there).
 
     Empty when the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT (theirs apply); otherwise
-    ``{"GOMP_SPINCOUNT": "1000"}``: idle workers spin briefly, then sleep. libgomp's default spins
-    for ~300000 iterations, and on a 2-core machine those spinning workers compete with the
-    caller, OpenBLAS's threads and other processes: a plan mixing matmuls and parallel kernels
-    took 16 ms instead of 3 ms, and under other load any parallel kernel could take 4-8 ms. A
-    passive policy (no spin) avoids that too but pays a sleeping worker's wake-up on every
-    kernel (a 128K-element chain: 71 us vs 25 us on a quiet machine; 54 us vs 101 us with a
-    competing busy process). Measured in benchmarks/bench_fused_cpu.py (numbers in RESULTS.md).
+    ``{"GOMP_SPINCOUNT": "1000"}``: an idle worker spins briefly, then sleeps. libgomp's default
+    (~300000 spins) and "active" keep workers spinning, and on a 2-core machine they compete with
+    the caller, OpenBLAS's threads and other processes: a plan of two 512x512 matmuls with fused
+    kernels took 16 ms instead of 3 ms, and under other load a parallel kernel of any size took
+    4-8 ms. "passive" (no spin) avoids that but pays a sleeping worker's wake-up on every kernel:
+    a 128K-element chain took 80-100 us passive vs 25 us with 1000 spins on a quiet machine
+    (54 us vs 100 us next to a busy process); both ~3 ms on the matmul plan.
     """
     if os.environ.get("OMP_WAIT_POLICY") or os.environ.get("GOMP_SPINCOUNT"):
         return {}
