@@ -178,7 +178,8 @@ def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | 
         raise BackendError(f"numba kernels support float32 and float64, not {dtype}")
     consts = _Consts(dtype)
     body = _Body(instrs, n_inputs, consts, fast, dtype)
-    acc_dt = "float64"  # sums accumulate in float64 (more accurate than numpy's float32 sums)
+    # sums accumulate in float64 (rank-1 blocks in the compute dtype first: see partial_pass)
+    acc_dt = "float64"
     R = lay.rank
     idx = [f"i{d}" for d in range(R)]
     dnames = [f"d{d}" for d in range(R)]
@@ -338,11 +339,16 @@ def _reduce(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views
     vl, v = value("            ", block=lay.rank == 1)
 
     def partial_pass(init, comb, part_t, what) -> list[str]:
+        # a BLOCK-long block sums in the compute dtype when reassociation is allowed: LLVM
+        # splits it over many vector partial sums (each adds BLOCK/64 terms or fewer), and the
+        # blocks combine in float64; converting every element to float64 instead costs ~2x in
+        # cache. Rows of rank >= 2 layouts have no length bound, so they keep float64.
+        blk_t = dtype if (fast and lay.rank == 1 and part_t == "float64") else part_t
         return [
             f"    part = np.empty(nb, np.{part_t})",
             f"    for b in {rng}(nb):",
             *loop,
-            f"        acc = np.{part_t}({init})",
+            f"        acc = np.{blk_t}({init})",
             inner, *vl, "            " + comb(what(v)),
             "        part[b] = acc",
         ]
