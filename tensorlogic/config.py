@@ -53,18 +53,19 @@ def numba_threading_layer() -> str:
 
 
 
+
 def gomp_environment() -> dict[str, str]:
     """Settings the numba backend exports for GNU OpenMP before numba loads it (read once there).
 
     Empty when the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT (theirs apply); otherwise
-    ``{"GOMP_SPINCOUNT": "1000"}``: an idle worker spins briefly, then sleeps. libgomp's default
-    (~300000 spins) and "active" keep workers spinning, and on a 2-core machine they compete with
-    the caller, OpenBLAS's threads and other processes: a plan of two 512x512 matmuls with fused
-    kernels took 16 ms instead of 3 ms, and under other load a parallel kernel of any size took
-    4-8 ms. "passive" (no spin) avoids that but pays a sleeping worker's wake-up on every kernel:
-    a 128K-element chain took 80-100 us passive vs 25 us with 1000 spins on a quiet machine
-    (54 us vs 100 us next to a busy process); both ~3 ms on the matmul plan.
+    ``{"OMP_WAIT_POLICY": "passive"}``: idle workers sleep instead of spinning. On the 2-core
+    test machine spinning workers compete with the caller, OpenBLAS's threads and other
+    processes, and lose whole scheduler ticks: a plan of two 512x512 matmuls with fused kernels
+    took 16 ms with libgomp's default or "active" vs 3 ms passive; a 1M-element kernel right
+    after a matmul took 2.8-6.5 ms even with GOMP_SPINCOUNT=1000 (in 4 of 7 runs) vs 0.15-0.4 ms
+    passive in every run. The price is a sleeping worker's wake-up on each parallel kernel
+    (50-80 us here, a VM), which ``numba_backend.PARALLEL_THRESHOLD`` accounts for.
     """
     if os.environ.get("OMP_WAIT_POLICY") or os.environ.get("GOMP_SPINCOUNT"):
         return {}
-    return {"GOMP_SPINCOUNT": "1000"}
+    return {"OMP_WAIT_POLICY": "passive"}

@@ -29,10 +29,13 @@ from .numba_codegen import render
 from .numba_layout import make_layout
 from .numpy_backend import NumpyBackend
 
-# Below this many points a serial kernel wins. Measured by benchmarks/bench_fused_cpu.py (threshold
-# sweep, float32, 2 threads): a parallel region costs ~4 us; the 5-input chain gains from 8K
-# points, a 1-input scale from 32K, so 32K keeps every kernel at least as fast as serial.
-PARALLEL_THRESHOLD = 1 << 15
+# Below this many points a serial kernel wins. With OpenMP workers that sleep between kernels
+# (the passive wait policy, see config.gomp_environment) a parallel kernel pays a wake-up of
+# 50-80 us on the 2-vCPU test machine. Measured (float32, 2 threads, 3 runs, serial vs parallel
+# kernel): the 5-input chain wins from 512K points (176 vs 127-162 us), a 1-input scale from 2M
+# (1M: 93-101 vs 117-125 us; 2M: 260-280 vs 154-190 us). 512K takes the chain's gain and costs a
+# light kernel between 512K and 2M at most ~30 us.
+PARALLEL_THRESHOLD = 1 << 19
 _FLOATS = ("float32", "float64")
 
 

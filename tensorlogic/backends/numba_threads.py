@@ -15,8 +15,8 @@ after BLAS vs 34 ms with BLAS limited to one thread vs 32 ms alone), while limit
 matmul throughput on a quiet machine, so no limit is the default until a quiet rerun says
 otherwise.
 
-OpenMP spinning: ``configure()`` exports ``config.gomp_environment()`` (a short spin
-count unless the user set a policy) before numba first loads GNU OpenMP, which reads it
+OpenMP spinning: ``configure()`` exports ``config.gomp_environment()`` (the passive wait
+policy unless the user set one) before numba first loads GNU OpenMP, which reads it
 once at load; the reasons and measurements are in that function's docstring. If OpenMP was
 loaded before (numba used directly first), the settings already in effect stay.
 """

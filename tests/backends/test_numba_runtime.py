@@ -271,7 +271,7 @@ def test_gomp_environment_respects_user_settings(monkeypatch):
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
-    assert config.gomp_environment() == {"GOMP_SPINCOUNT": "1000"}
+    assert config.gomp_environment() == {"OMP_WAIT_POLICY": "passive"}
     monkeypatch.setenv("OMP_WAIT_POLICY", "active")
     assert config.gomp_environment() == {}
     monkeypatch.delenv("OMP_WAIT_POLICY")
@@ -291,8 +291,8 @@ _GOMP = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("user,want", [({}, "1000 None"), ({"OMP_WAIT_POLICY": "passive"},
-                                                            "None passive")])
+@pytest.mark.parametrize("user,want", [({}, "None passive"), ({"GOMP_SPINCOUNT": "7"},
+                                                            "7 None")])
 def test_backend_exports_gomp_settings_before_openmp_loads(user, want):
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     out = subprocess.run([sys.executable, "-c", _GOMP], env={**env, **user}, capture_output=True,
