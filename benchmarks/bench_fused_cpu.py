@@ -30,7 +30,13 @@ import numpy as np
 
 import tensorlogic as tl
 from tensorlogic.ir import ops
+from tensorlogic.backends import get_backend
 from tensorlogic.ir.fused import FusedBody, FusedOp
+
+# The numba backend sets GNU OpenMP's wait policy before OpenMP first loads; torch ships its own
+# libgomp.so.1, and if torch loads first numba's kernels run on that copy with its (spinning)
+# defaults. Create the backend first so that this benchmark measures the library's settings.
+get_backend("numba")
 
 try:
     import numexpr as ne
