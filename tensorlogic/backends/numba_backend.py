@@ -7,9 +7,9 @@ inference); contractions run on BLAS exactly like the numpy backend. Kernels wri
 plan's buffers.
 
 Plan options read here (``tl.compile(g, backend="numba", **options)``):
-- ``fast_math`` (default True): vectorizable exp/log/tanh/log1p (float32 within 2 ulp, float64 within 4 ulp;
-  see ``numba_fastmath``) and LLVM reassociation so reductions vectorize; NaN/inf still
-  propagate. ``fast_math=False`` uses libm and strict evaluation order.
+- ``fast_math`` (default True): vectorizable exp/log/tanh/log1p (float32 within 2 ulp, float64
+  within 4 ulp; see ``numba_fastmath``) and LLVM reassociation so reductions vectorize;
+  NaN/inf still propagate. ``fast_math=False`` uses libm and strict evaluation order.
 - ``parallel_threshold`` (default ``PARALLEL_THRESHOLD`` elements): steps whose iteration space is
   smaller run a serial kernel, because a parallel region costs microseconds to start.
 """

@@ -17,9 +17,9 @@ The serial variant is the same text with ``range`` and ``parallel=False``.
 
 The module text is also the disk-cache key, so it names everything the compiled object depends
 on: the jit options (``JIT_OPTIONS``, read by ``numba_cache.load``), the explicit signature (a
-comment; ``KernelSource.signature`` is the numba object) and, when fast math functions are used, the
-digest of ``numba_fastmath`` (whose functions the module imports rather than embeds, so a module
-is ~30 lines and a process compiles each fast function once, not once per kernel).
+comment; ``KernelSource.signature`` is the numba object) and, when fast math functions are used,
+the digest of ``numba_fastmath`` (whose functions the module imports rather than embeds, so a
+module is ~30 lines and a process compiles each fast function once, not once per kernel).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Vectorizable exp and log for generated numba kernels.
+"""Vectorizable exp, log, tanh and log1p (and float ordering keys) for generated numba kernels.
 
 numba's ``math.exp``/``math.log`` call scalar libm on machines without SVML, which keeps LLVM
 from vectorizing any loop that uses them. These versions are straight-line float arithmetic plus
@@ -6,22 +6,24 @@ integer bit tricks (no calls, no branches, no tables), so a loop over them vecto
 AVX-512.
 
 exp: Cody-Waite range reduction ``x = n*ln2 + r`` with ``|r| <= ln2/2`` (``n`` rounded by
-adding and subtracting ``1.5 * 2**(mantissa bits)``; ln2 split in a high
-part with trailing zero bits, so ``n*ln2_hi`` is exact), a Taylor polynomial for ``exp(r)``
-(degree 7 in float32, 13 in float64; truncation error far below half an ulp), and ``2**n`` built
-from exponent bits in two halves so results that underflow into subnormals or overflow to inf
-round once, correctly. log: fdlibm's algorithm, ``x = 2**k * m`` with ``m`` in [sqrt(2)/2,
-sqrt(2)), ``f = m - 1``, ``s = f/(2+f)`` and the odd series of ``log((1+s)/(1-s))``; subnormal
-inputs are scaled by 2**54 first. Special values follow IEEE/libm: exp(nan)=nan, exp(+inf)=inf,
-exp(-inf)=0, log(0)=-inf, log(x<0)=nan, log(inf)=inf.
+adding and subtracting ``1.5 * 2**(mantissa bits)``, not floor(), a scalar libm call; ln2 split
+in a high part with trailing zero bits, so ``n*ln2_hi`` is exact), a Taylor polynomial for
+``exp(r)`` (degree 7 in float32, 13 in float64; truncation error far below half an ulp), and
+``2**n`` built from exponent bits in two halves so results that underflow into subnormals or
+overflow to inf round once, correctly. log: fdlibm's algorithm, ``x = 2**k * m`` with ``m`` in
+[sqrt(2)/2, sqrt(2)), ``f = m - 1``, ``s = f/(2+f)`` and the odd series of
+``log((1+s)/(1-s))``; subnormal inputs are scaled by 2**54 first. Special values follow
+IEEE/libm: exp(nan)=nan, exp(+inf)=inf, exp(-inf)=0, log(0)=-inf, log(x<0)=nan, log(inf)=inf.
 
 tanh: for ``|x| < 0.625`` Cephes' odd minimax polynomial (float32) or rational function
 (float64) in ``x*x``; above, ``1 - 2/(exp(2|x|) + 1)`` with the fast exp and the sign restored
 (``|x|`` clamped where tanh rounds to 1, so large inputs and inf give exactly +-1). Both branches
 are computed and one selected, so the loop stays branch-free. log1p:
 ``log(u) - ((u - 1) - x) / u`` with ``u = 1 + x``: ``(u - 1) - x`` is the exact rounding error
-of ``u``, removed to first order (``x`` itself where ``u`` rounds to 1). sigmoid, gelu (through tanh) and softplus (through exp and
-log1p) use these in fast-math kernels, so they vectorize too.
+of ``u``, removed to first order (which gives ``x`` where ``u`` rounds to 1). sigmoid, gelu
+(through tanh) and softplus (through exp and log1p) use these in fast-math kernels, so they
+vectorize too. ``key_*``/``unkey_*`` map floats to order-preserving integers, so a running max
+(softmax's row max) is an integer max that vectorizes.
 
 Measured accuracy (tests/backends/test_numba_runtime.py sweeps the finite range densely):
 bounded by 2 ulp (float32) and 4 ulp (float64) for exp, log, tanh and log1p; observed maxima for
