@@ -16,8 +16,9 @@ matmul throughput on a quiet machine, so no limit is the default until a quiet r
 otherwise.
 
 OpenMP spinning: ``configure()`` exports ``config.gomp_environment()`` (the passive wait
-policy unless the user set one) before numba first loads GNU OpenMP, which reads it
-once at load; the reasons and measurements are in that function's docstring. If OpenMP was
+policy unless the user set one) while it loads numba's GNU OpenMP runtime, which reads it
+once at load, and removes it again so that other OpenMP runtimes loaded later (torch's) keep
+their defaults; the reasons and measurements are in that function's docstring. If OpenMP was
 loaded before (numba used directly first), the settings already in effect stay.
 """
 
@@ -63,8 +64,16 @@ def configure() -> None:
             return  # already launched by someone else: keep theirs, checked in launch_lock()
         except ValueError:
             pass
-        # must precede the first load of libgomp (the omppool import below or numba's launch)
-        os.environ.update(config.gomp_environment())
+        # libgomp reads its environment once, when it loads: load it (the omppool import) with
+        # our settings exported, then take them back so that an OpenMP runtime loaded later
+        # (torch ships its own libgomp) keeps its own defaults
+        gomp = config.gomp_environment()
+        os.environ.update(gomp)
+        try:
+            _loadable("omp")
+        finally:
+            for key in gomp:
+                os.environ.pop(key, None)
         want = config.numba_threading_layer()
         if want in ("threadsafe", "safe"):
             ok = _loadable("tbb") or (want == "threadsafe" and _loadable("omp"))

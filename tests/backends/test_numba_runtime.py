@@ -291,10 +291,17 @@ _GOMP = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("user,want", [({}, "None passive"), ({"GOMP_SPINCOUNT": "7"},
-                                                            "7 None")])
-def test_backend_exports_gomp_settings_before_openmp_loads(user, want):
+@pytest.mark.parametrize("user,want_env,want_policy", [
+    ({}, "None None", "PASSIVE"),  # exported while libgomp loads, then taken back
+    ({"OMP_WAIT_POLICY": "active"}, "None active", "ACTIVE"),  # the user's setting wins
+])
+def test_backend_sets_gomp_policy_while_openmp_loads(user, want_env, want_policy):
+    if not numba_threads._loadable("omp"):
+        pytest.skip("numba's OpenMP layer is not loadable here")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    out = subprocess.run([sys.executable, "-c", _GOMP], env={**env, **user}, capture_output=True,
-                         text=True, timeout=300, check=True)
-    assert out.stdout.strip().splitlines()[-1] == want
+    # OMP_DISPLAY_ENV makes libgomp print the settings it read when it loaded
+    env = {**env, **user, "OMP_DISPLAY_ENV": "TRUE"}
+    out = subprocess.run([sys.executable, "-c", _GOMP], env=env, capture_output=True, text=True,
+                         timeout=300, check=True)
+    assert out.stdout.strip().splitlines()[-1] == want_env
+    assert f"OMP_WAIT_POLICY = '{want_policy}'" in out.stderr + out.stdout
