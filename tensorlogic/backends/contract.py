@@ -195,6 +195,16 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
 
         return result, rdt, (_swapped(mul) if swap else mul), flops
 
+    if not (batch or left or right) and a == b:
+        # a full inner product of two operands laid out alike: one BLAS dot
+        def dot(xp, A, B, out, scratch):
+            if out is None:
+                out = _take(xp, scratch, k_res, res_shape, rdt)
+            out[...] = xp.dot(A.reshape(-1), B.reshape(-1))
+            return out
+
+        return result, rdt, dot, flops
+
     # choose per operand the matrix layout that is a view of its memory
     a_lc = _group_layout(a, [batch, left, contr]) or not _group_layout(a, [batch, contr, left])
     b_cr = _group_layout(b, [batch, contr, right]) or not _group_layout(b, [batch, right, contr])
