@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 import pytest
@@ -76,3 +77,22 @@ def tolerance(dtype, reduction: int = 1) -> dict:
     eps = np.finfo(dtype).eps
     scale = max(1.0, float(np.sqrt(reduction)))
     return {"rtol": 64 * eps * scale, "atol": 64 * eps * scale}
+
+
+def run_in_threads(worker, n: int) -> None:
+    """Run ``worker(k)`` for k in range(n), each on its own thread; re-raise the first failure."""
+    errors: list[BaseException] = []
+
+    def guarded(k: int) -> None:
+        try:
+            worker(k)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]

@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import threading
 
 import numpy as np
 import pytest
 
 import tensorlogic as tl
 from tensorlogic.ir import serialize
+from conftest import run_in_threads
 
 W = np.arange(12, dtype=np.float32).reshape(3, 4) / 10
 X = np.linspace(-1, 1, 6, dtype=np.float32).reshape(2, 3)
@@ -458,11 +458,7 @@ def test_bad_calls_from_threads_leave_plan_correct():
         except BaseException as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(worker, 4)
     assert not errors, errors[0]
 
 

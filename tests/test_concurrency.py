@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import tensorlogic as tl
+from conftest import run_in_threads
 
 THREADS = 8
 CALLS = 500
@@ -55,9 +56,5 @@ def test_one_plan_many_threads(backend, opt_level):
                 failures.append(f"thread {k} call {i} (batch {b}) gave a wrong result")
                 return
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(THREADS)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(worker, THREADS)
     assert not failures, failures[:3]

@@ -17,6 +17,7 @@ from tensorlogic.backends import get_backend, numba_threads
 from tensorlogic.ir.fused import FusedBody, FusedOp
 
 from numba_cases import fused_graph, random_inputs, reference, tol
+from conftest import run_in_threads
 
 _SCRIPT = textwrap.dedent("""
     import json, numpy as np, tensorlogic as tl
@@ -126,11 +127,7 @@ def test_four_threads_call_plans_concurrently(rng):
         except Exception as exc:  # noqa: BLE001 - reported below
             errors.append(exc)
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(worker, 4)
     assert not errors, errors[0]
     layer = numba_threads.active_layer()
     assert layer in ("tbb", "omp", "workqueue")

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
 
 import tensorlogic as tl
 
-from conftest import to_numpy
+from conftest import run_in_threads, to_numpy
 
 
 def _mlp(batch="B"):
@@ -167,9 +166,5 @@ def test_threads_share_one_plan(rng):
             if not np.allclose(got, np.maximum(x @ w + 0.5, 0), rtol=1e-5, atol=1e-6):
                 errors.append(seed)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(worker, 8)
     assert not errors

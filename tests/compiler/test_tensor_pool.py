@@ -11,6 +11,7 @@ import pytest
 
 import tensorlogic as tl
 from tensorlogic.compiler.pool import Arena, TensorPool
+from conftest import run_in_threads
 
 
 def mlp_graph(rng, layers=4, batch=128, width=512):
@@ -131,11 +132,7 @@ def test_eight_threads_share_one_plan(backend, rng):
                     errors.append(f"thread {tid} call {i} output {name}")
                     return
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(worker, 8)
     assert not errors, errors[:5]
     pool = plan.concrete.pool
     assert 1 <= pool.arenas_created <= 8  # one per concurrent call at most, then reused
@@ -209,9 +206,5 @@ def test_threads_share_a_cuda_graph_plan(rng):
                 errors.append(f"thread {tid} call {i}")
                 return
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_in_threads(worker, 8)
     assert not errors, errors[:5]
