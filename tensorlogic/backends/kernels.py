@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import numpy as np
 
 from ..errors import BackendError
 from ..ir import ops, spec as einspec

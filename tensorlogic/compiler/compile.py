@@ -13,7 +13,7 @@ import numpy as np
 
 from ..backends import get_backend
 from ..backends import kernels as generic_kernels
-from ..errors import BackendError, GraphError, TensorLogicError
+from ..errors import BackendError, GraphError
 from ..ir import ops
 from ..ir.graph import EinsumGraph
 from ..optimizer import optimize

@@ -55,17 +55,18 @@ class MemoryPlan:
     def __str__(self) -> str:
         saved = 1 - self.peak_bytes / self.naive_bytes if self.naive_bytes else 0.0
         how = "reuse" if self.reuse else "no reuse"
-        return (f"memory: planned peak {_fmt(self.peak_bytes)} vs naive {_fmt(self.naive_bytes)} "
+        return (f"memory: planned peak {format_bytes(self.peak_bytes)} vs naive {format_bytes(self.naive_bytes)} "
                 f"({saved:.0%} saved; {how}, {len(self.offsets)} buffer(s), "
-                f"{len(self.inplace)} in place, live lower bound {_fmt(self.live_bytes)})")
+                f"{len(self.inplace)} in place, live lower bound {format_bytes(self.live_bytes)})")
 
 
-def _fmt(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+def format_bytes(n: float) -> str:
+    """A byte count for people: ``1.5 MiB``."""
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n} B"
+    return f"{n:.1f} GiB"
 
 
 def _align(n: int, a: int) -> int:

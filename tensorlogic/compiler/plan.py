@@ -16,7 +16,7 @@ import numpy as np
 from ..errors import GraphError, InputError, MemoryBudgetError
 from ..ir.graph import EinsumGraph
 from . import hooks
-from .memory import MemoryPlan, _fmt
+from .memory import MemoryPlan, format_bytes
 from .pool import Arena, TensorPool
 from .schedule import Buffer
 
@@ -147,7 +147,7 @@ class ConcretePlan:
         for s in self.steps:
             rows.append((str(s.index), s.name, s.label + (f" {s.info}" if s.info else ""),
                          "x".join(map(str, s.shape)) or "scalar", s.dtype,
-                         f"{s.flops / 1e6:.3f}", _fmt(s.bytes)))
+                         f"{s.flops / 1e6:.3f}", format_bytes(s.bytes)))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
@@ -383,8 +383,8 @@ def check_budget(cp: ConcretePlan, limit: int, what: str) -> None:
     if need > limit:
         outs = need - cp.memory.peak_bytes
         raise MemoryBudgetError(
-            f"plan needs {need} bytes ({_fmt(need)}: planned peak of intermediates "
-            f"{_fmt(cp.memory.peak_bytes)}, naive {_fmt(cp.memory.naive_bytes)}, plus outputs "
-            f"{_fmt(outs)}) but {what} is {limit} bytes ({_fmt(limit)})",
+            f"plan needs {need} bytes ({format_bytes(need)}: planned peak of intermediates "
+            f"{format_bytes(cp.memory.peak_bytes)}, naive {format_bytes(cp.memory.naive_bytes)}, plus outputs "
+            f"{format_bytes(outs)}) but {what} is {limit} bytes ({format_bytes(limit)})",
             planned_bytes=need, limit=limit,
         )

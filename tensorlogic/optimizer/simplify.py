@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..errors import TensorLogicError
-from ..ir import infer, ops, spec as einspec
+from ..ir import infer, ops
 from ..ir.graph import EinsumGraph, Node
 from .base import PassResult, function_pass
 from .util import is_identity_matrix, parse_spec, remove_if_unused, uniform_value

@@ -317,7 +317,7 @@ def _row_reg(s: _Src, lay: RowLayout) -> None:
 def _split(s: _Src, width: int) -> None:
     """Stage one of a multi-block reduction (mirrors ptx._split)."""
     spec, it, ct = s.spec, s.it, s.ct
-    (go, _gr), (n_o, n_r) = spec.groups, spec.sizes
+    (go, _gr), (_n_o, n_r) = spec.groups, spec.sizes
     S, T = spec.splits, SPLIT_THREADS
     tail = "sum" if spec.tail == "mean" else spec.tail
     s.emit(f"__shared__ {ct} smem[{T // 32}];")

@@ -15,6 +15,7 @@ from typing import Any
 import cupy
 
 from ...compiler import hooks
+from ...compiler.memory import format_bytes
 from ...errors import MemoryBudgetError
 
 # Cost model for cuda_graph="auto": a Python-side launch costs about this much host time, and
@@ -23,14 +24,6 @@ LAUNCH_SECONDS = 10e-6
 COPY_CALL_SECONDS = 4e-6
 COPY_BYTES_PER_SECOND = 2.5e12
 _D2D = 3  # cudaMemcpyDeviceToDevice
-
-
-def _fmt(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n}"
 
 
 class PlanRunner:
@@ -57,7 +50,7 @@ class PlanRunner:
         elif mode == "auto" and saved <= cost:
             self.enabled = False
             self.status = (f"off (auto: {len(plan.steps)} step(s) save ~{saved * 1e6:.0f} us of "
-                           f"launches, copying {_fmt(io)} of inputs/outputs costs ~{cost * 1e6:.0f} us)")
+                           f"launches, copying {format_bytes(io)} of inputs/outputs costs ~{cost * 1e6:.0f} us)")
         else:
             self.enabled, self.status = True, "pending (captured on the second call)"
         # warm-up and capture share one stream, so that cuBLAS's per-stream workspace and CuPy's
@@ -113,9 +106,9 @@ class PlanRunner:
             need = plan.memory.peak_bytes + sum(b.nbytes for b in plan.buffers if b.role == "output")
             free = self.backend.free_memory()
             raise MemoryBudgetError(
-                f"out of GPU memory running the plan: it plans {need} bytes ({_fmt(need)}: "
-                f"intermediates {_fmt(plan.memory.peak_bytes)} plus outputs) and the device has "
-                f"{free} bytes ({_fmt(free)}) free; {exc}", planned=need, free=free) from exc
+                f"out of GPU memory running the plan: it plans {need} bytes ({format_bytes(need)}: "
+                f"intermediates {format_bytes(plan.memory.peak_bytes)} plus outputs) and the device has "
+                f"{free} bytes ({format_bytes(free)}) free; {exc}", planned=need, free=free) from exc
 
     def _launches(self, plan, inputs, out):
         """``plan.run_steps`` without what a GPU plan never needs (numpy error states)."""

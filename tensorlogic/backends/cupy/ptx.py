@@ -725,7 +725,7 @@ def _split(k: _Kernel, ptrs: list[str], smem: str, width: int) -> None:
     """Stage one of a multi-block reduction: block b reduces slice b % S of row b / S into
     partial b (compute dtype)."""
     spec, it, w = k.spec, k.it, width
-    (go, _gr), (n_o, n_r) = spec.groups, spec.sizes
+    (go, _gr), (_n_o, n_r) = spec.groups, spec.sizes
     S, T = spec.splits, SPLIT_THREADS
     tail = "sum" if spec.tail == "mean" else spec.tail
     n_ch = n_r // w
