@@ -12,7 +12,8 @@ Loop shapes:
 - reduction with kept dims: ``prange`` over kept elements, loops over the reduced dims;
 - full reduction: per-block (or per-row) partials in parallel, combined serially;
 - row op: ``prange`` over rows; max, exp-and-sum, scale passes over the row held in ``out``
-  (the max over order-preserving integer keys of the values, which vectorizes).
+  (the max over order-preserving integer keys of the values, which vectorizes); an epilogue
+  program runs on each value in the last pass, before it is stored.
 The serial variant is the same text with ``range`` and ``parallel=False``.
 
 The module text is also the disk-cache key, so it names everything the compiled object depends
@@ -107,21 +108,24 @@ class _Body:
     """Straight-line code for one point of the space, from the fused program."""
 
     def __init__(self, instrs: tuple[FusedOp, ...], n_inputs: int, consts: _Consts, fast: bool,
-                 dtype: str) -> None:
+                 dtype: str, stem: str = "t", epilogue: bool = False) -> None:
         self.instrs = instrs
         self.n_inputs = n_inputs
         self.consts = consts
         self.fast = fast
         self.dtype = dtype
+        self.stem = stem  # temporaries are named stem0, stem1, ...
+        self.epilogue = epilogue  # an epilogue reads ("tail", 0); it is never empty
 
     def used_inputs(self) -> list[int]:
         if not self.instrs:
-            return [0]
+            return [] if self.epilogue else [0]
         used = sorted({v for ins in self.instrs for kind, v in ins.args if kind == "in"})
         return used
 
-    def lines(self, load: dict[int, str]) -> tuple[list[str], str]:
-        """Statements computing the value, and the name holding it; ``load[k]`` reads input k."""
+    def lines(self, load: dict[int, str], tail: str = "") -> tuple[list[str], str]:
+        """Statements computing the value, and the name holding it; ``load[k]`` reads input k,
+        ``tail`` names the row op's value (epilogues)."""
         if not self.instrs:
             return [], load[0]
         out = []
@@ -131,11 +135,14 @@ class _Body:
                 if kind == "in":
                     args.append(load[v])
                 elif kind == "tmp":
-                    args.append(f"t{v}")
+                    args.append(f"{self.stem}{v}")
+                elif kind == "tail":
+                    args.append(tail)
                 else:
                     args.append(self.consts(v))
-            out.append(f"t{j} = {_op_expr(ins.op, args, self.consts, self.fast, self.dtype)}")
-        return out, f"t{len(self.instrs) - 1}"
+            expr = _op_expr(ins.op, args, self.consts, self.fast, self.dtype)
+            out.append(f"{self.stem}{j} = {expr}")
+        return out, f"{self.stem}{len(self.instrs) - 1}"
 
 
 def _index(lay: Layout, k: int, idx: list[str]) -> str:
@@ -168,16 +175,20 @@ def _combine(op: str, acc: str, v: str) -> str:
 
 def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | None,
            dtype: str, fast: bool, parallel: bool,
-           in_dtypes: list[str] | None = None, eps: float = 1e-5) -> KernelSource:
+           in_dtypes: list[str] | None = None, eps: float = 1e-5,
+           epilogue: tuple[FusedOp, ...] = ()) -> KernelSource:
     """Source of one module holding the kernel for this program, layout and options.
 
     ``in_dtypes`` are the inputs' dtypes (default: all ``dtype``); ``eps`` is a layer_norm
-    tail's epsilon (a literal of the source, so kernels of different eps are different texts).
+    tail's epsilon (a literal of the source, so kernels of different eps are different texts);
+    ``epilogue`` is a row-op tail's elementwise epilogue (applied to each value before it is
+    stored).
     """
     if dtype not in ("float32", "float64"):
         raise BackendError(f"numba kernels support float32 and float64, not {dtype}")
     consts = _Consts(dtype)
     body = _Body(instrs, n_inputs, consts, fast, dtype)
+    epi = _Body(epilogue, n_inputs, consts, fast, dtype, "e", True) if epilogue else None
     # sums accumulate in float64 (rank-1 blocks in the compute dtype first: see partial_pass)
     acc_dt = "float64"
     R = lay.rank
@@ -186,7 +197,8 @@ def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | 
     rng = "prange" if parallel else "range"
     # inputs broadcast over every dim are loaded once, before the loops
     used = body.used_inputs()
-    hoisted = {k for k in used if not any(lay.full[k])}
+    epi_used = epi.used_inputs() if epi is not None else []
+    hoisted = {k for k in set(used) | set(epi_used) if not any(lay.full[k])}
     head = [f"    s{k} = a{k}[{', '.join(['0'] * R)}]" for k in sorted(hoisted)]
 
     def loads(ind: str, block: bool) -> tuple[list[str], dict[int, str]]:
@@ -209,6 +221,22 @@ def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | 
         bl, v = body.lines(names)
         return ls + [ind + b for b in bl], v
 
+    def finish(ind: str, v: str) -> tuple[list[str], str]:
+        """Statements applying the epilogue (if any) to the row op's value ``v`` at the current
+        point, and the name of the value to store."""
+        if epi is None:
+            return [], v
+        ls = [f"{ind}_y = {v}"]
+        names = {}
+        for k in epi_used:
+            if k in hoisted:
+                names[k] = f"s{k}"
+            else:
+                ls.append(f"{ind}y{k} = a{k}[{_index(lay, k, idx)}]")
+                names[k] = f"y{k}"
+        el, e = epi.lines(names, "_y")
+        return ls + [ind + line for line in el], e
+
     def views(ind: str) -> list[str]:
         # Rank-1 block loops index per-block slices from 0: LLVM then knows every index is
         # non-negative and drops numba's negative-index wraparound, which otherwise turns each
@@ -219,9 +247,9 @@ def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | 
     if tail is None:
         lines += _elementwise(R, idx, dnames, rng, value, views)
     elif tail == "layer_norm":
-        lines += _layer_norm(lay, idx, dnames, rng, value, dtype, float(eps))
+        lines += _layer_norm(lay, idx, dnames, rng, value, dtype, float(eps), finish)
     elif tail in ("softmax", "log_softmax"):
-        lines += _rowop(lay, tail, idx, dnames, rng, value, dtype, fast, consts)
+        lines += _rowop(lay, tail, idx, dnames, rng, value, dtype, fast, consts, finish)
     else:
         lines += _reduce(lay, tail, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views)
     args = ["out"] + [f"a{k}" for k in range(n_inputs)] + dnames
@@ -371,7 +399,7 @@ def _reduce(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views
     return lines
 
 
-def _rowop(lay, op, idx, dnames, rng, value, dtype, fast, consts) -> list[str]:
+def _rowop(lay, op, idx, dnames, rng, value, dtype, fast, consts, finish) -> list[str]:
     lines_dims = [d for d, r in enumerate(lay.roles) if r != "a"]
     (ax,) = [d for d, r in enumerate(lay.roles) if r == "a"]
     n = " * ".join(dnames[d] for d in lines_dims) or "1"
@@ -398,25 +426,29 @@ def _rowop(lay, op, idx, dnames, rng, value, dtype, fast, consts) -> list[str]:
         f"        for {idx[ax]} in range({dnames[ax]}):",
     ]
     if op == "softmax":
+        fl, fv = finish("            ", f"out[{at}] * inv")
         lines += [
             f"            e = {_exp(dtype, fast, f'out[{at}] - m')}",
             f"            out[{at}] = e",
             "            s = s + e",
             f"        inv = np.{dtype}(1.0 / s)",
             f"        for {idx[ax]} in range({dnames[ax]}):",
-            f"            out[{at}] = out[{at}] * inv",
+            *fl,
+            f"            out[{at}] = {fv}",
         ]
     else:
+        fl, fv = finish("            ", f"out[{at}] - ls")
         lines += [
             f"            s = s + {_exp(dtype, fast, f'out[{at}] - m')}",
             f"        ls = m + np.{dtype}({_log('float64', fast, 's')})",
             f"        for {idx[ax]} in range({dnames[ax]}):",
-            f"            out[{at}] = out[{at}] - ls",
+            *fl,
+            f"            out[{at}] = {fv}",
         ]
     return lines
 
 
-def _layer_norm(lay, idx, dnames, rng, value, dtype, eps: float) -> list[str]:
+def _layer_norm(lay, idx, dnames, rng, value, dtype, eps: float, finish) -> list[str]:
     """One row per (parallel) iteration: the program's values go to out while their float64 sum
     accumulates; a second pass sums squared deviations; a third writes (v - mean) * rstd."""
     lines_dims = [d for d, r in enumerate(lay.roles) if r != "a"]
@@ -427,6 +459,7 @@ def _layer_norm(lay, idx, dnames, rng, value, dtype, eps: float) -> list[str]:
     unr = (_unravel([idx[d] for d in lines_dims], [dnames[d] for d in lines_dims], "o", "        ")
            if lines_dims else [])
     k = dnames[ax]
+    fl, fv = finish("            ", f"np.{dtype}((out[{at}] - mu) * rstd)")
     return [
         f"    for o in {rng}({n}):",
         *unr,
@@ -442,5 +475,6 @@ def _layer_norm(lay, idx, dnames, rng, value, dtype, eps: float) -> list[str]:
         "            q = q + c * c",
         f"        rstd = 1.0 / math.sqrt(q / {k} + {float(eps)!r})",
         f"        for {idx[ax]} in range({k}):",
-        f"            out[{at}] = np.{dtype}((out[{at}] - mu) * rstd)",
+        *fl,
+        f"            out[{at}] = {fv}",
     ]
