@@ -9,9 +9,10 @@ elementwise, has the root's shape and dtype, is not a graph output and all its u
 in the group. Same-dtype members mean no rounding step of the unfused graph is skipped; scalar
 constants whose dtype matches everything they meet are inlined as literals.
 
-Epilogues grow from a row op towards its consumers: the one node that uses the group's values
-from outside joins when it is elementwise over the row op's shape and dtype, comes after every
-member and no member is a graph output. Row ops are fused first, so their consumers join the
+Epilogues grow from a row op towards its consumers: the earliest node that uses the group's
+values from outside joins while it is elementwise over the row op's shape and dtype and no
+member is a graph output; the group keeps the longest such chain whose values, but the last,
+are used only inside it. Row ops are fused first, so their consumers join the
 row op's node instead of forming an elementwise group of their own (which would cost a second
 pass over the tensor).
 """
@@ -246,22 +247,27 @@ def _grow(g: EinsumGraph, root: int, taken: set[int]) -> frozenset[int]:
 
 def _grow_epilogue(g: EinsumGraph, tail: int, taken: set[int],
                    position: Mapping[int, int]) -> list[int]:
-    """Consumers of a row op's value that join it, in order (the greedy rule of the module)."""
+    """Consumers of a row op's value that join it, in order: the earliest user from outside
+    joins while it is elementwise over the row op's shape and dtype (so none of its operands
+    can depend on the group: such a path would leave through an earlier user); the longest
+    prefix whose values all stay inside but the last is kept."""
     t = g.node(tail)
     outputs = set(g.outputs.values())
-    chain, group = [tail], {tail}
+    chain, group, best = [tail], {tail}, []
     while not any(m in outputs for m in chain):
         outside = {u for m in chain for u in g.users(m) if u not in group}
-        if len(outside) != 1:
+        if not outside:
             break
-        (u,) = outside
+        u = min(outside, key=position.__getitem__)
         un = g.node(u)
         if (u in taken or not _is_elementwise(un) or tuple(un.shape) != tuple(t.shape)
                 or un.dtype != t.dtype or position[u] <= max(position[m] for m in chain)):
             break
         chain.append(u)
         group.add(u)
-    return chain[1:]
+        if all(set(g.users(m)) <= group for m in chain[:-1]):
+            best = chain[1:]
+    return best
 
 
 def _prologue(g: EinsumGraph, tail: int, taken: set[int]) -> tuple[frozenset[int], int | None]:
