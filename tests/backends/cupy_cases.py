@@ -51,7 +51,9 @@ def epilogue_cases():
     cases = []
     for dt in DTYPES:
         for tail in ops.ROW_OPS:
-            for j, (space, axes) in enumerate(TAIL_LAYOUTS):
+            # plus a block of 1024 threads per register-held row, and a row of 64 (warp per row)
+            for j, (space, axes) in enumerate(TAIL_LAYOUTS + (((6, 16384), (1,)),
+                                                              ((16384, 64), (1,)))):
                 if len(axes) > 1:
                     continue
                 prog = epilogue_program(tail, space, axes[0])

@@ -368,3 +368,71 @@ def test_profiler_event_hooks():
     cupy.ones(1 << 20).sum()
     b = be.event()
     assert 0 <= be.event_seconds(a, b) < 10
+
+
+# ------------------------------------------------------------------ row-op epilogues
+EPILOGUE_LAYOUTS = [((64, 1000), 1), ((50, 999), 1), ((4, 50000), 1), ((300, 5, 7), 1),
+                    ((16384, 64), 1), ((8, 4096), 1), ((6, 16384), 1)]
+
+
+def _epilogue_graph(tail, space, axis, dtype, prologue):
+    """A FUSED node: tail over tanh(x) (or x), then * gamma + residual - 0.125."""
+    from cupy_cases import EPILOGUE, epilogue_shapes
+    g = tl.EinsumGraph()
+    shapes = epilogue_shapes(space, axis)
+    ins = [g.input(n, s, dtype) for n, s in zip(("x", "gamma", "r"), shapes)]
+    instrs = (FusedOp("tanh", (("in", 0),)),) if prologue else ()
+    body = FusedBody(instrs, tuple(space), tail, (axis,), epilogue=EPILOGUE)
+    nid = g.add_node(ops.FUSED, None, [t.id for t in ins], {"body": body.to_args()},
+                     shape=tuple(space), dtype=dtype)
+    g.output(g.tensor(nid), "y")
+    return g, shapes
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("tail", ops.ROW_OPS)
+@pytest.mark.parametrize("space,axis", EPILOGUE_LAYOUTS)
+@pytest.mark.parametrize("prologue", [True, False])
+def test_row_op_epilogues_ptx_cuda_c_and_numpy_agree(tail, space, axis, dtype, prologue, rng):
+    g, shapes = _epilogue_graph(tail, space, axis, dtype, prologue)
+    inputs = {n: _data(rng, s, dtype) for n, s in zip(("x", "gamma", "r"), shapes)}
+    ref = tl.compile(g, backend="numpy", opt_level=0)(**inputs)["y"]
+    tol = dict(rtol=TOL[dtype]["rtol"] * 10, atol=TOL[dtype]["atol"] * 30)
+    outs = {}
+    for cg in ("ptx", "cuda"):
+        plan = tl.compile(g, backend="cupy", opt_level=0, codegen=cg, cuda_graph=False)
+        outs[cg] = plan(**inputs, to_host=True)["y"]
+        np.testing.assert_allclose(outs[cg], ref, err_msg=cg, **tol)
+    np.testing.assert_allclose(outs["ptx"], outs["cuda"], rtol=TOL[dtype]["rtol"] * 10,
+                               atol=TOL[dtype]["atol"] * 10)
+
+
+@pytest.mark.parametrize("codegen", ["ptx", "cuda"])
+def test_epilogue_operands_off_16_byte_alignment(codegen, rng):
+    """Operands at an odd element offset: the scalar variant runs, with the same result."""
+    import cupy
+    g, shapes = _epilogue_graph("layer_norm", (64, 1024), 1, "float32", False)
+    data = {n: _data(rng, s, "float32") for n, s in zip(("x", "gamma", "r"), shapes)}
+    ref = tl.compile(g, backend="numpy", opt_level=0)(**data)["y"]
+    plan = tl.compile(g, backend="cupy", opt_level=0, codegen=codegen, cuda_graph=False)
+    for skew in ("gamma", "r"):
+        ins = {n: cupy.asarray(v) for n, v in data.items()}
+        raw = cupy.empty(ins[skew].size + 1, cupy.float32)
+        raw[1:] = ins[skew].ravel()
+        ins[skew] = raw[1:].reshape(ins[skew].shape)
+        np.testing.assert_allclose(plan(**ins, to_host=True)["y"], ref, rtol=2e-4, atol=2e-4)
+
+
+def test_layer_norm_affine_at_o2_is_one_kernel_and_replays(rng):
+    import cupy
+    g = tl.EinsumGraph()
+    x = g.input("x", (512, 768))
+    w, b = (rng.standard_normal(768).astype(np.float32) for _ in range(2))
+    g.output(g.layer_norm(x, -1) * g.constant(w) + g.constant(b), "y")
+    plan = tl.compile(g, backend="cupy", opt_level=2, cuda_graph=True)
+    assert len(plan.steps) == 1
+    for _ in range(3):  # warm-up, capture, replays with changing inputs
+        data = rng.standard_normal((512, 768)).astype(np.float32)
+        want = tl.compile(g, backend="numpy", opt_level=0)(x=data)["y"]
+        np.testing.assert_allclose(plan(x=cupy.asarray(data), to_host=True)["y"], want,
+                                   rtol=1e-4, atol=1e-4)
