@@ -436,3 +436,58 @@ def test_layer_norm_affine_at_o2_is_one_kernel_and_replays(rng):
         want = tl.compile(g, backend="numpy", opt_level=0)(x=data)["y"]
         np.testing.assert_allclose(plan(x=cupy.asarray(data), to_host=True)["y"], want,
                                    rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------ programmatic dependent launch
+def _needs_sm90():
+    import cupy
+    if int(cupy.cuda.Device().compute_capability) < 90:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+
+
+def _mixed_graph():
+    """Dependent tiny kernels, a cuBLAS contraction, a row op with an epilogue, reused buffers."""
+    g = tl.EinsumGraph()
+    x = g.input("x", (64, 64))
+    w = g.input("w", (64, 64))
+    h = x
+    for k in range(12):
+        h = g.tanh(h) if k % 3 == 0 else (h * 0.99 if k % 3 == 1 else h + 0.01)
+    s = g.einsum("ij,jk->ik", h, w)
+    y = g.softmax(s, -1) * x + h
+    for k in range(6):
+        y = g.sigmoid(y) if k % 2 else y - 0.125
+    g.output(y, "y")
+    g.output(g.sum(h, 1), "rows")
+    return g
+
+
+@pytest.mark.parametrize("codegen", ["ptx", "cuda"])
+@pytest.mark.parametrize("opt_level", [0, 2])
+def test_pdl_graph_replay_with_changing_inputs(codegen, opt_level, rng):
+    import cupy
+    _needs_sm90()
+    g = _mixed_graph()
+    plan = tl.compile(g, backend="cupy", opt_level=opt_level, codegen=codegen, cuda_graph=True,
+                      pdl=True)
+    ref = tl.compile(g, backend="numpy", opt_level=0)
+    for call in range(5):  # warm-up, capture, then replays
+        data = {"x": _data(rng, (64, 64), "float32"), "w": _data(rng, (64, 64), "float32") / 8}
+        want = ref(**data)
+        got = plan(**{k: cupy.asarray(v) for k, v in data.items()}, to_host=True)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=2e-4, atol=2e-4,
+                                       err_msg=f"call {call} {name}")
+    runner = plan.concrete.runner
+    assert runner.graph is not None and runner.replays >= 3
+    assert "programmatic dependent launch" in str(plan)
+
+
+def test_pdl_needs_hopper_and_a_bool():
+    import cupy
+    g = _mixed_graph()
+    with pytest.raises(tl.TensorLogicError, match="pdl must be True or False"):
+        tl.compile(g, backend="cupy", pdl="yes")
+    if int(cupy.cuda.Device().compute_capability) < 90:
+        with pytest.raises(tl.TensorLogicError, match="compute capability 9.0"):
+            tl.compile(g, backend="cupy", pdl=True)

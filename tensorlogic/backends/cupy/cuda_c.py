@@ -442,10 +442,18 @@ def _col(s: _Src) -> None:
     s.emit("}")
 
 
-def render(spec: KernelSpec, name: str, prelude: bool = True, vector: bool = False) -> str:
+def render(spec: KernelSpec, name: str, prelude: bool = True, vector: bool = False,
+           pdl: str = "") -> str:
     """CUDA C source of one ``extern "C"`` kernel ``name`` (``prelude``: with its helpers;
-    ``vector``: 16-byte accesses along rows, see ``ptx.vector_width``)."""
+    ``vector``: 16-byte accesses along rows, see ``ptx.vector_width``; ``pdl``: open with the
+    ``griddepcontrol`` instructions of ``ptx.PDL_MODES``, compute capability 9.0+)."""
     s = _Src(spec)
+    if pdl not in ("", "wait", "trigger"):
+        raise BackendError(f"kernel {name}: unknown pdl mode {pdl!r}")
+    if pdl == "trigger":
+        s.emit('asm volatile("griddepcontrol.launch_dependents;" ::: "memory");')
+    if pdl:
+        s.emit('asm volatile("griddepcontrol.wait;" ::: "memory");')
     out_t = CTYPE[spec.compute] if spec.family == "split" else CTYPE[spec.dtype]
     params = [f"{out_t}* __restrict__ out"] + [
         f"const {CTYPE[dt]}* __restrict__ in{k}" for k, dt in enumerate(spec.in_dtypes)]

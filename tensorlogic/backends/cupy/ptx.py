@@ -842,11 +842,23 @@ def _col(k: _Kernel, ptrs: list[str]) -> None:
            f"@{p} bra {loop};", f"{end}:", "ret;")
 
 
-def emit(spec: KernelSpec, name: str, sm: int = 80, vector: bool = False) -> str:
-    """PTX text of one kernel ``name`` for compute capability ``sm`` (e.g. 80, 90)."""
+# programmatic dependent launch (see cupy/pdl.py): "wait" resolves the dependency on the grid
+# ahead first thing; "trigger" also lets the next grid be scheduled at once
+PDL_MODES = ("", "wait", "trigger")
+
+
+def emit(spec: KernelSpec, name: str, sm: int = 80, vector: bool = False, pdl: str = "") -> str:
+    """PTX text of one kernel ``name`` for compute capability ``sm`` (e.g. 80, 90); ``pdl``
+    (sm 90+) opens the kernel with ``griddepcontrol`` instructions (``PDL_MODES``)."""
     if vector and not vector_width(spec):
         raise BackendError(f"kernel {name}: this spec cannot use vector loads")
+    if pdl not in PDL_MODES or (pdl and sm < 90):
+        raise BackendError(f"kernel {name}: pdl={pdl!r} needs one of {PDL_MODES} and sm >= 90")
     k = _Kernel(spec)
+    if pdl == "trigger":
+        k.emit("griddepcontrol.launch_dependents;")
+    if pdl:
+        k.emit("griddepcontrol.wait;")
     params, pnames = _params(name, spec.n_inputs)
     ptrs = _pointers(k, pnames)
     smem_decl = ""
