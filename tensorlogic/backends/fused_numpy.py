@@ -81,7 +81,11 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
     r = len(space)
     dtype = np.dtype(node.dtype)
     tail = body.tail
-    n_tail = 0 if tail is None else (len(body.axes) if tail in ops.REDUCTIONS else 1)
+    # a row op's axis and every axis after it stay whole in a block; nax counts from the end,
+    # so it names the same axis in a block of lower rank
+    rax = body.axes[0] % r if tail in ops.ROW_OPS else r - 1
+    nax = rax - r
+    n_tail = 0 if tail is None else (len(body.axes) if tail in ops.REDUCTIONS else r - rax)
     kept = r - n_tail
     final_to_out = tail is None or tail in ops.ROW_OPS
     if body.instrs and body.instrs[-1].op == "where" and tail is None:
@@ -126,7 +130,7 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
 
     if tail == "layer_norm":
         # the same kernel the unfused row op runs; its shape only names the axis here
-        ln = kernels._layer_norm_kernel(np, space, dtype.name, -1, body.eps)
+        ln = kernels._layer_norm_kernel(np, space, dtype.name, nax, body.eps)
 
     def execute(prog: list, ins: list, regs: list, out_block) -> None:
         for fn, spec, dest in prog:
@@ -145,12 +149,13 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
             if tail == "layer_norm":
                 # the row kernel over the block, with the block's slices of the tail scratch
                 n = out_block.size
-                kd = out_block.shape[:-1] + (1,)
-                ln([x, tail_bufs[0][:n // space[-1]].reshape(kd),
+                bax = out_block.ndim + nax
+                kd = out_block.shape[:bax] + (1,) + out_block.shape[bax + 1:]
+                ln([x, tail_bufs[0][:n // space[rax]].reshape(kd),
                     tail_bufs[1][:n].reshape(out_block.shape)], out_block)
             else:
                 row = kernels._softmax if tail == "softmax" else kernels._log_softmax
-                row(np, x, -1, out_block)
+                row(np, x, nax, out_block)
             if epilogue:
                 execute(epilogue, ins, regs, out_block)
                 if epi_copy is not None:
@@ -169,7 +174,7 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
     n_elems = total if single else rows * math.prod(space[axis + 1:])
 
     # a layer_norm tail needs a row statistic per row of a block and a block of squares
-    tail_scratch = ([((n_elems // space[-1],), dtype.name), ((n_elems,), dtype.name)]
+    tail_scratch = ([((n_elems // space[rax],), dtype.name), ((n_elems,), dtype.name)]
                     if tail == "layer_norm" else [])
 
     def kernel(arrays: list, out):

@@ -90,3 +90,18 @@ def all_cases():
     cases.append(("ew_add_mixed", contiguous_spec(prog, "float32", [(1000,), (1000,)],
                                                   ["float16", "float32"])))
     return cases + epilogue_cases()
+
+
+def epilogue_reference(tail: str, x, gamma, r, axis: int, prologue: bool = True,
+                       eps: float = ops.LAYER_NORM_EPS):
+    """``epilogue_program``'s result by plain numpy in float64 (no tensorlogic code)."""
+    import numpy as np
+    v = np.tanh(x.astype(np.float64)) if prologue else x.astype(np.float64)
+    if tail == "layer_norm":
+        mu = v.mean(axis=axis, keepdims=True)
+        y = (v - mu) / np.sqrt(((v - mu) ** 2).mean(axis=axis, keepdims=True) + eps)
+    else:
+        z = v - v.max(axis=axis, keepdims=True)
+        lse = np.log(np.exp(z).sum(axis=axis, keepdims=True))
+        y = np.exp(z - lse) if tail == "softmax" else z - lse
+    return y * gamma + r - 0.125

@@ -327,3 +327,24 @@ def test_pdl_launch_structs_match_cuda_h(tmp_path):
             ctypes.sizeof(LaunchConfig), LaunchConfig.hStream.offset, LaunchConfig.attrs.offset,
             LaunchConfig.numAttrs.offset, PROGRAMMATIC_STREAM_SERIALIZATION]
     assert [int(v) for v in got] == mine
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_launch_variants_of_every_case(pdl):
+    """Every case gets a scalar variant and, exactly where vector_width allows, a vector one,
+    each with a positive geometry (row kernels: the block the code was emitted for)."""
+    from cupy_cases import epilogue_cases
+    from tensorlogic.backends.cupy import launch
+    for name, spec in all_cases() + epilogue_cases():
+        var = launch.variants(spec, 132, pdl)
+        assert [v.vector for v in var] == ([False, True] if ptx.vector_width(spec) else [False])
+        for v in var:
+            assert v.grid >= 1 and 32 <= v.block <= 1024, name
+            assert v.pdl == ((("trigger" if v.grid <= 132 else "wait")) if pdl else "")
+            src = ptx.emit(spec, "k", 90, vector=v.vector, pdl=v.pdl)
+            if ".maxntid" in src:  # the block the kernel was emitted for is the launch block
+                assert f".maxntid {v.block}, 1, 1" in src, name
+    tiny = contiguous_spec(op_program("tanh", (64, 64)), "float32", [(64, 64)])
+    assert [v.pdl for v in launch.variants(tiny, 132, True)] == ["trigger", "trigger"]
+    big = contiguous_spec(op_program("tanh", (1 << 24,)), "float32", [(1 << 24,)])
+    assert [v.pdl for v in launch.variants(big, 132, True)] == ["wait", "wait"]

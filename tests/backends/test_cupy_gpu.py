@@ -394,9 +394,12 @@ def _epilogue_graph(tail, space, axis, dtype, prologue):
 @pytest.mark.parametrize("space,axis", EPILOGUE_LAYOUTS)
 @pytest.mark.parametrize("prologue", [True, False])
 def test_row_op_epilogues_ptx_cuda_c_and_numpy_agree(tail, space, axis, dtype, prologue, rng):
+    from cupy_cases import epilogue_reference
     g, shapes = _epilogue_graph(tail, space, axis, dtype, prologue)
     inputs = {n: _data(rng, s, dtype) for n, s in zip(("x", "gamma", "r"), shapes)}
     ref = tl.compile(g, backend="numpy", opt_level=0)(**inputs)["y"]
+    np.testing.assert_allclose(ref, epilogue_reference(tail, *inputs.values(), axis, prologue),
+                               rtol=TOL[dtype]["rtol"] * 10, atol=TOL[dtype]["atol"] * 30)
     tol = dict(rtol=TOL[dtype]["rtol"] * 10, atol=TOL[dtype]["atol"] * 30)
     outs = {}
     for cg in ("ptx", "cuda"):

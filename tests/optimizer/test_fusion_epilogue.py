@@ -238,3 +238,31 @@ def test_fuzzed_row_op_graphs_agree_on_cpu_backends(data):
     assert_backends_agree(case.graph, backends=("numpy", "numba"), opt_levels=(0, 2),
                           ranges=case.ranges, sizes=case.sizes,
                           seed=data.draw(st.integers(0, 2**32 - 1)))
+
+
+@pytest.mark.parametrize("block_bytes", [96, 1 << 20])
+@pytest.mark.parametrize("axis", [0, 1, 2])
+@pytest.mark.parametrize("tail", ops.ROW_OPS)
+@pytest.mark.parametrize("prologue", [True, False])
+def test_numpy_fused_row_ops_over_any_axis(tail, axis, prologue, block_bytes, rng, monkeypatch):
+    """A hand-made fused node whose row op runs over a leading axis (the numpy kernel keeps
+    that axis and the ones after it whole in a block) against plain numpy."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[1] / "backends"))
+    from cupy_cases import EPILOGUE, epilogue_reference, epilogue_shapes
+    from tensorlogic.backends import fused_numpy
+    monkeypatch.setattr(fused_numpy, "BLOCK_BYTES", block_bytes)
+    space = (6, 5, 7)
+    g = tl.EinsumGraph()
+    shapes = epilogue_shapes(space, axis)
+    ins = [g.input(n, s, "float64") for n, s in zip(("x", "gamma", "r"), shapes)]
+    instrs = (FusedOp("tanh", (("in", 0),)),) if prologue else ()
+    body = FusedBody(instrs, space, tail, (axis,), epilogue=EPILOGUE)
+    nid = g.add_node(ops.FUSED, None, [t.id for t in ins], {"body": body.to_args()},
+                     shape=space, dtype="float64")
+    g.output(g.tensor(nid), "y")
+    data = {n: rng.standard_normal(s) for n, s in zip(("x", "gamma", "r"), shapes)}
+    got = tl.compile(g, backend="numpy", opt_level=0, cache=False)(**data)["y"]
+    want = epilogue_reference(tail, *data.values(), axis, prologue)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

@@ -14,17 +14,15 @@ from cupy.cuda import driver
 from ...errors import GraphError, InputError
 from ...ir import ops
 from .. import kernels as generic
-from . import cuda_c, pdl, ptx
+from . import cuda_c, launch, pdl, ptx
 from . import cublas
 from .cache import KernelCache
 from .compiler import KernelCompiler
 from .graphs import PlanRunner
-from .spec import (ITEMSIZE, SPLIT_THREADS, finish_program, make_spec, program_of, row_block,
-                   row_layout)
+from .spec import ITEMSIZE, finish_program, make_spec, program_of
 
 GENERATED_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE, ops.REDUCE, ops.ROWOP, ops.FUSED)
 CODEGEN_PATHS = ("ptx", "cuda")
-_EW_BLOCK = 256
 _launch = driver.launchKernel
 _pdl_state = pdl.state
 _current_stream = cupy.cuda.get_current_stream
@@ -55,22 +53,6 @@ class _Launcher:
             _launch(self.f, self.grid, 1, 1, self.block, 1, 1, 0, stream, self.pptr, 0)
 
 
-def _geometry(spec, vector: bool, sms: int) -> tuple[int, int]:
-    """(grid, block) of a spec's scalar or vector variant."""
-    cap = sms * 32
-    if spec.family == "ew":
-        w = ptx.vector_width(spec) if vector else 1
-        return max(1, min(math.ceil(spec.total / w / _EW_BLOCK), cap)), _EW_BLOCK
-    if spec.family == "split":
-        return spec.sizes[0] * spec.splits, SPLIT_THREADS
-    if spec.family == "row":
-        lay = row_layout(spec, ptx.vector_width(spec) if vector else 1)
-        if lay is None:
-            return max(1, min(spec.sizes[0], cap)), row_block(spec.sizes[1])
-        return max(1, min(math.ceil(spec.sizes[0] / lay.rows), cap)), lay.block
-    return max(1, min(math.ceil(spec.sizes[0] * spec.sizes[2] / _EW_BLOCK), cap)), _EW_BLOCK
-
-
 class _SpecKernel:
     """A spec's compiled scalar (and vector) variants: ``run(out, args)`` on the current stream.
 
@@ -80,25 +62,22 @@ class _SpecKernel:
         self.spec = spec
         comp, sms, arch = backend.compiler, backend.sm_count, int(backend.arch)
         n_args = spec.n_inputs + 1
-        w = ptx.vector_width(spec)
-        geo = _geometry(spec, False, sms), _geometry(spec, True, sms)
-        # with PDL, a grid of at most one block per multiprocessor lets the next grid be
-        # scheduled at once (its blocks wait in griddepcontrol.wait on otherwise idle SMs); a
-        # larger grid does not, so waiting blocks never hold back its own later blocks
-        modes = [("trigger" if g[0] <= sms else "wait") if backend.pdl else "" for g in geo]
-        if codegen == "ptx":
-            self.source = ptx.emit(spec, name, arch, pdl=modes[0])
-            fn = comp.function(self.source, name, "ptx")
-            vfn = comp.function(ptx.emit(spec, name + "_v", arch, vector=True, pdl=modes[1]),
-                                name + "_v", "ptx") if w else None
-        else:
-            self.source = cuda_c.render(spec, name, pdl=modes[0])
-            fn = comp.function(self.source, name, "cuda")
-            w = w if spec.family in ("row", "split") else 0
-            vfn = comp.function(cuda_c.render(spec, name + "_v", vector=True, pdl=modes[1]),
-                                name + "_v", "cuda") if w else None
-        self.scalar = _Launcher(fn, n_args, *geo[0], backend.pdl)
-        self.vector = _Launcher(vfn, n_args, *geo[1], backend.pdl) if vfn else None
+        # the CUDA C path vectorizes row and split kernels only
+        vec_ok = codegen == "ptx" or spec.family in ("row", "split")
+        var = launch.variants(spec, sms, backend.pdl, vector=vec_ok)
+        fns = []
+        for v in var:
+            nm = name + ("_v" if v.vector else "")
+            if codegen == "ptx":
+                src = ptx.emit(spec, nm, arch, vector=v.vector, pdl=v.pdl)
+            else:
+                src = cuda_c.render(spec, nm, vector=v.vector, pdl=v.pdl)
+            fns.append(comp.function(src, nm, codegen))
+            if not v.vector:
+                self.source = src
+        self.scalar = _Launcher(fns[0], n_args, var[0].grid, var[0].block, backend.pdl)
+        self.vector = (_Launcher(fns[1], n_args, var[1].grid, var[1].block, backend.pdl)
+                       if len(var) > 1 else None)
         # pointers that a vector variant reads or writes 16 bytes at a time: 0 is the output
         if spec.family == "ew":
             self.aligned = [0] + [k + 1 for k in range(spec.n_inputs)
