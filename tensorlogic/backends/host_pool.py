@@ -10,6 +10,7 @@ and a helper that starts after the blocks ran out leaves without touching anythi
 
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -33,6 +34,17 @@ def _pool(n_helpers: int) -> ThreadPoolExecutor:
             if _executor is None:
                 _executor = ThreadPoolExecutor(n_helpers, thread_name_prefix="tensorlogic-block")
     return _executor
+
+
+def _forget_pool_in_child() -> None:
+    # a forked child has none of the parent's threads; it builds its own pool when needed
+    global _executor, _lock
+    _executor = None
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool_in_child)
 
 
 class _Job:

@@ -71,3 +71,28 @@ def test_parallel_fused_plans_called_from_threads_match_serial(monkeypatch):
                 np.testing.assert_allclose(got[name], want[k][name], rtol=2e-5, atol=2e-6)
 
     run_in_threads(call, 4)
+
+
+def test_a_forked_child_runs_blocks_with_its_own_pool():
+    """After fork the parent's helper threads are gone; the child still runs every block."""
+    import multiprocessing as mp
+
+    host_pool.run_blocks(lambda b, w: None, 8, 1)  # the parent's pool exists before the fork
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_child_blocks, args=(q,))
+    proc.start()
+    proc.join(30)
+    assert proc.exitcode == 0 and q.get(timeout=5) == list(range(40))
+
+
+def _child_blocks(q) -> None:
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def work(block: int, who: int) -> None:
+        with lock:
+            seen.append(block)
+
+    host_pool.run_blocks(work, 40, 1)
+    q.put(sorted(seen))
