@@ -232,7 +232,6 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
     kernel.scratch = ([((n_elems,), dtype.name)] * n_regs + tail_scratch) * workers
     # each block of the output is written after that block of every input was read, so the
     # output may overwrite an input of the full iteration space, unless the last instruction
-    # reads its operands after it started writing (an op that is not alias-safe)
     # reads its operands after it started writing (an op that is not alias-safe). An epilogue
     # reads its inputs after the row op wrote the block: those inputs may not alias the output.
     last = body.instrs[-1] if body.instrs else None
