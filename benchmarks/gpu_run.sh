@@ -11,7 +11,7 @@ want=${*:-tests bench}
 for step in $want; do
   case $step in
     tests)
-      python3 -m pytest -m gpu --require-gpu -q -p no:cacheprovider -o addopts="" -x tests \
+      python3 -m pytest -m gpu --require-gpu -q -p no:cacheprovider -o addopts="" tests \
         > "$OUT/gpu_tests_$card.log" 2>&1
       echo "tests rc=$?"; tail -3 "$OUT/gpu_tests_$card.log";;
     bench)
