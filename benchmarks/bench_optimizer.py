@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -22,6 +20,9 @@ from pathlib import Path
 import numpy as np
 
 import tensorlogic as tl
+from tensorlogic.backends import host_pool
+
+from _common import machine
 
 
 _MINIMA: dict[int, float] = {}
@@ -137,6 +138,18 @@ def main() -> int:
         res["speedup"] = res["O0_s"] / res["O2_s"]
         res["speedup_min"] = res["O0_min_s"] / res["O2_min_s"]
         if name == "chain_16M":
+            # the same O2 plan with its fused kernel on the calling thread only: how much of the
+            # gain is fusion alone, and how much is the blocks running on every core
+            saved = host_pool.helper_count
+            host_pool.helper_count = lambda: 0
+            try:
+                serial = tl.compile(g, backend="numpy", opt_level=2, cache=False)
+            finally:
+                host_pool.helper_count = saved
+            run = lambda: serial(**inputs)  # noqa: E731
+            res["O2_1thread_s"] = _median_time(run, repeats)
+            res["speedup_1thread"] = res["O0_s"] / res["O2_1thread_s"]
+            res["threads"] = 1 + host_pool.helper_count()
             try:
                 import numexpr
 
@@ -170,6 +183,9 @@ def main() -> int:
         print(f"{r['case']:<16} {r['O0_s'] * 1e3:9.2f} {r['O2_s'] * 1e3:9.2f} {r['speedup']:7.2f} "
               f"{r['speedup_min']:9.2f} "
               f"{r['O0_steps']:>6} -> {r['O2_steps']:<4} {r['O0_passes']:>8} -> {r['O2_passes']:<7}")
+        if r.get("O2_1thread_s"):
+            print(f"{'  O2, 1 thread':<16} {'':>9} {r['O2_1thread_s'] * 1e3:9.2f} "
+                  f"{r['speedup_1thread']:7.2f}   (the O2 row used {r['threads']} threads)")
         if r.get("numexpr_s"):
             print(f"{'  numexpr peer':<16} {r['numexpr_s'] * 1e3:9.2f} ms "
                   f"(O2/numexpr time ratio {r['O2_s'] / r['numexpr_s']:.2f})")
@@ -187,8 +203,7 @@ def main() -> int:
     result = {
         "benchmark": "optimizer", "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "quick": args.quick, "repeats": repeats,
-        "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                    "cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        "machine": machine(),
         "versions": {"tensorlogic": tl.__version__, "numpy": np.__version__,
                      "opt_einsum": opt_einsum.__version__, "numexpr": ne_version},
         "cases": rows, "compile": compile_row,

@@ -50,8 +50,21 @@ def numba_threading_layer() -> str:
     return os.environ.get("TL_NUMBA_THREADING_LAYER", "threadsafe") or "threadsafe"
 
 
+def host_threads() -> int:
+    """TL_NUM_THREADS: threads the numpy backend's fused kernels may use (caller included).
 
-
+    Default: the CPUs this process may run on. 1 keeps every numpy kernel on the calling thread.
+    """
+    try:
+        n = int(os.environ.get("TL_NUM_THREADS", "0") or 0)
+    except ValueError:
+        n = 0
+    if n > 0:
+        return n
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def gomp_environment() -> dict[str, str]:

@@ -19,10 +19,14 @@ import numpy as np
 
 from ..ir import ops
 from ..ir.fused import FusedBody
-from . import kernels
+from . import host_pool, kernels
 
 # Bytes per register block. Several registers live at once; together they should fit in L2.
 BLOCK_BYTES = 256 * 1024
+
+# Iteration spaces from this many points up spread their blocks over threads (host_pool);
+# below it, waking a helper costs more than it saves (measured in bench_optimizer.py).
+PARALLEL_MIN_ELEMENTS = 1 << 20
 
 
 def _where(cond, a, b, out):
@@ -142,38 +146,56 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
     # a layer_norm tail needs a row statistic per row of a block and a block of squares
     tail_scratch = ([((n_elems // space[-1],), dtype.name), ((n_elems,), dtype.name)]
                     if tail == "layer_norm" else [])
+    per_worker = n_regs + len(tail_scratch)
 
-    def kernel(arrays: list, out):
-        xs = [a.reshape(d) for a, d in zip(arrays, in_dims)]
-        given = len(arrays) > n_in
-        raw = arrays[n_in:n_in + n_regs] if given else [np.empty(n_elems, dtype)
-                                                         for _ in range(n_regs)]
-        tail_bufs = (arrays[n_in + n_regs:] if given else
-                     [np.empty(shp, dtype) for shp, _ in tail_scratch])
-        out_view = out.reshape(space if tail is None or tail in ops.ROW_OPS else space[:kept])
-        if single:
-            regs = [b.reshape(space) for b in raw]
-            run_block(xs, regs, out_view, tail_bufs)
-            return out
-        chunk_shape = (rows, *space[axis + 1:])
-        full_regs = [b.reshape(chunk_shape) for b in raw]
+    if single:
+        blocks: list = []
+        workers = 1
+    else:
+        # the blocks, as index tuples into every input and the output, built once
+        blocks = []
         for lead in np.ndindex(*space[:axis]):
             for start in range(0, space[axis], rows):
                 stop = min(start + rows, space[axis])
-                if stop - start == rows:
-                    regs = full_regs
-                else:
-                    shp = (stop - start, *space[axis + 1:])
-                    regs = [b[:math.prod(shp)].reshape(shp) for b in raw]
-                ins = []
-                for x, d in zip(xs, in_dims):
-                    idx = tuple(0 if d[k] == 1 else lead[k] for k in range(axis))
-                    ins.append(x[idx + ((slice(None) if d[axis] == 1 else slice(start, stop)),)])
-                run_block(ins, regs, out_view[lead + (slice(start, stop),)], tail_bufs)
+                ins_idx = tuple(
+                    tuple(0 if d[k] == 1 else lead[k] for k in range(axis))
+                    + ((slice(None) if d[axis] == 1 else slice(start, stop)),)
+                    for d in in_dims)
+                blocks.append((ins_idx, lead + (slice(start, stop),), stop - start))
+        # blocks run on several threads when there is enough work to pay for waking them
+        workers = 1 + (host_pool.helper_count() if total >= PARALLEL_MIN_ELEMENTS else 0)
+        workers = min(workers, len(blocks))
+    chunk_shape = () if single else (rows, *space[axis + 1:])
+
+    def kernel(arrays: list, out):
+        xs = [a.reshape(d) for a, d in zip(arrays, in_dims)]
+        if len(arrays) > n_in:
+            scratch = arrays[n_in:]
+        else:
+            scratch = [np.empty(shp, dtype) for shp, _ in kernel.scratch]
+        out_view = out.reshape(space if tail is None or tail in ops.ROW_OPS else space[:kept])
+        if single:
+            regs = [b.reshape(space) for b in scratch[:n_regs]]
+            run_block(xs, regs, out_view, scratch[n_regs:per_worker])
+            return out
+
+        def work(i: int, worker: int) -> None:
+            ins_idx, out_idx, n_rows = blocks[i]
+            mine = scratch[worker * per_worker:(worker + 1) * per_worker]
+            if n_rows == rows:
+                regs = [b.reshape(chunk_shape) for b in mine[:n_regs]]
+            else:
+                shp = (n_rows, *space[axis + 1:])
+                regs = [b[:math.prod(shp)].reshape(shp) for b in mine[:n_regs]]
+            run_block([x[idx] for x, idx in zip(xs, ins_idx)], regs, out_view[out_idx],
+                      mine[n_regs:])
+
+        host_pool.run_blocks(work, len(blocks), workers - 1)
         return out
 
     kernel.info = describe(body)
-    kernel.scratch = [((n_elems,), dtype.name)] * n_regs + tail_scratch
+    # one set of registers (and tail scratch) per thread that runs blocks
+    kernel.scratch = ([((n_elems,), dtype.name)] * n_regs + tail_scratch) * workers
     # each block of the output is written after that block of every input was read, so the
     # output may overwrite an input of the full iteration space, unless the last instruction
     # reads its operands after it started writing (an op that is not alias-safe)

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import GraphError, InputError, MemoryBudgetError
 from ..ir.graph import EinsumGraph
-from . import hooks
+from . import fperrors, hooks
 from .memory import MemoryPlan, format_bytes
 from .pool import Arena, TensorPool
 from .schedule import Buffer
@@ -77,6 +77,14 @@ class ConcretePlan:
         self.program = [(k, s.inputs + s.scratch, s.output)
                         for k, s in zip(self.kernels, self.steps)]
         self.flops = sum(s.flops for s in self.steps)
+        # per-call tables, built once: where inputs go, which outputs get a fresh array
+        self._input_slots = tuple(self.input_ids.items())
+        fresh = [(name, bid) for name, bid in self.output_ids.items()
+                 if self.buffers[bid].role == "output"]
+        self._fresh_outputs = tuple((name, bid, self.buffers[bid].shape, self.buffers[bid].dtype)
+                                    for name, bid in fresh)
+        self._result_slots = tuple((name, bid, self.buffers[bid].role == "output")
+                                   for name, bid in self.output_ids.items())
 
     @property
     def planned_bytes(self) -> int:
@@ -106,35 +114,33 @@ class ConcretePlan:
         """Execute step by step (the plain executor that a backend runner may fall back to)."""
         env = self.pool.acquire()
         try:
-            for name, bid in self.input_ids.items():
+            for name, bid in self._input_slots:
                 env[bid] = inputs[name]
-            results: dict[str, Any] = {}
-            fresh: dict[int, Any] = {}
-            for name, bid in self.output_ids.items():
-                b = self.buffers[bid]
-                if b.role != "output":
-                    continue
+            backend = self.backend
+            for name, bid, shape, dtype in self._fresh_outputs:
                 arr = out.get(name) if out else None
                 if arr is None:
-                    arr = fresh.get(bid)
+                    arr = env[bid]  # two output names on one buffer share the array
                     if arr is None:
-                        arr = self.backend.empty(b.shape, b.dtype)
-                fresh[bid] = arr
+                        arr = backend.empty(shape, dtype)
                 env[bid] = arr
             obs = hooks.active()
-            with np.errstate(all="ignore"):
+            token = fperrors.quiet()
+            try:
                 if obs is None:
                     for fn, ins, o in self.program:
                         env[o] = fn([env[i] for i in ins], env[o])
                 else:
                     obs.run_steps(self, env, self.program)
-            for name, bid in self.output_ids.items():
-                b = self.buffers[bid]
-                if b.role == "output":
+            finally:
+                fperrors.restore(token)
+            results: dict[str, Any] = {}
+            for name, bid, fresh in self._result_slots:
+                if fresh:
                     results[name] = env[bid]
                 else:  # an output that is an input or a constant: hand back a copy
                     arr = out.get(name) if out else None
-                    results[name] = self.backend.copy(env[bid], arr)
+                    results[name] = backend.copy(env[bid], arr)
             return results
         finally:
             # drop the references to this call's inputs, outputs and views before reuse

@@ -52,9 +52,10 @@ class TensorPool:
 
     def acquire(self) -> list:
         """Borrow an arena (a new one when none is idle)."""
-        with self._lock:
-            if self._free:
-                return self._free.pop()
+        try:  # list.pop and list.append are atomic: the hot path takes no lock
+            return self._free.pop()
+        except IndexError:
+            pass
         arena = self._make_arena()  # may fail (out of memory): count only arenas that exist
         with self._lock:
             self.arenas_created += 1
@@ -67,11 +68,11 @@ class TensorPool:
 
     def release(self, arena: list) -> None:
         """Give an arena back for reuse."""
+        if self.reuse:
+            self._free.append(arena)
+            return
         with self._lock:
-            if self.reuse:
-                self._free.append(arena)
-            else:
-                self._alive -= 1
+            self._alive -= 1
 
     def clear(self) -> None:
         """Drop the idle arenas (arenas borrowed right now come back and stay)."""

@@ -168,3 +168,43 @@ def test_threads_share_one_plan(rng):
 
     run_in_threads(worker, 8)
     assert not errors
+
+
+def test_plan_computes_inf_and_nan_without_warnings_and_restores_error_state(recwarn):
+    """log(0), overflow in a BLAS dot and 0/0 give numpy's values, warn nothing, and leave the
+    caller's floating-point error settings as they were (also when a call fails)."""
+    g = tl.EinsumGraph()
+    a = g.input("a", (4,))
+    b = g.input("b", (4,))
+    g.output(g.log(a), "log")
+    g.output(g.einsum("i,i->", b, b), "dot")
+    g.output(a / a, "ratio")
+    plan = tl.compile(g, backend="numpy", opt_level=0)
+    x = np.array([0.0, 1.0, 2.0, 3.0], np.float32)
+    big = np.full(4, 3e38, np.float32)
+    before = np.geterr()
+    with np.errstate(all="raise"):
+        res = plan(a=x, b=big)
+        assert np.geterr()["over"] == "raise"
+        assert np.isneginf(res["log"][0]) and np.isinf(res["dot"]) and np.isnan(res["ratio"][0])
+        with pytest.raises(tl.TensorLogicError):
+            plan(a=x)
+        assert np.geterr()["divide"] == "raise"
+    assert np.geterr() == before
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_numpy_plan_takes_strided_inputs_and_rejects_wrong_ones():
+    """Ready C-contiguous arrays skip the input checks; anything else still goes through them."""
+    g = tl.EinsumGraph()
+    a = g.input("a", (3, 4))
+    g.output(g.einsum("ij->ji", a) * 2.0, "y")
+    plan = tl.compile(g, backend="numpy")
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 3)).astype(np.float32).T  # a transposed view: not C-contiguous
+    np.testing.assert_allclose(plan(a=x)["y"], x.T * 2.0, rtol=1e-6)
+    np.testing.assert_allclose(plan(a=np.ascontiguousarray(x))["y"], x.T * 2.0, rtol=1e-6)
+    with pytest.raises(tl.InputError, match="dtype"):
+        plan(a=np.ascontiguousarray(x, dtype=np.float64))
+    with pytest.raises(tl.InputError, match="shape"):
+        plan(a=np.ones((4, 3), np.float32))

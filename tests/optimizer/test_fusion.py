@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tensorlogic as tl
-from tensorlogic.backends import fused_numpy
+from tensorlogic.backends import fused_numpy, host_pool
 from tensorlogic.ir import ops
 from tensorlogic.ir.fused import FusedBody
 from tensorlogic.optimizer import fusion, is_legal_group
@@ -39,17 +39,23 @@ def test_chain_becomes_one_fused_node(rng):
     assert len(plan.steps) == 1
 
 
+@pytest.mark.parametrize("helpers", [0, 3])
 @pytest.mark.parametrize("block_bytes", [64, 1000, 1 << 20])
 @pytest.mark.parametrize("tail", [None, "sum", "mean", "max", "min", "prod", "logsumexp",
-                                  "softmax", "log_softmax", "sum2", "all"])
-def test_fused_kernel_matches_o0_for_every_tail_and_block_size(tail, block_bytes, rng, monkeypatch):
+                                  "softmax", "log_softmax", "layer_norm", "sum2", "all"])
+def test_fused_kernel_matches_o0_for_every_tail_and_block_size(tail, block_bytes, helpers, rng,
+                                                               monkeypatch):
+    """Every tail and block size, with the blocks on the calling thread alone or spread over
+    helper threads (more helpers than this machine has cores: they queue, results are the same)."""
     monkeypatch.setattr(fused_numpy, "BLOCK_BYTES", block_bytes)
+    monkeypatch.setattr(fused_numpy, "PARALLEL_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(host_pool, "helper_count", lambda: helpers)
     g = tl.EinsumGraph()
     x = g.input("x", (5, 7, 9), "float64")
     s = g.input("s", (7, 1), "float64")
     c = g.input("c", (5, 7, 9), "float64")
     v = g.where(c > 0.2, g.sigmoid(x) * s, g.square(x) - s)
-    if tail in ("softmax", "log_softmax"):
+    if tail in ("softmax", "log_softmax", "layer_norm"):
         v = getattr(g, tail)(v, axis=-1)
     elif tail == "sum2":
         v = g.sum(v, axis=(1, 2), keepdims=True)
