@@ -11,8 +11,9 @@ Loop shapes:
 - elementwise, rank >= 2: ``prange`` over the flattened outer dims, a contiguous inner loop;
 - reduction with kept dims: ``prange`` over kept elements, loops over the reduced dims;
 - full reduction: per-block (or per-row) partials in parallel, combined serially;
-- row op: ``prange`` over rows; max, exp-and-sum, scale passes over the row held in ``out``
-  (the max over order-preserving integer keys of the values, which vectorizes).
+- row op: ``prange`` over rows; max, exp-and-sum, scale passes (the max over order-preserving
+  integer keys of the values, which vectorizes); with the axis last, through 1-d row views, and
+  a computed program is stored in ``out`` by the first pass while a plain input is re-read.
 The serial variant is the same text with ``range`` and ``parallel=False``.
 
 The module text is also the disk-cache key, so it names everything the compiled object depends
