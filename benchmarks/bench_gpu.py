@@ -233,14 +233,18 @@ def bench_rows(shapes) -> None:
         print(f"layer norm {shape[0]}x{shape[1]} float32 with affine (weight, bias)")
         w = np.random.default_rng(0).standard_normal(shape[1]).astype(np.float32)
         bias = np.random.default_rng(1).standard_normal(shape[1]).astype(np.float32)
-        plan = tl.compile(_layernorm_affine_graph(shape, w, bias), backend="cupy", opt_level=2)
         res = {}
         if tx is not None:
             tw, tb = torch.from_numpy(w).to(tx.device), torch.from_numpy(bias).to(tx.device)
-            err = float((_torch(plan(x=x)["y"])
-                         - torch.nn.functional.layer_norm(tx, (shape[1],), tw, tb)).abs().max())
-            assert err < 1e-4, err
-        res["tensorlogic O2"] = gpu_time(lambda: plan(x=x), inner)
+        for label, cg in (("tensorlogic O2", "ptx"), ("tensorlogic O2 cuda-c", "cuda")):
+            plan = tl.compile(_layernorm_affine_graph(shape, w, bias), backend="cupy",
+                              opt_level=2, codegen=cg)
+            assert len(plan.steps) == 1, "layer norm + affine should be one fused kernel"
+            if tx is not None:
+                err = float((_torch(plan(x=x)["y"])
+                             - torch.nn.functional.layer_norm(tx, (shape[1],), tw, tb)).abs().max())
+                assert err < 1e-4, err
+            res[label] = gpu_time(lambda: plan(x=x), inner)
         if tx is not None:
             res["torch eager"] = gpu_time(
                 lambda: torch.nn.functional.layer_norm(tx, (shape[1],), tw, tb), inner)
@@ -371,6 +375,15 @@ def bench_small_graph() -> None:
     row("small_graph_30", "cuda graph replay (device)", gpu_time(lambda: graph(x=data), 200))
     row("small_graph_30", "stream launches (device)", gpu_time(lambda: launches(x=data), 50))
     print(f"  {graph.concrete.runner}")
+    if int(cp.cuda.Device().compute_capability) >= 90:  # programmatic dependent launch
+        pdl = tl.compile(g, backend="cupy", opt_level=0, cuda_graph=True, pdl=True)
+        for _ in range(3):
+            pdl(x=data)
+        assert float(cp.abs(a - pdl(x=data)["y"]).max()) < 1e-5
+        t_p = wall_time(lambda: pdl(x=data), 200)
+        row("small_graph_30", "cuda graph replay, pdl", t_p, speedup=t_l / t_p)
+        row("small_graph_30", "cuda graph replay, pdl (device)", gpu_time(lambda: pdl(x=data), 200))
+        print(f"  {pdl.concrete.runner}")
 
 
 def bench_ptx_generation(quick: bool) -> None:

@@ -6,6 +6,9 @@ fused body runs as one ufunc over the block, writing into a small set of block-s
 that are reused as soon as a value dies (in place over a dying operand where the op allows), so
 intermediates stay in cache and each input and the output cross main memory once.
 
+A row-op tail's epilogue runs on each block right after the row op, over the block of the
+output that holds the row op's result, so it too costs no extra pass over memory.
+
 Each block performs exactly the ufunc calls the unfused plan would make on that part of the
 array, so results match the unfused numpy backend element for element.
 """
@@ -36,18 +39,18 @@ def _where(cond, a, b, out):
     return out
 
 
-def _allocate(body: FusedBody, final_to_out: bool) -> tuple[list[int], int]:
+def _allocate(instrs: tuple, final_to_out: bool) -> tuple[list[int], int]:
     """Register of every instruction (-1: the output block) and the number of registers."""
-    n = len(body.instrs)
+    n = len(instrs)
     last_use = list(range(n))
-    for j, ins in enumerate(body.instrs):
+    for j, ins in enumerate(instrs):
         for kind, v in ins.args:
             if kind == "tmp":
                 last_use[v] = j
     reg = [0] * n
     free: list[int] = []
     n_regs = 0
-    for j, ins in enumerate(body.instrs):
+    for j, ins in enumerate(instrs):
         dying = [v for kind, v in ins.args if kind == "tmp" and last_use[v] == j]
         if j == n - 1 and final_to_out:
             reg[j] = -1
@@ -82,22 +85,43 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
     r = len(space)
     dtype = np.dtype(node.dtype)
     tail = body.tail
-    n_tail = 0 if tail is None else (len(body.axes) if tail in ops.REDUCTIONS else 1)
+    # a row op's axis and every axis after it stay whole in a block; nax counts from the end,
+    # so it names the same axis in a block of lower rank
+    rax = body.axes[0] % r if tail in ops.ROW_OPS else r - 1
+    nax = rax - r
+    n_tail = 0 if tail is None else (len(body.axes) if tail in ops.REDUCTIONS else r - rax)
     kept = r - n_tail
     final_to_out = tail is None or tail in ops.ROW_OPS
-    if body.instrs[-1].op == "where" and tail is None:
+    if body.instrs and body.instrs[-1].op == "where" and tail is None:
         final_to_out = False  # where writes its operands in two steps; never over an input
-    reg, n_regs = _allocate(body, final_to_out)
+    reg, n_regs = _allocate(body.instrs, final_to_out)
     if not final_to_out:
         result_reg = reg[-1]
     block = max(1, (block_bytes or BLOCK_BYTES) // dtype.itemsize)
 
-    program = []
-    for j, ins in enumerate(body.instrs):
-        fn = _where if ins.op == "where" else ops.ELEMENTWISE[ins.op].numpy
-        spec = tuple((0, v) if kind == "in" else (1, reg[v]) if kind == "tmp" else (2, v)
-                     for kind, v in ins.args)
-        program.append((fn, spec, reg[j]))
+    def compile_program(instrs, regs_of) -> list:
+        """(ufunc, operand specs, destination register) per instruction; operand kinds:
+        0 input, 1 register, 2 literal, 3 the output block (the row op's result)."""
+        prog = []
+        for j, ins in enumerate(instrs):
+            fn = _where if ins.op == "where" else ops.ELEMENTWISE[ins.op].numpy
+            spec = tuple((0, v) if kind == "in" else (1, regs_of[v]) if kind == "tmp" else
+                         (3, 0) if kind == "tail" else (2, v) for kind, v in ins.args)
+            prog.append((fn, spec, regs_of[j]))
+        return prog
+
+    program = compile_program(body.instrs, reg)
+    epilogue = []
+    if body.epilogue:
+        last = body.epilogue[-1]
+        # the last epilogue value may go straight to the output block unless it reads the row
+        # op's result there after it started writing (where, or an op that is not alias-safe)
+        safe = (last.op != "where" and ops.ELEMENTWISE[last.op].alias_safe) or all(
+            kind != "tail" for kind, _ in last.args)
+        ereg, e_regs = _allocate(body.epilogue, safe)
+        epilogue = compile_program(body.epilogue, ereg)
+        epi_copy = None if safe else ereg[-1]
+        n_regs = max(n_regs, e_regs)  # the prologue's registers are dead by then
 
     # per input: its dims padded to the space's rank, and which axes it broadcasts along
     in_dims = [(1,) * (r - len(n.shape)) + tuple(int(d) for d in n.shape) for n in in_nodes]
@@ -110,26 +134,36 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
 
     if tail == "layer_norm":
         # the same kernel the unfused row op runs; its shape only names the axis here
-        ln = kernels._layer_norm_kernel(np, space, dtype.name, -1, body.eps)
+        ln = kernels._layer_norm_kernel(np, space, dtype.name, nax, body.eps)
+
+    def execute(prog: list, ins: list, regs: list, out_block) -> None:
+        for fn, spec, dest in prog:
+            args = [ins[v] if k == 0 else regs[v] if k == 1 else out_block if k == 3 else v
+                    for k, v in spec]
+            fn(*args, out=out_block if dest < 0 else regs[dest])
 
     def run_block(ins: list, regs: list, out_block, tail_bufs: list):
-        for fn, spec, dest in program:
-            args = [ins[v] if k == 0 else regs[v] if k == 1 else v for k, v in spec]
-            fn(*args, out=out_block if dest < 0 else regs[dest])
+        execute(program, ins, regs, out_block)
         if tail is None:
             if not final_to_out:
                 out_block[...] = regs[result_reg]
             return
-        if tail == "layer_norm":
-            # the row kernel over the block, with the block's slices of the tail scratch
-            n = out_block.size
-            kd = out_block.shape[:-1] + (1,)
-            ln([out_block, tail_bufs[0][:n // space[-1]].reshape(kd),
-                tail_bufs[1][:n].reshape(out_block.shape)], out_block)
-            return
         if tail in ops.ROW_OPS:
-            row = kernels._softmax if tail == "softmax" else kernels._log_softmax
-            row(np, out_block, -1, out_block)
+            x = out_block if body.instrs else ins[0]  # an empty prologue: input 0 itself
+            if tail == "layer_norm":
+                # the row kernel over the block, with the block's slices of the tail scratch
+                n = out_block.size
+                bax = out_block.ndim + nax
+                kd = out_block.shape[:bax] + (1,) + out_block.shape[bax + 1:]
+                ln([x, tail_bufs[0][:n // space[rax]].reshape(kd),
+                    tail_bufs[1][:n].reshape(out_block.shape)], out_block)
+            else:
+                row = kernels._softmax if tail == "softmax" else kernels._log_softmax
+                row(np, x, nax, out_block)
+            if epilogue:
+                execute(epilogue, ins, regs, out_block)
+                if epi_copy is not None:
+                    out_block[...] = regs[epi_copy]
             return
         x = regs[result_reg]
         if tail == "logsumexp":
@@ -144,7 +178,7 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
     n_elems = total if single else rows * math.prod(space[axis + 1:])
 
     # a layer_norm tail needs a row statistic per row of a block and a block of squares
-    tail_scratch = ([((n_elems // space[-1],), dtype.name), ((n_elems,), dtype.name)]
+    tail_scratch = ([((n_elems // space[rax],), dtype.name), ((n_elems,), dtype.name)]
                     if tail == "layer_norm" else [])
     per_worker = n_regs + len(tail_scratch)
 
@@ -198,15 +232,18 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
     kernel.scratch = ([((n_elems,), dtype.name)] * n_regs + tail_scratch) * workers
     # each block of the output is written after that block of every input was read, so the
     # output may overwrite an input of the full iteration space, unless the last instruction
-    # reads its operands after it started writing (an op that is not alias-safe)
-    last = body.instrs[-1]
-    if final_to_out and (last.op == "where" or ops.ELEMENTWISE[last.op].alias_safe):
-        kernel.inplace = tuple(k for k, d in enumerate(in_dims) if d == space
+    # reads its operands after it started writing (an op that is not alias-safe). An epilogue
+    # reads its inputs after the row op wrote the block: those inputs may not alias the output.
+    last = body.instrs[-1] if body.instrs else None
+    if final_to_out and (last is None or last.op == "where" or ops.ELEMENTWISE[last.op].alias_safe):
+        late = body.epilogue_inputs()
+        kernel.inplace = tuple(k for k, d in enumerate(in_dims) if d == space and k not in late
                                and np.dtype(in_nodes[k].dtype) == dtype)
     return kernel
 
 
 def describe(body: FusedBody) -> str:
-    """A short text of a fused body for print(plan): its ops and its tail."""
+    """A short text of a fused body for print(plan): its ops, its tail and its epilogue."""
     text = ",".join(i.op for i in body.instrs)
-    return f"[{text}{' -> ' + body.tail if body.tail else ''}]"
+    epi = " -> " + ",".join(i.op for i in body.epilogue) if body.epilogue else ""
+    return f"[{text}{' -> ' + body.tail if body.tail else ''}{epi}]"

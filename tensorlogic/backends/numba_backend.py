@@ -98,7 +98,7 @@ class NumbaBackend(NumpyBackend):
         fast = True if fast is None else bool(fast)
         threshold = opts.get("parallel_threshold")
         threshold = PARALLEL_THRESHOLD if threshold is None else int(threshold)
-        if body.instrs:  # single REDUCE/ROWOP nodes are tails over their input alone
+        if body.instrs or body.epilogue:  # lone REDUCE/ROWOP nodes: tails over their input
             body.validate(len(in_nodes), f"node {node.name!r}")
         return self.kernel_for(body, [tuple(n.shape) for n in in_nodes], node.dtype, fast,
                                threshold, node.name, dts)
@@ -117,7 +117,7 @@ class NumbaBackend(NumpyBackend):
         lay = make_layout(space, in_shapes, body.tail, tuple(body.axes))
         parallel = math.prod(space) >= threshold
         src = render(body.instrs, len(in_shapes), lay, body.tail, dtype, fast, parallel,
-                     in_dtypes, body.eps)
+                     in_dtypes, body.eps, body.epilogue)
         fn = numba_cache.load(src.text, src.name, src.signature)
         views = [lay.input_shape(k) for k in range(len(in_shapes))]
         oshape = lay.output_shape()

@@ -13,7 +13,8 @@ Loop shapes:
 - full reduction: per-block (or per-row) partials in parallel, combined serially;
 - row op: ``prange`` over rows; max, exp-and-sum, scale passes (the max over order-preserving
   integer keys of the values, which vectorizes); with the axis last, through 1-d row views, and
-  a computed program is stored in ``out`` by the first pass while a plain input is re-read.
+  a computed program is stored in ``out`` by the first pass while a plain input is re-read; an
+  epilogue program runs on each value in the last pass, before it is stored.
 The serial variant is the same text with ``range`` and ``parallel=False``.
 
 The module text is also the disk-cache key, so it names everything the compiled object depends
@@ -108,21 +109,24 @@ class _Body:
     """Straight-line code for one point of the space, from the fused program."""
 
     def __init__(self, instrs: tuple[FusedOp, ...], n_inputs: int, consts: _Consts, fast: bool,
-                 dtype: str) -> None:
+                 dtype: str, stem: str = "t", epilogue: bool = False) -> None:
         self.instrs = instrs
         self.n_inputs = n_inputs
         self.consts = consts
         self.fast = fast
         self.dtype = dtype
+        self.stem = stem  # temporaries are named stem0, stem1, ...
+        self.epilogue = epilogue  # an epilogue reads ("tail", 0); it is never empty
 
     def used_inputs(self) -> list[int]:
         if not self.instrs:
-            return [0]
+            return [] if self.epilogue else [0]
         used = sorted({v for ins in self.instrs for kind, v in ins.args if kind == "in"})
         return used
 
-    def lines(self, load: dict[int, str]) -> tuple[list[str], str]:
-        """Statements computing the value, and the name holding it; ``load[k]`` reads input k."""
+    def lines(self, load: dict[int, str], tail: str = "") -> tuple[list[str], str]:
+        """Statements computing the value, and the name holding it; ``load[k]`` reads input k,
+        ``tail`` names the row op's value (epilogues)."""
         if not self.instrs:
             return [], load[0]
         out = []
@@ -132,11 +136,14 @@ class _Body:
                 if kind == "in":
                     args.append(load[v])
                 elif kind == "tmp":
-                    args.append(f"t{v}")
+                    args.append(f"{self.stem}{v}")
+                elif kind == "tail":
+                    args.append(tail)
                 else:
                     args.append(self.consts(v))
-            out.append(f"t{j} = {_op_expr(ins.op, args, self.consts, self.fast, self.dtype)}")
-        return out, f"t{len(self.instrs) - 1}"
+            expr = _op_expr(ins.op, args, self.consts, self.fast, self.dtype)
+            out.append(f"{self.stem}{j} = {expr}")
+        return out, f"{self.stem}{len(self.instrs) - 1}"
 
 
 def _index(lay: Layout, k: int, idx: list[str]) -> str:
@@ -173,16 +180,20 @@ def _combine(op: str, acc: str, v: str) -> str:
 
 def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | None,
            dtype: str, fast: bool, parallel: bool,
-           in_dtypes: list[str] | None = None, eps: float = 1e-5) -> KernelSource:
+           in_dtypes: list[str] | None = None, eps: float = 1e-5,
+           epilogue: tuple[FusedOp, ...] = ()) -> KernelSource:
     """Source of one module holding the kernel for this program, layout and options.
 
     ``in_dtypes`` are the inputs' dtypes (default: all ``dtype``); ``eps`` is a layer_norm
-    tail's epsilon (a literal of the source, so kernels of different eps are different texts).
+    tail's epsilon (a literal of the source, so kernels of different eps are different texts);
+    ``epilogue`` is a row-op tail's elementwise epilogue (applied to each value before it is
+    stored).
     """
     if dtype not in ("float32", "float64"):
         raise BackendError(f"numba kernels support float32 and float64, not {dtype}")
     consts = _Consts(dtype)
     body = _Body(instrs, n_inputs, consts, fast, dtype)
+    epi = _Body(epilogue, n_inputs, consts, fast, dtype, "e", True) if epilogue else None
     # sums accumulate in float64 (rank-1 blocks in the compute dtype first: see partial_pass)
     acc_dt = "float64"
     R = lay.rank
@@ -191,7 +202,8 @@ def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | 
     rng = "prange" if parallel else "range"
     # inputs broadcast over every dim are loaded once, before the loops
     used = body.used_inputs()
-    hoisted = {k for k in used if not any(lay.full[k])}
+    epi_used = epi.used_inputs() if epi is not None else []
+    hoisted = {k for k in set(used) | set(epi_used) if not any(lay.full[k])}
     head = [f"    s{k} = a{k}[{', '.join(['0'] * R)}]" for k in sorted(hoisted)]
 
     def loads(ind: str, block: bool | str) -> tuple[list[str], dict[int, str]]:
@@ -219,6 +231,22 @@ def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | 
         ls, names = loads(ind, block)
         bl, v = body.lines(names)
         return ls + [ind + b for b in bl], v
+
+    def finish(ind: str, v: str) -> tuple[list[str], str]:
+        """Statements applying the epilogue (if any) to the row op's value ``v`` at the current
+        point, and the name of the value to store."""
+        if epi is None:
+            return [], v
+        ls = [f"{ind}_y = {v}"]
+        names = {}
+        for k in epi_used:
+            if k in hoisted:
+                names[k] = f"s{k}"
+            else:
+                ls.append(f"{ind}y{k} = a{k}[{_index(lay, k, idx)}]")
+                names[k] = f"y{k}"
+        el, e = epi.lines(names, "_y")
+        return ls + [ind + line for line in el], e
 
     def views(ind: str) -> list[str]:
         # Rank-1 block loops index per-block slices from 0: LLVM then knows every index is
@@ -249,9 +277,9 @@ def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | 
     elif tail in ("layer_norm", "softmax", "log_softmax"):
         rows = _Rows(lay, idx, dnames, rng, value, row_views, bool(instrs))
         if tail == "layer_norm":
-            lines += _layer_norm(rows, dtype, float(eps))
+            lines += _layer_norm(rows, dtype, float(eps), finish)
         else:
-            lines += _rowop(rows, tail, dtype, fast)
+            lines += _rowop(rows, tail, dtype, fast, finish)
     else:
         lines += _reduce(lay, tail, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views)
     args = ["out"] + [f"a{k}" for k in range(n_inputs)] + dnames
@@ -444,7 +472,7 @@ class _Rows:
         return self.value("            ", "row")
 
 
-def _rowop(rows: _Rows, op, dtype, fast) -> list[str]:
+def _rowop(rows: _Rows, op, dtype, fast, finish) -> list[str]:
     sfx = "f32" if dtype == "float32" else "f64"
     w = rows.out
     fl, fv = rows.first()
@@ -465,6 +493,7 @@ def _rowop(rows: _Rows, op, dtype, fast) -> list[str]:
     ]
     al, av = rows.again()
     if op == "softmax":
+        fl, fv = finish("            ", f"{w} * inv")
         lines += [
             *al,
             f"            e = {_exp(dtype, fast, f'{av} - m')}",
@@ -472,22 +501,25 @@ def _rowop(rows: _Rows, op, dtype, fast) -> list[str]:
             "            s = s + e",
             f"        inv = np.{dtype}(1.0 / s)",
             rows.loop(),
-            f"            {w} = {w} * inv",
+            *fl,
+            f"            {w} = {fv}",
         ]
     else:
         bl, bv = rows.again()
+        fl, fv = finish("            ", f"{bv} - ls")
         lines += [
             *al,
             f"            s = s + {_exp(dtype, fast, f'{av} - m')}",
             f"        ls = m + np.{dtype}({_log('float64', fast, 's')})",
             rows.loop(),
             *bl,
-            f"            {w} = {bv} - ls",
+            *fl,
+            f"            {w} = {fv}",
         ]
     return lines
 
 
-def _layer_norm(rows: _Rows, dtype, eps: float) -> list[str]:
+def _layer_norm(rows: _Rows, dtype, eps: float, finish) -> list[str]:
     """One row per (parallel) iteration: the program's values (stored in the output row when
     they are computed) accumulate their float64 sum; a second pass sums squared deviations; a
     third writes (v - mean) * rstd."""
@@ -495,6 +527,7 @@ def _layer_norm(rows: _Rows, dtype, eps: float) -> list[str]:
     fl, fv = rows.first()
     al, av = rows.again()
     bl, bv = rows.again()
+    el, ev = finish("            ", f"np.{dtype}(({bv} - mu) * rstd)")
     return [
         *rows.head,
         "        s = np.float64(0.0)",
@@ -510,5 +543,6 @@ def _layer_norm(rows: _Rows, dtype, eps: float) -> list[str]:
         f"        rstd = 1.0 / math.sqrt(q / {k} + {float(eps)!r})",
         rows.loop(),
         *bl,
-        f"            {rows.out} = np.{dtype}(({bv} - mu) * rstd)",
+        *el,
+        f"            {rows.out} = {ev}",
     ]

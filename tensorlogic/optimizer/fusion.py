@@ -1,19 +1,27 @@
 """Elementwise fusion: maximal groups of elementwise ops over one iteration space become one
 FUSED node (format: ``ir/fused.py``), optionally ending in a reduction over trailing axes or a
-row op (softmax, log_softmax, layer_norm) over the last axis.
+row op (softmax, log_softmax, layer_norm) over the last axis, and after a row op an elementwise
+epilogue (its consumers: an affine scale and shift, a residual add, an activation).
 
 Legality is the pure predicate ``is_legal_group``. Groups grow greedily from the last
 elementwise node of a chain (its root) towards its producers: a producer joins when it is
 elementwise, has the root's shape and dtype, is not a graph output and all its users are already
 in the group. Same-dtype members mean no rounding step of the unfused graph is skipped; scalar
 constants whose dtype matches everything they meet are inlined as literals.
+
+Epilogues grow from a row op towards its consumers: the earliest node that uses the group's
+values from outside joins while it is elementwise over the row op's shape and dtype and no
+member is a graph output; the group keeps the longest such chain whose values, but the last,
+are used only inside it. Row ops are fused first, so their consumers join the
+row op's node instead of forming an elementwise group of their own (which would cost a second
+pass over the tensor).
 """
 
 from __future__ import annotations
 
 import math
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..ir import ops
 from ..ir.fused import FusedBody, FusedOp
@@ -40,24 +48,63 @@ def legal_tail(root: Node, tail: Node) -> bool:
     return False
 
 
-def is_legal_group(g: EinsumGraph, members: frozenset[int], root: int,
-                   tail: int | None = None, position: Mapping[int, int] | None = None) -> bool:
-    """Whether ``members`` (elementwise, ending in ``root``) plus ``tail`` may become one node.
+def _legal_epilogue(g: EinsumGraph, tail: int, epilogue: Sequence[int],
+                    position: Mapping[int, int]) -> bool:
+    """The epilogue conditions of ``is_legal_group`` (the cycle test aside)."""
+    t = g.node(tail)
+    if t.kind != ops.ROWOP or len(set(epilogue)) != len(epilogue) or tail in epilogue:
+        return False
+    outputs = set(g.outputs.values())
+    group = {tail, *epilogue}
+    chain = [tail, *epilogue]
+    for k, e in enumerate(epilogue):
+        node = g.node(e)
+        if (not _is_elementwise(node) or tuple(node.shape) != tuple(t.shape)
+                or node.dtype != t.dtype or position[e] <= position[chain[k]]):
+            return False
+        if not any(i in chain[:k + 1] for i in node.inputs):
+            return False  # it must consume the row op's value (or a later epilogue value)
+    for m in chain[:-1]:  # every value but the last stays inside the node
+        if m in outputs or any(u not in group for u in g.users(m)):
+            return False
+    return True
+
+
+def is_legal_group(g: EinsumGraph, members: frozenset[int], root: int | None,
+                   tail: int | None = None, position: Mapping[int, int] | None = None,
+                   epilogue: Sequence[int] = ()) -> bool:
+    """Whether ``members`` (elementwise, ending in ``root``), ``tail`` and ``epilogue`` may
+    become one node.
 
     Pure: reads the graph, changes nothing. Conditions: at least two nodes; every member
     elementwise with the root's (concrete, non-empty) shape and dtype; no member but the root is
     a graph output or used outside the group; the tail, if any, is the root's only user and a
-    legal tail; and no path leaves the group and comes back (no external operand depends on a
-    member), so the fused node creates no cycle. ``position`` (node id -> index in a
-    topological order of ``g``) only bounds that search; it is computed when not given.
+    legal tail; an epilogue (ordered as in ``position``) follows a row-op tail, each of its
+    nodes elementwise over the row op's shape and dtype and consuming the row op's value or an
+    earlier epilogue value, and only its last node is used outside the group or is an output;
+    and no path leaves the group and comes back (no external operand depends on a member), so
+    the fused node creates no cycle. ``members`` may be empty (``root`` None) when a row-op
+    tail has an epilogue: the row op then reads its input directly. ``position`` (node id ->
+    index in a topological order of ``g``) bounds the cycle search; computed when not given.
     """
-    if root not in members or len(members) + (tail is not None) < 2:
+    if len(members) + (tail is not None) + len(epilogue) < 2:
         return False
-    rnode = g.node(root)
+    if position is None:
+        position = {n.id: k for k, n in enumerate(g.nodes)}
+    if epilogue and (tail is None or not _legal_epilogue(g, tail, epilogue, position)):
+        return False
+    outputs = set(g.outputs.values())
+    if members:
+        if root not in members:
+            return False
+        rnode = g.node(root)
+    elif not epilogue:
+        return False
+    else:
+        rnode = g.node(g.node(tail).inputs[0])  # the row op's input is an external operand
     space = tuple(rnode.shape)
     if not all(isinstance(d, int) for d in space) or math.prod(space) == 0:
         return False
-    outputs = set(g.outputs.values())
     for m in members:
         node = g.node(m)
         if not _is_elementwise(node) or tuple(node.shape) != space or node.dtype != rnode.dtype:
@@ -65,12 +112,14 @@ def is_legal_group(g: EinsumGraph, members: frozenset[int], root: int,
         if m != root and (m in outputs or any(u not in members for u in g.users(m))):
             return False
     if tail is not None:
-        if root in outputs or g.users(root) != [tail] or not legal_tail(rnode, g.node(tail)):
+        if members and (root in outputs or g.users(root) != [tail]):
             return False
-    if position is None:
-        position = {n.id: k for k, n in enumerate(g.nodes)}
-    first = min(position[m] for m in members)
-    external = {i for m in members for i in g.node(m).inputs if i not in members}
+        if not legal_tail(rnode, g.node(tail)):
+            return False
+    inside = set(members) | set(epilogue) | ({tail} if tail is not None else set())
+    first = min(position[m] for m in inside)
+    external = {i for m in inside for i in g.node(m).inputs if i not in inside}
+    members = frozenset(inside)  # the cycle search below: no external operand reaches a member
     # a cycle would need an external operand that depends on a member: search its ancestors,
     # which can reach a member only while they come after the first member in the order
     stack, seen = [e for e in external if position[e] > first], set()
@@ -98,12 +147,10 @@ def _inline_constant(g: EinsumGraph, nid: int, user: Node, members: set[int]) ->
     return float(g.constants[nid].reshape(()))
 
 
-def build_body(g: EinsumGraph, members: frozenset[int], root: int,
-               tail: int | None) -> tuple[FusedBody, list[int]]:
-    """The fused program of a legal group and its external operands in order."""
-    order = _topological(g, members)
+def _program(g: EinsumGraph, order: Sequence[int], members: set[int], external: list[int],
+             special: Mapping[int, tuple]) -> tuple[FusedOp, ...]:
+    """Instructions of ``order``: refs to earlier entries, ``special`` refs, literals, inputs."""
     tmp = {nid: j for j, nid in enumerate(order)}
-    external: list[int] = []
     instrs = []
     for nid in order:
         node = g.node(nid)
@@ -111,6 +158,9 @@ def build_body(g: EinsumGraph, members: frozenset[int], root: int,
         for i in node.inputs:
             if i in tmp:
                 refs.append(("tmp", tmp[i]))
+                continue
+            if i in special:
+                refs.append(special[i])
                 continue
             value = _inline_constant(g, i, node, members)
             if value is not None:
@@ -120,16 +170,30 @@ def build_body(g: EinsumGraph, members: frozenset[int], root: int,
                 external.append(i)
             refs.append(("in", external.index(i)))
         instrs.append(FusedOp("where" if node.kind == ops.WHERE else node.op, tuple(refs)))
-    space = tuple(g.node(root).shape)
+    return tuple(instrs)
+
+
+def build_body(g: EinsumGraph, members: frozenset[int], root: int | None,
+               tail: int | None, epilogue: Sequence[int] = ()) -> tuple[FusedBody, list[int]]:
+    """The fused program of a legal group and its external operands in order."""
+    external: list[int] = []
+    if members:
+        instrs = _program(g, _topological(g, members), set(members), external, {})
+        space = tuple(g.node(root).shape)
+    else:  # an empty prologue: the row op reads input 0
+        external.append(g.node(tail).inputs[0])
+        instrs = ()
+        space = tuple(g.node(tail).shape)
     if tail is None:
-        return FusedBody(tuple(instrs), space), external
+        return FusedBody(instrs, space), external
     t = g.node(tail)
     if t.kind == ops.REDUCE:
-        body = FusedBody(tuple(instrs), space, t.op, tuple(t.args["axes"]),
+        body = FusedBody(instrs, space, t.op, tuple(t.args["axes"]),
                          bool(t.args.get("keepdims")))
     else:
-        body = FusedBody(tuple(instrs), space, t.op, (int(t.args["axis"]),),
-                         eps=float(t.args.get("eps", ops.LAYER_NORM_EPS)))
+        epi = _program(g, list(epilogue), {tail, *epilogue}, external, {tail: ("tail", 0)})
+        body = FusedBody(instrs, space, t.op, (int(t.args["axis"]),),
+                         eps=float(t.args.get("eps", ops.LAYER_NORM_EPS)), epilogue=epi)
     return body, external
 
 
@@ -155,7 +219,7 @@ def _topological(g: EinsumGraph, members: frozenset[int]) -> list[int]:
 def fused_flops(body: FusedBody) -> int:
     """FLOPs of a fused node, counted like the unfused steps it replaces."""
     n = math.prod(body.space)
-    flops = body.flops_per_element() * n
+    flops = body.flops_per_element() * n  # prologue and epilogue
     if body.tail in ops.ROW_OPS:
         flops += 10 * n
     elif body.tail is not None:
@@ -181,14 +245,82 @@ def _grow(g: EinsumGraph, root: int, taken: set[int]) -> frozenset[int]:
     return frozenset(members)
 
 
+def _grow_epilogue(g: EinsumGraph, tail: int, taken: set[int],
+                   position: Mapping[int, int]) -> list[int]:
+    """Consumers of a row op's value that join it, in order: the earliest user from outside
+    joins while it is elementwise over the row op's shape and dtype (so none of its operands
+    can depend on the group: such a path would leave through an earlier user); the longest
+    prefix whose values all stay inside but the last is kept."""
+    t = g.node(tail)
+    outputs = set(g.outputs.values())
+    chain, group, best = [tail], {tail}, []
+    while not any(m in outputs for m in chain):
+        outside = {u for m in chain for u in g.users(m) if u not in group}
+        if not outside:
+            break
+        u = min(outside, key=position.__getitem__)
+        un = g.node(u)
+        if (u in taken or not _is_elementwise(un) or tuple(un.shape) != tuple(t.shape)
+                or un.dtype != t.dtype or position[u] <= max(position[m] for m in chain)):
+            break
+        chain.append(u)
+        group.add(u)
+        if all(set(g.users(m)) <= group for m in chain[:-1]):
+            best = chain[1:]
+    return best
+
+
+def _prologue(g: EinsumGraph, tail: int, taken: set[int]) -> tuple[frozenset[int], int | None]:
+    """The elementwise group feeding a row op as its tail (empty when there is none)."""
+    root = g.node(tail).inputs[0]
+    rn = g.node(root)
+    if (root in taken or not _is_elementwise(rn) or root in g.outputs.values()
+            or g.users(root) != [tail]):
+        return frozenset(), None
+    return _grow(g, root, taken), root
+
+
 def _fusion(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
-    """Fuse every legal elementwise group (with its tail) into one FUSED node."""
-    g: EinsumGraph | None = None
+    """Fuse every legal elementwise group (with its tail and epilogue) into one FUSED node."""
+    state = {"g": None, "groups": 0, "nodes": 0}
     taken: set[int] = set()
-    groups = fused_nodes = 0
     position = {n.id: k for k, n in enumerate(graph.nodes)}  # fused nodes keep their root's
+
+    def fuse(cur: EinsumGraph, members: frozenset[int], root: int | None, tail: int | None,
+             epilogue: list[int]) -> None:
+        body, external = build_body(cur, members, root, tail, epilogue)
+        last = epilogue[-1] if epilogue else tail if tail is not None else root
+        visible = cur.node(last)
+        g = state["g"] if state["g"] is not None else graph.copy()
+        state["g"] = g
+        fused = Node(visible.id, ops.FUSED, None, tuple(external), tuple(visible.shape),
+                     visible.dtype, visible.name,
+                     MappingProxyType({"body": body.to_args(), "flops": fused_flops(body)}))
+        g.replace_node(visible.id, fused)
+        group = set(members) | set(epilogue) | ({tail} if tail is not None else set())
+        # users before producers: insertion order is topological, so remove from the back
+        for m in sorted(group - {visible.id}, key=position.__getitem__, reverse=True):
+            g.remove_node(m)
+        taken.update(group)
+        state["groups"] += 1
+        state["nodes"] += len(group)
+
+    # row ops first, with their prologue and epilogue: their consumers would otherwise be taken
+    # by an elementwise group of their own
+    for node in graph.nodes:
+        cur = state["g"] if state["g"] is not None else graph
+        if node.kind != ops.ROWOP or node.id in taken or node.id not in cur:
+            continue
+        epilogue = _grow_epilogue(cur, node.id, taken, position)
+        if not epilogue:
+            continue  # a row op with a prologue alone is fused below, as before
+        members, root = _prologue(cur, node.id, taken)
+        if members and not is_legal_group(cur, members, root, node.id, position, epilogue):
+            members, root = frozenset(), None  # the prologue becomes a group of its own
+        if is_legal_group(cur, members, root, node.id, position, epilogue):
+            fuse(cur, members, root, node.id, epilogue)
     for node in reversed(graph.nodes):
-        cur = g if g is not None else graph
+        cur = state["g"] if state["g"] is not None else graph
         if node.id in taken or node.id not in cur or not _is_elementwise(cur.node(node.id)):
             continue
         members = _grow(cur, node.id, taken)
@@ -198,23 +330,11 @@ def _fusion(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
             tail = None
         if not is_legal_group(cur, members, node.id, tail, position):
             continue
-        body, external = build_body(cur, members, node.id, tail)
-        visible = cur.node(tail if tail is not None else node.id)
-        if g is None:
-            g = graph.copy()
-        fused = Node(visible.id, ops.FUSED, None, tuple(external), tuple(visible.shape),
-                     visible.dtype, visible.name,
-                     MappingProxyType({"body": body.to_args(), "flops": fused_flops(body)}))
-        g.replace_node(visible.id, fused)
-        # users before producers: insertion order is topological, so remove from the back
-        for m in sorted(set(members) - {visible.id}, key=position.__getitem__, reverse=True):
-            g.remove_node(m)
-        taken |= members
-        groups += 1
-        fused_nodes += len(members) + (tail is not None)
-    if g is None:
+        fuse(cur, members, node.id, tail, [])
+    if state["g"] is None:
         return PassResult(graph, False, {})
-    return PassResult(g, True, {"groups": groups, "nodes_fused": fused_nodes})
+    return PassResult(state["g"], True, {"groups": state["groups"],
+                                         "nodes_fused": state["nodes"]})
 
 
 fusion = function_pass("fusion", _fusion, (2, 3))

@@ -282,31 +282,40 @@ def einsum(spec_text: str, xs: Sequence[Bound], shapes: Sequence[tuple[int, ...]
 
 
 def fused(body: FusedBody, xs: Sequence[Bound], space: tuple[int, ...], dtype: str) -> Bound:
-    """Bound of a fused node: its program instruction by instruction, then its tail."""
-    vals: list[Bound] = []
+    """Bound of a fused node: its program instruction by instruction, its tail, then a row-op
+    tail's epilogue instruction by instruction."""
 
-    def ref(r) -> Bound:
-        kind, v = r
-        if kind == "in":
-            return xs[v]
-        if kind == "tmp":
-            return vals[v]
-        return Bound(float(v), float(v), 0.0, True)
+    def run(instrs, tail: Bound | None) -> list[Bound]:
+        vals: list[Bound] = []
 
-    for ins in body.instrs:
-        args = [ref(r) for r in ins.args]
-        if ins.op == "where":
-            vals.append(where(*args))
-        elif len(args) == 1:
-            vals.append(unary(ins.op, args[0], dtype))
-        else:
-            vals.append(binary(ins.op, args[0], args[1], dtype))
-    v = vals[-1]
+        def ref(r) -> Bound:
+            kind, v = r
+            if kind == "in":
+                return xs[v]
+            if kind == "tmp":
+                return vals[v]
+            if kind == "tail":
+                return tail
+            return Bound(float(v), float(v), 0.0, True)
+
+        for ins in instrs:
+            args = [ref(r) for r in ins.args]
+            if ins.op == "where":
+                vals.append(where(*args))
+            elif len(args) == 1:
+                vals.append(unary(ins.op, args[0], dtype))
+            else:
+                vals.append(binary(ins.op, args[0], args[1], dtype))
+        return vals
+
+    vals = run(body.instrs, None)
+    v = vals[-1] if vals else xs[0]  # an empty prologue: the tail reads input 0
     if body.tail is None:
         return v
     k = math.prod(space[a] for a in body.axes) if body.axes else 1
     if body.tail in ops.ROW_OPS:
-        return rowop(body.tail, v, k, dtype, body.eps)
+        r = rowop(body.tail, v, k, dtype, body.eps)
+        return run(body.epilogue, r)[-1] if body.epilogue else r
     return reduce(body.tail, v, k, dtype)
 
 

@@ -268,7 +268,33 @@ class _Builder:
         rank = len(x.t.shape)
         axis = self.draw(st.integers(-rank, rank - 1))
         op = self.choice(ops.ROW_OPS)
+        if self.coin(0.4):
+            return self.row_epilogue(op, x)
         return self.accept(lambda: getattr(self.g, op)(x.t, axis))
+
+    def row_epilogue(self, op: str, x: _Entry) -> _Entry | None:
+        """A row op over the last axis with the consumers fusion folds into it: an affine
+        scale and shift by per-column vectors (``y * gamma + beta``, as after a layer norm),
+        then maybe a residual of the full shape or a scalar, then maybe an activation."""
+        shape = tuple(x.t.shape)
+        gamma = self.new_input(shape[-1:], dtype=x.t.dtype)
+        beta = self.new_input(shape[-1:], dtype=x.t.dtype) if self.coin(0.7) else None
+        extra = self.choice(("residual", "scalar", "none"))
+        res = self.new_input(shape, dtype=x.t.dtype) if extra == "residual" else None
+        scale = self.choice(SCALARS)
+        act = self.choice(("relu", "tanh", None))
+        g = self.g
+
+        def make():
+            y = getattr(g, op)(x.t, -1) * gamma.t
+            if beta is not None:
+                y = y + beta.t
+            if res is not None:
+                y = y + res.t
+            elif extra == "scalar":
+                y = y * scale
+            return g.unary(act, y) if act else y
+        return self.accept(make)
 
     def op_transpose(self) -> _Entry | None:
         x = self.operand(lambda e: len(e.t.shape) >= 2)

@@ -26,6 +26,45 @@ def op_program(op: str, space) -> S.Program:
     return S.Program((FusedOp(op, tuple(("in", k) for k in range(n))),), ("tmp", 0), tuple(space))
 
 
+# a row op's epilogue: tail * gamma (per position along the row) + residual (full), then a
+# literal shift; gamma's shape keeps only the row axis
+EPILOGUE = (FusedOp("mul", (("tail", 0), ("in", 1))), FusedOp("add", (("tmp", 0), ("in", 2))),
+            FusedOp("sub", (("tmp", 1), ("const", 0.125))))
+
+
+def epilogue_program(tail: str, space, axis: int, prologue: bool = True) -> S.Program:
+    """A row op over ``tanh(in0)`` (or ``in0`` itself) followed by ``EPILOGUE``."""
+    instrs = (FusedOp("tanh", (("in", 0),)),) if prologue else ()
+    result = ("tmp", 0) if prologue else ("in", 0)
+    return S.Program(instrs, result, tuple(space), tail, (axis,), epilogue=EPILOGUE)
+
+
+def epilogue_shapes(space, axis: int) -> list[tuple[int, ...]]:
+    """Input shapes of ``epilogue_program``: x, gamma (the row axis only), residual."""
+    gamma = tuple(d if k == axis else 1 for k, d in enumerate(space))
+    return [tuple(space), gamma, tuple(space)]
+
+
+def epilogue_cases():
+    """(name, spec) of every row op x dtype x layout with an epilogue (row: register-held with
+    and without vector access, multi-pass; col), plus empty prologues."""
+    cases = []
+    for dt in DTYPES:
+        for tail in ops.ROW_OPS:
+            # plus a block of 1024 threads per register-held row, and a row of 64 (warp per row)
+            for j, (space, axes) in enumerate(TAIL_LAYOUTS + (((6, 16384), (1,)),
+                                                              ((16384, 64), (1,)))):
+                if len(axes) > 1:
+                    continue
+                prog = epilogue_program(tail, space, axes[0])
+                cases.append((f"{tail}_epi_{j}_{dt}",
+                              contiguous_spec(prog, dt, epilogue_shapes(space, axes[0]))))
+            prog = epilogue_program(tail, (64, 1024), 1, prologue=False)
+            cases.append((f"{tail}_epi_bare_{dt}",
+                          contiguous_spec(prog, dt, epilogue_shapes((64, 1024), 1))))
+    return cases
+
+
 def all_cases():
     """(name, spec) for every op x dtype (elementwise) and every tail x dtype x layout."""
     cases = []
@@ -50,4 +89,19 @@ def all_cases():
     prog = op_program("add", (1000,))
     cases.append(("ew_add_mixed", contiguous_spec(prog, "float32", [(1000,), (1000,)],
                                                   ["float16", "float32"])))
-    return cases
+    return cases + epilogue_cases()
+
+
+def epilogue_reference(tail: str, x, gamma, r, axis: int, prologue: bool = True,
+                       eps: float = ops.LAYER_NORM_EPS):
+    """``epilogue_program``'s result by plain numpy in float64 (no tensorlogic code)."""
+    import numpy as np
+    v = np.tanh(x.astype(np.float64)) if prologue else x.astype(np.float64)
+    if tail == "layer_norm":
+        mu = v.mean(axis=axis, keepdims=True)
+        y = (v - mu) / np.sqrt(((v - mu) ** 2).mean(axis=axis, keepdims=True) + eps)
+    else:
+        z = v - v.max(axis=axis, keepdims=True)
+        lse = np.log(np.exp(z).sum(axis=axis, keepdims=True))
+        y = np.exp(z - lse) if tail == "softmax" else z - lse
+    return y * gamma + r - 0.125

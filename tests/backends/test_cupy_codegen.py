@@ -261,3 +261,90 @@ def test_disk_cache_roundtrip(tmp_path):
     c.put(k1, b"\x7fELF-bytes")
     assert KernelCache(tmp_path).get(k1) == b"\x7fELF-bytes"
     assert c.stats.misses == 1 and c.clear() == 1 and c.get(k1) is None
+
+
+# ------------------------------------------------------------------ epilogues and PDL
+def test_epilogue_kernels_load_their_operands_at_the_store():
+    """The epilogue's operands are read once, where the row is written: gamma and the
+    residual with one 16-byte load per chunk, after the row's reductions."""
+    from cupy_cases import epilogue_program, epilogue_shapes
+    prog = epilogue_program("layer_norm", (64, 1024), 1, prologue=False)
+    spec = contiguous_spec(prog, "float32", epilogue_shapes((64, 1024), 1))
+    assert spec.prologue_inputs() == {0} and spec.epilogue_inputs() == {1, 2}
+    lay = S.row_layout(spec, 4)
+    src = ptx.emit(spec, "k", 90, vector=True)
+    body = src[src.index("shfl.sync"):]
+    assert src.count("ld.global.nc.v4.f32") == 3 * lay.chunks
+    assert body.count("ld.global.nc.v4.f32") == 2 * lay.chunks  # after the first reduction
+    assert src.count("st.global.v4.f32") == lay.chunks
+    c = cuda_c.render(spec, "k", vector=True)
+    assert c.count("__ldg(reinterpret_cast<const float4*>(in1") == 1
+    assert c.index("float4*>(in2") > c.index("rstd")  # the residual is read after the statistics
+
+
+@pytest.mark.parametrize("mode", ["wait", "trigger"])
+def test_pdl_kernels_assemble_for_sm_90(mode, tmp_path):
+    from cupy_cases import epilogue_cases
+    specs = [s for n, s in all_cases() if n.endswith("float32")][:12] + [
+        s for n, s in epilogue_cases() if n.endswith("float32")]
+    srcs = [ptx.emit(s, f"k{j}", 90, pdl=mode) for j, s in enumerate(specs)]
+    assert all(f"griddepcontrol.wait;" in t for t in srcs)
+    assert all(("griddepcontrol.launch_dependents;" in t) == (mode == "trigger") for t in srcs)
+    f = tmp_path / "pdl.ptx"
+    f.write_text(_module(srcs))
+    r = subprocess.run([_tool("ptxas"), "--gpu-name", "sm_90", str(f), "-o",
+                        str(tmp_path / "pdl.cubin")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[:4000]
+    cu = tmp_path / "pdl.cu"
+    cu.write_text("\n".join([cuda_c.render(specs[0], "k0", pdl=mode)] + [
+        cuda_c.render(s, f"k{j}", prelude=False, pdl=mode) for j, s in enumerate(specs[1:], 1)]))
+    r = subprocess.run([_tool("nvcc"), "-arch=sm_90", "-c", str(cu), "-o", str(tmp_path / "p.o")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[:4000]
+    with pytest.raises(BackendError, match="sm >= 90"):
+        ptx.emit(specs[0], "k", 80, pdl=mode)
+
+
+def test_pdl_launch_structs_match_cuda_h(tmp_path):
+    """The ctypes mirrors of CUlaunchAttribute / CUlaunchConfig have cuda.h's layout."""
+    import ctypes
+    from tensorlogic.backends.cupy.pdl import (PROGRAMMATIC_STREAM_SERIALIZATION,
+                                               LaunchAttribute, LaunchConfig)
+    src = tmp_path / "layout.c"
+    src.write_text(
+        "#include <cuda.h>\n#include <stdio.h>\n#include <stddef.h>\n"
+        "int main(void) { printf(\"%zu %zu %zu %zu %zu %zu %d\\n\", sizeof(CUlaunchAttribute),"
+        " offsetof(CUlaunchAttribute, value), sizeof(CUlaunchConfig),"
+        " offsetof(CUlaunchConfig, hStream), offsetof(CUlaunchConfig, attrs),"
+        " offsetof(CUlaunchConfig, numAttrs),"
+        " (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION); return 0; }\n")
+    exe = tmp_path / "layout"
+    r = subprocess.run([_tool("nvcc"), "-x", "c", str(src), "-o", str(exe)], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr[:2000]
+    got = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
+    mine = [ctypes.sizeof(LaunchAttribute), LaunchAttribute.value.offset,
+            ctypes.sizeof(LaunchConfig), LaunchConfig.hStream.offset, LaunchConfig.attrs.offset,
+            LaunchConfig.numAttrs.offset, PROGRAMMATIC_STREAM_SERIALIZATION]
+    assert [int(v) for v in got] == mine
+
+
+@pytest.mark.parametrize("pdl", [False, True])
+def test_launch_variants_of_every_case(pdl):
+    """Every case gets a scalar variant and, exactly where vector_width allows, a vector one,
+    each with a positive geometry (row kernels: the block the code was emitted for)."""
+    from cupy_cases import epilogue_cases
+    from tensorlogic.backends.cupy import launch
+    for name, spec in all_cases() + epilogue_cases():
+        var = launch.variants(spec, 132, pdl)
+        assert [v.vector for v in var] == ([False, True] if ptx.vector_width(spec) else [False])
+        for v in var:
+            assert v.grid >= 1 and 32 <= v.block <= 1024, name
+            assert v.pdl == ((("trigger" if v.grid <= 132 else "wait")) if pdl else "")
+            src = ptx.emit(spec, "k", 90, vector=v.vector, pdl=v.pdl)
+            if ".maxntid" in src:  # the block the kernel was emitted for is the launch block
+                assert f".maxntid {v.block}, 1, 1" in src, name
+    tiny = contiguous_spec(op_program("tanh", (64, 64)), "float32", [(64, 64)])
+    assert [v.pdl for v in launch.variants(tiny, 132, True)] == ["trigger", "trigger"]
+    big = contiguous_spec(op_program("tanh", (1 << 24,)), "float32", [(1 << 24,)])
+    assert [v.pdl for v in launch.variants(big, 132, True)] == ["wait", "wait"]

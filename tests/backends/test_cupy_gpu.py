@@ -368,3 +368,129 @@ def test_profiler_event_hooks():
     cupy.ones(1 << 20).sum()
     b = be.event()
     assert 0 <= be.event_seconds(a, b) < 10
+
+
+# ------------------------------------------------------------------ row-op epilogues
+EPILOGUE_LAYOUTS = [((64, 1000), 1), ((50, 999), 1), ((4, 50000), 1), ((300, 5, 7), 1),
+                    ((16384, 64), 1), ((8, 4096), 1), ((6, 16384), 1)]
+
+
+def _epilogue_graph(tail, space, axis, dtype, prologue):
+    """A FUSED node: tail over tanh(x) (or x), then * gamma + residual - 0.125."""
+    from cupy_cases import EPILOGUE, epilogue_shapes
+    g = tl.EinsumGraph()
+    shapes = epilogue_shapes(space, axis)
+    ins = [g.input(n, s, dtype) for n, s in zip(("x", "gamma", "r"), shapes)]
+    instrs = (FusedOp("tanh", (("in", 0),)),) if prologue else ()
+    body = FusedBody(instrs, tuple(space), tail, (axis,), epilogue=EPILOGUE)
+    nid = g.add_node(ops.FUSED, None, [t.id for t in ins], {"body": body.to_args()},
+                     shape=tuple(space), dtype=dtype)
+    g.output(g.tensor(nid), "y")
+    return g, shapes
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("tail", ops.ROW_OPS)
+@pytest.mark.parametrize("space,axis", EPILOGUE_LAYOUTS)
+@pytest.mark.parametrize("prologue", [True, False])
+def test_row_op_epilogues_ptx_cuda_c_and_numpy_agree(tail, space, axis, dtype, prologue, rng):
+    from cupy_cases import epilogue_reference
+    g, shapes = _epilogue_graph(tail, space, axis, dtype, prologue)
+    inputs = {n: _data(rng, s, dtype) for n, s in zip(("x", "gamma", "r"), shapes)}
+    ref = tl.compile(g, backend="numpy", opt_level=0)(**inputs)["y"]
+    np.testing.assert_allclose(ref, epilogue_reference(tail, *inputs.values(), axis, prologue),
+                               rtol=TOL[dtype]["rtol"] * 10, atol=TOL[dtype]["atol"] * 30)
+    tol = dict(rtol=TOL[dtype]["rtol"] * 10, atol=TOL[dtype]["atol"] * 30)
+    outs = {}
+    for cg in ("ptx", "cuda"):
+        plan = tl.compile(g, backend="cupy", opt_level=0, codegen=cg, cuda_graph=False)
+        outs[cg] = plan(**inputs, to_host=True)["y"]
+        np.testing.assert_allclose(outs[cg], ref, err_msg=cg, **tol)
+    np.testing.assert_allclose(outs["ptx"], outs["cuda"], rtol=TOL[dtype]["rtol"] * 10,
+                               atol=TOL[dtype]["atol"] * 10)
+
+
+@pytest.mark.parametrize("codegen", ["ptx", "cuda"])
+def test_epilogue_operands_off_16_byte_alignment(codegen, rng):
+    """Operands at an odd element offset: the scalar variant runs, with the same result."""
+    import cupy
+    g, shapes = _epilogue_graph("layer_norm", (64, 1024), 1, "float32", False)
+    data = {n: _data(rng, s, "float32") for n, s in zip(("x", "gamma", "r"), shapes)}
+    ref = tl.compile(g, backend="numpy", opt_level=0)(**data)["y"]
+    plan = tl.compile(g, backend="cupy", opt_level=0, codegen=codegen, cuda_graph=False)
+    for skew in ("gamma", "r"):
+        ins = {n: cupy.asarray(v) for n, v in data.items()}
+        raw = cupy.empty(ins[skew].size + 1, cupy.float32)
+        raw[1:] = ins[skew].ravel()
+        ins[skew] = raw[1:].reshape(ins[skew].shape)
+        np.testing.assert_allclose(plan(**ins, to_host=True)["y"], ref, rtol=2e-4, atol=2e-4)
+
+
+def test_layer_norm_affine_at_o2_is_one_kernel_and_replays(rng):
+    import cupy
+    g = tl.EinsumGraph()
+    x = g.input("x", (512, 768))
+    w, b = (rng.standard_normal(768).astype(np.float32) for _ in range(2))
+    g.output(g.layer_norm(x, -1) * g.constant(w) + g.constant(b), "y")
+    plan = tl.compile(g, backend="cupy", opt_level=2, cuda_graph=True)
+    assert len(plan.steps) == 1
+    for _ in range(3):  # warm-up, capture, replays with changing inputs
+        data = rng.standard_normal((512, 768)).astype(np.float32)
+        want = tl.compile(g, backend="numpy", opt_level=0)(x=data)["y"]
+        np.testing.assert_allclose(plan(x=cupy.asarray(data), to_host=True)["y"], want,
+                                   rtol=1e-4, atol=1e-4)
+
+
+# ------------------------------------------------------------------ programmatic dependent launch
+def _needs_sm90():
+    import cupy
+    if int(cupy.cuda.Device().compute_capability) < 90:
+        pytest.skip("programmatic dependent launch needs compute capability 9.0")
+
+
+def _mixed_graph():
+    """Dependent tiny kernels, a cuBLAS contraction, a row op with an epilogue, reused buffers."""
+    g = tl.EinsumGraph()
+    x = g.input("x", (64, 64))
+    w = g.input("w", (64, 64))
+    h = x
+    for k in range(12):
+        h = g.tanh(h) if k % 3 == 0 else (h * 0.99 if k % 3 == 1 else h + 0.01)
+    s = g.einsum("ij,jk->ik", h, w)
+    y = g.softmax(s, -1) * x + h
+    for k in range(6):
+        y = g.sigmoid(y) if k % 2 else y - 0.125
+    g.output(y, "y")
+    g.output(g.sum(h, 1), "rows")
+    return g
+
+
+@pytest.mark.parametrize("codegen", ["ptx", "cuda"])
+@pytest.mark.parametrize("opt_level", [0, 2])
+def test_pdl_graph_replay_with_changing_inputs(codegen, opt_level, rng):
+    import cupy
+    _needs_sm90()
+    g = _mixed_graph()
+    plan = tl.compile(g, backend="cupy", opt_level=opt_level, codegen=codegen, cuda_graph=True,
+                      pdl=True)
+    ref = tl.compile(g, backend="numpy", opt_level=0)
+    for call in range(5):  # warm-up, capture, then replays
+        data = {"x": _data(rng, (64, 64), "float32"), "w": _data(rng, (64, 64), "float32") / 8}
+        want = ref(**data)
+        got = plan(**{k: cupy.asarray(v) for k, v in data.items()}, to_host=True)
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=2e-4, atol=2e-4,
+                                       err_msg=f"call {call} {name}")
+    runner = plan.concrete.runner
+    assert runner.graph is not None and runner.replays >= 3
+    assert "programmatic dependent launch" in str(plan)
+
+
+def test_pdl_needs_hopper_and_a_bool():
+    import cupy
+    g = _mixed_graph()
+    with pytest.raises(tl.TensorLogicError, match="pdl must be True or False"):
+        tl.compile(g, backend="cupy", pdl="yes")
+    if int(cupy.cuda.Device().compute_capability) < 90:
+        with pytest.raises(tl.TensorLogicError, match="compute capability 9.0"):
+            tl.compile(g, backend="cupy", pdl=True)

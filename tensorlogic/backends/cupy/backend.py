@@ -14,18 +14,17 @@ from cupy.cuda import driver
 from ...errors import GraphError, InputError
 from ...ir import ops
 from .. import kernels as generic
-from . import cuda_c, ptx
+from . import cuda_c, launch, pdl, ptx
 from . import cublas
 from .cache import KernelCache
 from .compiler import KernelCompiler
 from .graphs import PlanRunner
-from .spec import (ITEMSIZE, SPLIT_THREADS, finish_program, make_spec, program_of, row_block,
-                   row_layout)
+from .spec import ITEMSIZE, finish_program, make_spec, program_of
 
 GENERATED_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE, ops.REDUCE, ops.ROWOP, ops.FUSED)
 CODEGEN_PATHS = ("ptx", "cuda")
-_EW_BLOCK = 256
 _launch = driver.launchKernel
+_pdl_state = pdl.state
 _current_stream = cupy.cuda.get_current_stream
 
 
@@ -36,7 +35,7 @@ class _Launcher:
     written into it per call), which costs a fraction of CuPy's generic argument handling.
     """
 
-    def __init__(self, fn, n_args: int, grid: int, block: int) -> None:
+    def __init__(self, fn, n_args: int, grid: int, block: int, with_pdl: bool = False) -> None:
         self.fn = fn  # keeps the module loaded
         self.f = fn.ptr
         self.grid, self.block = grid, block
@@ -45,27 +44,13 @@ class _Launcher:
         self.params = (ctypes.c_void_p * n_args)(*(base + 8 * k for k in range(n_args)))
         self.pptr = ctypes.addressof(self.params)
         self.lock = threading.Lock()  # the block is shared: one launch at a time fills it
+        # the kernel opens with griddepcontrol.wait: captured launches may use PDL
+        self.pdl = pdl.PdlLaunch(self.f, grid, block) if with_pdl else None
 
     def __call__(self, ptrs: list[int], stream: int) -> None:
         with self.lock:
             self.vals[:] = ptrs
             _launch(self.f, self.grid, 1, 1, self.block, 1, 1, 0, stream, self.pptr, 0)
-
-
-def _geometry(spec, vector: bool, sms: int) -> tuple[int, int]:
-    """(grid, block) of a spec's scalar or vector variant."""
-    cap = sms * 32
-    if spec.family == "ew":
-        w = ptx.vector_width(spec) if vector else 1
-        return max(1, min(math.ceil(spec.total / w / _EW_BLOCK), cap)), _EW_BLOCK
-    if spec.family == "split":
-        return spec.sizes[0] * spec.splits, SPLIT_THREADS
-    if spec.family == "row":
-        lay = row_layout(spec, ptx.vector_width(spec) if vector else 1)
-        if lay is None:
-            return max(1, min(spec.sizes[0], cap)), row_block(spec.sizes[1])
-        return max(1, min(math.ceil(spec.sizes[0] / lay.rows), cap)), lay.block
-    return max(1, min(math.ceil(spec.sizes[0] * spec.sizes[2] / _EW_BLOCK), cap)), _EW_BLOCK
 
 
 class _SpecKernel:
@@ -77,20 +62,22 @@ class _SpecKernel:
         self.spec = spec
         comp, sms, arch = backend.compiler, backend.sm_count, int(backend.arch)
         n_args = spec.n_inputs + 1
-        w = ptx.vector_width(spec)
-        if codegen == "ptx":
-            self.source = ptx.emit(spec, name, arch)
-            fn = comp.function(self.source, name, "ptx")
-            vfn = comp.function(ptx.emit(spec, name + "_v", arch, vector=True), name + "_v",
-                                "ptx") if w else None
-        else:
-            self.source = cuda_c.render(spec, name)
-            fn = comp.function(self.source, name, "cuda")
-            w = w if spec.family in ("row", "split") else 0
-            vfn = comp.function(cuda_c.render(spec, name + "_v", vector=True), name + "_v",
-                                "cuda") if w else None
-        self.scalar = _Launcher(fn, n_args, *_geometry(spec, False, sms))
-        self.vector = _Launcher(vfn, n_args, *_geometry(spec, True, sms)) if vfn else None
+        # the CUDA C path vectorizes row and split kernels only
+        vec_ok = codegen == "ptx" or spec.family in ("row", "split")
+        var = launch.variants(spec, sms, backend.pdl, vector=vec_ok)
+        fns = []
+        for v in var:
+            nm = name + ("_v" if v.vector else "")
+            if codegen == "ptx":
+                src = ptx.emit(spec, nm, arch, vector=v.vector, pdl=v.pdl)
+            else:
+                src = cuda_c.render(spec, nm, vector=v.vector, pdl=v.pdl)
+            fns.append(comp.function(src, nm, codegen))
+            if not v.vector:
+                self.source = src
+        self.scalar = _Launcher(fns[0], n_args, var[0].grid, var[0].block, backend.pdl)
+        self.vector = (_Launcher(fns[1], n_args, var[1].grid, var[1].block, backend.pdl)
+                       if len(var) > 1 else None)
         # pointers that a vector variant reads or writes 16 bytes at a time: 0 is the output
         if spec.family == "ew":
             self.aligned = [0] + [k + 1 for k in range(spec.n_inputs)
@@ -127,7 +114,11 @@ class _SpecKernel:
             lau = self.scalar
         with lau.lock:
             lau.vals[:] = ptrs
-            _launch(lau.f, lau.grid, 1, 1, lau.block, 1, 1, 0, _current_stream().ptr, lau.pptr, 0)
+            if lau.pdl is not None and _pdl_state.active:  # captured into a graph with PDL
+                lau.pdl(_current_stream().ptr, lau.pptr)
+            else:
+                _launch(lau.f, lau.grid, 1, 1, lau.block, 1, 1, 0, _current_stream().ptr,
+                        lau.pptr, 0)
         if self.finish is not None:
             self.finish.run(out, [part])
 
@@ -202,6 +193,7 @@ class CupyBackend:
         self.compiler = KernelCompiler(self.cache, self.arch)
         self.codegen = "ptx"
         self.cuda_graph: Any = "auto"
+        self.pdl = False  # programmatic dependent launch inside captured graphs (sm 90+)
         # contractions call cuBLAS directly (capturable in CUDA graphs); CuPy's matmul otherwise
         blas = cublas.get()
         self.blas_xp = cublas.CublasXp(blas) if blas is not None else cupy
@@ -215,11 +207,17 @@ class CupyBackend:
         graph = options.get("cuda_graph", "auto")
         if graph not in ("auto", True, False):
             raise GraphError(f"cuda_graph must be 'auto', True or False, got {graph!r}")
-        if codegen == self.codegen and graph == self.cuda_graph:
+        use_pdl = options.get("pdl", False)
+        if use_pdl not in (True, False):
+            raise GraphError(f"pdl must be True or False, got {use_pdl!r}")
+        if use_pdl and int(self.arch) < 90:
+            raise GraphError(f"pdl=True needs compute capability 9.0 or later; this device "
+                             f"({self.device_name}) has {self.arch[:-1]}.{self.arch[-1]}")
+        if codegen == self.codegen and graph == self.cuda_graph and use_pdl == self.pdl:
             return self
         view = object.__new__(CupyBackend)
         view.__dict__.update(self.__dict__)
-        view.codegen, view.cuda_graph = codegen, graph
+        view.codegen, view.cuda_graph, view.pdl = codegen, graph, use_pdl
         return view
 
     def prepare(self, step, node, in_nodes, graph):

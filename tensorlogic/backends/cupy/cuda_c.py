@@ -69,7 +69,8 @@ class _Src:
         return f"tl_f2h({v})" if self.spec.dtype == "float16" else f"(({CTYPE[self.spec.dtype]}){v})"
 
     def program(self, offs: Sequence[str | None], depth: int,
-                given: dict[int, str] | None = None) -> str:
+                given: dict[int, str] | None = None, tail: str | None = None) -> str:
+        """The program's value at ``offs``; with ``tail`` (the row op's value), the epilogue's."""
         spec = self.spec
         vals: dict[tuple, str] = {("in", k): v for k, v in (given or {}).items()}
 
@@ -83,10 +84,12 @@ class _Src:
                 return vals[key]
             if r[0] == "tmp":
                 return tmps[r[1]]
+            if r[0] == "tail":
+                return tail
             return literal(float(r[1]), self.ct)
 
         tmps: list[str] = []
-        for ins in spec.instrs:
+        for ins in spec.instrs if tail is None else spec.epilogue:
             args = [ref(a) for a in ins.args]
             if ins.op == "where":
                 expr = f"({args[0]} != ({self.ct})0 ? {args[1]} : {args[2]})"
@@ -96,7 +99,15 @@ class _Src:
             t = self.var("t")
             self.emit(f"const {self.ct} {t} = {expr};", depth)
             tmps.append(t)
-        return ref(spec.result)
+        return ref(spec.result) if tail is None else tmps[-1]
+
+    def finish(self, expr: str, offs: Sequence[str | None], depth: int) -> str:
+        """The value to store for the row op's value ``expr`` at ``offs`` (epilogue applied)."""
+        if not self.spec.epilogue:
+            return expr
+        y = self.var("y")
+        self.emit(f"const {self.ct} {y} = {expr};", depth)
+        return self.program(offs, depth, tail=y)
 
     def offsets(self, group, idx: str, depth: int) -> list[str | None]:
         offs: list[str | None] = [None] * self.spec.n_inputs
@@ -200,28 +211,52 @@ class _Chunks:
         gr = spec.groups[1]
         self.along = [gr[0].strides[k] if gr else 0 for k in range(spec.n_inputs)]
         self.pre: dict[int, str] = {}
+        self.epre: dict[int, str] = {}
         if width > 1:
-            for k in range(spec.n_inputs):
+            # row-invariant operands once per row: the program's, then the epilogue's
+            for k in sorted(spec.prologue_inputs() | spec.epilogue_inputs()):
                 if self.along[k] == 0:
                     v = s.var("p")
                     s.emit(f"const {s.ct} {v} = {s.load(k, base[k])};", depth)
-                    self.pre[k] = v
+                    if k in spec.prologue_inputs():
+                        self.pre[k] = v
+                    if k in spec.epilogue_inputs():
+                        self.epre[k] = v
 
     def values(self, c: str, depth: int) -> list[str]:
+        """Program values of the ``width`` elements of chunk ``c``."""
+        return self._values(c, depth, None)
+
+    def finish(self, c: str, depth: int, tails: list[str]) -> list[str]:
+        """Values to store for the row op's values ``tails`` of chunk ``c`` (epilogue applied)."""
+        if not self.s.spec.epilogue:
+            return tails
+        ys = []
+        for t in tails:
+            y = self.s.var("y")
+            self.s.emit(f"const {self.s.ct} {y} = {t};", depth)
+            ys.append(y)
+        return self._values(c, depth, ys)
+
+    def _values(self, c: str, depth: int, tails: list[str] | None) -> list[str]:
         s, w, spec = self.s, self.width, self.s.spec
         if w == 1:
-            return [s.program(s.add(self.base, s.offsets(spec.groups[1], c, depth)), depth)]
+            offs = s.add(self.base, s.offsets(spec.groups[1], c, depth))
+            return [s.program(offs, depth, tail=None if tails is None else tails[0])]
         vt = VTYPE[(s.ct, w)]
         vecs: dict[int, str] = {}
-        for k in range(spec.n_inputs):
+        used = spec.prologue_inputs() if tails is None else spec.epilogue_inputs()
+        for k in sorted(used):
             if self.along[k] == 1:
                 q = s.var("q")
                 off = f"{c} * {w}u" if self.base[k] is None else f"({self.base[k]} + {c} * {w}u)"
                 s.emit(f"const {vt} {q} = __ldg(reinterpret_cast<const {vt}*>(in{k} + {off}));",
                        depth)
                 vecs[k] = q
+        pre = self.pre if tails is None else self.epre
         return [s.program([None] * spec.n_inputs, depth,
-                          {**self.pre, **{k: f"{q}.{_LANES[lane]}" for k, q in vecs.items()}})
+                          {**pre, **{k: f"{q}.{_LANES[lane]}" for k, q in vecs.items()}},
+                          None if tails is None else tails[lane])
                 for lane in range(w)]
 
 
@@ -264,12 +299,14 @@ def _row_reg(s: _Src, lay: RowLayout) -> None:
         s.emit(f"for (int j = 0; j < {CH}; ++j) if (ok[j]) {{", 2)
         s.emit(f"const {it} c = ({it})j * {T}u + lane;", 3)
         if W == 1:
-            s.emit(f"out[row * {n_r}u + c] = {s.store_expr(expr('j'))};", 3)
+            (y,) = ch.finish("c", 3, [expr("j")])
+            s.emit(f"out[row * {n_r}u + c] = {s.store_expr(y)};", 3)
         else:
             vt = VTYPE[(ct, W)]
+            ys = ch.finish("c", 3, [expr(f"j * {W} + {lane}") for lane in range(W)])
             s.emit(f"{vt} o;", 3)
             for lane in range(W):
-                s.emit(f"o.{_LANES[lane]} = {expr(f'j * {W} + {lane}')};", 3)
+                s.emit(f"o.{_LANES[lane]} = {ys[lane]};", 3)
             s.emit(f"*reinterpret_cast<{vt}*>(out + (row * {n_ch}u + c) * {W}u) = o;", 3)
         s.emit("}", 2)
 
@@ -365,8 +402,9 @@ def _row(s: _Src) -> None:
 
     def write_row(f) -> None:
         s.emit(f"for ({it} r = threadIdx.x; r < {n_r}u; r += {block}u) {{", 2)
-        v = s.program(s.add(base, s.offsets(gr, "r", 3)), 3)
-        s.emit(f"out[row * {n_r}u + r] = {s.store_expr(f(v))};", 3)
+        offs = s.add(base, s.offsets(gr, "r", 3))
+        v = s.finish(f(s.program(offs, 3)), offs, 3)
+        s.emit(f"out[row * {n_r}u + r] = {s.store_expr(v)};", 3)
         s.emit("}", 2)
 
     _tail(s, run_pass, finish, write_row, 2)
@@ -395,18 +433,27 @@ def _col(s: _Src) -> None:
 
     def write_row(f) -> None:
         s.emit(f"for ({it} r = 0; r < {n_r}u; ++r) {{", 2)
-        v = s.program(s.add(base, s.offsets(gr, "r", 3)), 3)
-        s.emit(f"out[(o * {n_r}u + r) * {n_i}u + ii] = {s.store_expr(f(v))};", 3)
+        offs = s.add(base, s.offsets(gr, "r", 3))
+        v = s.finish(f(s.program(offs, 3)), offs, 3)
+        s.emit(f"out[(o * {n_r}u + r) * {n_i}u + ii] = {s.store_expr(v)};", 3)
         s.emit("}", 2)
 
     _tail(s, run_pass, finish, write_row, 2)
     s.emit("}")
 
 
-def render(spec: KernelSpec, name: str, prelude: bool = True, vector: bool = False) -> str:
+def render(spec: KernelSpec, name: str, prelude: bool = True, vector: bool = False,
+           pdl: str = "") -> str:
     """CUDA C source of one ``extern "C"`` kernel ``name`` (``prelude``: with its helpers;
-    ``vector``: 16-byte accesses along rows, see ``ptx.vector_width``)."""
+    ``vector``: 16-byte accesses along rows, see ``ptx.vector_width``; ``pdl``: open with the
+    ``griddepcontrol`` instructions of ``ptx.PDL_MODES``, compute capability 9.0+)."""
     s = _Src(spec)
+    if pdl not in ("", "wait", "trigger"):
+        raise BackendError(f"kernel {name}: unknown pdl mode {pdl!r}")
+    if pdl == "trigger":
+        s.emit('asm volatile("griddepcontrol.launch_dependents;" ::: "memory");')
+    if pdl:
+        s.emit('asm volatile("griddepcontrol.wait;" ::: "memory");')
     out_t = CTYPE[spec.compute] if spec.family == "split" else CTYPE[spec.dtype]
     params = [f"{out_t}* __restrict__ out"] + [
         f"const {CTYPE[dt]}* __restrict__ in{k}" for k, dt in enumerate(spec.in_dtypes)]

@@ -17,6 +17,7 @@ import cupy
 from ...compiler import hooks
 from ...compiler.memory import format_bytes
 from ...errors import MemoryBudgetError
+from . import pdl
 
 # Cost model for cuda_graph="auto": a Python-side launch costs about this much host time, and
 # device-to-device copies move about this many bytes per second (H100: ~2.9e12 read+write).
@@ -161,10 +162,13 @@ class PlanRunner:
                     stream.begin_capture()
                 else:
                     stream.begin_capture(mode=relaxed)
+                # generated kernels launch with PDL while captured, if the plan asks for it
+                pdl.state.active = bool(getattr(self.backend, "pdl", False))
                 try:
                     for fn, ins, o in plan.program:
                         env[o] = fn([env[i] for i in ins], env[o])
                 finally:
+                    pdl.state.active = False
                     graph = stream.end_capture()
         except Exception as exc:  # noqa: BLE001 - any capture failure falls back to launches
             self.enabled = False
@@ -173,7 +177,8 @@ class PlanRunner:
             self.fixed_out.clear()
             return False
         self.graph, self.env, self.capture_pool = graph, env, pool
-        self.status = f"on ({len(plan.steps)} steps replayed as one graph)"
+        pdl_note = ", programmatic dependent launch" if getattr(self.backend, "pdl", False) else ""
+        self.status = f"on ({len(plan.steps)} steps replayed as one graph{pdl_note})"
         return True
 
     def _follow_caller(self):

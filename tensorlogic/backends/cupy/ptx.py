@@ -147,8 +147,9 @@ class _Kernel:
         return a
 
     def program(self, ptrs: Sequence[str], offs: Sequence[str | None],
-                preloaded: dict[int, str] | None = None) -> str:
-        """Evaluate the spec's program at the given per-input element offsets."""
+                preloaded: dict[int, str] | None = None, tail: str | None = None) -> str:
+        """Evaluate the spec's program at the given per-input element offsets; with ``tail``
+        (the row op's value there), evaluate its epilogue instead."""
         spec = self.spec
         loaded: dict[int, str] = dict(preloaded or {})
 
@@ -160,14 +161,23 @@ class _Kernel:
                 return loaded[v]
             if kind == "tmp":
                 return tmps[v]
+            if kind == "tail":
+                return tail
             reg = self.new(self.ct)
             self.emit(f"mov.{self.ct} {reg}, {ptx_math.imm(float(v), self.ct)};")
             return reg
 
         tmps: list[str] = []
-        for ins in spec.instrs:
+        for ins in spec.instrs if tail is None else spec.epilogue:
             tmps.append(self.op(ins.op, [ref(a) for a in ins.args]))
-        return ref(spec.result)
+        return ref(spec.result) if tail is None else tmps[-1]
+
+    def finish(self, v: str, ptrs: Sequence[str], offs: Sequence[str | None]) -> str:
+        """The value to store for the row op's value ``v`` at ``offs``: the epilogue's result
+        (its inputs loaded there), or ``v`` itself without an epilogue."""
+        if not self.spec.epilogue:
+            return v
+        return self.program(ptrs, offs, tail=v)
 
     # -------------------------------------------------------------- index arithmetic
     def offsets(self, group, idx: str) -> list[str | None]:
@@ -522,8 +532,8 @@ def _row(k: _Kernel, ptrs: list[str], smem: str) -> None:
         loop, done = k.label("w"), k.label("wdone")
         k.emit(f"mov.{it} {r}, {tid};", f"setp.ge.{it} {q}, {r}, {n_r};", f"@{q} bra {done};",
                f"{loop}:")
-        offs = k.add_offsets(base, k.offsets(gr, r))
-        v = f(k.program(ins, k.zero_offsets(offs)))
+        offs = k.zero_offsets(k.add_offsets(base, k.offsets(gr, r)))
+        v = k.finish(f(k.program(ins, offs)), ins, offs)
         o = k.new(it)
         k.emit(f"mad.lo.{it} {o}, {row}, {n_r}, {r};")
         k.store(out, o, v)
@@ -568,19 +578,37 @@ class _RowValues:
         gr = spec.groups[1]
         self.along = [gr[0].strides[j] if gr else 0 for j in range(spec.n_inputs)]
         self.pre: dict[int, str] = {}
+        self.epre: dict[int, str] = {}
         if width > 1:
+            # row-invariant operands once per row: the program's, then the epilogue's
+            first, late = spec.prologue_inputs(), spec.epilogue_inputs()
             self.pre = {j: k.load(ins[j], base[j], spec.in_dtypes[j])
-                        for j in range(spec.n_inputs) if self.along[j] == 0}
+                        for j in sorted(first) if self.along[j] == 0}
+            self.epre = {j: self.pre.get(j) or k.load(ins[j], base[j], spec.in_dtypes[j])
+                         for j in sorted(late) if self.along[j] == 0}
 
     def chunk(self, c: str) -> list[str]:
         """Program values of the ``width`` elements of chunk ``c`` (an index register)."""
+        return self._values(c, None)
+
+    def finish(self, c: str, values: list[str]) -> list[str]:
+        """Values to store for the row op's ``values`` of chunk ``c``: the epilogue applied to
+        each (its inputs along the row read with one vector load per chunk)."""
+        if not self.k.spec.epilogue:
+            return values
+        return self._values(c, values)
+
+    def _values(self, c: str, tails: list[str] | None) -> list[str]:
         k, spec, w = self.k, self.k.spec, self.width
         if w == 1:
-            offs = k.add_offsets(self.base, k.offsets(spec.groups[1], c))
-            return [k.program(self.ins, k.zero_offsets(offs))]
+            offs = k.zero_offsets(k.add_offsets(self.base, k.offsets(spec.groups[1], c)))
+            if tails is None:
+                return [k.program(self.ins, offs)]
+            return [k.program(self.ins, offs, tail=tails[0])]
         pt = PTYPE[spec.dtype]
+        used = spec.prologue_inputs() if tails is None else spec.epilogue_inputs()
         lanes: dict[int, list[str]] = {}
-        for j in range(spec.n_inputs):
+        for j in sorted(used):
             if self.along[j] != 1:
                 continue
             e = k.new(k.it)
@@ -593,7 +621,9 @@ class _RowValues:
             k.emit(f"ld.global.nc.v{w}.{pt} {{{', '.join(regs)}}}, [{addr}];")
             lanes[j] = regs
         n = spec.n_inputs
-        return [k.program(self.ins, [None] * n, {**self.pre, **{j: r[lane] for j, r in lanes.items()}})
+        pre = self.pre if tails is None else self.epre
+        return [k.program(self.ins, [None] * n, {**pre, **{j: r[lane] for j, r in lanes.items()}},
+                          None if tails is None else tails[lane])
                 for lane in range(w)]
 
 
@@ -633,11 +663,20 @@ def _row_reg(k: _Kernel, ptrs: list[str], smem: str, lay: RowLayout) -> None:
         k.store(out, row, v)
         k.emit(f"{skip}:")
 
+    # an epilogue's operand loads for every chunk go first, back to back, so their latencies
+    # overlap (a chunk past the row's end reads chunk 0, in bounds, and is not stored); only
+    # with at least 128 registers a thread (512 threads a block at most), as they all stay live
+    eager = bool(spec.epilogue) and lay.block <= 512
+
     def write(values: list[list[str]]) -> None:
+        if eager:
+            values = [rv.finish(cc, vs) for cc, vs in zip(chunks, values)]
         for cc, q, vs in zip(chunks, valid, values):
             skip = k.label("w")
             o = k.new(it)
             k.emit(f"@!{q} bra {skip};", f"mad.lo.{it} {o}, {row}, {n_r // w}, {cc};")
+            if not eager:
+                vs = rv.finish(cc, vs)
             if w == 1:
                 k.store(out, o, vs[0])
             else:
@@ -777,22 +816,22 @@ def _col(k: _Kernel, ptrs: list[str]) -> None:
         r, q = k.new(it), k.new("pred")
         lp, done = k.label("r"), k.label("rdone")
         k.emit(f"mov.{it} {r}, 0;", f"setp.ge.{it} {q}, {r}, {n_r};", f"@{q} bra {done};", f"{lp}:")
-        offs = k.add_offsets(base, k.offsets(gr, r))
-        body(r, k.program(ins, k.zero_offsets(offs)))
+        offs = k.zero_offsets(k.add_offsets(base, k.offsets(gr, r)))
+        body(r, k.program(ins, offs), offs)
         k.emit(f"add.{it} {r}, {r}, 1;", f"setp.lt.{it} {q}, {r}, {n_r};", f"@{q} bra {lp};",
                f"{done}:")
 
     def run_pass(tail: str, f) -> str:
         acc = k.const(_COMBINE[tail][1])
-        serial(lambda r, v: k.emit(f"mov.{k.ct} {acc}, {k.combine(tail, acc, f(v))};"))
+        serial(lambda r, v, offs: k.emit(f"mov.{k.ct} {acc}, {k.combine(tail, acc, f(v))};"))
         return acc
 
     def finish_reduce(v: str) -> None:
         k.store(out, idx, v)
 
     def write_row(f) -> None:
-        def body(r: str, v: str) -> None:
-            w = f(v)
+        def body(r: str, v: str, offs: list[str]) -> None:
+            w = k.finish(f(v), ins, offs)
             off = k.new(it)
             k.emit(f"mad.lo.{it} {off}, {o}, {n_r}, {r};", f"mad.lo.{it} {off}, {off}, {n_i}, {i};")
             k.store(out, off, w)
@@ -803,11 +842,23 @@ def _col(k: _Kernel, ptrs: list[str]) -> None:
            f"@{p} bra {loop};", f"{end}:", "ret;")
 
 
-def emit(spec: KernelSpec, name: str, sm: int = 80, vector: bool = False) -> str:
-    """PTX text of one kernel ``name`` for compute capability ``sm`` (e.g. 80, 90)."""
+# programmatic dependent launch (see cupy/pdl.py): "wait" resolves the dependency on the grid
+# ahead first thing; "trigger" also lets the next grid be scheduled at once
+PDL_MODES = ("", "wait", "trigger")
+
+
+def emit(spec: KernelSpec, name: str, sm: int = 80, vector: bool = False, pdl: str = "") -> str:
+    """PTX text of one kernel ``name`` for compute capability ``sm`` (e.g. 80, 90); ``pdl``
+    (sm 90+) opens the kernel with ``griddepcontrol`` instructions (``PDL_MODES``)."""
     if vector and not vector_width(spec):
         raise BackendError(f"kernel {name}: this spec cannot use vector loads")
+    if pdl not in PDL_MODES or (pdl and sm < 90):
+        raise BackendError(f"kernel {name}: pdl={pdl!r} needs one of {PDL_MODES} and sm >= 90")
     k = _Kernel(spec)
+    if pdl == "trigger":
+        k.emit("griddepcontrol.launch_dependents;")
+    if pdl:
+        k.emit("griddepcontrol.wait;")
     params, pnames = _params(name, spec.n_inputs)
     ptrs = _pointers(k, pnames)
     smem_decl = ""

@@ -1,7 +1,8 @@
 """Kernel specs: what a generated GPU kernel computes, independent of PTX or CUDA C.
 
 A ``KernelSpec`` holds an elementwise program (instructions of the op table over the kernel's
-inputs), an optional tail (a reduction or a row op), and the layout of the iteration space as
+inputs), an optional tail (a reduction or a row op), a row op's elementwise epilogue (applied to
+each result before the store; its inputs are read only then), and the layout of the iteration space as
 groups of dimensions with each input's element strides. Both code generators (``ptx`` and
 ``cuda_c``) render the same spec, so the two paths compute the same function.
 
@@ -70,6 +71,18 @@ class KernelSpec:
     order: tuple[int, ...] = ()  # the space's axes in group order (C order over the groups)
     splits: int = 1  # split family: blocks per row
     eps: float | None = None  # a layer_norm tail's epsilon (None for every other tail)
+    epilogue: tuple[FusedOp, ...] = ()  # row-op tails: per stored element, over ("tail", 0)
+
+    def prologue_inputs(self) -> frozenset[int]:
+        """Inputs the program (and the tail) read; the others only the epilogue reads."""
+        used = {v for ins in self.instrs for kind, v in ins.args if kind == "in"}
+        if self.result[0] == "in":
+            used.add(self.result[1])
+        return frozenset(used)
+
+    def epilogue_inputs(self) -> frozenset[int]:
+        """Inputs the epilogue reads."""
+        return frozenset(v for ins in self.epilogue for kind, v in ins.args if kind == "in")
 
     @property
     def compute(self) -> str:
@@ -158,6 +171,7 @@ class Program:
     tail: str | None = None
     axes: tuple[int, ...] = ()
     eps: float = ops.LAYER_NORM_EPS  # read only by a layer_norm tail
+    epilogue: tuple[FusedOp, ...] = ()  # row-op tails only
 
 
 def program_of(node, in_nodes) -> Program:
@@ -180,8 +194,8 @@ def program_of(node, in_nodes) -> Program:
     if kind == ops.FUSED:
         body = FusedBody.from_args(node.args["body"])
         body.validate(len(in_nodes), f"node {node.name!r}")
-        return Program(body.instrs, ("tmp", len(body.instrs) - 1), tuple(body.space), body.tail,
-                       tuple(body.axes), body.eps)
+        return Program(body.instrs, body.result, tuple(body.space), body.tail,
+                       tuple(body.axes), body.eps, body.epilogue)
     raise BackendError(f"node {node.name!r}: no generated kernel for node kind {kind!r}")
 
 
@@ -196,7 +210,10 @@ def make_spec(prog: Program, out_dtype: str, in_shapes: Sequence[Sequence[int]],
     rank = len(space)
     common = dict(dtype=out_dtype, in_dtypes=tuple(in_dtypes), instrs=prog.instrs,
                   result=prog.result, tail=prog.tail,
-                  eps=float(prog.eps) if prog.tail == "layer_norm" else None)
+                  eps=float(prog.eps) if prog.tail == "layer_norm" else None,
+                  epilogue=tuple(prog.epilogue))
+    if prog.epilogue and prog.tail not in ops.ROW_OPS:
+        raise BackendError(f"an epilogue needs a row-op tail, got {prog.tail!r}")
     if prog.tail is None:
         groups = (_group(space, range(rank), bst),)
         return KernelSpec("ew", groups=groups, sizes=(math.prod(space),), order=tuple(range(rank)),
