@@ -70,12 +70,40 @@ def test_row_op_tails(rng, dtype, tail, axis):
     ("lse-all", [(300, 257), (257,)], [("add", [("in", 0), ("in", 1)])], "logsumexp", (0, 1)),
     ("max-rows", [(300, 257)], [("neg", [("in", 0)])], "max", (1,)),
     ("softmax", [(300, 257)], [("mul", [("in", 0), ("const", 2.0)])], "softmax", (1,)),
+    # two outer dims: the flat parallel index is split into both (once failed to compile)
+    ("rank3", [(3, 1, 5), (4, 1), (3, 4, 5), (5,), (3, 4, 1)], CHAIN, None, ()),
+    ("rank3-max", [(3, 4, 5), (4, 1)], [("mul", [("in", 0), ("in", 1)])], "max", (2,)),
+    # row ops over the last dim walk row views; (4, 1) is a per-row scalar, (9,) a shared row
+    ("rank3-softmax", [(3, 4, 9), (4, 1), (9,)], [("add", [("in", 0), ("in", 1)]),
+                                                  ("mul", [("tmp", 0), ("in", 2)])], "softmax", (2,)),
+    ("rank3-log-softmax", [(3, 4, 9), (4, 1)], [("sub", [("in", 0), ("in", 1)])], "log_softmax",
+     (2,)),
+    ("rank3-layer-norm", [(3, 4, 9), (4, 1)], [("sub", [("in", 0), ("in", 1)])], "layer_norm",
+     (2,)),
+    ("axis0-softmax", [(33, 5), (5,)], [("add", [("in", 0), ("in", 1)])], "softmax", (0,)),
 ])
 def test_parallel_kernels(rng, case):
     _, shapes, instrs, tail, axes = case
     space = np.broadcast_shapes(*shapes)
     plan = _check(rng, shapes, "float32", instrs, space, tail, axes, parallel_threshold=0)
     assert "parallel" in plan.steps[0].info
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("tail", ["softmax", "log_softmax", "layer_norm"])
+@pytest.mark.parametrize("shape,axis", [((7,), 0), ((5, 33), 1), ((33, 5), 0), ((2, 3, 17), 2),
+                                        ((2, 17, 3), 1), ((4, 1), 1)])
+@pytest.mark.parametrize("threshold", [0, None])
+def test_row_ops_on_a_lone_input(rng, dtype, tail, shape, axis, threshold):
+    """A row op of a plain input re-reads the input in each pass instead of storing it first."""
+    g = tl.EinsumGraph()
+    x = g.input("x", shape, dtype)
+    g.output(g._rowop(tail, x, axis, None), "y")
+    xs = {"x": (rng.standard_normal(shape) * 3).astype(dtype)}
+    plan = tl.compile(g, backend="numba", opt_level=0, parallel_threshold=threshold)
+    assert ("parallel" in plan.steps[0].info) == (threshold == 0)
+    want = tl.compile(g, backend="numpy", opt_level=0)(**xs)["y"]
+    np.testing.assert_allclose(plan(**xs)["y"], want, **tol(dtype, shape[axis]))
 
 
 @settings(max_examples=12, deadline=None)
