@@ -44,9 +44,10 @@ def mlp_block(B=512, D=512, H=2048):
     g = tl.EinsumGraph()
     x = g.input("x", (B, D), "float32")
     rng = np.random.default_rng(0)
-    w1 = g.constant(rng.standard_normal((D, H)).astype(np.float32) / np.sqrt(D), name="w1")
+    # scale before the cast: a float32 array divided by np.sqrt's float64 scalar is float64
+    w1 = g.constant((rng.standard_normal((D, H)) / np.sqrt(D)).astype(np.float32), name="w1")
     b1 = g.constant(rng.standard_normal(H).astype(np.float32) * 0.1, name="b1")
-    w2 = g.constant(rng.standard_normal((H, D)).astype(np.float32) / np.sqrt(H), name="w2")
+    w2 = g.constant((rng.standard_normal((H, D)) / np.sqrt(H)).astype(np.float32), name="w2")
     b2 = g.constant(rng.standard_normal(D).astype(np.float32) * 0.1, name="b2")
     gamma = g.constant(np.ones(D, np.float32), name="gamma")
     beta = g.constant(np.zeros(D, np.float32), name="beta")

@@ -24,12 +24,16 @@ from ..ir import ops
 from ..ir.fused import FusedBody
 from . import host_pool, kernels
 
-# Bytes per register block. Several registers live at once; together they should fit in L2.
-BLOCK_BYTES = 256 * 1024
+# Bytes per register block. A block's registers and operands stay in the L2/L3 caches; larger
+# blocks mean fewer ufunc calls (measured on the 16M 14-op chain, 2 threads: 256 KB 27 ms,
+# 1 MB 20 ms, 2 MB 19.5 ms, 4 MB 20 ms).
+BLOCK_BYTES = 1024 * 1024
 
 # Iteration spaces from this many points up spread their blocks over threads (host_pool);
-# below it, waking a helper costs more than it saves (measured in bench_optimizer.py).
-PARALLEL_MIN_ELEMENTS = 1 << 20
+# below it, waking a helper costs more than it saves. Blocks of a parallel kernel are at least
+# MIN_PARALLEL_BLOCK bytes. (Measured with a 5-op chain, 2 cores: see RESULTS.md, optimizer.)
+PARALLEL_MIN_ELEMENTS = 1 << 18
+MIN_PARALLEL_BLOCK = 256 * 1024
 
 
 def _where(cond, a, b, out):
@@ -127,6 +131,11 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
     in_dims = [(1,) * (r - len(n.shape)) + tuple(int(d) for d in n.shape) for n in in_nodes]
 
     total = math.prod(space)
+    # blocks run on several threads when there is enough work to pay for waking them; then a
+    # mid-sized space is cut finer, so that every thread gets at least two blocks
+    helpers = host_pool.helper_count() if total >= PARALLEL_MIN_ELEMENTS else 0
+    if helpers and block_bytes is None:
+        block = min(block, max(MIN_PARALLEL_BLOCK // dtype.itemsize, total // (2 * (helpers + 1))))
     single = kept <= 0 or total <= block
     if not single:
         axis, rows = _block_axis(space, kept, block)
@@ -196,9 +205,7 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
                     + ((slice(None) if d[axis] == 1 else slice(start, stop)),)
                     for d in in_dims)
                 blocks.append((ins_idx, lead + (slice(start, stop),), stop - start))
-        # blocks run on several threads when there is enough work to pay for waking them
-        workers = 1 + (host_pool.helper_count() if total >= PARALLEL_MIN_ELEMENTS else 0)
-        workers = min(workers, len(blocks))
+        workers = min(1 + helpers, len(blocks))
     chunk_shape = () if single else (rows, *space[axis + 1:])
 
     def kernel(arrays: list, out):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import math
+from collections import Counter
 from typing import Any, Mapping
 
 from ..ir import ops, spec as einspec
@@ -47,11 +48,18 @@ def einsum_key(spec: str, inputs: tuple[int, ...], ranks: list[int]) -> tuple:
     return (ops.EINSUM, tuple(sorted(inputs)), best)
 
 
-def node_key(g: EinsumGraph, node: Node, inputs: tuple[int, ...]) -> tuple | None:
-    """The CSE key of ``node`` whose inputs are (already deduplicated) ``inputs``; None: unique."""
+def node_key(g: EinsumGraph, node: Node, inputs: tuple[int, ...],
+             lone: frozenset = frozenset()) -> tuple | None:
+    """The CSE key of ``node`` whose inputs are (already deduplicated) ``inputs``; None: unique.
+
+    ``lone`` holds constants whose dtype and shape no other constant shares: they cannot have a
+    twin, so their contents are not hashed (weights of MBs would cost milliseconds per pass).
+    """
     if node.kind == ops.INPUT:
         return None
     if node.kind == ops.CONSTANT:
+        if node.id in lone:
+            return None
         arr = g.constants[node.id]
         digest = hashlib.blake2b(arr.tobytes(), digest_size=16).hexdigest()
         return (ops.CONSTANT, node.dtype, tuple(arr.shape), digest)
@@ -71,9 +79,12 @@ def _cse(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     table: dict[tuple, int] = {}
     merges: list[tuple[int, int]] = []  # (node to drop, survivor), in discovery order
     swapped = False  # an output survived over an earlier twin: its users now point forward
+    kinds = Counter((n.dtype, tuple(n.shape)) for n in graph if n.kind == ops.CONSTANT)
+    lone = frozenset(n.id for n in graph
+                     if n.kind == ops.CONSTANT and kinds[(n.dtype, tuple(n.shape))] == 1)
     for node in graph:
         ins = tuple(alias.get(i, i) for i in node.inputs)
-        key = node_key(graph, node, ins)
+        key = node_key(graph, node, ins, lone)
         if key is None:
             continue
         rep = table.get(key)
