@@ -37,6 +37,30 @@ def median_time(fn: Callable[[], object], repeat: int = 20, warmup: int = 3,
     return statistics.median(samples)
 
 
+def interleaved_times(fns: dict[str, Callable[[], object]], repeat: int = 20, warmup: int = 3,
+                      min_time: float = 0.0) -> dict[str, float]:
+    """Median seconds per call of each function, sampled round-robin.
+
+    Every round takes one sample of each function (looping it for ``min_time`` seconds), so a
+    slow minute on a shared machine slows every contender alike instead of whichever ran then.
+    """
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            n, t0 = 0, time.perf_counter()
+            while True:
+                fn()
+                n += 1
+                dt = time.perf_counter() - t0
+                if dt >= min_time:
+                    break
+            samples[name].append(dt / n)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def versions(*names: str) -> dict[str, str]:
     """Installed versions of the named distributions (absent ones omitted)."""
     out = {"python": platform.python_version()}

@@ -15,7 +15,8 @@ import opt_einsum
 
 import tensorlogic as tl
 
-from _common import cores_look_free, machine, median_time, table, write_results
+from _common import (cores_look_free, interleaved_times, machine, median_time, table,
+                     write_results)
 
 CASES = [
     ("matmul", "ij,jk->ik", [(1000, 1000), (1000, 1000)]),
@@ -59,12 +60,11 @@ def bench_specs(repeat: int) -> list[dict]:
         got = plan(feed)["y"]
         assert np.allclose(got, ref, rtol=1e-3, atol=1e-3 * max(1.0, float(np.abs(ref).max()))), name
         expr = opt_einsum.contract_expression(spec, *shapes)
-        t = {
-            "tensorlogic": median_time(lambda: plan(feed), repeat, min_time=0.02),
-            "numpy_optimal": median_time(lambda: np.einsum(spec, *arrays, optimize="optimal"), repeat,
-                                         min_time=0.02),
-            "opt_einsum": median_time(lambda: expr(*arrays), repeat, min_time=0.02),
-        }
+        t = interleaved_times({
+            "tensorlogic": lambda: plan(feed),
+            "numpy_optimal": lambda: np.einsum(spec, *arrays, optimize="optimal"),
+            "opt_einsum": lambda: expr(*arrays),
+        }, repeat, min_time=0.02)
         best_peer = min(t["numpy_optimal"], t["opt_einsum"])
         row = {"case": name, "spec": spec, **{f"{k}_ms": v * 1e3 for k, v in t.items()},
                "speedup_vs_best_np_oe": best_peer / t["tensorlogic"],
