@@ -24,17 +24,18 @@ def median_time(fn: Callable[[], object], repeat: int = 20, warmup: int = 3,
     """
     for _ in range(warmup):
         fn()
-    samples = []
-    for _ in range(repeat):
-        n, t0 = 0, time.perf_counter()
-        while True:
-            fn()
-            n += 1
-            dt = time.perf_counter() - t0
-            if dt >= min_time:
-                break
-        samples.append(dt / n)
-    return statistics.median(samples)
+    return statistics.median(_sample(fn, min_time) for _ in range(repeat))
+
+
+def _sample(fn: Callable[[], object], min_time: float) -> float:
+    """Seconds per call of ``fn``, looping it until ``min_time`` seconds pass (at least once)."""
+    n, t0 = 0, time.perf_counter()
+    while True:
+        fn()
+        n += 1
+        dt = time.perf_counter() - t0
+        if dt >= min_time:
+            return dt / n
 
 
 def interleaved_times(fns: dict[str, Callable[[], object]], repeat: int = 20, warmup: int = 3,
@@ -50,14 +51,7 @@ def interleaved_times(fns: dict[str, Callable[[], object]], repeat: int = 20, wa
     samples: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(repeat):
         for name, fn in fns.items():
-            n, t0 = 0, time.perf_counter()
-            while True:
-                fn()
-                n += 1
-                dt = time.perf_counter() - t0
-                if dt >= min_time:
-                    break
-            samples[name].append(dt / n)
+            samples[name].append(_sample(fn, min_time))
     return {name: statistics.median(v) for name, v in samples.items()}
 
 

@@ -72,8 +72,8 @@ def bench_specs(repeat: int) -> list[dict]:
         rows.append(row)
         print(f"  {name:10s} ours {t['tensorlogic'] * 1e3:8.3f} ms   best(np,oe) x{row['speedup_vs_best_np_oe']:.2f}"
               f"   vs opt_einsum x{row['speedup_vs_opt_einsum']:.2f}", flush=True)
+    tt = _torch_times(repeat)
     for row in rows:
-        tt = _torch_times(repeat) if row is rows[0] else tt
         if row["case"] in tt:
             row["torch_ms"] = tt[row["case"]] * 1e3
             row["speedup_vs_torch"] = tt[row["case"]] / (row["tensorlogic_ms"] / 1e3)

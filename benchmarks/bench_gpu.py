@@ -15,7 +15,6 @@ import datetime
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ from tensorlogic.ir import ops  # noqa: E402
 from tensorlogic.ir.fused import FusedBody, FusedOp  # noqa: E402
 
 import cupy as cp  # noqa: E402
+from _gpu_common import gpu_time, small_graph, wall_time  # noqa: E402
 
 # torch.compile's pool of compile worker processes stays busy after compiling and slows every
 # host-bound row measured after the chain section (softmax 4096x1024 read 17.7 us a call in a
@@ -44,38 +44,6 @@ except ImportError:  # torch is a benchmark-only peer
     torch = None
 
 RESULTS: dict = {}
-
-
-def gpu_time(fn, inner: int, batches: int = 7) -> float:
-    """Median device seconds per call: events around ``inner`` back-to-back calls."""
-    for _ in range(3):
-        fn()
-    cp.cuda.Device().synchronize()
-    times = []
-    for _ in range(batches):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-        b.synchronize()
-        times.append(cp.cuda.get_elapsed_time(a, b) / 1e3 / inner)
-    return statistics.median(times)
-
-
-def wall_time(fn, inner: int, batches: int = 7) -> float:
-    """Median host seconds per call, synchronized per batch (for launch-bound work)."""
-    for _ in range(3):
-        fn()
-    cp.cuda.Device().synchronize()
-    times = []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        cp.cuda.Device().synchronize()
-        times.append((time.perf_counter() - t0) / inner)
-    return statistics.median(times)
 
 
 def row(section: str, name: str, seconds: float, **extra) -> None:
@@ -358,12 +326,7 @@ def _cp_softmax(s):
 
 def bench_small_graph() -> None:
     print("30-node graph on 64x64 float32 (host wall time per call)")
-    g = tl.EinsumGraph()
-    x = g.input("x", (64, 64))
-    h = x
-    for k in range(30):
-        h = g.tanh(h) if k % 3 == 0 else (h * 0.99 if k % 3 == 1 else h + 0.01)
-    g.output(h, "y")
+    g = small_graph()
     data = cp.random.standard_normal((64, 64), dtype=cp.float32)
     launches = tl.compile(g, backend="cupy", opt_level=0, cuda_graph=False)
     graph = tl.compile(g, backend="cupy", opt_level=0, cuda_graph=True)

@@ -13,14 +13,13 @@ import cProfile
 import io
 import json
 import pstats
-import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cupy as cp  # noqa: E402
+from _gpu_common import wall_time  # noqa: E402
 
 import tensorlogic as tl  # noqa: E402
 
@@ -28,21 +27,6 @@ try:
     import torch
 except ImportError:
     torch = None
-
-
-def wall(fn, inner: int = 2000, batches: int = 9) -> float:
-    """Median host seconds per call, synchronized per batch."""
-    for _ in range(50):
-        fn()
-    cp.cuda.Device().synchronize()
-    out = []
-    for _ in range(batches):
-        t0 = time.perf_counter()
-        for _ in range(inner):
-            fn()
-        cp.cuda.Device().synchronize()
-        out.append((time.perf_counter() - t0) / inner)
-    return statistics.median(out)
 
 
 def probe(op: str, shape, res: dict) -> None:
@@ -68,7 +52,7 @@ def probe(op: str, shape, res: dict) -> None:
     print(f"{op} {shape[0]}x{shape[1]} float32 (runner: {cplan.runner})")
     r = res.setdefault(f"{op}_{shape[0]}x{shape[1]}", {})
     for name, fn in rows.items():
-        t = wall(fn)
+        t = wall_time(fn, 2000, batches=9, warmup=50)
         r[name] = t * 1e6
         print(f"  {name:<24} {t * 1e6:7.2f} us")
     prof = cProfile.Profile()

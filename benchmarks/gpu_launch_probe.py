@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -33,6 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import cupy as cp  # noqa: E402
+from _gpu_common import gpu_time, small_graph  # noqa: E402
 
 from tensorlogic.backends.cupy.pdl import (PROGRAMMATIC_STREAM_SERIALIZATION,  # noqa: E402
                                            LaunchAttribute, LaunchConfig)
@@ -100,23 +100,6 @@ def launch(fn, grid: int, out, inp, n: int, stream, pdl: bool) -> None:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {rc}")
 
 
-def event_time(fn, inner: int, batches: int = 9) -> float:
-    """Median device seconds per call of ``fn`` (events around ``inner`` calls)."""
-    for _ in range(5):
-        fn()
-    cp.cuda.Device().synchronize()
-    out = []
-    for _ in range(batches):
-        a, b = cp.cuda.Event(), cp.cuda.Event()
-        a.record()
-        for _ in range(inner):
-            fn()
-        b.record()
-        b.synchronize()
-        out.append(cp.cuda.get_elapsed_time(a, b) / 1e3 / inner)
-    return statistics.median(out)
-
-
 def chain_graph(mod, kernel: str, n_kernels: int, pdl: bool, bufs, stream):
     fn = mod.get_function(kernel)
     grid = N_ELEMS // BLOCK
@@ -172,7 +155,7 @@ def main() -> None:
                 if err > 1e-5:  # reported, not raised: the other variants still get measured
                     print(f"  {label}: WRONG RESULT, max abs error {err:.3g}")
         with stream:
-            t = event_time(lambda: graph.launch(stream), 200)
+            t = gpu_time(lambda: graph.launch(stream), 200, batches=9, warmup=5)
         res[label] = {"replay_us": t * 1e6, "per_kernel_us": t * 1e6 / n}
         print(f"  {label:<22} replay {t * 1e6:8.2f} us   per kernel {t * 1e6 / n:6.3f} us")
     # stream launches of the same chain, without a graph (host-bound reference)
@@ -183,18 +166,13 @@ def main() -> None:
         for k in range(n):
             launch(fn, N_ELEMS // BLOCK, bufs[(k + 1) % 2], bufs[k % 2], N_ELEMS, stream, False)
     with stream:
-        t = event_time(stream_chain, 20)
+        t = gpu_time(stream_chain, 20, batches=9, warmup=5)
     res["stream launches (ctypes cuLaunchKernelEx)"] = {"us": t * 1e6}
     print(f"  stream launches        {t * 1e6:8.2f} us per chain")
     # the tensorlogic 30-node graph: graph launch alone vs the whole plan call
     try:
         import tensorlogic as tl
-        g = tl.EinsumGraph()
-        x = g.input("x", (64, 64))
-        h = x
-        for k in range(30):
-            h = g.tanh(h) if k % 3 == 0 else (h * 0.99 if k % 3 == 1 else h + 0.01)
-        g.output(h, "y")
+        g = small_graph()
         data = cp.random.standard_normal((64, 64), dtype=cp.float32)
         for use_pdl in (False, True):
             plan = tl.compile(g, backend="cupy", opt_level=0, cuda_graph=True, pdl=use_pdl)
@@ -203,8 +181,8 @@ def main() -> None:
             runner = plan.concrete.runner
             st = runner.stream
             with st:
-                t_graph = event_time(lambda: runner.graph.launch(st), 200)
-            t_call = event_time(lambda: plan(x=data), 200)
+                t_graph = gpu_time(lambda: runner.graph.launch(st), 200, batches=9, warmup=5)
+            t_call = gpu_time(lambda: plan(x=data), 200, batches=9, warmup=5)
             label = f"tensorlogic small graph{' pdl' if use_pdl else ''}"
             res[label] = {"graph_launch_us": t_graph * 1e6, "plan_call_device_us": t_call * 1e6}
             print(f"  {label}: graph launch {t_graph * 1e6:.2f} us, "
