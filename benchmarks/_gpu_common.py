@@ -27,6 +27,19 @@ def gpu_time(fn: Callable[[], object], inner: int, batches: int = 7, warmup: int
     return statistics.median(times)
 
 
+def gpu_times(fns: dict[str, Callable[[], object]], inner: int, rounds: int = 5) -> dict[str, float]:
+    """``gpu_time`` of several contenders sampled round-robin, median over the rounds.
+
+    Host-bound calls (~10 us) swing by half between moments on a device host; taking turns keeps
+    a slow moment from landing on one contender only.
+    """
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            samples[name].append(gpu_time(fn, inner, batches=3))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def wall_time(fn: Callable[[], object], inner: int, batches: int = 7, warmup: int = 3) -> float:
     """Median host seconds per call, synchronized per batch (for launch-bound work)."""
     for _ in range(warmup):

@@ -32,7 +32,7 @@ from tensorlogic.ir import ops  # noqa: E402
 from tensorlogic.ir.fused import FusedBody, FusedOp  # noqa: E402
 
 import cupy as cp  # noqa: E402
-from _gpu_common import gpu_time, small_graph, wall_time  # noqa: E402
+from _gpu_common import gpu_time, gpu_times, small_graph, wall_time  # noqa: E402
 
 # torch.compile's pool of compile worker processes stays busy after compiling and slows every
 # host-bound row measured after the chain section (softmax 4096x1024 read 17.7 us a call in a
@@ -149,7 +149,7 @@ def bench_rows(shapes) -> None:
     for shape in shapes:
         x = cp.random.standard_normal(shape, dtype=cp.float32)
         tx = _torch(x) if torch is not None else None
-        inner = 20
+        inner = 200 if x.size <= 1 << 22 else 20  # host-bound small rows need long batches
         print(f"softmax {shape[0]}x{shape[1]} float32")
         g = tl.EinsumGraph()
         g.output(g.softmax(g.input("x", shape), 1), "y")
@@ -158,14 +158,15 @@ def bench_rows(shapes) -> None:
             plan = tl.compile(g, backend="cupy", opt_level=0, codegen=cg)
             if tx is not None:
                 assert float((_torch(plan(x=x)["y"]) - torch.softmax(tx, 1)).abs().max()) < 1e-5
-            res[label] = gpu_time(lambda: plan(x=x), inner)
+            res[label] = (lambda p=plan: p(x=x))
 
         def cupy_softmax():
             e = cp.exp(x - x.max(1, keepdims=True))
             return e / e.sum(1, keepdims=True)
-        res["cupy unfused"] = gpu_time(cupy_softmax, inner)
+        res["cupy unfused"] = cupy_softmax
         if tx is not None:
-            res["torch eager"] = gpu_time(lambda: torch.softmax(tx, 1), inner)
+            res["torch eager"] = lambda: torch.softmax(tx, 1)
+        res = gpu_times(res, inner)
         for k, t in res.items():
             row(f"softmax_{shape[0]}x{shape[1]}", k, t, GBps=8 * x.size / t / 1e9,
                 vs_torch=res.get("torch eager", t) / t)
@@ -177,9 +178,10 @@ def bench_rows(shapes) -> None:
         if tx is not None:
             err = float((_torch(plan(x=x)["y"]) - torch.log_softmax(tx, 1)).abs().max())
             assert err < 1e-4, err
-        res["tensorlogic ptx"] = gpu_time(lambda: plan(x=x), inner)
+        res["tensorlogic ptx"] = (lambda p=plan: p(x=x))
         if tx is not None:
-            res["torch eager"] = gpu_time(lambda: torch.log_softmax(tx, 1), inner)
+            res["torch eager"] = lambda: torch.log_softmax(tx, 1)
+        res = gpu_times(res, inner)
         for k, t in res.items():
             row(f"log_softmax_{shape[0]}x{shape[1]}", k, t, GBps=8 * x.size / t / 1e9,
                 vs_torch=res.get("torch eager", t) / t)
@@ -195,10 +197,10 @@ def bench_rows(shapes) -> None:
             if tref is not None:
                 err = float((_torch(plan(x=x)["y"]) - tref).abs().max())
                 assert err < 1e-4, (label, err)
-            res[label] = gpu_time(lambda: plan(x=x), inner)
+            res[label] = (lambda p=plan: p(x=x))
         if tx is not None:
-            res["torch eager"] = gpu_time(lambda: torch.nn.functional.layer_norm(tx, (shape[1],)),
-                                          inner)
+            res["torch eager"] = lambda: torch.nn.functional.layer_norm(tx, (shape[1],))
+        res = gpu_times(res, inner)
         for k, t in res.items():
             row(f"layernorm_{shape[0]}x{shape[1]}", k, t, GBps=8 * x.size / t / 1e9,
                 vs_torch=res.get("torch eager", t) / t)
@@ -216,10 +218,11 @@ def bench_rows(shapes) -> None:
                 err = float((_torch(plan(x=x)["y"])
                              - torch.nn.functional.layer_norm(tx, (shape[1],), tw, tb)).abs().max())
                 assert err < 1e-4, err
-            res[label] = gpu_time(lambda: plan(x=x), inner)
+            res[label] = (lambda p=plan: p(x=x))
         if tx is not None:
-            res["torch eager"] = gpu_time(
-                lambda: torch.nn.functional.layer_norm(tx, (shape[1],), tw, tb), inner)
+            res["torch eager"] = (
+                lambda: torch.nn.functional.layer_norm(tx, (shape[1],), tw, tb))
+        res = gpu_times(res, inner)
         for k, t in res.items():
             row(f"layernorm_affine_{shape[0]}x{shape[1]}", k, t, GBps=8 * x.size / t / 1e9,
                 vs_torch=res.get("torch eager", t) / t)
