@@ -81,8 +81,12 @@ def _block_axis(space: tuple[int, ...], kept: int, block: int) -> tuple[int, int
     return kept - 1, 1
 
 
-def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> Callable:
-    """Kernel ``kernel(inputs, out)`` for a FUSED node on numpy arrays."""
+def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
+                 threads: bool = True) -> Callable:
+    """Kernel ``kernel(inputs, out)`` for a FUSED node on numpy arrays.
+
+    ``threads=False`` keeps every block on the calling thread (plans that also call BLAS).
+    """
     body = FusedBody.from_args(node.args["body"])
     body.validate(len(in_nodes), f"fused node {node.name!r}")
     space = tuple(int(d) for d in body.space)
@@ -133,7 +137,7 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None) -> C
     total = math.prod(space)
     # blocks run on several threads when there is enough work to pay for waking them; then a
     # mid-sized space is cut finer, so that every thread gets at least two blocks
-    helpers = host_pool.helper_count() if total >= PARALLEL_MIN_ELEMENTS else 0
+    helpers = host_pool.helper_count() if threads and total >= PARALLEL_MIN_ELEMENTS else 0
     if helpers and block_bytes is None:
         block = min(block, max(MIN_PARALLEL_BLOCK // dtype.itemsize, total // (2 * (helpers + 1))))
     single = kept <= 0 or total <= block

@@ -27,9 +27,25 @@ class NumpyBackend:
         if node.kind == ops.FUSED:
             from .fused_numpy import fused_kernel
 
-            return fused_kernel(node, in_nodes)
+            return fused_kernel(node, in_nodes, threads=not self._calls_blas(graph))
         # a step that is not a view writes its result into ``out`` (outputs, strided reshapes)
         return kernels.make_kernel(np, node, in_nodes, not step.view)
+
+    def _calls_blas(self, graph) -> bool:
+        """Whether a plan of ``graph`` makes BLAS calls (an einsum of two or more operands).
+
+        OpenBLAS's workers spin for about 0.1 s after each call; a fused kernel's helper thread
+        then fights them for the second core, and measured slower than one thread (MLP block:
+        +4%). Such plans keep their fused kernels on the calling thread.
+        """
+        memo = self._blas_memo
+        if memo is not None and memo[0] is graph:
+            return memo[1]
+        uses = any(n.kind == ops.EINSUM and len(n.inputs) >= 2 for n in graph)
+        self._blas_memo = (graph, uses)
+        return uses
+
+    _blas_memo: tuple | None = None
 
     # memory -------------------------------------------------------------
     def empty(self, shape, dtype):  # noqa: D102

@@ -96,3 +96,28 @@ def _child_blocks(q) -> None:
 
     host_pool.run_blocks(work, 40, 1)
     q.put(sorted(seen))
+
+
+def test_plans_that_call_blas_keep_fused_kernels_on_one_thread(monkeypatch):
+    """OpenBLAS's spinning workers hold the other core after a matmul: no helper threads then."""
+    monkeypatch.setattr(fused_numpy, "PARALLEL_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(fused_numpy, "BLOCK_BYTES", 4096)
+    monkeypatch.setattr(host_pool, "helper_count", lambda: 1)
+
+    def fused_scratch_sets(with_matmul: bool) -> int:
+        g = tl.EinsumGraph()
+        x = g.input("x", (256, 64), "float32")
+        w = g.input("w", (64, 64), "float32")
+        h = g.einsum("ij,jk->ik", x, w) if with_matmul else x
+        g.output(g.tanh(h * 0.5 + 1.0) - h, "y")
+        plan = tl.compile(g, backend="numpy", opt_level=2, cache=False)
+        (fused,) = [s for s in plan.steps if s.kind == "fused"]
+        rng = np.random.default_rng(3)
+        xv = rng.standard_normal((256, 64)).astype(np.float32)
+        wv = rng.standard_normal((64, 64)).astype(np.float32)
+        hv = xv @ wv if with_matmul else xv
+        np.testing.assert_allclose(plan(x=xv, w=wv)["y"], np.tanh(hv * 0.5 + 1.0) - hv,
+                                   rtol=1e-5, atol=1e-5)
+        return len(fused.scratch)
+
+    assert fused_scratch_sets(True) * 2 == fused_scratch_sets(False)
