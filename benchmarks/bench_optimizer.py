@@ -22,22 +22,7 @@ import numpy as np
 import tensorlogic as tl
 from tensorlogic.backends import host_pool
 
-from _common import machine
-
-
-_MINIMA: dict[int, float] = {}
-
-
-def _median_time(fn, repeats: int) -> float:
-    """Median seconds of ``fn()``; the minimum is kept in _MINIMA (robust on a busy machine)."""
-    fn()  # warm up: pools, kernels, caches
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    _MINIMA[id(fn)] = min(times)
-    return statistics.median(times)
+from _common import interleaved_times, machine
 
 
 def mlp_block(B=512, D=512, H=2048):
@@ -125,19 +110,15 @@ def main() -> int:
                         ("chain_16M", elementwise_chain)):
         g, inputs = build()
         res = {"case": name}
-        outs = {}
+        outs, runs = {}, {}
         for lvl in (0, 2):
             plan = tl.compile(g, backend="numpy", opt_level=lvl, cache=False)
             outs[lvl] = plan(**inputs)
-            run = lambda: plan(**inputs)  # noqa: E731
-            res[f"O{lvl}_s"] = _median_time(run, repeats)
-            res[f"O{lvl}_min_s"] = _MINIMA[id(run)]
+            runs[f"O{lvl}"] = lambda p=plan: p(**inputs)
             res[f"O{lvl}_steps"] = len(plan.steps)
             res[f"O{lvl}_passes"] = round(memory_passes(plan), 2)
         for k in outs[0]:
             np.testing.assert_allclose(outs[2][k], outs[0][k], rtol=1e-4, atol=1e-4)
-        res["speedup"] = res["O0_s"] / res["O2_s"]
-        res["speedup_min"] = res["O0_min_s"] / res["O2_min_s"]
         if name == "chain_16M":
             # the same O2 plan with its fused kernel on the calling thread only: how much of the
             # gain is fusion alone, and how much is the blocks running on every core
@@ -147,20 +128,23 @@ def main() -> int:
                 serial = tl.compile(g, backend="numpy", opt_level=2, cache=False)
             finally:
                 host_pool.helper_count = saved
-            run = lambda: serial(**inputs)  # noqa: E731
-            res["O2_1thread_s"] = _median_time(run, repeats)
-            res["speedup_1thread"] = res["O0_s"] / res["O2_1thread_s"]
+            runs["O2_1thread"] = lambda: serial(**inputs)
             res["threads"] = 1 + host_pool.helper_count()
             try:
                 import numexpr
 
                 x = inputs["x"]
                 out = np.empty_like(x)
-                res["numexpr_s"] = _median_time(
-                    lambda: numexpr.evaluate(CHAIN_EXPR, local_dict={"x": x}, out=out), repeats)
+                runs["numexpr"] = lambda: numexpr.evaluate(CHAIN_EXPR, local_dict={"x": x}, out=out)
+                runs["numexpr"]()
                 np.testing.assert_allclose(out, outs[0]["y"], rtol=1e-5, atol=1e-5)
             except ImportError:
                 res["numexpr_s"] = None
+        # contenders take turns, so a slow minute on the shared machine slows all of them
+        res.update({f"{k}_s": v for k, v in interleaved_times(runs, repeats).items()})
+        res["speedup"] = res["O0_s"] / res["O2_s"]
+        if "O2_1thread_s" in res:
+            res["speedup_1thread"] = res["O0_s"] / res["O2_1thread_s"]
         rows.append(res)
 
     g = big_graph()
@@ -178,11 +162,10 @@ def main() -> int:
     compile_row = {"nodes": len(g), "optimize_O2_ms": statistics.median(opt_times) * 1e3,
                    "compile_O2_ms": statistics.median(compile_times) * 1e3}
 
-    print(f"{'case':<16} {'O0 ms':>9} {'O2 ms':>9} {'O0/O2':>7} {'min O0/O2':>9} "
+    print(f"{'case':<16} {'O0 ms':>9} {'O2 ms':>9} {'O0/O2':>7} "
           f"{'steps O0->O2':>13} {'mem passes O0->O2':>18}")
     for r in rows:
         print(f"{r['case']:<16} {r['O0_s'] * 1e3:9.2f} {r['O2_s'] * 1e3:9.2f} {r['speedup']:7.2f} "
-              f"{r['speedup_min']:9.2f} "
               f"{r['O0_steps']:>6} -> {r['O2_steps']:<4} {r['O0_passes']:>8} -> {r['O2_passes']:<7}")
         if r.get("O2_1thread_s"):
             print(f"{'  O2, 1 thread':<16} {'':>9} {r['O2_1thread_s'] * 1e3:9.2f} "

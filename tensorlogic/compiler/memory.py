@@ -192,8 +192,13 @@ def plan_memory(buffers: Sequence[Buffer], step_io: Sequence[StepIO],
         where[g] = off
     peak = max((o + sz for o, sz, _, _ in placed), default=0)
     offsets = {b.id: where[group[b.id]] for b in owners}
-    n_steps = len(step_io)
-    live = 0
-    for k in range(n_steps):
-        live = max(live, sum(sz for _, sz, f, z in placed if f <= k <= z))
+    # the largest sum of sizes alive at one step: a sweep over lifetime starts and ends
+    delta = [0] * (len(step_io) + 1)
+    for _, sz, f, z in placed:
+        delta[f] += sz
+        delta[z + 1] -= sz
+    live = running = 0
+    for d in delta:
+        running += d
+        live = max(live, running)
     return MemoryPlan(offsets, naive, peak, live, life, chosen, True, alignment)
