@@ -187,3 +187,4 @@ class ProgramAST:
     rules: list[Rule] = field(default_factory=list)
     equations: list[Equation] = field(default_factory=list)
     declarations: list[Declaration] = field(default_factory=list)
+    queries: list[Atom] = field(default_factory=list)  # ``?- atom.`` lines, in order

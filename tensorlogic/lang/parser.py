@@ -4,7 +4,9 @@ Statements:
 
 * ``head :- body.`` and ``fact.`` -- Datalog. A bare identifier is a variable whatever its case,
   ``_`` is an anonymous variable, constants are quoted strings or numbers, ``not atom`` (or
-  ``!atom``) is negation, ``X != Y`` etc. are comparisons.
+  ``!atom``, or Prolog's ``\\+ atom``) is negation, ``X != Y`` etc. are comparisons.
+* ``?- atom.`` -- a query, recorded in ``ProgramAST.queries`` (evaluation computes every
+  relation, so a query changes nothing; ``program.query(name)`` reads one).
 * ``Lhs[i, j] = expr`` / ``Lhs(x, y) = expr`` -- the paper's tensor equations, one per line.
   ``max=`` and ``avg=`` project with max / mean instead of sum. When the left side is a relation
   and the right side is a sum of products of relations only, the equation is a set of Datalog
@@ -99,6 +101,15 @@ class _Parser:
 
     def statement(self, ast: ProgramAST) -> None:
         start = self.tok
+        if start.kind == "?-":  # a query: recorded; every relation is computed anyway
+            self.next()
+            ast.queries.append(self.atom())
+            self._continue_if(".")
+            if self.tok.kind == ".":
+                self.next()
+            if self.tok.kind not in ("NEWLINE", "EOF"):
+                raise self.error("expected the end of the query")
+            return
         if start.kind != "IDENT":
             raise self.error("expected a statement (a rule, fact, equation or declaration)")
         nxt = self.peek()
@@ -192,7 +203,7 @@ class _Parser:
         if t.kind == "IDENT" and t.text == "not" and self.peek().kind == "IDENT":
             self.next()
             return Literal(self.atom(), True)
-        if t.kind == "!" and self.peek().kind == "IDENT":
+        if t.kind in ("!", "\\+") and self.peek().kind == "IDENT":
             self.next()
             return Literal(self.atom(), True)
         if t.kind == "IDENT" and self.peek().kind not in _CMP_TOKENS:

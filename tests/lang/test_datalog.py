@@ -113,6 +113,27 @@ def test_stratified_negation():
     assert got["isolated"] == {(3,)}
 
 
+def test_negation_spellings_agree():
+    """``not p``, ``!p`` and Prolog's ``\\+ p`` are the same negation."""
+    facts = {"edge": [(1, 2), (2, 3), (3, 1), (4, 5)]}
+    results = [evaluate(f"oneway(X, Y) :- edge(X, Y), {neg}edge(Y, X).", facts)["oneway"]
+               for neg in ("not ", "!", "\\+ ")]
+    assert results[0] == results[1] == results[2] == {(1, 2), (2, 3), (3, 1), (4, 5)} - {
+        (x, y) for x, y in facts["edge"] if (y, x) in facts["edge"]}
+
+
+def test_query_lines_are_accepted_and_recorded():
+    from tensorlogic.lang.parser import parse_ast
+
+    text = "edge(1, 2).\npath(X, Y) :- edge(X, Y).\n?- path(1, Y).\n?- edge(X, Y)\n"
+    assert evaluate(text) == evaluate("edge(1, 2).\npath(X, Y) :- edge(X, Y).")
+    queries = parse_ast(text).queries
+    assert [(q.pred, len(q.args)) for q in queries] == [("path", 2), ("edge", 2)]
+    with pytest.raises(tl.ProgramError) as info:
+        evaluate("p(1).\n?- p(X) q(X).")
+    assert info.value.code == "parse_error" and "line 2" in str(info.value)
+
+
 def test_constants_and_mixed_types():
     got = check("""
     a(X) :- f(X, "1").
