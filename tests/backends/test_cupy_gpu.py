@@ -494,3 +494,46 @@ def test_pdl_needs_hopper_and_a_bool():
     if int(cupy.cuda.Device().compute_capability) < 90:
         with pytest.raises(tl.TensorLogicError, match="compute capability 9.0"):
             tl.compile(g, backend="cupy", pdl=True)
+
+
+def test_direct_call_of_one_kernel_plans_and_its_fallbacks(rng):
+    """Ready inputs of a one-kernel plan take the direct launch; every other input shape of
+    call takes the general path with the same results and the same errors."""
+    import cupy as cp
+
+    g = tl.EinsumGraph()
+    x = g.input("x", (33, 40), "float32")
+    w = g.constant(rng.standard_normal(40).astype(np.float32))
+    g.output(g.softmax(g.tanh(x) * w, axis=-1), "y")
+    plan = tl.compile(g, backend="cupy", opt_level=2, cache=False)
+    assert len(plan.steps) == 1 and plan._direct is not None
+    ref = tl.compile(g, backend="numpy", opt_level=0, cache=False)
+    for _ in range(3):  # fresh data each call: nothing stale survives between calls
+        xs = rng.standard_normal((33, 40)).astype(np.float32)
+        want = ref(x=xs)["y"]
+        np.testing.assert_allclose(_host(plan(x=cp.asarray(xs))["y"]), want, **TOL["float32"])
+        np.testing.assert_allclose(_host(plan({"x": cp.asarray(xs)})["y"]), want, **TOL["float32"])
+        np.testing.assert_allclose(plan(x=xs, to_host=True)["y"], want, **TOL["float32"])
+        strided = cp.asarray(np.ascontiguousarray(xs.T)).T  # a transposed view: not contiguous
+        np.testing.assert_allclose(_host(plan(x=strided)["y"]), want, **TOL["float32"])
+        out = cp.empty((33, 40), cp.float32)
+        assert plan(x=cp.asarray(xs), out={"y": out})["y"] is out
+        np.testing.assert_allclose(_host(out), want, **TOL["float32"])
+    with pytest.raises(tl.InputError):
+        plan(x=cp.zeros((33, 40), cp.float64))
+    with pytest.raises(tl.InputError):
+        plan(x=cp.zeros((33, 40), cp.float32), z=cp.zeros(3, cp.float32))
+    with pytest.raises(tl.InputError):
+        plan(x=cp.zeros((40, 33), cp.float32))
+    with tl.profile() as prof:
+        plan(x=cp.asarray(xs))
+    assert [e.name for e in prof.steps] == [plan.steps[0].name]
+
+    # a split full reduction has a second kernel: no direct call, same results
+    g2 = tl.EinsumGraph()
+    g2.output(g2.sum(g2.input("v", (1 << 20,), "float32")), "s")
+    p2 = tl.compile(g2, backend="cupy", opt_level=0, cache=False)
+    v = rng.standard_normal(1 << 20).astype(np.float32)
+    assert p2._direct is None
+    np.testing.assert_allclose(float(p2(v=cp.asarray(v))["s"]), float(v.astype(np.float64).sum()),
+                               rtol=1e-4)

@@ -157,6 +157,15 @@ class GeneratedKernel:
         self.variants[sig] = run
         return run
 
+    @property
+    def direct_run(self):
+        """``run(out, args)`` of the contiguous layout's compiled variant (None: nothing to
+        launch, a zero-size result, or a split reduction, whose partials need the general path)."""
+        run = self._main
+        if run is None or run.__self__.finish is not None:
+            return None
+        return run
+
     def __call__(self, args: list, out):
         sig = tuple([a.strides for a in args])
         run = self._main if sig == self._contig else self.variants.get(sig, False)
