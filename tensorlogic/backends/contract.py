@@ -57,6 +57,7 @@ class EinsumPlan:
     description: str
     largest_intermediate: int = 0  # elements of the largest pairwise result along the path
     scratch: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
+    copied: int = 0  # operand elements copied along the path (layouts that are not BLAS views)
 
 
 class _Scratch:
@@ -64,6 +65,9 @@ class _Scratch:
 
     def __init__(self) -> None:
         self.specs: list[tuple[tuple[int, ...], str]] = []
+        # elements of matmul operands that get copied: into scratch here, or inside matmul
+        # when a view has no unit stride in its matrix dims (numpy then cannot hand it to BLAS)
+        self.copied = 0
 
     def add(self, shape: tuple[int, ...], dtype: str) -> int:
         self.specs.append((tuple(int(s) for s in shape), np.dtype(dtype).name))
@@ -89,6 +93,13 @@ def merge_is_view(shape: tuple[int, ...], perm: list[int], group_lens: list[int]
         if any(nxt.get(a) != b for a, b in zip(axes, axes[1:])):
             return False
     return True
+
+
+def _unit_stride_matrix(term: str, rows: list[str], cols: list[str], sizes: dict[str, int]) -> bool:
+    """Whether the (rows, cols) matrix view of a C-contiguous operand has a unit stride in one
+    of its two dims: its innermost axis of size > 1 belongs to the matrix (not to a batch)."""
+    inner = [c for c in term if sizes[c] != 1]
+    return not inner or inner[-1] in rows or inner[-1] in cols
 
 
 def _group_layout(term: str, groups: list[list[str]]) -> bool:
@@ -219,6 +230,10 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
     # operands are C-contiguous in their term order (inputs, or results of earlier steps)
     k_a = -1 if merge_is_view(tuple(sizes[c] for c in a), perm_a, lens_a) else scr.add(shp_a, da)
     k_b = -1 if merge_is_view(tuple(sizes[c] for c in b), perm_b, lens_b) else scr.add(shp_b, db)
+    if k_a >= 0 or not _unit_stride_matrix(a, left, contr, sizes):
+        scr.copied += nb * nl * nc
+    if k_b >= 0 or not _unit_stride_matrix(b, contr, right, sizes):
+        scr.copied += nb * nc * nr
     squeeze = nb == 1
     mm_shape = (nl, nr) if squeeze else (nb, nl, nr)
 
@@ -351,7 +366,8 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
                 out[...] = res
             return out
 
-        return EinsumPlan(run_pair, flops, path, f"{es} path={path}", largest, scr.specs)
+        return EinsumPlan(run_pair, flops, path, f"{es} path={path}", largest, scr.specs,
+                          scr.copied)
 
     def run(xp, arrays, out, scratch=None):
         ops_ = [a if p is None else p(xp, a, scratch) for a, p in zip(arrays, preps)]
@@ -372,4 +388,4 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         return out
 
     desc = f"{es} path={path}"
-    return EinsumPlan(run, flops, path, desc, largest, scr.specs)
+    return EinsumPlan(run, flops, path, desc, largest, scr.specs, scr.copied)

@@ -122,3 +122,28 @@ def test_large_network_uses_cotengra(rng):
     got = tl.compile(g, backend="numpy", opt_level=2, cache=False)(**inputs)["y"]
     ref = np.linalg.multi_dot([inputs[f"m{k}"] for k in range(n)])
     np.testing.assert_allclose(got, ref, rtol=1e-10)
+
+
+def test_equal_flop_orders_are_broken_by_operand_copies(rng):
+    """Of the orders with the fewest FLOPs, the planner keeps one that copies the fewest operand
+    elements into BLAS layouts; every order still gives the same numbers."""
+    from tensorlogic.backends import contract
+    from tensorlogic.ir import spec as einspec
+
+    es = einspec.parse("abc,bcd,cde->ae", [3, 3, 3])
+    shapes, sizes = [(6, 7, 8), (7, 8, 9), (8, 9, 5)], dict(zip("abcde", (6, 7, 8, 9, 5)))
+    copies = {str(p): contract.plan_einsum(es, shapes, sizes, p).copied
+              for p in ([(0, 1), (0, 1)], [(1, 2), (0, 1)])}
+    assert copies["[(1, 2), (0, 1)]"] < copies["[(0, 1), (0, 1)]"]
+    g = tl.EinsumGraph()
+    ins = [g.input(n, s) for n, s in zip("xyz", shapes)]
+    g.output(g.einsum("abc,bcd,cde->ae", *ins), "out")
+    plan = assert_same_as_o0(g, rng, 2)
+    (step,) = plan.steps
+    assert [tuple(p) for p in plan.optimized_graph.node(step.node_id).args["path_strategy"]] == \
+        [(1, 2), (0, 1)]
+    # with no copies to save, opt_einsum's order stays
+    es2 = einspec.parse("ab,bc,cd->ad", [2, 2, 2])
+    plan2 = contract.plan_einsum(es2, [(4, 5), (5, 6), (6, 7)], dict(zip("abcd", (4, 5, 6, 7))),
+                                 [(0, 1), (0, 1)])
+    assert plan2.copied == 0
