@@ -95,23 +95,29 @@ class PassManager:
     def run(self, graph: EinsumGraph) -> tuple[EinsumGraph, OptimizerReport]:
         """Optimize ``graph`` (left unchanged) and return the new graph and a report."""
         report = OptimizerReport(self.opt_level, nodes_before=len(graph))
-        for _ in range(self.max_rounds):
-            any_change = False
-            for p in self.passes:
-                t0 = time.perf_counter()
-                res = p(graph)
-                dt = time.perf_counter() - t0
-                hooks.compile_event("optimizer", p.name, t0, dt, changed=res.changed)
-                report.records.append(PassRecord(p.name, dt, res.changed, dict(res.stats)))
-                if self.debug >= 2:
-                    try:
-                        res.graph.validate()
-                    except TensorLogicError as exc:
-                        raise GraphError(f"optimizer pass {p.name!r} produced an invalid graph: {exc}") from exc
-                graph = res.graph
-                any_change |= res.changed
-            if not any_change:
+        # a fixpoint: stop as soon as every pass has run once, unchanged, on the current graph.
+        # Passes are idempotent (tested), so the pass that made the last change need not run
+        # again on its own result: the loop ends when it comes round to that pass.
+        n = len(self.passes)
+        last_change = None  # index of the pass that changed the graph last
+        for step in range(self.max_rounds * n):
+            k = step % n
+            if k == last_change or (last_change is None and step == n):
                 break
+            p = self.passes[k]
+            t0 = time.perf_counter()
+            res = p(graph)
+            dt = time.perf_counter() - t0
+            hooks.compile_event("optimizer", p.name, t0, dt, changed=res.changed)
+            report.records.append(PassRecord(p.name, dt, res.changed, dict(res.stats)))
+            if self.debug >= 2:
+                try:
+                    res.graph.validate()
+                except TensorLogicError as exc:
+                    raise GraphError(f"optimizer pass {p.name!r} produced an invalid graph: {exc}") from exc
+            graph = res.graph
+            if res.changed:
+                last_change = k
         if self.debug >= 1:
             graph.validate()
         report.nodes_after = len(graph)
