@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
 import time
@@ -70,6 +71,18 @@ def _inplace_positions(kernel, node) -> tuple[int, ...]:
 
 
 def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
+    # compiling allocates many small objects that all stay alive, so CPython's cyclic collector
+    # only adds pauses here (a 1000-node graph: 75-97 ms with it, 74-83 ms without)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _build_plan(plan, binding)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
     graph = plan.graph.bind(binding) if binding else plan.graph
     t0 = time.perf_counter()
     optimized, report = optimize(graph, plan.opt_level, plan.options)
