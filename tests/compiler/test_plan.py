@@ -208,3 +208,22 @@ def test_numpy_plan_takes_strided_inputs_and_rejects_wrong_ones():
         plan(a=np.ascontiguousarray(x, dtype=np.float64))
     with pytest.raises(tl.InputError, match="shape"):
         plan(a=np.ones((4, 3), np.float32))
+
+
+def test_compile_leaves_the_garbage_collector_as_it_was():
+    import gc
+
+    g = tl.EinsumGraph()
+    g.output(g.exp(g.input("x", (4,))), "y")
+    was = gc.isenabled()
+    try:
+        for state in (True, False):
+            (gc.enable if state else gc.disable)()
+            tl.compile(g, backend="numpy", cache=False)
+            assert gc.isenabled() is state
+        gc.enable()
+        with pytest.raises(tl.TensorLogicError):
+            tl.compile(g, backend="numpy", opt_level=9, cache=False)
+        assert gc.isenabled()
+    finally:
+        (gc.enable if was else gc.disable)()
