@@ -27,12 +27,15 @@ def helper_count() -> int:
     return max(0, config.host_threads() - 1)
 
 
-def _pool(n_helpers: int) -> ThreadPoolExecutor:
+def _pool() -> ThreadPoolExecutor:
+    """The shared helper pool, one thread per helper (a call asking for more queues its tasks,
+    which is harmless: the caller takes whatever blocks no helper took)."""
     global _executor
     if _executor is None:
         with _lock:
             if _executor is None:
-                _executor = ThreadPoolExecutor(n_helpers, thread_name_prefix="tensorlogic-block")
+                _executor = ThreadPoolExecutor(max(1, helper_count()),
+                                               thread_name_prefix="tensorlogic-block")
     return _executor
 
 
@@ -100,7 +103,7 @@ def run_blocks(work: Callable[[int, int], None], n_blocks: int, n_helpers: int) 
             work(block, 0)
         return
     job = _Job(work, n_blocks)
-    pool = _pool(helper_count() or n_helpers)
+    pool = _pool()
     for participant in range(1, n_helpers + 1):
         pool.submit(job.help, participant)
     job.help(0)

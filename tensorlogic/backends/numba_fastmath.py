@@ -38,7 +38,6 @@ and the disk cache never serves a kernel built with an older exp/log.
 from __future__ import annotations
 
 import hashlib
-import math
 from pathlib import Path
 
 import numpy as np

@@ -77,13 +77,14 @@ class ConcretePlan:
         self.program = [(k, s.inputs + s.scratch, s.output)
                         for k, s in zip(self.kernels, self.steps)]
         self.flops = sum(s.flops for s in self.steps)
-        # per-call tables, built once: where inputs go, which outputs get a fresh array
-        self._input_slots = tuple(self.input_ids.items())
+        # per-call tables, built once (the GPU runner reads them too): where inputs go, which
+        # outputs get a fresh array, and which are handed back as copies (inputs or constants)
+        self.input_slots = tuple(self.input_ids.items())
         fresh = [(name, bid) for name, bid in self.output_ids.items()
                  if self.buffers[bid].role == "output"]
-        self._fresh_outputs = tuple((name, bid, self.buffers[bid].shape, self.buffers[bid].dtype)
+        self.fresh_outputs = tuple((name, bid, self.buffers[bid].shape, self.buffers[bid].dtype)
                                     for name, bid in fresh)
-        self._result_slots = tuple((name, bid, self.buffers[bid].role == "output")
+        self.result_slots = tuple((name, bid, self.buffers[bid].role == "output")
                                    for name, bid in self.output_ids.items())
 
     @property
@@ -114,10 +115,10 @@ class ConcretePlan:
         """Execute step by step (the plain executor that a backend runner may fall back to)."""
         env = self.pool.acquire()
         try:
-            for name, bid in self._input_slots:
+            for name, bid in self.input_slots:
                 env[bid] = inputs[name]
             backend = self.backend
-            for name, bid, shape, dtype in self._fresh_outputs:
+            for name, bid, shape, dtype in self.fresh_outputs:
                 arr = out.get(name) if out else None
                 if arr is None:
                     arr = env[bid]  # two output names on one buffer share the array
@@ -135,7 +136,7 @@ class ConcretePlan:
             finally:
                 fperrors.restore(token)
             results: dict[str, Any] = {}
-            for name, bid, fresh in self._result_slots:
+            for name, bid, fresh in self.result_slots:
                 if fresh:
                     results[name] = env[bid]
                 else:  # an output that is an input or a constant: hand back a copy

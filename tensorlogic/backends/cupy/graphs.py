@@ -63,35 +63,28 @@ class PlanRunner:
         # what is allocated while capturing (temporaries of a step) comes from a pool that only
         # the graph uses, so later allocations never get memory a replay writes to
         self.capture_pool = None
-        # the stream-launch loop's tables (inputs, fresh outputs, outputs handed back as copies)
-        self._inputs = tuple(plan.input_ids.items())
-        self._fresh = tuple((name, bid, plan.buffers[bid].shape, plan.buffers[bid].dtype)
-                            for name, bid in plan.output_ids.items()
-                            if plan.buffers[bid].role == "output")
-        self._copied = tuple((name, bid) for name, bid in plan.output_ids.items()
-                             if plan.buffers[bid].role != "output")
-        self._names = tuple(plan.output_ids)
         # a plan without intermediates needs no pooled arena: each call copies this table
         self._template = None if plan.memory.offsets else plan._make_arena()
         # one kernel from inputs and constants to one fresh output (a softmax, a fused group):
         # its arguments are looked up directly, which saves a third of the Python per call
         self._one = None
         if (self._template is not None and len(plan.program) == 1 and not plan.steps[0].view
-                and len(self._fresh) == 1 and not self._copied):
+                and len(plan.fresh_outputs) == len(plan.result_slots) == 1):
             fn, ins, o = plan.program[0]
-            names = {bid: name for name, bid in self._inputs}
-            name, bid, shape, dtype = self._fresh[0]
+            names = {bid: name for name, bid in plan.input_slots}
+            name, bid, shape, dtype = plan.fresh_outputs[0]
             if o == bid:
                 self._one = (fn, tuple((names.get(i), self._template[i]) for i in ins),
                              name, shape, dtype)
         # ready inputs of such a plan launch its kernel with no layer in between:
         # CompiledPlan.__call__ tries this first (see _direct_call)
-        self.direct = self._direct_call() if self._one is not None and not self.enabled else None
+        self.direct = (self._direct_call(len(plan.input_slots))
+                       if self._one is not None and not self.enabled else None)
 
     def __str__(self) -> str:
         return f"cuda graph: {self.status}"
 
-    def _direct_call(self):
+    def _direct_call(self, n_inputs: int):
         """``direct(given) -> results | None`` for a one-kernel plan, or None.
 
         It takes the keyword inputs of a plan call; when each is a CuPy array of exactly the
@@ -104,7 +97,6 @@ class PlanRunner:
         launch = getattr(fn, "direct_run", None)
         if launch is None:
             return None
-        n_inputs = len(self._inputs)
         ndarray, empty = cupy.ndarray, cupy.empty
         oom = cupy.cuda.memory.OutOfMemoryError
         slots = tuple((n, c, fn.in_shapes[k], np.dtype(fn.in_dtypes[k]), fn._contig[k])
@@ -178,25 +170,21 @@ class PlanRunner:
         template = self._template
         env = plan.pool.acquire() if template is None else template.copy()
         try:
-            for name, bid in self._inputs:
+            for name, bid in plan.input_slots:
                 env[bid] = inputs[name]
-            fresh: dict[int, Any] = {}
-            for name, bid, shape, dtype in self._fresh:
+            for name, bid, shape, dtype in plan.fresh_outputs:
                 arr = out.get(name) if out else None
                 if arr is None:
-                    arr = fresh.get(bid)  # two output names of one buffer share an array
+                    arr = env[bid]  # two output names on one buffer share the array
                     if arr is None:
                         arr = cupy.empty(shape, dtype)
-                fresh[bid] = env[bid] = arr
+                env[bid] = arr
             for fn, ins, o in plan.program:
                 env[o] = fn([env[i] for i in ins], env[o])
             results = {}
-            for name, bid, _shape, _dtype in self._fresh:
-                results[name] = env[bid]
-            for name, bid in self._copied:
-                results[name] = self.backend.copy(env[bid], out.get(name) if out else None)
-            if self._copied:
-                results = {name: results[name] for name in self._names}
+            for name, bid, fresh in plan.result_slots:
+                results[name] = env[bid] if fresh else self.backend.copy(
+                    env[bid], out.get(name) if out else None)
             return results
         finally:
             if template is None:
