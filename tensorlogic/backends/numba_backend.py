@@ -24,7 +24,7 @@ import numpy as np
 from ..errors import BackendError
 from ..ir import ops
 from ..ir.fused import FusedBody, FusedOp
-from . import kernels, numba_cache, numba_threads
+from . import kernels, numba_cache, numba_threads, widen
 from .numba_codegen import render
 from .numba_layout import make_layout
 from .numpy_backend import NumpyBackend
@@ -87,12 +87,15 @@ class NumbaBackend(NumpyBackend):
     def prepare(self, step, node, in_nodes, graph):
         """A generated kernel for elementwise/reduction/row-op/fused steps; BLAS for einsum."""
         opts = step.args.get("_options") or {}
+        if widen.needs_widening(node, in_nodes):  # 16-bit floats compute in float32
+            return widen.widened(np, lambda n, ins: self.prepare(step, n, ins, graph),
+                                 node, in_nodes)
         if node.kind == ops.EINSUM:
             return kernels.einsum_kernel(np, node, in_nodes)
         body = _body_of(node, in_nodes)
         dts = [n.dtype for n in in_nodes]
         if body is None or node.dtype not in _FLOATS or any(d not in _FLOATS for d in dts):
-            # layout ops, casts and float16 have no generated kernel: the numpy ones are exact
+            # layout ops and casts have no generated kernel: the numpy ones are exact
             return kernels.make_kernel(np, node, in_nodes, not step.view)
         fast = opts.get("fast_math")
         fast = True if fast is None else bool(fast)

@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 
+from .. import dtypes
 from ..errors import BackendError, InputError
 from ..ir import ops
-from . import kernels
+from . import kernels, widen
 from .base import register_backend
 
 
@@ -22,6 +23,9 @@ class NumpyBackend:
 
     def prepare(self, step, node, in_nodes, graph):
         """Kernel for a step; einsum steps get their contraction path here, once."""
+        if widen.needs_widening(node, in_nodes):  # 16-bit floats compute in float32
+            return widen.widened(np, lambda n, ins: self.prepare(step, n, ins, graph),
+                                 node, in_nodes)
         if node.kind == ops.EINSUM:
             return kernels.einsum_kernel(np, node, in_nodes)
         if node.kind == ops.FUSED:
@@ -79,7 +83,7 @@ class NumpyBackend:
                 f"input {name!r}: expected a numpy array, got {type(x).__name__}; "
                 "wrap it with np.asarray(..., dtype=...)"
             )
-        if x.dtype.kind != "f":
+        if not dtypes.is_float(x.dtype):
             raise InputError(f"input {name!r}: dtype {x.dtype} is not a float dtype")
         return x
 

@@ -260,7 +260,7 @@ class EinsumGraph:
         if dtype is None:
             if arr.dtype.kind in "biu":
                 dtype = "float32"
-            elif arr.dtype.kind == "f":
+            elif dtypes.is_float(arr.dtype):
                 dtype = arr.dtype
             else:
                 raise DTypeError(

@@ -11,6 +11,7 @@ import cupy
 import numpy as np
 from cupy.cuda import driver
 
+from ... import dtypes
 from ...errors import GraphError, InputError
 from ...ir import ops
 from .. import kernels as generic
@@ -278,7 +279,7 @@ class CupyBackend:
                 raise InputError(
                     f"input {name!r}: expected a CuPy or numpy array (or one with __dlpack__), "
                     f"got {type(x).__name__}")
-        if x.dtype.kind != "f":
+        if not dtypes.is_float(x.dtype):
             raise InputError(f"input {name!r}: dtype {x.dtype} is not a float dtype")
         return x
 
