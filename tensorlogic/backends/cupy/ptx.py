@@ -13,10 +13,13 @@ from typing import Sequence
 from ...errors import BackendError
 from ...ir import ops
 from . import ptx_math
-from .spec import ITEMSIZE, SPLIT_THREADS, KernelSpec, RowLayout, row_block, row_layout, row_width
+from .spec import HALF, ITEMSIZE, SPLIT_THREADS, KernelSpec, RowLayout, row_block, row_layout, row_width
 
 PTX_VERSION = "8.0"
-PTYPE = {"float32": "f32", "float64": "f64", "float16": "f16"}
+PTYPE = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}
+# 16-bit floats move through .b16 registers and are converted to and from the compute type
+_HALF_PT = ("f16", "bf16")
+_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64}
 _PREFIX = {"f32": "%f", "f64": "%fd", "pred": "%p", "u32": "%r", "s32": "%r", "b32": "%r",
            "u64": "%rd", "s64": "%rd", "b64": "%rd", "b16": "%h"}
 _DECL = {"%f": ".f32", "%fd": ".f64", "%p": ".pred", "%r": ".b32", "%rd": ".b64", "%h": ".b16"}
@@ -117,10 +120,18 @@ class _Kernel:
             v = self.new(self.ct)
             self.emit(f"ld.global.nc.{pt} {v}, [{addr}];")
             return v
-        raw = self.new("b16" if pt == "f16" else pt)
-        self.emit(f"ld.global.nc.{'b16' if pt == 'f16' else pt} {raw}, [{addr}];")
+        raw = self.new("b16" if pt in _HALF_PT else pt)
+        self.emit(f"ld.global.nc.{'b16' if pt in _HALF_PT else pt} {raw}, [{addr}];")
+        return self.convert(raw, pt)
+
+    def convert(self, raw: str, pt: str) -> str:
+        """A value of PTX type ``pt`` converted to the compute type."""
+        if pt == "bf16" and self.ct == "f64":  # cvt.f64.bf16 needs sm_90: widen through f32
+            mid = self.new("f32")
+            self.emit(f"cvt.f32.bf16 {mid}, {raw};")
+            raw, pt = mid, "f32"
         v = self.new(self.ct)
-        rnd = ".rn" if ITEMSIZE[dtype] > ITEMSIZE[self.spec.compute] else ""
+        rnd = ".rn" if _BITS[pt] > _BITS[self.ct] else ""
         self.emit(f"cvt{rnd}.{self.ct}.{pt} {v}, {raw};")
         return v
 
@@ -131,9 +142,9 @@ class _Kernel:
         if pt == self.ct:
             self.emit(f"st.global.{pt} [{addr}], {v};")
             return
-        raw = self.new("b16" if pt == "f16" else pt)
+        raw = self.new("b16" if pt in _HALF_PT else pt)
         self.emit(f"cvt.rn.{pt}.{self.ct} {raw}, {v};",
-                  f"st.global.{'b16' if pt == 'f16' else pt} [{addr}], {raw};")
+                  f"st.global.{'b16' if pt in _HALF_PT else pt} [{addr}], {raw};")
 
     def address(self, ptr: str, off: str | None, size: int) -> str:
         if off is None:  # a broadcast scalar: element 0
@@ -291,7 +302,7 @@ def vector_width(spec: KernelSpec) -> int:
         if w == 1 or (spec.family == "row" and row_layout(spec, w) is None):
             return 0
         return w
-    if spec.family != "ew" or spec.dtype == "float16":
+    if spec.family != "ew" or spec.dtype in HALF:
         return 0
     size = ITEMSIZE[spec.dtype]
     for k, dt in enumerate(spec.in_dtypes):
