@@ -58,6 +58,7 @@ class EinsumPlan:
     largest_intermediate: int = 0  # elements of the largest pairwise result along the path
     scratch: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     copied: int = 0  # operand elements copied along the path (layouts that are not BLAS views)
+    sums_outside_matmul: bool = False  # sums or diagonals not done by a matmul (see _Scratch)
 
 
 class _Scratch:
@@ -68,6 +69,9 @@ class _Scratch:
         # elements of matmul operands that get copied: into scratch here, or inside matmul
         # when a view has no unit stride in its matrix dims (numpy then cannot hand it to BLAS)
         self.copied = 0
+        # sums outside matmul (an operand's own sums or diagonals, a full inner product): a
+        # 16-bit einsum with these is widened to float32 first, so they too accumulate in it
+        self.sums = False
 
     def add(self, shape: tuple[int, ...], dtype: str) -> int:
         self.specs.append((tuple(int(s) for s in shape), np.dtype(dtype).name))
@@ -128,6 +132,7 @@ def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], sizes: 
     sum_axes = tuple(k for k, c in enumerate(squeezed) if c not in target)
     t_shape = tuple(sizes[c] for c in target)
     k_out = scr.add(t_shape, dtype) if (has_repeat or sum_axes) else -1
+    scr.sums = scr.sums or has_repeat or bool(sum_axes)
 
     def prep(xp, x, scratch):
         if squeezed != term:
@@ -208,6 +213,7 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
 
     if not (batch or left or right) and a == b:
         # a full inner product of two operands laid out alike: one BLAS dot
+        scr.sums = True
         def dot(xp, A, B, out, scratch):
             if out is None:
                 out = _take(xp, scratch, k_res, res_shape, rdt)
@@ -319,7 +325,8 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             out[...] = x
             return out
 
-        return EinsumPlan(run_single, flops, [(0,)], f"{es}", 0, scr.specs)
+        return EinsumPlan(run_single, flops, [(0,)], f"{es}", 0, scr.specs,
+                          sums_outside_matmul=scr.sums)
 
     path, info = contraction_path(terms, es.output, sizes, strategy)
     program = []
@@ -367,7 +374,7 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             return out
 
         return EinsumPlan(run_pair, flops, path, f"{es} path={path}", largest, scr.specs,
-                          scr.copied)
+                          scr.copied, scr.sums)
 
     def run(xp, arrays, out, scratch=None):
         ops_ = [a if p is None else p(xp, a, scratch) for a, p in zip(arrays, preps)]
@@ -388,4 +395,4 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         return out
 
     desc = f"{es} path={path}"
-    return EinsumPlan(run, flops, path, desc, largest, scr.specs, scr.copied)
+    return EinsumPlan(run, flops, path, desc, largest, scr.specs, scr.copied, scr.sums)

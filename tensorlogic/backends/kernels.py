@@ -61,6 +61,7 @@ def einsum_kernel(xp, node, in_nodes) -> Kernel:
             return run(xp, args, out)
 
     kernel.flops = plan.flops
+    kernel.sums_outside_matmul = plan.sums_outside_matmul
     kernel.info = path_note(node, plan) if len(in_nodes) > 2 else ""
     kernel.scratch = list(plan.scratch) + [(shape, node.dtype) for _, shape in wide]
     return kernel

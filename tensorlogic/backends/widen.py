@@ -11,8 +11,9 @@ registers and round at the store).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any, Callable
+from typing import Any
 
 from .. import dtypes
 from ..ir import ops

@@ -17,13 +17,15 @@ from ..backends import kernels as generic_kernels
 from ..errors import BackendError, GraphError
 from ..ir import ops
 from ..ir.graph import EinsumGraph
-from ..optimizer import optimize
+from ..optimizer import optimize, precision
 from . import hooks
 from .memory import plan_memory
 from .plan import CompiledPlan, ConcretePlan, Step, check_budget
 from .schedule import Buffer, make_buffers, needed_nodes
 
 _CACHE_SIZE = 128
+# "highest": float32 contractions in float32; "tf32": GPU backends may use TF32 tensor cores
+MATMUL_PRECISIONS = ("highest", "tf32")
 _cache: OrderedDict[tuple, CompiledPlan] = OrderedDict()
 _cache_lock = threading.Lock()
 
@@ -85,6 +87,7 @@ def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
 def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
     graph = plan.graph.bind(binding) if binding else plan.graph
     t0 = time.perf_counter()
+    graph = precision.apply_policy(graph, plan.options.get("precision"))
     optimized, report = optimize(graph, plan.opt_level, plan.options)
     order = needed_nodes(optimized)
     nodes = {nid: optimized.node(nid) for nid in order}
@@ -165,6 +168,11 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
     plus outputs; without it the backend's free memory is the limit) raises MemoryBudgetError
     before anything is allocated; ``pool=False`` builds fresh buffers on every call instead of
     reusing pooled arenas; ``reuse_memory=False`` gives every intermediate its own memory.
+
+    Precision options: ``precision="bf16"`` (or ``"fp16"``) computes a float32 graph in that
+    16-bit dtype with float32 inputs and outputs (see ``optimizer.precision``);
+    ``matmul_precision="tf32"`` lets GPU float32 contractions use TF32 tensor cores (default
+    ``"highest"``: exact float32; CPU backends accept it and stay exact).
     """
     if not isinstance(graph, EinsumGraph):
         raise GraphError(f"compile() expects an EinsumGraph, got {type(graph).__name__}")
@@ -175,6 +183,10 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
     for flag in ("pool", "reuse_memory"):
         if flag in options and not isinstance(options[flag], bool):
             raise GraphError(f"{flag} must be True or False, got {options[flag]!r}")
+    mp = options.get("matmul_precision", "highest")
+    if mp not in MATMUL_PRECISIONS:
+        raise GraphError(f"matmul_precision must be one of {MATMUL_PRECISIONS}, got {mp!r}")
+    precision.policy_dtype(options.get("precision"))  # raises on an unknown policy
     graph.validate()
     be = get_backend(backend)
     opts = dict(options, memory_limit=memory_limit)

@@ -14,7 +14,7 @@ from cupy.cuda import driver
 from ... import dtypes
 from ...errors import GraphError, InputError
 from ...ir import ops
-from .. import kernels as generic
+from .. import kernels as generic, widen
 from . import cuda_c, launch, pdl, ptx
 from . import cublas
 from .cache import KernelCache
@@ -22,7 +22,8 @@ from .compiler import KernelCompiler
 from .graphs import PlanRunner
 from .spec import ITEMSIZE, finish_program, make_spec, program_of
 
-GENERATED_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE, ops.REDUCE, ops.ROWOP, ops.FUSED)
+GENERATED_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE, ops.REDUCE, ops.ROWOP, ops.FUSED, ops.CAST)
+MATMUL_PRECISIONS = ("highest", "tf32")
 CODEGEN_PATHS = ("ptx", "cuda")
 _launch = driver.launchKernel
 _pdl_state = pdl.state
@@ -204,6 +205,7 @@ class CupyBackend:
         self.codegen = "ptx"
         self.cuda_graph: Any = "auto"
         self.pdl = False  # programmatic dependent launch inside captured graphs (sm 90+)
+        self.tf32 = False  # float32 contractions on the tensor cores in TF32 (matmul_precision)
         # contractions call cuBLAS directly (capturable in CUDA graphs); CuPy's matmul otherwise
         blas = cublas.get()
         self.blas_xp = cublas.CublasXp(blas) if blas is not None else cupy
@@ -220,24 +222,46 @@ class CupyBackend:
         use_pdl = options.get("pdl", False)
         if use_pdl not in (True, False):
             raise GraphError(f"pdl must be True or False, got {use_pdl!r}")
+        precision = options.get("matmul_precision", "highest")
+        if precision not in MATMUL_PRECISIONS:
+            raise GraphError(f"matmul_precision must be one of {MATMUL_PRECISIONS}, got "
+                             f"{precision!r}")
         if use_pdl and int(self.arch) < 90:
             raise GraphError(f"pdl=True needs compute capability 9.0 or later; this device "
                              f"({self.device_name}) has {self.arch[:-1]}.{self.arch[-1]}")
-        if codegen == self.codegen and graph == self.cuda_graph and use_pdl == self.pdl:
+        tf32 = precision == "tf32"
+        if (codegen == self.codegen and graph == self.cuda_graph and use_pdl == self.pdl
+                and tf32 == self.tf32):
             return self
         view = object.__new__(CupyBackend)
         view.__dict__.update(self.__dict__)
-        view.codegen, view.cuda_graph, view.pdl = codegen, graph, use_pdl
+        view.codegen, view.cuda_graph, view.pdl, view.tf32 = codegen, graph, use_pdl, tf32
+        blas = cublas.get()
+        if blas is not None:
+            view.blas_xp = cublas.CublasXp(blas, tf32=tf32)
         return view
 
     def prepare(self, step, node, in_nodes, graph):
         """Kernel for a step: cuBLAS for einsums, a generated kernel for elementwise groups,
         reductions and row ops, CuPy's own operations for layout changes and casts."""
         if node.kind == ops.EINSUM:
-            return generic.einsum_kernel(self.blas_xp, node, in_nodes)
+            return self._einsum(node, in_nodes)
         if node.kind in GENERATED_KINDS:
             return GeneratedKernel(self, node, in_nodes, self.codegen)
         return generic.make_kernel(cupy, node, in_nodes, not step.view)
+
+    def _einsum(self, node, in_nodes):
+        """cuBLAS for contractions. 16-bit einsums whose sums all happen inside GEMMs run as
+        they are (tensor cores, float32 accumulation); one with other sums (an operand's own
+        sums or diagonals), or mixing dtypes, is widened to float32 and its result rounded once."""
+        xp = self.blas_xp
+        kernel = generic.einsum_kernel(xp, node, in_nodes)
+        if not widen.needs_widening(node, in_nodes):
+            return kernel
+        if not kernel.sums_outside_matmul and all(n.dtype == node.dtype for n in in_nodes):
+            return kernel
+        return widen.widened(cupy, lambda n, ins: generic.einsum_kernel(xp, n, ins), node,
+                             in_nodes)
 
     def plan_runner(self, plan) -> PlanRunner:
         """The executor of a concrete plan: CUDA graph replay or stream launches."""
