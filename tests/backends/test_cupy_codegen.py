@@ -80,7 +80,7 @@ def test_cuda_c_compiles_with_nvcc(tmp_path):
     nvcc = _tool("nvcc")
     srcs = [cuda_c.render(spec, name, prelude=(k == 0)) for k, (name, spec) in enumerate(all_cases())]
     srcs += [cuda_c.render(spec, name + "_v", prelude=False, vector=True)
-             for name, spec in all_cases() if spec.family in ("row", "split") and ptx.vector_width(spec)]
+             for name, spec in all_cases() if cuda_c.vectorizes(spec)]
     f = tmp_path / "all.cu"
     f.write_text("\n".join(srcs))
     r = subprocess.run([nvcc, "-arch=sm_90", "-c", str(f), "-o", str(tmp_path / "all.o")],

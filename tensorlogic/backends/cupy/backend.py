@@ -64,8 +64,8 @@ class _SpecKernel:
         self.spec = spec
         comp, sms, arch = backend.compiler, backend.sm_count, int(backend.arch)
         n_args = spec.n_inputs + 1
-        # the CUDA C path vectorizes row and split kernels only
-        vec_ok = codegen == "ptx" or spec.family in ("row", "split")
+        # the CUDA C path vectorizes float32/float64 row and split kernels only
+        vec_ok = codegen == "ptx" or cuda_c.vectorizes(spec)
         var = launch.variants(spec, sms, backend.pdl, vector=vec_ok)
         fns = []
         for v in var:

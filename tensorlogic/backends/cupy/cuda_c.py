@@ -452,6 +452,15 @@ def _col(s: _Src) -> None:
     s.emit("}")
 
 
+def vectorizes(spec: KernelSpec) -> bool:
+    """Whether this renderer has a 16-byte vector form of the spec (row and split kernels of
+    float32/float64; 16-bit rows vectorize on the PTX path only)."""
+    if spec.family not in ("row", "split") or row_width(spec) == 1:
+        return False
+    return spec.dtype in ("float32", "float64") and all(
+        dt in ("float32", "float64") for dt in spec.in_dtypes)
+
+
 def render(spec: KernelSpec, name: str, prelude: bool = True, vector: bool = False,
            pdl: str = "") -> str:
     """CUDA C source of one ``extern "C"`` kernel ``name`` (``prelude``: with its helpers;
@@ -468,7 +477,7 @@ def render(spec: KernelSpec, name: str, prelude: bool = True, vector: bool = Fal
     params = [f"{out_t}* __restrict__ out"] + [
         f"const {CTYPE[dt]}* __restrict__ in{k}" for k, dt in enumerate(spec.in_dtypes)]
     width = row_width(spec) if vector else 1
-    if vector and (width == 1 or spec.family not in ("row", "split")):
+    if vector and not vectorizes(spec):
         raise BackendError(f"kernel {name}: this spec cannot use vector loads")
     bounds = 0  # threads per block the kernel is launched with (0: not fixed by the spec)
     if spec.family == "ew":

@@ -13,7 +13,7 @@ from typing import Sequence
 from ...errors import BackendError
 from ...ir import ops
 from . import ptx_math
-from .spec import HALF, ITEMSIZE, SPLIT_THREADS, KernelSpec, RowLayout, row_block, row_layout, row_width
+from .spec import ITEMSIZE, SPLIT_THREADS, KernelSpec, RowLayout, row_block, row_layout, row_width
 
 PTX_VERSION = "8.0"
 PTYPE = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}
@@ -145,6 +145,38 @@ class _Kernel:
         raw = self.new("b16" if pt in _HALF_PT else pt)
         self.emit(f"cvt.rn.{pt}.{self.ct} {raw}, {v};",
                   f"st.global.{'b16' if pt in _HALF_PT else pt} [{addr}], {raw};")
+
+    def vload(self, addr: str, dtype: str, w: int) -> list[str]:
+        """``w`` consecutive elements (16 bytes at ``addr``) in compute-type registers; 16-bit
+        values come as 32-bit words of two (the lower half is the first element)."""
+        pt = PTYPE[dtype]
+        if pt == self.ct:
+            regs = [self.new(self.ct) for _ in range(w)]
+            self.emit(f"ld.global.nc.v{w}.{pt} {{{', '.join(regs)}}}, [{addr}];")
+            return regs
+        words = [self.new("b32") for _ in range(w // 2)]
+        self.emit(f"ld.global.nc.v{w // 2}.b32 {{{', '.join(words)}}}, [{addr}];")
+        out = []
+        for r in words:
+            lo, hi = self.new("b16"), self.new("b16")
+            self.emit(f"mov.b32 {{{lo}, {hi}}}, {r};")
+            out += [self.convert(lo, pt), self.convert(hi, pt)]
+        return out
+
+    def vstore(self, addr: str, values: Sequence[str]) -> None:
+        """Store compute-type ``values`` as consecutive elements of the output (16 bytes)."""
+        pt = PTYPE[self.spec.dtype]
+        if pt == self.ct:
+            self.emit(f"st.global.v{len(values)}.{pt} [{addr}], {{{', '.join(values)}}};")
+            return
+        words = []
+        for lo, hi in zip(values[0::2], values[1::2]):
+            h = [self.new("b16"), self.new("b16")]
+            r = self.new("b32")
+            self.emit(f"cvt.rn.{pt}.{self.ct} {h[0]}, {lo};", f"cvt.rn.{pt}.{self.ct} {h[1]}, {hi};",
+                      f"mov.b32 {r}, {{{h[0]}, {h[1]}}};")
+            words.append(r)
+        self.emit(f"st.global.v{len(words)}.b32 [{addr}], {{{', '.join(words)}}};")
 
     def address(self, ptr: str, off: str | None, size: int) -> str:
         if off is None:  # a broadcast scalar: element 0
@@ -302,7 +334,7 @@ def vector_width(spec: KernelSpec) -> int:
         if w == 1 or (spec.family == "row" and row_layout(spec, w) is None):
             return 0
         return w
-    if spec.family != "ew" or spec.dtype in HALF:
+    if spec.family != "ew":
         return 0
     size = ITEMSIZE[spec.dtype]
     for k, dt in enumerate(spec.in_dtypes):
@@ -329,7 +361,6 @@ def _ew(k: _Kernel, ptrs: list[str], vector: bool) -> None:
                f"@{p} bra {loop};", f"{end}:", "ret;")
         return
     w = vector_width(spec)
-    pt = PTYPE[spec.dtype]
     nv = n // w
     # scalar (broadcast) operands are loop invariant: load them once
     zero = k.new(it)
@@ -341,17 +372,13 @@ def _ew(k: _Kernel, ptrs: list[str], vector: bool) -> None:
     k.emit(f"setp.ge.{it} {p}, {idx}, {nv};", f"@{p} bra {tail};", f"{loop}:")
     lanes: dict[int, list[str]] = {}
     for j in full:
-        addr = k.address(ins[j], idx, 16)
-        regs = [k.new(k.ct) for _ in range(w)]
-        k.emit(f"ld.global.nc.v{w}.{pt} {{{', '.join(regs)}}}, [{addr}];")
-        lanes[j] = regs
+        lanes[j] = k.vload(k.address(ins[j], idx, 16), spec.in_dtypes[j], w)
     results = []
     for lane in range(w):
         given = {**pre, **{j: lanes[j][lane] for j in full}}
         results.append(k.program(ins, [None] * spec.n_inputs, given))
-    addr = k.address(out, idx, 16)
-    k.emit(f"st.global.v{w}.{pt} [{addr}], {{{', '.join(results)}}};",
-           f"add.{it} {idx}, {idx}, {step};", f"setp.lt.{it} {p}, {idx}, {nv};",
+    k.vstore(k.address(out, idx, 16), results)
+    k.emit(f"add.{it} {idx}, {idx}, {step};", f"setp.lt.{it} {p}, {idx}, {nv};",
            f"@{p} bra {loop};", f"{tail}:")
     # the last n % w elements: one per thread of the first block
     if n % w:
@@ -616,7 +643,6 @@ class _RowValues:
             if tails is None:
                 return [k.program(self.ins, offs)]
             return [k.program(self.ins, offs, tail=tails[0])]
-        pt = PTYPE[spec.dtype]
         used = spec.prologue_inputs() if tails is None else spec.epilogue_inputs()
         lanes: dict[int, list[str]] = {}
         for j in sorted(used):
@@ -628,9 +654,7 @@ class _RowValues:
             else:
                 k.emit(f"mad.lo.{k.it} {e}, {c}, {w}, {self.base[j]};")
             addr = k.address(self.ins[j], e, ITEMSIZE[spec.in_dtypes[j]])
-            regs = [k.new(k.ct) for _ in range(w)]
-            k.emit(f"ld.global.nc.v{w}.{pt} {{{', '.join(regs)}}}, [{addr}];")
-            lanes[j] = regs
+            lanes[j] = k.vload(addr, spec.in_dtypes[j], w)
         n = spec.n_inputs
         pre = self.pre if tails is None else self.epre
         return [k.program(self.ins, [None] * n, {**pre, **{j: r[lane] for j, r in lanes.items()}},
@@ -691,8 +715,7 @@ def _row_reg(k: _Kernel, ptrs: list[str], smem: str, lay: RowLayout) -> None:
             if w == 1:
                 k.store(out, o, vs[0])
             else:
-                addr = k.address(out, o, 16)
-                k.emit(f"st.global.v{w}.{PTYPE[spec.dtype]} [{addr}], {{{', '.join(vs)}}};")
+                k.vstore(k.address(out, o, 16), vs)
             k.emit(f"{skip}:")
 
     def mapv(values: list[list[str]], f) -> list[list[str]]:

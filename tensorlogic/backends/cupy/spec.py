@@ -306,7 +306,7 @@ class RowLayout:
 
 def row_width(spec: KernelSpec) -> int:
     """Elements per 16-byte access along a row, or 1 when some operand or the output can't."""
-    if spec.family not in ("row", "split") or spec.dtype in HALF:
+    if spec.family not in ("row", "split"):
         return 1
     size = ITEMSIZE[spec.dtype]
     if any(ITEMSIZE[dt] != size for dt in spec.in_dtypes):
