@@ -501,5 +501,14 @@ def render(spec: KernelSpec, name: str, prelude: bool = True, vector: bool = Fal
         raise BackendError(f"unknown kernel family {spec.family!r}")
     head = f"// tensorlogic generated: {spec.family} {spec.tail or 'elementwise'} {spec.dtype}"
     lb = f"__launch_bounds__({bounds}) " if bounds else ""
-    return "\n".join([head, _PRELUDE.strip() if prelude else "", f'extern "C" __global__ void {lb}{name}(',
-                      "    " + ", ".join(params) + ") {", *s.lines, "}", ""])
+    return "\n".join(
+        [
+            head,
+            _PRELUDE.strip() if prelude else "",
+            f'extern "C" __global__ void {lb}{name}(',
+            "    " + ", ".join(params) + ") {",
+            *s.lines,
+            "}",
+            "",
+        ]
+    )

@@ -173,8 +173,8 @@ class _Kernel:
         for lo, hi in zip(values[0::2], values[1::2]):
             h = [self.new("b16"), self.new("b16")]
             r = self.new("b32")
-            self.emit(f"cvt.rn.{pt}.{self.ct} {h[0]}, {lo};", f"cvt.rn.{pt}.{self.ct} {h[1]}, {hi};",
-                      f"mov.b32 {r}, {{{h[0]}, {h[1]}}};")
+            self.emit(f"cvt.rn.{pt}.{self.ct} {h[0]}, {lo};",
+                      f"cvt.rn.{pt}.{self.ct} {h[1]}, {hi};", f"mov.b32 {r}, {{{h[0]}, {h[1]}}};")
             words.append(r)
         self.emit(f"st.global.v{len(words)}.b32 [{addr}], {{{', '.join(words)}}};")
 
