@@ -341,7 +341,10 @@ def row_layout(spec: KernelSpec, width: int) -> RowLayout | None:
     chunks = -(-total // 32)
     if chunks <= 8 and chunks * width <= cap:
         return RowLayout(32, 4, width, chunks)
-    threads = min(1024, max(64, _pow2_at_least(-(-total // 4))))
+    # about 4 chunks a thread; more threads where that would hold more than cap // 2 values
+    # (16-bit rows: 8 values a chunk)
+    need = max(-(-total // 4), -(-total * width // (cap // 2)))
+    threads = min(1024, max(64, _pow2_at_least(need)))
     chunks = -(-total // threads)
     if chunks * width > cap // 2:
         return None
