@@ -59,6 +59,7 @@ class EinsumPlan:
     scratch: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     copied: int = 0  # operand elements copied along the path (layouts that are not BLAS views)
     sums_outside_matmul: bool = False  # sums or diagonals not done by a matmul (see _Scratch)
+    gemms: list[tuple[int, int, int, int]] = field(default_factory=list)  # (batch, m, n, k)
 
 
 class _Scratch:
@@ -72,6 +73,7 @@ class _Scratch:
         # sums outside matmul (an operand's own sums or diagonals, a full inner product): a
         # 16-bit einsum with these is widened to float32 first, so they too accumulate in it
         self.sums = False
+        self.gemms: list[tuple[int, int, int, int]] = []  # (batch, m, n, k) of each matmul
 
     def add(self, shape: tuple[int, ...], dtype: str) -> int:
         self.specs.append((tuple(int(s) for s in shape), np.dtype(dtype).name))
@@ -244,6 +246,7 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
         scr.copied += nb * nc * nr
     squeeze = nb == 1
     mm_shape = (nl, nr) if squeeze else (nb, nl, nr)
+    scr.gemms.append((nb, nl, nr, nc))
 
     def mm(xp, A, B, out, scratch):
         A2 = _regroup(xp, A, perm_a, shp_a, k_a, da, scratch)
@@ -330,7 +333,7 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             return out
 
         return EinsumPlan(run_single, flops, [(0,)], f"{es}", 0, scr.specs,
-                          sums_outside_matmul=scr.sums)
+                          sums_outside_matmul=scr.sums, gemms=scr.gemms)
 
     path, info = contraction_path(terms, es.output, sizes, strategy)
     program = []
@@ -378,7 +381,7 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             return out
 
         return EinsumPlan(run_pair, flops, path, f"{es} path={path}", largest, scr.specs,
-                          scr.copied, scr.sums)
+                          scr.copied, scr.sums, scr.gemms)
 
     def run(xp, arrays, out, scratch=None):
         ops_ = [a if p is None else p(xp, a, scratch) for a, p in zip(arrays, preps)]
@@ -399,4 +402,5 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         return out
 
     desc = f"{es} path={path}"
-    return EinsumPlan(run, flops, path, desc, largest, scr.specs, scr.copied, scr.sums)
+    return EinsumPlan(run, flops, path, desc, largest, scr.specs, scr.copied, scr.sums,
+                      scr.gemms)

@@ -62,6 +62,7 @@ def einsum_kernel(xp, node, in_nodes) -> Kernel:
 
     kernel.flops = plan.flops
     kernel.sums_outside_matmul = plan.sums_outside_matmul
+    kernel.gemms = list(plan.gemms)  # (batch, m, n, k) of each matrix product it makes
     kernel.info = path_note(node, plan) if len(in_nodes) > 2 else ""
     kernel.scratch = list(plan.scratch) + [(shape, node.dtype) for _, shape in wide]
     return kernel

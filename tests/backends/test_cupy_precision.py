@@ -78,13 +78,18 @@ def test_reductions_and_row_ops_16bit(tail, dtype, codegen, shape, axis, rng):
 
 @pytest.mark.parametrize("dtype", HALF)
 def test_long_sums_accumulate_in_float32(dtype):
+    # a 16-bit accumulator stalls at 256 (bfloat16) or 2048 (float16); these sums are exact
     g = tl.EinsumGraph()
-    x = g.input("x", (5, 1 << 16), dtype)
+    x = g.input("x", (5, 8192), dtype)
     g.output(g.sum(x, 1), "s")
     g.output(g.einsum("ij->i", x), "e")
-    out = tl.compile(g, backend="cupy")(x=np.ones((5, 1 << 16), dtype), to_host=True)
-    np.testing.assert_array_equal(out["s"].astype(np.float32), float(1 << 16))
-    np.testing.assert_array_equal(out["e"].astype(np.float32), float(1 << 16))
+    f = g.input("f", (1 << 16,), dtype)
+    g.output(g.sum(f * 0.0625), "full")  # one long row: a split reduction
+    out = tl.compile(g, backend="cupy")(x=np.ones((5, 8192), dtype),
+                                         f=np.ones(1 << 16, dtype), to_host=True)
+    np.testing.assert_array_equal(out["s"].astype(np.float32), 8192.0)
+    np.testing.assert_array_equal(out["e"].astype(np.float32), 8192.0)
+    assert float(out["full"]) == 4096.0
 
 
 @pytest.mark.parametrize("dtype", HALF)
@@ -107,8 +112,10 @@ def test_contractions_16bit_on_cublas(dtype, spec, shapes, rng):
     got = tl.compile(g, backend="cupy")(**feed, to_host=True)["y"]
     exact = np.einsum(spec, *[a.astype(np.float64) for a in arrays])
     assert got.dtype == np.dtype(dtype)
-    k = max(int(np.prod(s)) for s in shapes) ** 0.5
-    assert _eps_err(got, exact, dtype) <= 1.01 + 0.05 * k
+    # relative to the result's scale: a chain of products rounds its intermediates to 16 bits
+    # (as torch does), whose errors no single output element's size bounds
+    err = np.abs(np.asarray(got, np.float64) - exact).max() / np.abs(exact).max()
+    assert err <= (2 if len(shapes) == 2 else 4) * dtypes.eps(dtype)
 
 
 def test_tf32_is_an_option_and_default_is_exact(rng):
