@@ -113,6 +113,20 @@ def _group_layout(term: str, groups: list[list[str]]) -> bool:
     return term == "".join("".join(g) for g in groups)
 
 
+def _first_layout(term: str, first: list[list[str]], second: list[list[str]]) -> bool:
+    """Whether an operand goes to matmul grouped as ``first`` (else as ``second``): the layout
+    that is a view of its memory; when both need a copy, the one that keeps the operand's
+    innermost letter innermost, so the copy reads and writes contiguous runs (a transposing
+    copy with a long stride on its inner axis ran several times slower on a GPU)."""
+    if _group_layout(term, first):
+        return True
+    if _group_layout(term, second):
+        return False
+    flat = "".join("".join(g) for g in second)
+    return not (flat and term and flat[-1] == term[-1]
+                and "".join("".join(g) for g in first)[-1:] != term[-1])
+
+
 def _broadcast_kept_axes(term: str, shape: tuple[int, ...], sizes: dict[str, int]) -> list[int]:
     """Axes to keep: size-1 dimensions that broadcast against a larger size are dropped."""
     return [k for k, (c, d) in enumerate(zip(term, shape)) if not (d == 1 and sizes[c] != 1)]
@@ -227,8 +241,8 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
         return result, rdt, dot, flops
 
     # choose per operand the matrix layout that is a view of its memory
-    a_lc = _group_layout(a, [batch, left, contr]) or not _group_layout(a, [batch, contr, left])
-    b_cr = _group_layout(b, [batch, contr, right]) or not _group_layout(b, [batch, right, contr])
+    a_lc = _first_layout(a, [batch, left, contr], [batch, contr, left])
+    b_cr = _first_layout(b, [batch, contr, right], [batch, right, contr])
     order_a = batch + (left + contr if a_lc else contr + left)
     order_b = batch + (contr + right if b_cr else right + contr)
     perm_a = [a.index(c) for c in order_a]

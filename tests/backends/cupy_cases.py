@@ -14,6 +14,11 @@ TAIL_LAYOUTS = (((64, 1000), (1,)), ((300, 5, 7), (1,)), ((40, 30, 20), (0, 2)),
                 ((50, 999), (1,)), ((4, 50000), (1,)))
 
 
+# gelu(x + bias): a bias broadcast over leading axes, read with vector loads along the rows
+BIAS_GELU = S.Program((FusedOp("add", (("in", 0), ("in", 1))), FusedOp("gelu", (("tmp", 0),))),
+                      ("tmp", 1), (4, 64, 256))
+
+
 def contiguous_spec(prog: S.Program, dtype: str, shapes, in_dtypes=None) -> S.KernelSpec:
     """A spec over C-contiguous inputs."""
     in_dtypes = in_dtypes or [dtype] * len(shapes)
@@ -77,6 +82,7 @@ def all_cases():
                           FusedOp("where", (("in", 2), ("tmp", 0), ("const", 1.5)))),
                          ("tmp", 1), (8, 9, 10))
         cases.append((f"ew_bcast_{dt}", contiguous_spec(prog, dt, [(8, 1, 10), (9, 1), ()])))
+        cases.append((f"ew_bias_{dt}", contiguous_spec(BIAS_GELU, dt, [(4, 64, 256), (256,)])))
         for tail in ops.REDUCTIONS + ops.ROW_OPS:
             for j, (space, axes) in enumerate(TAIL_LAYOUTS):
                 if tail in ops.ROW_OPS and len(axes) > 1:
@@ -109,6 +115,7 @@ def half_cases():
             prog = epilogue_program(tail, (64, 1024), 1)
             cases.append((f"{tail}_epi_bf16",
                           contiguous_spec(prog, "bfloat16", epilogue_shapes((64, 1024), 1))))
+    cases.append(("ew_bias_bf16", contiguous_spec(BIAS_GELU, "bfloat16", [(4, 64, 256), (256,)])))
     cast = S.Program((), ("in", 0), (1000,))
     for src in ("float16", "bfloat16", "float32", "float64"):
         for dst in ("float16", "bfloat16", "float32", "float64"):

@@ -82,8 +82,7 @@ class _SpecKernel:
                        if len(var) > 1 else None)
         # pointers that a vector variant reads or writes 16 bytes at a time: 0 is the output
         if spec.family == "ew":
-            self.aligned = [0] + [k + 1 for k in range(spec.n_inputs)
-                                  if spec.input_mode(k) == "full"]
+            self.aligned = [0] + [k + 1 for k in ptx.vector_inputs(spec)]
         else:
             gr = spec.groups[1]
             self.aligned = [k + 1 for k in range(spec.n_inputs) if gr and gr[0].strides[k] == 1]

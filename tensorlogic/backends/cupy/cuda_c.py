@@ -455,7 +455,10 @@ def _col(s: _Src) -> None:
 def vectorizes(spec: KernelSpec) -> bool:
     """Whether this renderer has a 16-byte vector form of the spec (row and split kernels of
     float32/float64; 16-bit rows vectorize on the PTX path only)."""
-    if spec.family not in ("row", "split") or row_width(spec) == 1:
+    if spec.family not in ("row", "split"):
+        return False
+    w = row_width(spec)
+    if w == 1 or (spec.family == "row" and row_layout(spec, w) is None):
         return False
     return spec.dtype in ("float32", "float64") and all(
         dt in ("float32", "float64") for dt in spec.in_dtypes)

@@ -337,11 +337,30 @@ def vector_width(spec: KernelSpec) -> int:
     if spec.family != "ew":
         return 0
     size = ITEMSIZE[spec.dtype]
+    w = 16 // size
     for k, dt in enumerate(spec.in_dtypes):
         mode = spec.input_mode(k)
-        if mode == "strided" or (mode == "full" and ITEMSIZE[dt] != size):
+        if mode == "scalar":
+            continue
+        if ITEMSIZE[dt] != size or (mode == "strided" and not _row_vector(spec, k, w)):
             return 0
-    return 16 // size
+    return w
+
+
+def _row_vector(spec: KernelSpec, k: int, w: int) -> bool:
+    """Whether strided input k is read in runs of ``w`` along the innermost dimension (a bias
+    broadcast over leading axes): unit inner stride, inner size and outer strides multiples of w,
+    so every vector of ``w`` output points reads ``w`` consecutive, aligned elements."""
+    (group,) = spec.groups
+    if not group or group[-1].strides[k] != 1 or group[-1].size % w:
+        return False
+    return all(d.strides[k] % w == 0 for d in group[:-1])
+
+
+def vector_inputs(spec: KernelSpec) -> list[int]:
+    """Inputs an elementwise vector kernel reads 16 bytes at a time (their pointers must be
+    16-byte aligned): the full ones and the row vectors of ``_row_vector``."""
+    return [j for j in range(spec.n_inputs) if spec.input_mode(j) != "scalar"]
 
 
 def _ew(k: _Kernel, ptrs: list[str], vector: bool) -> None:
@@ -373,9 +392,17 @@ def _ew(k: _Kernel, ptrs: list[str], vector: bool) -> None:
     lanes: dict[int, list[str]] = {}
     for j in full:
         lanes[j] = k.vload(k.address(ins[j], idx, 16), spec.in_dtypes[j], w)
+    rows = [j for j in range(spec.n_inputs) if spec.input_mode(j) == "strided"]
+    if rows:  # row vectors: offsets of the vector's first point (w consecutive elements on)
+        e = k.new(it)
+        k.emit(f"mul.lo.{it} {e}, {idx}, {w};")
+        offs = k.offsets(spec.groups[0], e)
+        for j in rows:
+            dt = spec.in_dtypes[j]
+            lanes[j] = k.vload(k.address(ins[j], offs[j], ITEMSIZE[dt]), dt, w)
     results = []
     for lane in range(w):
-        given = {**pre, **{j: lanes[j][lane] for j in full}}
+        given = {**pre, **{j: v[lane] for j, v in lanes.items()}}
         results.append(k.program(ins, [None] * spec.n_inputs, given))
     k.vstore(k.address(out, idx, 16), results)
     k.emit(f"add.{it} {idx}, {idx}, {step};", f"setp.lt.{it} {p}, {idx}, {nv};",
