@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import SUPPORTED
 from ..errors import BackendError, InputError
 from ..ir import ops
 from . import kernels
@@ -18,6 +19,7 @@ class NumpyBackend:
 
     name = "numpy"
     xp = np
+    dtypes = SUPPORTED  # every IR dtype (compile refuses others with DTypeError)
     native_array = np.ndarray  # C-contiguous inputs of the declared shape skip checks (CompiledPlan)
 
     def prepare(self, step, node, in_nodes, graph):
@@ -71,7 +73,7 @@ class NumpyBackend:
         return isinstance(x, np.ndarray)
 
     def check_input(self, x: Any, name: str):
-        """Accept numpy arrays (and numpy scalars) of a float dtype."""
+        """Accept numpy arrays (and numpy scalars) of a supported dtype."""
         if isinstance(x, np.generic):
             x = np.asarray(x)
         if not isinstance(x, np.ndarray):
@@ -79,8 +81,9 @@ class NumpyBackend:
                 f"input {name!r}: expected a numpy array, got {type(x).__name__}; "
                 "wrap it with np.asarray(..., dtype=...)"
             )
-        if x.dtype.kind != "f":
-            raise InputError(f"input {name!r}: dtype {x.dtype} is not a float dtype")
+        if x.dtype.name not in SUPPORTED:
+            raise InputError(f"input {name!r}: dtype {x.dtype} is not supported; expected one "
+                             f"of {SUPPORTED}")
         return x
 
     def to_device(self, x):  # noqa: D102

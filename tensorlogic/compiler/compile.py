@@ -14,7 +14,8 @@ import numpy as np
 
 from ..backends import get_backend
 from ..backends import kernels as generic_kernels
-from ..errors import BackendError, GraphError
+from .. import dtypes
+from ..errors import BackendError, DTypeError, GraphError
 from ..ir import ops
 from ..ir.graph import EinsumGraph
 from ..optimizer import optimize
@@ -80,6 +81,18 @@ def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
     finally:
         if collecting:
             gc.enable()
+
+
+def check_dtypes(graph: EinsumGraph, backend) -> None:
+    """Raise DTypeError naming the first node whose dtype the backend does not run."""
+    declared = getattr(backend, "dtypes", dtypes.SUPPORTED)
+    for nid in graph.live_nodes():
+        node = graph.node(nid)
+        if node.dtype not in declared:
+            raise DTypeError(
+                f"node {node.name!r} ({node.label}) has dtype {node.dtype}, which the "
+                f"{backend.name} backend does not run; it runs {', '.join(declared)} (the numpy "
+                f"and numba backends run every dtype: {', '.join(dtypes.SUPPORTED)})")
 
 
 def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
@@ -177,6 +190,7 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
             raise GraphError(f"{flag} must be True or False, got {options[flag]!r}")
     graph.validate()
     be = get_backend(backend)
+    check_dtypes(graph, be)
     opts = dict(options, memory_limit=memory_limit)
     key = (graph.fingerprint(), be.name, opt_level, tuple(sorted((k, repr(v)) for k, v in opts.items())))
     if cache:

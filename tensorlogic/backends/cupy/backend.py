@@ -189,6 +189,9 @@ class CupyBackend:
 
     name = "cupy"
     xp = cupy
+    # the dtypes this backend runs (compile refuses others with DTypeError): its generated
+    # PTX/CUDA C kernels and cuBLAS calls are written and GPU-tested for floats only
+    dtypes = ("float16", "float32", "float64")
     native_array = cupy.ndarray  # C-contiguous CuPy inputs skip conversion (CompiledPlan)
 
     def __init__(self, cache_dir=None) -> None:
@@ -278,8 +281,9 @@ class CupyBackend:
                 raise InputError(
                     f"input {name!r}: expected a CuPy or numpy array (or one with __dlpack__), "
                     f"got {type(x).__name__}")
-        if x.dtype.kind != "f":
-            raise InputError(f"input {name!r}: dtype {x.dtype} is not a float dtype")
+        if x.dtype.name not in self.dtypes:
+            raise InputError(f"input {name!r}: dtype {x.dtype} is not supported by the cupy "
+                             f"backend; expected one of {self.dtypes}")
         return x
 
     def to_device(self, x):
