@@ -80,7 +80,8 @@ def test_random_calls_match_numpy(call):
     want = numpy_result(call, operands)
     for backend, level in (("numpy", 0), ("numba", 2)):
         with np.errstate(all="ignore"):
-            assert_same(run_call(call, operands, backend, level), want, f"{call} {backend} O{level}")
+            got = run_call(call, operands, backend, level)
+        assert_same(got, want, f"{call} {backend} O{level}")
 
 
 def test_python_int_scalar_is_int64_as_in_numpy():

@@ -20,7 +20,8 @@ class NumpyBackend:
     name = "numpy"
     xp = np
     dtypes = SUPPORTED  # every IR dtype (compile refuses others with DTypeError)
-    native_array = np.ndarray  # C-contiguous inputs of the declared shape skip checks (CompiledPlan)
+    # C-contiguous inputs of the declared shape skip checks (CompiledPlan)
+    native_array = np.ndarray
 
     def prepare(self, step, node, in_nodes, graph):
         """Kernel for a step; einsum steps get their contraction path here, once."""
