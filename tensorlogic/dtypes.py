@@ -114,7 +114,8 @@ def scalar_dtype(value: object, like: str | None = None, where: str = "") -> str
 
 
 def scalar_array(value: object, dtype: str, where: str = "") -> np.ndarray:
-    """``value`` as a 0-d array of ``dtype``; an int that does not fit raises DTypeError (NEP 50)."""
+    """``value`` as a 0-d array of ``dtype``; an int that does not fit raises DTypeError
+    (NEP 50)."""
     if isinstance(value, int) and not isinstance(value, bool) and kind(dtype) in "iu":
         info = np.iinfo(dtype)
         if not info.min <= value <= info.max:
@@ -191,7 +192,8 @@ def _elementwise_rule(rule: tuple[str, str]):
     return result
 
 
-def elementwise_result(op: str, rule: tuple[str, str], dtypes: Sequence[str], where: str = "") -> str:
+def elementwise_result(op: str, rule: tuple[str, str], dtypes: Sequence[str],
+                       where: str = "") -> str:
     """Result dtype of elementwise ``op`` whose dtype rule is ``(ufunc, mode)`` (see ops.DTYPE).
 
     ``mode`` is "loop" (the output of numpy's loop for ``ufunc``) or "same" (the promoted
