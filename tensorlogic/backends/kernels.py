@@ -195,6 +195,20 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> Kernel:
     if kind in (ops.UNARY, ops.BINARY):
         row = ops.ELEMENTWISE[op]
         fn = row.numpy
+        src = in_nodes[0].dtype
+        if kind == ops.UNARY and src != node.dtype and op != "abs":
+            # a unary op whose result dtype differs (exp of int8 is float16) computes on its
+            # input converted to that dtype, as numpy's loop does; composite ops (gelu, sigmoid)
+            # would otherwise run their first steps in the input's integer loops
+            in_shape = tuple(in_nodes[0].shape)
+
+            def converted(a, out):
+                x = _arg(xp, a, 1, in_shape, node.dtype)
+                xp.copyto(x, a[0])
+                return fn(x, out=out)
+
+            converted.scratch = [(in_shape, node.dtype)]
+            return converted
         if kind == ops.UNARY:
             kernel = lambda a, out: fn(a[0], out=out)  # noqa: E731
         else:

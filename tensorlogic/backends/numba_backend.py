@@ -93,7 +93,7 @@ class NumbaBackend(NumpyBackend):
         dts = [n.dtype for n in in_nodes]
         if body is None or node.dtype not in _FLOATS or any(d not in _FLOATS for d in dts):
             # layout ops, casts and float16 have no generated kernel: the numpy ones are exact
-            return kernels.make_kernel(np, node, in_nodes, not step.view)
+            return NumpyBackend.prepare(self, step, node, in_nodes, graph)
         fast = opts.get("fast_math")
         fast = True if fast is None else bool(fast)
         threshold = opts.get("parallel_threshold")
