@@ -283,3 +283,51 @@ def test_serialization_round_trips_every_dtype(tmp_path):
     from tensorlogic.ir.serialize import dumps, loads
 
     assert loads(dumps(g)).fingerprint() == g.fingerprint()
+
+
+def test_numba_generates_integer_bool_and_complex_kernels():
+    g = tl.EinsumGraph()
+    x = g.input("x", (64, 5), "int8")
+    c = g.input("c", (64, 5), "complex64")
+    b = g.input("b", (64, 5), "bool")
+    g.output(x * x + 3, "y")
+    g.output(g.sum(x, axis=1), "s")
+    g.output(g.exp(c) * c, "z")
+    g.output(g.max(b, axis=0), "m")
+    g.output(g.reciprocal(x), "r")  # numpy's integer reciprocal: numpy's own loop
+    plan = tl.compile(g, backend="numba", opt_level=2)
+    text = str(plan)
+    kinds = {line.split()[1]: "numba" in line for line in text.splitlines()[3:10]}
+    assert kinds and all(v for k, v in kinds.items() if not k.startswith("reciprocal")), text
+    assert not next(v for k, v in kinds.items() if k.startswith("reciprocal")), text
+    rng = np.random.default_rng(12)
+    a = random_array(rng, (64, 5), "int8")
+    cv = random_array(rng, (64, 5), "complex64")
+    bv = random_array(rng, (64, 5), "bool")
+    out = plan(x=a, c=cv, b=bv)
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(out["y"], a * a + np.int8(3))
+        np.testing.assert_array_equal(out["s"], a.sum(axis=1))
+        np.testing.assert_array_equal(out["m"], bv.max(axis=0))
+        np.testing.assert_array_equal(out["r"], np.reciprocal(a))
+    np.testing.assert_allclose(out["z"], np.exp(cv) * cv, rtol=1e-5)
+
+
+def test_numpy_scalars_are_strong():
+    g = tl.EinsumGraph()
+    x = g.input("x", (2,), "float32")
+    assert (x * np.float64(2.0)).dtype == (np.ones(2, np.float32) * np.float64(2.0)).dtype.name
+    assert (x * 2.0).dtype == "float32"
+
+
+def test_constant_folding_keeps_integer_semantics():
+    g = tl.EinsumGraph()
+    k = g.constant(np.array([100, 120, -128], np.int8))
+    x = g.input("x", (3,), "int8")
+    g.output(k * 3 + x, "y")  # the constant part folds at O2
+    a = np.array([1, 2, 3], np.int8)
+    with np.errstate(all="ignore"):
+        want = np.array([100, 120, -128], np.int8) * np.int8(3) + a
+    for level in (0, 2):
+        got = tl.compile(g, backend="numpy", opt_level=level)(x=a)["y"]
+        assert got.dtype == np.int8 and np.array_equal(got, want)
