@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import GraphError, InputError, MemoryBudgetError
 from ..ir.graph import EinsumGraph
+from ..options import CompileOptions
 from . import fperrors, hooks
 from .memory import MemoryPlan, format_bytes
 from .pool import Arena, TensorPool
@@ -169,12 +170,15 @@ class CompiledPlan:
     NaN/inf inputs), ``to_host`` (return numpy arrays from a device backend).
     """
 
-    def __init__(self, graph: EinsumGraph, backend: Any, opt_level: int, options: dict,
+    def __init__(self, graph: EinsumGraph, backend: Any, opt_level: int,
+                 options: CompileOptions | Mapping[str, Any],
                  build: Callable[["CompiledPlan", dict[str, int]], ConcretePlan]) -> None:
         self.graph = graph
         self.backend = backend
         self.opt_level = opt_level
-        self.options = dict(options)
+        if not isinstance(options, CompileOptions):
+            options = CompileOptions.resolve(options, backend.name)
+        self.options: CompileOptions = options
         self._build = build
         self._specs: dict[tuple, ConcretePlan] = {}
         self._last: ConcretePlan | None = None
@@ -386,6 +390,9 @@ class CompiledPlan:
             return head + f"\n  symbolic dims {list(self.symbols)}: not specialized yet"
         cp = self._last
         lines = [head]
+        ignored = self.options.describe_ignored(self.backend.name)
+        if ignored:
+            lines.append(ignored)
         if cp.binding:
             lines.append(f"binding: {cp.binding}")
         lines.append(cp.table())
