@@ -15,6 +15,7 @@ from cupy.cuda import driver
 from ...errors import GraphError, InputError
 from ...ir import ops
 from .. import kernels as generic
+from ..base import Backend, Capabilities, PreparedKernel
 from . import cuda_c, launch, pdl, ptx
 from . import cublas
 from .cache import KernelCache
@@ -184,12 +185,15 @@ def _cstrides(shape):
     return tuple(reversed(st))
 
 
-class CupyBackend:
+class CupyBackend(Backend):
     """Runs plans on the current CUDA device through CuPy."""
 
     name = "cupy"
     xp = cupy
-    native_array = cupy.ndarray  # C-contiguous CuPy inputs skip conversion (CompiledPlan)
+    # C-contiguous CuPy inputs skip conversion (CompiledPlan)
+    capabilities = Capabilities(device=True, events=True, own_runner=True,
+                                options=frozenset({"codegen", "cuda_graph", "pdl"}),
+                                native_array=cupy.ndarray)
 
     def __init__(self, cache_dir=None) -> None:
         dev = cupy.cuda.Device()
@@ -235,7 +239,8 @@ class CupyBackend:
         if node.kind == ops.EINSUM:
             return generic.einsum_kernel(self.blas_xp, node, in_nodes)
         if node.kind in GENERATED_KINDS:
-            return GeneratedKernel(self, node, in_nodes, self.codegen)
+            gk = GeneratedKernel(self, node, in_nodes, self.codegen)
+            return PreparedKernel(gk, source=gk.source, impl=gk)
         return generic.make_kernel(cupy, node, in_nodes, not step.view)
 
     def plan_runner(self, plan) -> PlanRunner:
