@@ -243,18 +243,29 @@ def test_integer_overflow_wraps_like_numpy():
         assert out["y"].dtype == np.int8
 
 
-def test_cupy_refuses_what_it_does_not_run():
-    from tensorlogic.compiler.compile import check_dtypes
+def test_backends_refuse_dtypes_they_do_not_declare():
+    # the cupy backend declares floats only (the Capabilities default); a backend like it
+    from tensorlogic.backends import register_backend, unregister_backend
+    from tensorlogic.backends.numpy_backend import NumpyBackend
+    from tensorlogic.backends.base import Capabilities
 
-    class FloatOnly:
+    class FloatOnly(NumpyBackend):
         name = "floatonly"
-        dtypes = ("float16", "float32", "float64")
+        capabilities = Capabilities(native_array=np.ndarray)
 
-    g = tl.EinsumGraph()
-    x = g.input("x", (2, 2), "complex64")
-    g.output(g.einsum("ij,jk->ik", x, x), "y")
-    with pytest.raises(tl.DTypeError, match="complex64.*floatonly.*float16, float32, float64"):
-        check_dtypes(g, FloatOnly())
+    register_backend("floatonly", FloatOnly)
+    try:
+        g = tl.EinsumGraph()
+        x = g.input("x", (2, 2), "complex64")
+        g.output(g.einsum("ij,jk->ik", x, x), "y")
+        with pytest.raises(tl.DTypeError, match="complex64.*floatonly.*float16, float32, float64"):
+            tl.compile(g, backend="floatonly")
+        f = tl.EinsumGraph()
+        y = f.input("y", (2, 2), "float32")
+        f.output(f.einsum("ij,jk->ik", y, y), "y")
+        tl.compile(f, backend="floatonly")  # floats run
+    finally:
+        unregister_backend("floatonly")
 
 
 def test_serialization_round_trips_every_dtype(tmp_path):

@@ -11,19 +11,19 @@ from ..dtypes import SUPPORTED
 from ..errors import BackendError, InputError
 from ..ir import ops
 from . import kernels
-from .base import register_backend
+from .base import Backend, Capabilities, PreparedKernel, register_backend
 
 
-class NumpyBackend:
+class NumpyBackend(Backend):
     """Runs steps with numpy ufuncs (``out=``) and BLAS matmuls."""
 
     name = "numpy"
     xp = np
-    dtypes = SUPPORTED  # every IR dtype (compile refuses others with DTypeError)
-    # C-contiguous inputs of the declared shape skip checks (CompiledPlan)
-    native_array = np.ndarray
+    # C-contiguous numpy inputs of the declared shape and dtype skip the checks (CompiledPlan);
+    # every IR dtype runs here
+    capabilities = Capabilities(native_array=np.ndarray, dtypes=frozenset(SUPPORTED))
 
-    def prepare(self, step, node, in_nodes, graph):
+    def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """Kernel for a step; einsum steps get their contraction path here, once."""
         if node.kind == ops.EINSUM:
             return kernels.einsum_kernel(np, node, in_nodes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import cupy
@@ -14,6 +15,7 @@ from cupy.cuda import driver
 from ...errors import GraphError, InputError
 from ...ir import ops
 from .. import kernels as generic
+from ..base import Backend, Capabilities, PreparedKernel
 from . import cuda_c, launch, pdl, ptx
 from . import cublas
 from .cache import KernelCache
@@ -22,7 +24,6 @@ from .graphs import PlanRunner
 from .spec import ITEMSIZE, finish_program, make_spec, program_of
 
 GENERATED_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE, ops.REDUCE, ops.ROWOP, ops.FUSED)
-CODEGEN_PATHS = ("ptx", "cuda")
 _launch = driver.launchKernel
 _pdl_state = pdl.state
 _current_stream = cupy.cuda.get_current_stream
@@ -184,15 +185,17 @@ def _cstrides(shape):
     return tuple(reversed(st))
 
 
-class CupyBackend:
+class CupyBackend(Backend):
     """Runs plans on the current CUDA device through CuPy."""
 
     name = "cupy"
     xp = cupy
-    # the dtypes this backend runs (compile refuses others with DTypeError): its generated
-    # PTX/CUDA C kernels and cuBLAS calls are written and GPU-tested for floats only
-    dtypes = ("float16", "float32", "float64")
-    native_array = cupy.ndarray  # C-contiguous CuPy inputs skip conversion (CompiledPlan)
+    # C-contiguous CuPy inputs skip conversion (CompiledPlan); dtypes: floats only (the
+    # default), since the generated PTX/CUDA C kernels and cuBLAS calls are written and
+    # GPU-tested for them: compile refuses other dtypes with DTypeError
+    capabilities = Capabilities(device=True, events=True, own_runner=True,
+                                options=frozenset({"codegen", "cuda_graph", "pdl"}),
+                                native_array=cupy.ndarray)
 
     def __init__(self, cache_dir=None) -> None:
         dev = cupy.cuda.Device()
@@ -213,17 +216,15 @@ class CupyBackend:
         self.blas_xp = cublas.CublasXp(blas) if blas is not None else cupy
 
     # plan options ---------------------------------------------------------------
-    def with_options(self, options: dict) -> "CupyBackend":
-        """A view of this backend with a plan's options (codegen path, CUDA graphs)."""
+    def with_options(self, options: Mapping[str, Any]) -> "CupyBackend":
+        """A view of this backend with a plan's options (codegen path, CUDA graphs).
+
+        The values were checked by ``CompileOptions`` (tensorlogic.options); what only the
+        device can tell (PDL needs sm 90) is checked here.
+        """
         codegen = options.get("codegen", "ptx")
-        if codegen not in CODEGEN_PATHS:
-            raise GraphError(f"codegen must be one of {CODEGEN_PATHS}, got {codegen!r}")
         graph = options.get("cuda_graph", "auto")
-        if graph not in ("auto", True, False):
-            raise GraphError(f"cuda_graph must be 'auto', True or False, got {graph!r}")
         use_pdl = options.get("pdl", False)
-        if use_pdl not in (True, False):
-            raise GraphError(f"pdl must be True or False, got {use_pdl!r}")
         if use_pdl and int(self.arch) < 90:
             raise GraphError(f"pdl=True needs compute capability 9.0 or later; this device "
                              f"({self.device_name}) has {self.arch[:-1]}.{self.arch[-1]}")
@@ -240,7 +241,8 @@ class CupyBackend:
         if node.kind == ops.EINSUM:
             return generic.einsum_kernel(self.blas_xp, node, in_nodes)
         if node.kind in GENERATED_KINDS:
-            return GeneratedKernel(self, node, in_nodes, self.codegen)
+            gk = GeneratedKernel(self, node, in_nodes, self.codegen)
+            return PreparedKernel(gk, source=gk.source, impl=gk)
         return generic.make_kernel(cupy, node, in_nodes, not step.view)
 
     def plan_runner(self, plan) -> PlanRunner:
@@ -283,9 +285,9 @@ class CupyBackend:
                 raise InputError(
                     f"input {name!r}: expected a CuPy or numpy array (or one with __dlpack__), "
                     f"got {type(x).__name__}")
-        if x.dtype.name not in self.dtypes:
+        if x.dtype.name not in self.capabilities.dtypes:
             raise InputError(f"input {name!r}: dtype {x.dtype} is not supported by the cupy "
-                             f"backend; expected one of {self.dtypes}")
+                             f"backend; expected one of {sorted(self.capabilities.dtypes)}")
         return x
 
     def to_device(self, x):
