@@ -14,6 +14,7 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 
 from ..errors import GraphError, InputError
+from .dask_arrays import is_dask_array, run_dask_arrays
 from .devices import DEPTH, DevicesExecutor, resolve_devices
 from .engine import stream
 from .layout import BatchLayout, batch_layout
@@ -137,18 +138,28 @@ def _output_specs(plan: Any, layout: BatchLayout, sizes: dict[str, int], n: int
             for name, nid in bound.outputs.items()}
 
 
+def _check_client(client: Any) -> None:
+    from distributed import Client
+
+    if not isinstance(client, Client):
+        raise InputError(f"client must be a dask.distributed.Client, got {type(client).__name__}")
+
+
 def _slice(x: Any, axis: int, start: int, stop: int) -> Any:
     return x[(slice(None),) * axis + (slice(start, stop),)]
 
 
 def run_batched(plan: Any, inputs: Mapping[str, Any], batch_size: int | None = None, *,
                 prefetch: int = 2, workers: int = 1, progress: bool = True,
-                check_finite: bool = False, client: Any = None, devices: Any = None
-                ) -> dict[str, np.ndarray]:
+                check_finite: bool = False, client: Any = None, devices: Any = None,
+                store: Any = None) -> dict[str, Any]:
     """Split ``inputs`` along the batch dimension, run the pieces, concatenate the outputs.
 
     The batch dimension is the graph's first symbolic input dimension (e.g. "B"); inputs
-    without it are passed whole to every batch. Results are numpy arrays.
+    without it are passed whole to every batch. Results are numpy arrays, except when an
+    input is a dask array: then each batch is one task that runs where its chunk is (on
+    ``client``'s workers, or the current distributed client's, else dask's local scheduler)
+    and the results are dask arrays, computed when the caller computes or persists them.
 
     Args:
         batch_size: items per batch; None picks the largest size whose planned memory
@@ -157,6 +168,9 @@ def run_batched(plan: Any, inputs: Mapping[str, Any], batch_size: int | None = N
         prefetch, workers, progress, check_finite, client, devices: as in ``run_batches``;
             with ``devices`` each device writes its batches' outputs straight into the
             preallocated result.
+        store: with dask-array inputs, a zarr store (path, URL or store object) to write the
+            outputs into, each as the array of its name (replacing one of that name), on the
+            workers; the results are then dask arrays read from it.
     """
     _check_plan(plan)
     if not isinstance(inputs, Mapping):
@@ -169,6 +183,19 @@ def run_batched(plan: Any, inputs: Mapping[str, Any], batch_size: int | None = N
     if no_axis:
         raise InputError(f"output(s) {no_axis} have no batch dimension {layout.symbol!r}, so "
                          "batch results cannot be concatenated; call the plan on all items")
+    if any(is_dask_array(x) for x in inputs.values()):
+        if devices is not None:
+            raise InputError("devices= runs numpy inputs on this process's GPUs; for dask "
+                             "arrays use a cluster with one worker per GPU: "
+                             "tl.local_cluster(gpus=N) and client=")
+        if client is not None:
+            _check_client(client)
+        size = None if batch_size is None else _check_int("batch_size", batch_size, 1)
+        return run_dask_arrays(plan, layout, inputs, size, client=client,
+                               check_finite=check_finite, store=store)
+    if store is not None:
+        raise InputError("store= writes the results of dask-array inputs on the workers; with "
+                         "numpy inputs the results are numpy arrays (save them yourself)")
     n = _batch_count(layout, inputs)
     sizes = _other_sizes(plan, layout, inputs)
     resolve_devices(plan.backend, devices)  # bad devices fail before anything is allocated
