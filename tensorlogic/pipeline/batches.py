@@ -9,7 +9,8 @@ full batch of compute for a partial one, while the extra plan is compiled once a
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 

@@ -6,16 +6,20 @@ results, so nothing passes through the client unless the caller computes it ther
 without the batch dimension become one block that every batch task depends on.
 
 With a distributed client the plan travels once per worker: its payload (pipeline/dask.py) is
-scattered to every worker under a content key, and each worker compiles it on first use. The
-scheduler places a batch task next to its input chunk (the plan is on every worker, so it does
-not pull tasks anywhere). Without a client the tasks run this process's plan on dask's local
-scheduler.
+a worker plugin registered under the plan's content key, which every worker (also one that
+joins or restarts later) receives once; a worker compiles it on first use. The tasks name the
+plan by its key only, so their one dependency is their input chunk and the scheduler runs each
+on the worker that holds it (a plan held as task data would make every worker a candidate and
+let load balancing move chunks). Without a client the tasks run this process's plan on dask's
+local scheduler.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import uuid
+import weakref
 from collections.abc import Mapping
 from typing import Any
 
@@ -89,29 +93,32 @@ def _batch_chunks(layout: BatchLayout, inputs: Mapping[str, Any], n: int,
     return (n,)
 
 
-def _plan_source(plan: Any, client: Any) -> tuple[Any, str]:
-    """What the tasks get to find the plan: a scattered payload, or the plan itself."""
-    if client is None:
-        return plan, f"local-{uuid.uuid4().hex[:12]}"
+_REGISTERED: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+_REGISTERED_LOCK = threading.Lock()
+
+
+def _ship_plan(plan: Any, client: Any) -> str:
+    """Register ``plan`` with ``client``'s cluster (once per client); its content key."""
     from .dask import plan_payload
+    from .dask_plugin import PlanPlugin
 
     key, payload = plan_payload(plan)
-    fkey = f"tensorlogic-plan-{key}"
-    if fkey in getattr(client, "futures", {}):  # already on the workers from an earlier call
-        from distributed import Future
+    with _REGISTERED_LOCK:
+        done = _REGISTERED.setdefault(client, set())
+        if key not in done:
+            plugin = PlanPlugin(key, payload)
+            client.register_plugin(plugin, name=plugin.name)
+            done.add(key)
+    return key
 
-        fut = Future(fkey, client)
-        if fut.status == "finished":
-            return fut, key
-    return client.scatter({fkey: payload}, broadcast=True, hash=False)[fkey], key
 
-
-def _run_block(src: Any, key: str, names: tuple[str, ...], check_finite: bool,
+def _run_block(plan: Any, key: str, names: tuple[str, ...], check_finite: bool,
                *blocks: Any) -> dict[str, Any]:
-    from ..compiler.plan import CompiledPlan
-    from .dask import worker_plan
+    if plan is None:  # on a worker: the plan its plugin installed, compiled once
+        from .dask import worker_plan
+        from .dask_plugin import PAYLOADS
 
-    plan = src if isinstance(src, CompiledPlan) else worker_plan(key, src)
+        plan = worker_plan(key, PAYLOADS[key])
     return plan(dict(zip(names, blocks)), check_finite=check_finite, to_host=True)
 
 
@@ -135,7 +142,10 @@ def run_dask_arrays(plan: Any, layout: BatchLayout, inputs: Mapping[str, Any],
         raise InputError(f"the inputs do not fit the graph: {exc}") from exc
     if client is None:
         client = _default_client()
-    src, key = _plan_source(plan, client)
+    if client is None:
+        src, key = plan, f"local-{uuid.uuid4().hex[:12]}"
+    else:
+        src, key = None, _ship_plan(plan, client)
 
     names = tuple(plan.graph.inputs)
     args: list[Any] = [src, None, key, None, names, None, bool(check_finite), None]

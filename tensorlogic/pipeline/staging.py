@@ -7,8 +7,9 @@ asynchronous copy on a second stream; the batch's run waits for that copy's even
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
