@@ -9,8 +9,7 @@ full batch of compute for a partial one, while the extra plan is compiled once a
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 

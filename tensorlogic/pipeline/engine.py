@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterable, Iterator
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any, Iterable, Iterator, Protocol
 
 from .layout import BatchLayout
 from .progress import Progress

@@ -7,9 +7,8 @@ asynchronous copy on a second stream; the batch's run waits for that copy's even
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
