@@ -23,9 +23,9 @@ NAME = "fake_gpus"
 _current = threading.local()
 
 
-def current_device() -> int | None:
-    """The device made current on this thread by ``use_device`` (None outside one)."""
-    return getattr(_current, "device", None)
+def current_device() -> int:
+    """The device made current on this thread by ``use_device`` (0 outside one, as in CUDA)."""
+    return getattr(_current, "device", 0)
 
 
 class DevArray(np.ndarray):
