@@ -240,7 +240,8 @@ def _row(rows: list[dict], mode: str, seconds: float, n: int, base: float | None
 
 
 def bench_multi_gpu(backend: str, width: int, depth: int, n: int, batch: int, repeat: int,
-                    devices: list[int], dask_gpus: bool, copy_to: str | None) -> None:
+                    devices: list[int], dask_gpus: bool, copy_to: str | None,
+                    in_process: bool = True) -> None:
     """One GPU vs several: in-process (devices=) and Dask (one worker per GPU)."""
     graph = gelu_mlp(width, depth)
     plan = tl.compile(graph, backend=backend)
@@ -270,22 +271,23 @@ def bench_multi_gpu(backend: str, width: int, depth: int, n: int, batch: int, re
     err = check(tl.run_batched(plan, {"x": x}, batch, progress=False)["y"], "one GPU")
     _row(rows, "GPU compute only, batches on the device (1 GPU)", t_compute, n, None)
     _row(rows, "in-process, 1 GPU (devices=None)", one, n, one, rel_err=err)
-    lane = timed(lambda: tl.run_batched(plan, {"x": x}, batch, devices=devices[:1],
-                                        progress=False), repeat)
-    err = check(tl.run_batched(plan, {"x": x}, batch, devices=devices[:1],
-                               progress=False)["y"], "devices=[0]")
-    _row(rows, f"in-process, devices={devices[:1]}", lane, n, one, rel_err=err)
-    base = min(one, lane)
-    multi = timed(lambda: tl.run_batched(plan, {"x": x}, batch, devices=devices,
-                                         progress=False), repeat)
-    err = check(tl.run_batched(plan, {"x": x}, batch, devices=devices,
-                               progress=False)["y"], "devices")
-    _row(rows, f"in-process, devices={devices}", multi, n, base, rel_err=err)
-    extra["in_process_speedup"] = base / multi
-    extra["in_process_target_met"] = base / multi >= 1.8
-    print(f"  in-process {len(devices)} GPUs vs the best 1-GPU row: {base / multi:.2f}x "
-          f"(target >= 1.8: {'met' if base / multi >= 1.8 else 'NOT met'})", flush=True)
-    _save("bench_pipeline_multigpu", rows, extra, copy_to)
+    if in_process:
+        lane = timed(lambda: tl.run_batched(plan, {"x": x}, batch, devices=devices[:1],
+                                            progress=False), repeat)
+        err = check(tl.run_batched(plan, {"x": x}, batch, devices=devices[:1],
+                                   progress=False)["y"], "devices=[0]")
+        _row(rows, f"in-process, devices={devices[:1]}", lane, n, one, rel_err=err)
+        base = min(one, lane)
+        multi = timed(lambda: tl.run_batched(plan, {"x": x}, batch, devices=devices,
+                                             progress=False), repeat)
+        err = check(tl.run_batched(plan, {"x": x}, batch, devices=devices,
+                                   progress=False)["y"], "devices")
+        _row(rows, f"in-process, devices={devices}", multi, n, base, rel_err=err)
+        extra["in_process_speedup"] = base / multi
+        extra["in_process_target_met"] = base / multi >= 1.8
+        print(f"  in-process {len(devices)} GPUs vs the best 1-GPU row: {base / multi:.2f}x "
+              f"(target >= 1.8: {'met' if base / multi >= 1.8 else 'NOT met'})", flush=True)
+        _save("bench_pipeline_multigpu", rows, extra, copy_to)
     if dask_gpus:
         bench_dask_gpus(plan, graph, x, batch, repeat, len(devices), one, rows, extra, copy_to)
 
@@ -335,13 +337,13 @@ def bench_dask_gpus(plan, graph, x, batch, repeat, gpus_max, one, rows, extra, c
                 assert err < 1e-3, f"dask numpy through the client: relative error {err:.2e}"
                 _row(rows, f"dask {gpus} GPU workers, numpy in/out through the client", t, n,
                      one, rel_err=err)
-        _save("bench_pipeline_multigpu", rows, extra, copy_to)
+        _save("bench_pipeline_dask_gpu", rows, extra, copy_to)
     ratio = per_worker[1] / per_worker[gpus_max]
     extra["dask_speedup"] = ratio
     extra["dask_target_met"] = ratio >= 1.7
     print(f"  dask {gpus_max} GPU workers vs 1 worker: {ratio:.2f}x (target >= 1.7: "
           f"{'met' if ratio >= 1.7 else 'NOT met'})", flush=True)
-    _save("bench_pipeline_multigpu", rows, extra, copy_to)
+    _save("bench_pipeline_dask_gpu", rows, extra, copy_to)
 
 
 def collections_count(who_has: dict) -> dict[str, int]:
@@ -402,6 +404,8 @@ def main() -> None:
                     "(default: cupy when it is usable)")
     ap.add_argument("--multi-gpu", action="store_true", help="only the one-vs-several-GPU rows")
     ap.add_argument("--no-dask-gpu", action="store_true", help="with --multi-gpu: skip Dask")
+    ap.add_argument("--no-in-process", action="store_true",
+                    help="with --multi-gpu: only the one-GPU baseline and the Dask rows")
     ap.add_argument("--cpu-cluster", action="store_true",
                     help="only the CPU LocalCluster vs one process rows")
     ap.add_argument("--copy-to", help="also copy each result file into this folder")
@@ -413,11 +417,12 @@ def main() -> None:
 
             ids = list(range(cupy.cuda.runtime.getDeviceCount()))
             bench_multi_gpu(args.device_backend or "cupy", 4096, 8, args.rows, 4096,
-                            1 if args.quick else 3, ids, not args.no_dask_gpu, args.copy_to)
+                            1 if args.quick else 3, ids, not args.no_dask_gpu, args.copy_to,
+                            in_process=not args.no_in_process)
         if args.cpu_cluster:
             cores = machine()["cores_usable"]
             layouts = [(cores, 1), (max(1, cores // 4), 4)]
-            bench_cpu_cluster(1024, 4, 2 * args.rows, 4096, 1 if args.quick else 3, layouts,
+            bench_cpu_cluster(1024, 4, args.rows, 4096, 1 if args.quick else 3, layouts,
                               args.copy_to)
         return
     n = 10_000 if args.quick else 100_000
