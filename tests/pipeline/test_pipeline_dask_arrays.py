@@ -148,3 +148,33 @@ def test_local_cluster_checks_its_arguments():
         tl.local_cluster(gpus=2, n_workers=3)
     with pytest.raises(tl.InputError, match="threads_per_worker"):
         tl.local_cluster(threads_per_worker=0)
+
+
+def _slow(block):
+    import time
+
+    time.sleep(0.2)
+    return block
+
+
+def test_a_killed_worker_loses_no_batch(plan, rng):
+    """SIGKILL one of two worker processes mid-run: its chunks and batches are recomputed
+    (the restarted worker gets the plan from its plugin) and the result is complete."""
+    import os
+    import signal
+    import time
+
+    x = rng.standard_normal((16 * 64, 32)).astype(np.float32)
+    with tl.local_cluster(n_workers=2) as cluster, distributed.Client(cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+        xd = da.from_array(x, chunks=(64, 32)).map_blocks(_slow)
+        out = tl.run_batched(plan, {"x": xd}, client=client, progress=False)
+        y = client.persist(out["y"])
+        time.sleep(0.6)  # a few batches done on each worker
+        pids = client.run(os.getpid)
+        victim = pids[sorted(pids)[0]]
+        os.kill(victim, signal.SIGKILL)
+        distributed.wait(y, timeout=120)
+        np.testing.assert_allclose(y.compute(), plan(x=x)["y"], rtol=1e-5, atol=1e-6)
+        with pytest.raises(ProcessLookupError):
+            os.kill(victim, 0)
