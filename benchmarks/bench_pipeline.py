@@ -249,7 +249,7 @@ def bench_multi_gpu(backend: str, width: int, depth: int, n: int, batch: int, re
     probe = np.r_[0:32, n - 32:n]  # rows checked against the float64 host reference
     ref = reference_rows(graph, x[probe])
     rows: list[dict] = []
-    extra: dict = {"model": f"{depth}-layer GELU MLP width {width}", "rows": n, "batch": batch,
+    extra: dict = {"model": f"{depth}-layer GELU MLP width {width}", "n_rows": n, "batch": batch,
                    "backend": backend, "devices": devices}
 
     def check(out: np.ndarray, what: str) -> float:
@@ -392,7 +392,7 @@ def bench_cpu_cluster(width: int, depth: int, n: int, batch: int, repeat: int,
             _row(rows, f"LocalCluster {workers} workers x {threads} threads, dask array",
                  t, n, one, rel_err=err)
         _save("bench_pipeline_cluster_cpu", rows,
-              {"model": f"{depth}-layer GELU MLP width {width}", "rows": n, "batch": batch,
+              {"model": f"{depth}-layer GELU MLP width {width}", "n_rows": n, "batch": batch,
                "cores": cores}, copy_to)
 
 

@@ -16,6 +16,7 @@ import hashlib
 import json
 import threading
 import uuid
+import weakref
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
@@ -27,8 +28,26 @@ _WORKER_PLANS: dict[str, Any] = {}
 _WORKER_LOCK = threading.Lock()
 
 
+_PAYLOADS: "weakref.WeakKeyDictionary[Any, tuple[str, dict[str, Any]]]" = \
+    weakref.WeakKeyDictionary()
+
+
 def plan_payload(plan: Any) -> tuple[str, dict[str, Any]]:
-    """The plan as plain data (graph blob, backend, opt level, options) and its content key."""
+    """The plan as plain data (graph blob, backend, opt level, options) and its content key.
+
+    Made once per plan (a plan's graph is its own copy and never changes): serializing and
+    hashing the constants of a large model takes about a second.
+    """
+    with _WORKER_LOCK:
+        hit = _PAYLOADS.get(plan)
+    if hit is None:
+        hit = _make_payload(plan)
+        with _WORKER_LOCK:
+            _PAYLOADS[plan] = hit
+    return hit
+
+
+def _make_payload(plan: Any) -> tuple[str, dict[str, Any]]:
     from ..ir.serialize import dumps
 
     options = {k: v for k, v in plan.options.items() if v is not None}

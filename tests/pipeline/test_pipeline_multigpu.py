@@ -93,6 +93,5 @@ def test_dask_gpu_workers_compute_dask_array_chunks(plans, rng):
         y = client.persist(out["y"])
         distributed.wait(y)
         np.testing.assert_allclose(y.compute(), ref_plan(x=x)["y"], rtol=1e-4, atol=1e-3)
-        cards = client.run(lambda: __import__("cupy").cuda.runtime.getDeviceProperties(0)
-                           ["pciBusID"])
+        cards = client.run(lambda: __import__("cupy").cuda.Device(0).pci_bus_id)
         assert len(set(cards.values())) == 2  # each worker computed on its own GPU

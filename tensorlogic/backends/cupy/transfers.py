@@ -19,6 +19,8 @@ from typing import Any
 import cupy
 import numpy as np
 
+from ...pipeline.hostcopy import copyto
+
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 
 
@@ -66,7 +68,7 @@ class CupyTransfers:
         sp = self.h2d.ptr
         for name, x in inputs.items():
             host, mem = self._pinned(x.shape, x.dtype)
-            np.copyto(host, x)  # pageable -> pinned on the lane's thread (releases the GIL)
+            copyto(host, x)  # pageable -> pinned, off the GPU's path (on copy threads)
             with self.h2d:
                 dev = cupy.empty(x.shape, x.dtype)
             if host.nbytes:
@@ -122,7 +124,7 @@ class CupyTransfers:
             target = dest.get(name) if dest else None
             if target is None:
                 target = np.empty(host.shape, host.dtype)
-            np.copyto(target, host)
+            copyto(target, host)
             results[name] = target
         ticket.keep.clear()
         ticket.host.clear()
