@@ -17,6 +17,7 @@ from typing import Any
 
 from .. import dtypes
 from ..ir import ops
+from .base import PreparedKernel, as_prepared
 
 # kinds that move or convert values without arithmetic: they run on 16-bit arrays as they are
 _EXACT_KINDS = (ops.TRANSPOSE, ops.RESHAPE, ops.CAST, ops.INPUT, ops.CONSTANT)
@@ -33,17 +34,17 @@ def _f32(node):
     return replace(node, dtype="float32") if node.dtype in dtypes.HALF else node
 
 
-def widened(xp, make: Callable[[Any, list], Any], node, in_nodes) -> Any:
-    """``kernel(inputs, out)`` for a node with 16-bit operands or result.
+def widened(xp, make: Callable[[Any, list], Any], node, in_nodes) -> PreparedKernel:
+    """The kernel of a node with 16-bit operands or result.
 
     ``make(node, in_nodes)`` builds the backend's kernel for the float32 twin of the node (every
     16-bit dtype replaced by float32). Scratch: the inner kernel's, then one float32 buffer per
     16-bit input, then the float32 result when the result is 16-bit.
     """
-    inner = make(_f32(node), [_f32(n) for n in in_nodes])
+    inner = as_prepared(make(_f32(node), [_f32(n) for n in in_nodes]), f"node {node.name!r}")
+    run = inner.fn
     n = len(in_nodes)
-    inner_scratch = list(getattr(inner, "scratch", None) or ())
-    k_inner = len(inner_scratch)
+    k_inner = len(inner.scratch)
     wide = [j for j, nd in enumerate(in_nodes) if nd.dtype in dtypes.HALF]
     shapes = [tuple(nd.shape) for nd in in_nodes]
     narrow_out = node.dtype in dtypes.HALF
@@ -64,18 +65,15 @@ def widened(xp, make: Callable[[Any, list], Any], node, in_nodes) -> Any:
             res = extra[k_inner + len(wide)] if given else xp.empty(oshape, "float32")
         else:
             res = out
-        inner(ins + (list(extra[:k_inner]) if given else []), res)
+        run(ins + (list(extra[:k_inner]) if given else []), res)
         if narrow_out:
             xp.copyto(out, res, casting="unsafe")  # the one rounding of this result
         return out
 
-    kernel.scratch = (inner_scratch + [(shapes[j], "float32") for j in wide]
-                      + ([(oshape, "float32")] if narrow_out else []))
+    scratch = (tuple(inner.scratch) + tuple((shapes[j], "float32") for j in wide)
+               + (((oshape, "float32"),) if narrow_out else ()))
     # a 16-bit out is written only after the inner kernel has read every input; a float32 out
     # is the inner kernel's own, with its rules
-    kernel.inplace = tuple(range(n)) if narrow_out else tuple(getattr(inner, "inplace", ()))
-    for attr in ("flops", "info", "source"):
-        if hasattr(inner, attr):
-            setattr(kernel, attr, getattr(inner, attr))
-    kernel.inner = inner
-    return kernel
+    inplace = tuple(range(n)) if narrow_out else tuple(inner.inplace)
+    return PreparedKernel(kernel, flops=inner.flops, scratch=scratch, inplace=inplace,
+                          info=inner.info, source=inner.source, impl=inner)
