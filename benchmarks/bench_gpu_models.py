@@ -269,6 +269,15 @@ def captured_time(fn, inner: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _gemms_of(kernel) -> list | None:
+    """The (batch, m, n, k) GEMMs of a contraction step: its einsum plan is the kernel's impl
+    (through a widening wrapper's inner kernel)."""
+    impl = getattr(kernel, "impl", None)
+    while impl is not None and not hasattr(impl, "gemms"):
+        impl = getattr(impl, "impl", None)
+    return None if impl is None else list(impl.gemms)
+
+
 def bench_steps(s: int, p: dict, inner: int) -> None:
     """Every step of the bf16 plan alone (device time in a CUDA graph); each contraction step
     against bare cuBLAS calls of the GEMMs it makes (cublasGemmStridedBatchedEx on contiguous
@@ -290,8 +299,7 @@ def bench_steps(s: int, p: dict, inner: int) -> None:
         t = captured_time(lambda k=kernel, a=args + scratch, o=out: k(a, o), inner)
         total += t
         extra = {"op": step.label[:60]}
-        gemms = getattr(kernel, "gemms", None) or getattr(getattr(kernel, "inner", None),
-                                                          "gemms", None)
+        gemms = _gemms_of(kernel)
         if step.kind == ops.EINSUM and gemms and blas is not None:
             bare = 0.0
             for nb, m, n, k in gemms:
