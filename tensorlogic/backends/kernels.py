@@ -234,13 +234,3 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
             return out
         return PreparedKernel(cast)
     raise BackendError(f"node {node.name!r}: no kernel for node kind {kind!r}")
-
-
-def elementwise_flops(node, n_elements: int) -> int:
-    """FLOPs of a non-einsum node."""
-    if node.kind in (ops.UNARY, ops.BINARY):
-        return ops.ELEMENTWISE[node.op].flops * n_elements
-    if node.kind == ops.WHERE:
-        return n_elements
-    return 0
-
