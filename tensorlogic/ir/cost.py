@@ -1,10 +1,9 @@
 """The FLOP model of every node kind, in one place: the compiler's steps, the fusion pass and
 the profiler's roofline all count with it.
 
-Elementwise ops cost their op-table FLOPs per element; a reduction one per input element
-(logsumexp: max, exp, sum and log, counted as 10); a row op 10 per element (max or mean, an exp
-or a square, a sum, a divide). Contractions are counted by their contraction plan along the
-chosen path, not here.
+Elementwise ops cost their op-table FLOPs per element, reductions and row ops the FLOPs of their
+table rows (``ops.REDUCTION_TABLE``, ``ops.ROW_OP_FLOPS``) per element. Contractions are counted
+by their contraction plan along the chosen path, not here.
 """
 
 from __future__ import annotations
@@ -15,13 +14,14 @@ from typing import Any
 from . import ops
 from .fused import FusedBody
 
-ROW_OP_FLOPS = 10
-REDUCTION_FLOPS = {"logsumexp": 10}  # others: 1 per input element
-
-
 def reduction_flops(op: str, n_in: int) -> int:
     """FLOPs of reducing ``n_in`` elements with ``op``."""
-    return n_in * REDUCTION_FLOPS.get(op, 1)
+    return n_in * ops.REDUCTION_TABLE[op].flops
+
+
+def row_op_flops(op: str, n: int) -> int:
+    """FLOPs of the row op ``op`` over ``n`` elements."""
+    return n * ops.ROW_OP_FLOPS[op]
 
 
 def fused_flops(body: FusedBody) -> int:
@@ -29,7 +29,7 @@ def fused_flops(body: FusedBody) -> int:
     n = math.prod(body.space)
     flops = body.flops_per_element() * n  # prologue and epilogue
     if body.tail in ops.ROW_OPS:
-        flops += ROW_OP_FLOPS * n
+        flops += row_op_flops(body.tail, n)
     elif body.tail is not None:
         flops += reduction_flops(body.tail, n)
     return flops
@@ -46,10 +46,10 @@ def node_flops(node: Any, in_nodes: list) -> int:
     if kind == ops.REDUCE:
         return reduction_flops(node.op, math.prod(in_nodes[0].shape))
     if kind == ops.ROWOP:
-        return ROW_OP_FLOPS * n
+        return row_op_flops(node.op, n)
     if kind == ops.FUSED:
         return int(node.args.get("flops", 0))
     return 0
 
 
-__all__ = ["ROW_OP_FLOPS", "fused_flops", "node_flops", "reduction_flops"]
+__all__ = ["fused_flops", "node_flops", "reduction_flops", "row_op_flops"]

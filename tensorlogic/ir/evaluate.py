@@ -34,8 +34,7 @@ def _reduce(op: str, x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np
         m = np.where(np.isfinite(m), m, 0).astype(x.dtype)
         r = np.log(np.exp(x - m).sum(axis=axes, keepdims=True)) + m
         return r if keepdims else np.squeeze(r, axis=axes)
-    fn = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}[op]
-    return fn(x, axis=axes, keepdims=keepdims)
+    return getattr(np, ops.REDUCTION_TABLE[op].numpy)(x, axis=axes, keepdims=keepdims)
 
 
 def _rowop(op: str, x: np.ndarray, axis: int, eps: float) -> np.ndarray:
