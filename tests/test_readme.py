@@ -11,10 +11,18 @@ import pytest
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
+# a block right after this comment cannot run here (it names what it needs, e.g. two GPUs)
+SKIP = "<!-- readme-test: skip"
+
+
 def _blocks() -> list[tuple[int, str]]:
     text = README.read_text(encoding="utf-8")
-    return [(text.count("\n", 0, m.start()) + 2, m.group(1))
-            for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M)]
+    out = []
+    for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
+        before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        if not before.startswith(SKIP):
+            out.append((text.count("\n", 0, m.start()) + 2, m.group(1)))
+    return out
 
 
 def test_readme_has_python_blocks():
