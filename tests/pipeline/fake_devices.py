@@ -84,10 +84,7 @@ class FakeGpus(NumpyBackend):
                 time.sleep(FakeGpus.delay[dev])
             return kernel(inputs, out)
 
-        for attr in ("scratch", "inplace", "flops", "info"):
-            if hasattr(kernel, attr):
-                setattr(run, attr, getattr(kernel, attr))
-        return run
+        return dataclasses.replace(kernel, fn=run)
 
 
 class FakeTransfers:
