@@ -191,7 +191,7 @@ class CupyBackend(Backend):
     name = "cupy"
     xp = cupy
     # C-contiguous CuPy inputs skip conversion (CompiledPlan)
-    capabilities = Capabilities(device=True, events=True, own_runner=True,
+    capabilities = Capabilities(device=True, events=True, own_runner=True, devices=True,
                                 options=frozenset({"codegen", "cuda_graph", "pdl"}),
                                 native_array=cupy.ndarray)
 
