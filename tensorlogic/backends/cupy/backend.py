@@ -190,7 +190,9 @@ class CupyBackend(Backend):
 
     name = "cupy"
     xp = cupy
-    # C-contiguous CuPy inputs skip conversion (CompiledPlan)
+    # C-contiguous CuPy inputs skip conversion (CompiledPlan); dtypes: floats only (the
+    # default), since the generated PTX/CUDA C kernels and cuBLAS calls are written and
+    # GPU-tested for them: compile refuses other dtypes with DTypeError
     capabilities = Capabilities(device=True, events=True, own_runner=True, devices=True,
                                 options=frozenset({"codegen", "cuda_graph", "pdl"}),
                                 native_array=cupy.ndarray)
@@ -313,8 +315,9 @@ class CupyBackend(Backend):
                 raise InputError(
                     f"input {name!r}: expected a CuPy or numpy array (or one with __dlpack__), "
                     f"got {type(x).__name__}")
-        if x.dtype.kind != "f":
-            raise InputError(f"input {name!r}: dtype {x.dtype} is not a float dtype")
+        if x.dtype.name not in self.capabilities.dtypes:
+            raise InputError(f"input {name!r}: dtype {x.dtype} is not supported by the cupy "
+                             f"backend; expected one of {sorted(self.capabilities.dtypes)}")
         return x
 
     def to_device(self, x):
