@@ -9,7 +9,6 @@ factory raises BackendError when the backend cannot run on this machine.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
