@@ -89,6 +89,13 @@ def count(v: Any) -> int:
     raise ValueError(v)
 
 
+def function(v: Any) -> Any:
+    """A callable."""
+    if callable(v):
+        return v
+    raise TypeError(v)
+
+
 def optional(kind: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``kind`` or None."""
     return lambda v: None if v is None else kind(v)
@@ -115,6 +122,8 @@ _add("precision", one_of(None, "float32", "fp32", "bf16", "bfloat16", "fp16", "f
      "run a float32 graph in a 16-bit dtype, float32 at the boundary (optimizer.precision)")
 _add("matmul_precision", one_of("highest", "tf32"), "'highest' or 'tf32'", "highest",
      "float32 contractions: exact, or TF32 tensor cores where the backend has them (GPU)")
+_add("fold_evaluator", optional(function), "a function evaluate(node, arrays) or None", None,
+     "evaluates constant subgraphs when folding (default: tensorlogic.ir.evaluate)")
 # numba
 _add("fast_math", flag, "True or False", True,
      "vectorizable exp/log (2-4 ulp) and reassociated sums", ("numba",))
@@ -228,4 +237,4 @@ class CompileOptions(Mapping[str, Any]):
 
 
 __all__ = ["OPTIONS", "CompileOptions", "Option", "register_option", "flag", "one_of",
-           "positive_int", "count", "optional"]
+           "positive_int", "count", "function", "optional"]

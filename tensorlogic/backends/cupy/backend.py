@@ -195,7 +195,8 @@ class CupyBackend(Backend):
     # and GPU-tested for them: compile refuses other dtypes with DTypeError
     capabilities = Capabilities(device=True, events=True, own_runner=True,
                                 options=frozenset({"codegen", "cuda_graph", "pdl"}),
-                                dtypes=frozenset(dtypes.FLOATS), native_array=cupy.ndarray)
+                                dtypes=frozenset(dtypes.FLOATS), native_array=cupy.ndarray,
+                                multi_device=True)
 
     def __init__(self, cache_dir=None) -> None:
         dev = cupy.cuda.Device()
