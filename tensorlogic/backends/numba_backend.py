@@ -27,7 +27,7 @@ from ..ir.fused import FusedBody, FusedOp
 from . import kernels, numba_cache, numba_threads
 from .numba_codegen import render
 from .numba_layout import make_layout
-from .numpy_backend import NumpyBackend
+from .numpy_backend import NumpyBackend, thread_mode
 
 # Below this many points a serial kernel wins. With OpenMP workers that sleep between kernels
 # (the passive wait policy, see config.gomp_environment) a parallel kernel pays a wake-up of
@@ -87,8 +87,8 @@ class NumbaBackend(NumpyBackend):
     def prepare(self, step, node, in_nodes, graph):
         """A generated kernel for elementwise/reduction/row-op/fused steps; BLAS for einsum."""
         opts = step.args.get("_options") or {}
-        if node.kind == ops.EINSUM:
-            return kernels.einsum_kernel(np, node, in_nodes)
+        if node.kind == ops.EINSUM:  # BLAS, split over the helper threads in the "pool" mode
+            return self.einsum_kernel(node, in_nodes, thread_mode(step))
         body = _body_of(node, in_nodes)
         dts = [n.dtype for n in in_nodes]
         if body is None or node.dtype not in _FLOATS or any(d not in _FLOATS for d in dts):

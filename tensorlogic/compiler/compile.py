@@ -71,28 +71,38 @@ def _inplace_positions(kernel, node) -> tuple[int, ...]:
 
 
 def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
+    if plan.opt_level == 3:
+        from .autotune import autotune
+
+        return autotune(plan, binding, _build_variant)
+    return _build_variant(plan, binding, plan.opt_level, plan.options, plan.backend)
+
+
+def _build_variant(plan: CompiledPlan, binding: dict[str, int], opt_level: int,
+                   options: dict, backend: Any) -> ConcretePlan:
+    """The concrete plan of ``plan``'s graph at ``opt_level`` with ``options`` on ``backend``."""
     # compiling allocates many small objects that all stay alive, so CPython's cyclic collector
     # only adds pauses here (a 1000-node graph: 75-97 ms with it, 74-83 ms without)
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _build_plan(plan, binding)
+        return _build_plan(plan.graph, binding, opt_level, options, backend)
     finally:
         if collecting:
             gc.enable()
 
 
-def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
-    graph = plan.graph.bind(binding) if binding else plan.graph
+def _build_plan(graph: EinsumGraph, binding: dict[str, int], opt_level: int, options: dict,
+                backend: Any) -> ConcretePlan:
+    graph = graph.bind(binding) if binding else graph
     t0 = time.perf_counter()
-    optimized, report = optimize(graph, plan.opt_level, plan.options)
+    optimized, report = optimize(graph, opt_level, options)
     order = needed_nodes(optimized)
     nodes = {nid: optimized.node(nid) for nid in order}
     bufs = make_buffers(optimized, order)
-    backend = plan.backend
     # a backend may take plan options (the cupy backend: codegen path, CUDA graphs)
     if hasattr(backend, "with_options"):
-        backend = backend.with_options(plan.options)
+        backend = backend.with_options(options)
     steps: list[Step] = []
     kernels = []
     scratch: list[Buffer] = []
@@ -105,7 +115,7 @@ def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
         b = bufs[nid]
         is_view = b.view_of is not None
         args = {"_is_output": b.role == "output", "_view": is_view,
-                "_options": plan.options}  # backends read their compile options here
+                "_options": options}  # backends read their compile options here
         nbytes = 0 if is_view else b.nbytes + sum(bufs[i].nbytes for i in node.inputs)
         step = Step(len(steps), nid, node.name, node.kind, node.op, node.label,
                     tuple(bufs[i].id for i in node.inputs), b.id, tuple(node.shape), node.dtype,
@@ -127,17 +137,17 @@ def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
         steps.append(step)
     buffers = tuple(bufs[nid] for nid in order) + tuple(scratch)
     memory = plan_memory(buffers, [(s.inputs, s.output, s.scratch) for s in steps], inplace_ok,
-                         reuse=bool(plan.options.get("reuse_memory", True)))
+                         reuse=bool(options.get("reuse_memory", True)))
     cp = ConcretePlan(
         graph=optimized, steps=tuple(steps), buffers=buffers, memory=memory,
         kernels=tuple(kernels),
         input_ids={name: bufs[nid].id for name, nid in optimized.inputs.items() if nid in bufs},
         output_ids={name: bufs[nid].id for name, nid in optimized.outputs.items()},
         constants={}, backend=backend, binding=dict(binding), optimizer_report=report,
-        pooled=bool(plan.options.get("pool", True)),
+        pooled=bool(options.get("pool", True)),
     )
     # the budget is checked before anything is allocated (constants moved, arenas built)
-    limit = plan.options.get("memory_limit")
+    limit = options.get("memory_limit")
     if limit is not None:
         check_budget(cp, limit, "memory_limit")
     else:
@@ -165,6 +175,12 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
     plus outputs; without it the backend's free memory is the limit) raises MemoryBudgetError
     before anything is allocated; ``pool=False`` builds fresh buffers on every call instead of
     reusing pooled arenas; ``reuse_memory=False`` gives every intermediate its own memory.
+
+    CPU options: ``threads`` ("pool", default, or "blas"; see ``backends/cpu_threads.py``).
+    O3 options (``compiler/autotune.py``): ``autotune_budget`` (seconds per plan, default 10),
+    ``autotune_cache`` (default True: decisions kept on disk under TL_CACHE_DIR),
+    ``autotune_timer`` (``timer(label, run) -> seconds``, replaces the measurement);
+    ``skip_passes`` (pass names left out of the pipeline) at any level.
     """
     if not isinstance(graph, EinsumGraph):
         raise GraphError(f"compile() expects an EinsumGraph, got {type(graph).__name__}")
@@ -175,9 +191,14 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
     for flag in ("pool", "reuse_memory"):
         if flag in options and not isinstance(options[flag], bool):
             raise GraphError(f"{flag} must be True or False, got {options[flag]!r}")
+    _check_tuning_options(options)
     graph.validate()
     be = get_backend(backend)
     opts = dict(options, memory_limit=memory_limit)
+    if opt_level == 3 and "_tune_backends" not in opts:
+        from .autotune import candidate_backends
+
+        opts["_tune_backends"] = candidate_backends(backend, be)
     key = (graph.fingerprint(), be.name, opt_level, tuple(sorted((k, repr(v)) for k, v in opts.items())))
     if cache:
         with _cache_lock:
@@ -195,6 +216,30 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
             while len(_cache) > _CACHE_SIZE:
                 _cache.popitem(last=False)
     return plan
+
+
+def _check_tuning_options(options: dict) -> None:
+    """Reject bad values of the thread and autotuning options before anything is built."""
+    from ..backends.cpu_threads import check_mode
+    from ..optimizer.base import PASSES
+
+    if "threads" in options:
+        check_mode(options["threads"])
+    skip = options.get("skip_passes")
+    if skip is not None:
+        names = [skip] if isinstance(skip, str) else list(skip) if isinstance(
+            skip, (list, tuple, set, frozenset)) else None
+        unknown = [n for n in names or [] if n not in PASSES]
+        if names is None or unknown:
+            raise GraphError(f"skip_passes={skip!r}: expected a list of pass names from "
+                             f"{sorted(PASSES)}")
+    budget = options.get("autotune_budget")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                               or not budget >= 0):
+        raise GraphError(f"autotune_budget must be a number of seconds >= 0, got {budget!r}")
+    timer = options.get("autotune_timer")
+    if timer is not None and not callable(timer):
+        raise GraphError(f"autotune_timer must be callable(label, run) -> seconds, got {timer!r}")
 
 
 def clear_cache() -> None:

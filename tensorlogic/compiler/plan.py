@@ -68,6 +68,7 @@ class ConcretePlan:
     pooled: bool = True  # keep arenas across calls (False: a fresh arena per call)
     # a backend's own executor (e.g. CUDA-graph replay); None runs the steps one by one
     runner: Any = None
+    autotune: Any = None  # the O3 autotuner's report (compiler/autotune.py)
     pool: TensorPool = field(init=False)
     program: list = field(init=False)
 
@@ -380,6 +381,8 @@ class CompiledPlan:
         lines.append(str(cp.memory))
         if cp.runner is not None:
             lines.append(str(cp.runner))
+        if cp.autotune is not None:
+            lines.append(str(cp.autotune))
         if cp.optimizer_report is not None:
             lines.append(str(cp.optimizer_report))
         return "\n".join(lines)

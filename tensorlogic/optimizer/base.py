@@ -155,5 +155,8 @@ def optimize(graph: EinsumGraph, opt_level: int,
     """Run the pipeline of ``opt_level`` over ``graph``; ``options`` are the compile options."""
     if opt_level not in PIPELINES:
         raise GraphError(f"opt_level must be one of {sorted(PIPELINES)}, got {opt_level!r}")
-    passes = [PASSES[name](dict(options or {})) for name in PIPELINES[opt_level]]
+    # ``skip_passes`` drops named passes from the pipeline (the O3 autotuner's variants)
+    skip = set((options or {}).get("skip_passes") or ())
+    passes = [PASSES[name](dict(options or {})) for name in PIPELINES[opt_level]
+              if name not in skip]
     return PassManager(passes, opt_level).run(graph)
