@@ -87,6 +87,11 @@ def single_threaded_blas() -> Iterator[None]:
                 _saved.clear()
 
 
+def blas_threads() -> int:
+    """Threads BLAS uses now (the largest count among the libraries found)."""
+    return max((c.get_num_threads() or 1 for c in _blas_controllers()), default=1)
+
+
 def _cuts(n: int, parts: int, align: int) -> list[int]:
     """Boundaries of ``parts`` near-equal blocks of ``range(n)``, aligned where n allows."""
     step = -(-n // parts)

@@ -239,6 +239,7 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
         return out
 
     kernel.info = describe(body)
+    kernel.threads = workers
     # one set of registers (and tail scratch) per thread that runs blocks
     kernel.scratch = ([((n_elems,), dtype.name)] * n_regs + tail_scratch) * workers
     # each block of the output is written after that block of every input was read, so the

@@ -93,7 +93,9 @@ class NumbaBackend(NumpyBackend):
         dts = [n.dtype for n in in_nodes]
         if body is None or node.dtype not in _FLOATS or any(d not in _FLOATS for d in dts):
             # layout ops, casts and float16 have no generated kernel: the numpy ones are exact
-            return kernels.make_kernel(np, node, in_nodes, not step.view)
+            kernel = kernels.make_kernel(np, node, in_nodes, not step.view)
+            kernel.threads = 1
+            return kernel
         fast = opts.get("fast_math")
         fast = True if fast is None else bool(fast)
         threshold = opts.get("parallel_threshold")
@@ -136,6 +138,7 @@ class NumbaBackend(NumpyBackend):
                 return out
 
         kernel.info = f"numba {'parallel' if parallel else 'serial'}{' fast' if fast else ''}"
+        kernel.threads = numba_threads.thread_count() if parallel else 1
         kernel.source = src.text
         kernel.dispatcher = fn
         return kernel

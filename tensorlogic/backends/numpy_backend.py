@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import BackendError, InputError
 from ..ir import ops
 from ..ir.fused import FusedBody, FusedOp
-from . import cpu_threads, kernels
+from . import cpu_threads, host_pool, kernels
 from .base import register_backend
 
 _FLOATS = ("float32", "float64")
@@ -78,6 +78,12 @@ class NumpyBackend:
         mode = thread_mode(step)
         if node.kind == ops.EINSUM:
             return self.einsum_kernel(node, in_nodes, mode)
+        kernel = self._host_kernel(step, node, in_nodes, graph, mode)
+        if not hasattr(kernel, "threads"):
+            kernel.threads = 1  # plain ufunc kernels run on the calling thread
+        return kernel
+
+    def _host_kernel(self, step, node, in_nodes, graph, mode: str):
         from .fused_numpy import PARALLEL_MIN_ELEMENTS, fused_kernel
 
         threads = mode == "pool" or not self._calls_blas(graph)
@@ -96,7 +102,14 @@ class NumpyBackend:
     def einsum_kernel(node, in_nodes, mode: str):
         """An einsum kernel whose products run as the thread mode says."""
         mm = cpu_threads.parallel_matmul if mode == "pool" else None
-        return kernels.einsum_kernel(np, node, in_nodes, mm)
+        kernel = kernels.einsum_kernel(np, node, in_nodes, mm)
+        if mode == "pool" and kernel.flops < cpu_threads.MIN_SPLIT_FLOPS:
+            kernel.threads = 1
+        elif mode == "pool":
+            kernel.threads = host_pool.helper_count() + 1
+        else:
+            kernel.threads = cpu_threads.blas_threads()
+        return kernel
 
     def plan_runner(self, cp):
         """A runner that limits BLAS to one thread around the call ("pool" mode plans that

@@ -123,9 +123,10 @@ def _build_plan(graph: EinsumGraph, binding: dict[str, int], opt_level: int, opt
         with hooks.timed("codegen", f"prepare {node.name}", backend=backend.name, kind=node.kind):
             kernel = backend.prepare(step, node, in_nodes, optimized)
         # kernels may report what only they know: einsum FLOPs along the chosen path, the path
-        if hasattr(kernel, "flops") or hasattr(kernel, "info"):
+        if hasattr(kernel, "flops") or hasattr(kernel, "info") or hasattr(kernel, "threads"):
             step = replace(step, flops=int(getattr(kernel, "flops", step.flops)),
-                           info=getattr(kernel, "info", ""))
+                           info=getattr(kernel, "info", ""),
+                           threads=int(getattr(kernel, "threads", 0) or 0))
         extra = _scratch_buffers(kernel, node, len(order) + len(scratch))
         if extra:
             scratch.extend(extra)

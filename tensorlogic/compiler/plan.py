@@ -40,6 +40,7 @@ class Step:
     args: Mapping[str, Any] = field(default_factory=dict)
     info: str = ""  # backend notes, e.g. the contraction path
     scratch: tuple[int, ...] = ()  # arena buffers passed after the inputs (kernel.scratch)
+    threads: int = 0  # host threads the kernel runs on (kernel.threads; 0: not known)
 
     @property
     def view(self) -> bool:
