@@ -59,7 +59,9 @@ def _scratch_buffers(kernel, node, first_id: int) -> list[Buffer]:
                 "(shape tuple, dtype)") from exc
         if any(d < 0 for d in shape):
             raise BackendError(f"node {node.name!r}: kernel scratch entry {j} has shape {shape}")
-        out.append(Buffer(first_id + j, node.id, f"{node.name}:scratch{j}", shape, dtype, "scratch"))
+        out.append(
+            Buffer(first_id + j, node.id, f"{node.name}:scratch{j}", shape, dtype, "scratch")
+        )
     return out
 
 
@@ -200,7 +202,12 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
         from .autotune import candidate_backends
 
         opts["_tune_backends"] = candidate_backends(backend, be)
-    key = (graph.fingerprint(), be.name, opt_level, tuple(sorted((k, repr(v)) for k, v in opts.items())))
+    key = (
+        graph.fingerprint(),
+        be.name,
+        opt_level,
+        tuple(sorted((k, repr(v)) for k, v in opts.items())),
+    )
     if cache:
         with _cache_lock:
             hit = _cache.get(key)

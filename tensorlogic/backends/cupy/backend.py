@@ -196,7 +196,9 @@ class CupyBackend:
         self.device_id = dev.id
         self.arch = str(dev.compute_capability)
         props = cupy.cuda.runtime.getDeviceProperties(dev.id)
-        self.device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        self.device_name = (
+            props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        )
         self.sm_count = int(props["multiProcessorCount"])
         self.cache = KernelCache(cache_dir)
         self.compiler = KernelCompiler(self.cache, self.arch)
