@@ -32,7 +32,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import machine, table, write_results
+from _common import machine, table, write_results  # noqa: E402
 
 OURS = ("numpy O0", "numpy O2", "numba O0", "numba O2", "auto O2", "auto O3",
         "numpy O2 threads=blas", "numba O2 threads=blas")

@@ -79,9 +79,9 @@ class TuneReport:
         if self.cached:
             head = f"autotune: winner {self.winner} (decision read from the disk cache)"
         else:
+            untried = f", {self.skipped} left untried" if self.skipped else ""
             head = (f"autotune: tried {len(self.tried)} candidate(s) in {self.seconds:.2f} s "
-                    f"(budget {self.budget:g} s{f', {self.skipped} left untried' if self.skipped else ''})"
-                    f", winner {self.winner}")
+                    f"(budget {self.budget:g} s{untried}), winner {self.winner}")
         lines = [head]
         for label, t in self.tried:
             mark = "  <- won" if label == self.winner else ""

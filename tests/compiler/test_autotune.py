@@ -127,7 +127,8 @@ def test_a_corrupt_cache_entry_is_ignored(own_cache):
     for f in (own_cache / "autotune").glob("*.json"):
         f.write_text("{not json")
     calls: list[str] = []
-    tl.compile(g, backend="numpy", opt_level=3, cache=False, **BIG, autotune_timer=_timer({}, calls))
+    tl.compile(g, backend="numpy", opt_level=3, cache=False, **BIG,
+               autotune_timer=_timer({}, calls))
     assert calls
 
 
