@@ -11,8 +11,11 @@ numpy reference and against torch eager (float32 tolerance) and prints ms, ratio
 Ratios are peer time / ours: above 1 we are faster. Missing peers (torch, onnxruntime: the
 ``peers`` extra) are reported as missing, the rest still runs.
 
+Contenders of ours are "BACKEND O<level> [option=value ...]" (compile options, e.g.
+"numpy O2 threads=blas" or "auto O3 autotune_budget=3").
+
 Usage: python benchmarks/bench_models.py [--quick] [--rounds N] [--contenders a,b,...]
-       [--models i,j,...] [--name NAME]
+       [--models i,j,...] [--name NAME] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -66,13 +69,23 @@ def _time(fn, rounds: int, min_time: float) -> list[float]:
     return out
 
 
+def _value(text: str):
+    """A contender's option value: a number where it reads as one, else the text."""
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
 def _ours(name: str, model, arrays):
     import tensorlogic as tl
     from tensorlogic.backends import host_pool
 
     parts = name.split()
     backend, level = parts[0], int(parts[1][1:])
-    opts = dict(p.split("=") for p in parts[2:])
+    opts = {k: _value(v) for k, v in (p.split("=", 1) for p in parts[2:])}
     plan = tl.compile(model.graph(arrays), backend=backend, opt_level=level, **opts)
     feed = {k: arrays[k] for k in model.inputs}
 
@@ -212,6 +225,8 @@ def main(argv=None) -> int:
     ap.add_argument("--name", default="bench_models", help="results/<name>.json")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--tmp", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--keep", default=None,
+                    help="keep each contender's raw timings and outputs in this folder")
     args = ap.parse_args(argv)
     models = _models()
     indices = [int(i) for i in args.models.split(",")] if args.models else list(range(len(models)))
@@ -221,7 +236,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.rounds, args.min_time = 3, 0.05
     names = [c.strip() for c in args.contenders.split(",") if c.strip()]
-    unknown = [c for c in names if c not in OURS + PEERS]
+    unknown = [c for c in names if c not in PEERS and " ".join(c.split()[:2]) not in OURS]
     if unknown:
         ap.error(f"unknown contenders {unknown}; known: {OURS + PEERS}")
     missing = {}
@@ -236,7 +251,8 @@ def main(argv=None) -> int:
     print(f"machine: {m0['cpu']}, {m0['cores_usable']} cores, load {m0['loadavg_1min']:.2f}")
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as d:
-        tmp = Path(d)
+        tmp = Path(args.keep or d)
+        tmp.mkdir(parents=True, exist_ok=True)
         if "onnxruntime" in names and not missing:
             results["onnx export"] = _run_worker("onnx export", indices, args, tmp)
         for name in names:
