@@ -248,17 +248,18 @@ def main(argv=None) -> int:
     for peer, why in missing.items():
         print(f"peer {peer}: {why}; its rows are skipped")
     m0 = machine()
-    print(f"machine: {m0['cpu']}, {m0['cores_usable']} cores, load {m0['loadavg_1min']:.2f}")
+    print(f"machine: {m0['cpu']}, {m0['cores_usable']} cores, load {m0['loadavg_1min']:.2f}",
+          flush=True)
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(args.keep or d)
         tmp.mkdir(parents=True, exist_ok=True)
-        if "onnxruntime" in names and not missing:
-            results["onnx export"] = _run_worker("onnx export", indices, args, tmp)
         for name in names:
             if name.startswith("torch") and "torch" in missing or \
                     name == "onnxruntime" and missing:
                 continue
+            if name == "onnxruntime":  # export the torch models first, in a process of its own
+                results["onnx export"] = _run_worker("onnx export", indices, args, tmp)
             print(f"== {name}", flush=True)
             results[name] = _run_worker(name, indices, args, tmp)
         rows = []
