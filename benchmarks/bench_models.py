@@ -215,6 +215,43 @@ def _rel_err(got, want) -> float:
                for g, w in zip(got, want))
 
 
+def _rows(models, indices, names, results, missing, tmp: Path, refs) -> list[dict]:
+    """One row per model and contender: times, ratios to the peers, output checks."""
+    rows = []
+    for i in indices:
+        model = models[i]
+        ref = refs[i]
+        torch_out = _load(tmp, "torch eager", i)
+        base = {p: results.get(p, {}).get(model.name, {}).get("ms") for p in PEERS}
+        for name in names:
+            r = results.get(name, {}).get(model.name)
+            if r is None:
+                why = (missing.get("torch") if name.startswith("torch") else
+                       missing.get("onnxruntime") or missing.get("torch"))
+                if why:
+                    rows.append({"model": model.name, "contender": name,
+                                 "error": f"peer missing: {why}"})
+                continue
+            row = {"model": model.name, "contender": name, **{k: v for k, v in r.items()
+                                                              if k != "rounds_ms"},
+                   "rounds_ms": r.get("rounds_ms")}
+            got = _load(tmp, name, i)
+            if got is not None:
+                row["err_vs_ref"] = _rel_err(got, ref)
+                if torch_out is not None:
+                    row["err_vs_torch"] = _rel_err(got, [t.astype(np.float64)
+                                                         for t in torch_out])
+                row["ok"] = bool(row["err_vs_ref"] <= RTOL and
+                                 row.get("err_vs_torch", 0.0) <= RTOL)
+            if "ms" in r:
+                for p, label in (("torch eager", "vs_eager"), ("torch.compile", "vs_compile"),
+                                 ("torch SDPA", "vs_sdpa"), ("onnxruntime", "vs_ort")):
+                    if base.get(p):
+                        row[label] = base[p] / r["ms"]
+            rows.append(row)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="3 rounds of 0.05 s (smoke run)")
@@ -251,6 +288,10 @@ def main(argv=None) -> int:
     print(f"machine: {m0['cpu']}, {m0['cores_usable']} cores, load {m0['loadavg_1min']:.2f}",
           flush=True)
     results: dict[str, dict] = {}
+    refs = {}
+    for i in indices:
+        model = models[i]
+        refs[i] = [model.reference(model.arrays())[o] for o in model.outputs]
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(args.keep or d)
         tmp.mkdir(parents=True, exist_ok=True)
@@ -262,38 +303,11 @@ def main(argv=None) -> int:
                 results["onnx export"] = _run_worker("onnx export", indices, args, tmp)
             print(f"== {name}", flush=True)
             results[name] = _run_worker(name, indices, args, tmp)
-        rows = []
-        for i in indices:
-            model = models[i]
-            ref = [model.reference(model.arrays())[o] for o in model.outputs]
-            torch_out = _load(tmp, "torch eager", i)
-            base = {p: results.get(p, {}).get(model.name, {}).get("ms") for p in PEERS}
-            for name in names:
-                r = results.get(name, {}).get(model.name)
-                if r is None:
-                    why = (missing.get("torch") if name.startswith("torch") else
-                           missing.get("onnxruntime") or missing.get("torch"))
-                    if why:
-                        rows.append({"model": model.name, "contender": name,
-                                     "error": f"peer missing: {why}"})
-                    continue
-                row = {"model": model.name, "contender": name, **{k: v for k, v in r.items()
-                                                                  if k != "rounds_ms"},
-                       "rounds_ms": r.get("rounds_ms")}
-                got = _load(tmp, name, i)
-                if got is not None:
-                    row["err_vs_ref"] = _rel_err(got, ref)
-                    if torch_out is not None:
-                        row["err_vs_torch"] = _rel_err(got, [t.astype(np.float64)
-                                                             for t in torch_out])
-                    row["ok"] = bool(row["err_vs_ref"] <= RTOL and
-                                     row.get("err_vs_torch", 0.0) <= RTOL)
-                if "ms" in r:
-                    for p, label in (("torch eager", "vs_eager"), ("torch.compile", "vs_compile"),
-                                     ("torch SDPA", "vs_sdpa"), ("onnxruntime", "vs_ort")):
-                        if base.get(p):
-                            row[label] = base[p] / r["ms"]
-                rows.append(row)
+            # partial results after every contender, so a run cut short still leaves its figures
+            write_results(args.name, _rows(models, indices, names, results, missing, tmp, refs),
+                          {"partial": True, "load_before": m0["loadavg_1min"]},
+                          peers=("torch", "onnxruntime", "threadpoolctl"))
+        rows = _rows(models, indices, names, results, missing, tmp, refs)
     cols = ["model", "contender", "ms", "vs_eager", "vs_compile", "vs_sdpa", "vs_ort", "threads",
             "ok", "err_vs_ref", "error"]
     print(table(rows, cols))
