@@ -17,6 +17,7 @@ Plan options read here (``tl.compile(g, backend="numba", **options)``):
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from ..ir.fused import FusedBody, FusedOp
 from . import kernels, numba_cache, numba_threads
 from .numba_codegen import render
 from .numba_layout import make_layout
+from .base import Capabilities, PreparedKernel
 from .numpy_backend import NumpyBackend, thread_mode
 
 # Below this many points a serial kernel wins. With OpenMP workers that sleep between kernels
@@ -80,11 +82,13 @@ class NumbaBackend(NumpyBackend):
     """Generated, parallel numba kernels; memory and input handling are the numpy backend's."""
 
     name = "numba"
+    capabilities = Capabilities(native_array=np.ndarray, own_runner=True,
+                                options=frozenset({"fast_math", "parallel_threshold", "threads"}))
 
     def __init__(self) -> None:
         numba_threads.configure()
 
-    def prepare(self, step, node, in_nodes, graph):
+    def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """A generated kernel for elementwise/reduction/row-op/fused steps; BLAS for einsum."""
         opts = step.args.get("_options") or {}
         if node.kind == ops.EINSUM:  # BLAS, split over the helper threads in the "pool" mode
@@ -93,9 +97,7 @@ class NumbaBackend(NumpyBackend):
         dts = [n.dtype for n in in_nodes]
         if body is None or node.dtype not in _FLOATS or any(d not in _FLOATS for d in dts):
             # layout ops, casts and float16 have no generated kernel: the numpy ones are exact
-            kernel = kernels.make_kernel(np, node, in_nodes, not step.view)
-            kernel.threads = 1
-            return kernel
+            return replace(kernels.make_kernel(np, node, in_nodes, not step.view), threads=1)
         fast = opts.get("fast_math")
         fast = True if fast is None else bool(fast)
         threshold = opts.get("parallel_threshold")
@@ -137,8 +139,6 @@ class NumbaBackend(NumpyBackend):
                 _call(fn, out, oshape, [_contiguous(a, s) for a, s in zip(args, views)], dims)
                 return out
 
-        kernel.info = f"numba {'parallel' if parallel else 'serial'}{' fast' if fast else ''}"
-        kernel.threads = numba_threads.thread_count() if parallel else 1
-        kernel.source = src.text
-        kernel.dispatcher = fn
-        return kernel
+        info = f"numba {'parallel' if parallel else 'serial'}{' fast' if fast else ''}"
+        return PreparedKernel(kernel, info=info, source=src.text, impl=fn,
+                              threads=numba_threads.thread_count() if parallel else 1)

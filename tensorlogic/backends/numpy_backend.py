@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -11,7 +12,7 @@ from ..errors import BackendError, InputError
 from ..ir import ops
 from ..ir.fused import FusedBody, FusedOp
 from . import cpu_threads, host_pool, kernels
-from .base import register_backend
+from .base import Backend, Capabilities, PlanRunner, PreparedKernel, register_backend
 
 _FLOATS = ("float32", "float64")
 
@@ -46,30 +47,31 @@ def calls_blas(steps) -> bool:
     return any(s.kind == ops.EINSUM and len(s.inputs) >= 2 for s in steps)
 
 
-class PoolRunner:
+class PoolRunner(PlanRunner):
     """Runs a plan's steps with BLAS on one thread (the "pool" thread mode, ``cpu_threads``)."""
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
 
-    def __call__(self, cp, inputs, out):
+    def __call__(self, plan, inputs, out):
         with cpu_threads.single_threaded_blas():
-            return cp.run_steps(inputs, out)
+            return plan.run_steps(inputs, out)
 
     def __str__(self) -> str:
         return cpu_threads.describe(self.mode)
 
 
-class NumpyBackend:
+class NumpyBackend(Backend):
     """Runs steps with numpy ufuncs (``out=``) and BLAS matmuls."""
 
     name = "numpy"
     xp = np
-    native_array = (
-        np.ndarray
-    )  # C-contiguous inputs of the declared shape skip checks (CompiledPlan)
+    # C-contiguous numpy inputs of the declared shape and dtype skip the checks (CompiledPlan);
+    # the runner of a "pool"-mode plan limits BLAS to one thread around each call
+    capabilities = Capabilities(native_array=np.ndarray, own_runner=True,
+                                options=frozenset({"threads"}))
 
-    def prepare(self, step, node, in_nodes, graph):
+    def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """Kernel for a step; einsum steps get their contraction path here, once.
 
         In the "pool" thread mode (default) GEMMs are split over the helper threads and every
@@ -81,11 +83,10 @@ class NumpyBackend:
         if node.kind == ops.EINSUM:
             return self.einsum_kernel(node, in_nodes, mode)
         kernel = self._host_kernel(step, node, in_nodes, graph, mode)
-        if not hasattr(kernel, "threads"):
-            kernel.threads = 1  # plain ufunc kernels run on the calling thread
-        return kernel
+        # plain ufunc kernels run on the calling thread
+        return kernel if kernel.threads else replace(kernel, threads=1)
 
-    def _host_kernel(self, step, node, in_nodes, graph, mode: str):
+    def _host_kernel(self, step, node, in_nodes, graph, mode: str) -> PreparedKernel:
         from .fused_numpy import PARALLEL_MIN_ELEMENTS, fused_kernel
 
         threads = mode == "pool" or not self._calls_blas(graph)
@@ -101,24 +102,21 @@ class NumpyBackend:
         return kernels.make_kernel(np, node, in_nodes, not step.view)
 
     @staticmethod
-    def einsum_kernel(node, in_nodes, mode: str):
+    def einsum_kernel(node, in_nodes, mode: str) -> PreparedKernel:
         """An einsum kernel whose products run as the thread mode says."""
         mm = cpu_threads.parallel_matmul if mode == "pool" else None
         kernel = kernels.einsum_kernel(np, node, in_nodes, mm)
-        if mode == "pool" and kernel.flops < cpu_threads.MIN_SPLIT_FLOPS:
-            kernel.threads = 1
-        elif mode == "pool":
-            kernel.threads = host_pool.helper_count() + 1
-        else:
-            kernel.threads = cpu_threads.blas_threads()
-        return kernel
+        if mode == "pool":
+            split = (kernel.flops or 0) >= cpu_threads.MIN_SPLIT_FLOPS
+            return replace(kernel, threads=host_pool.helper_count() + 1 if split else 1)
+        return replace(kernel, threads=cpu_threads.blas_threads())
 
-    def plan_runner(self, cp):
+    def plan_runner(self, plan) -> PlanRunner | None:
         """A runner that limits BLAS to one thread around the call ("pool" mode plans that
         call BLAS); None keeps the plain step loop."""
-        if not cp.steps or not calls_blas(cp.steps):
+        if not plan.steps or not calls_blas(plan.steps):
             return None
-        mode = thread_mode(cp.steps[0])
+        mode = thread_mode(plan.steps[0])
         return PoolRunner(mode) if mode == "pool" else None
 
     def _calls_blas(self, graph) -> bool:

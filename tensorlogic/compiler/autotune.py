@@ -38,7 +38,7 @@ DEFAULT_BUDGET = 10.0
 TUNABLE_PASSES = ("merge", "fusion", "attention")  # passes whose absence is a candidate
 THREAD_MODES = ("pool", "blas")
 _CPU = ("numba", "numpy")
-_OWN_OPTIONS = ("autotune_budget", "autotune_cache", "autotune_timer", "_tune_backends")
+_OWN_OPTIONS = ("autotune_budget", "autotune_cache", "autotune_timer", "autotune_backends")
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ def _machine() -> dict:
 
 
 def _cache_path(plan, binding: dict[str, int], backends: tuple[str, ...]) -> Any:
-    opts = {k: repr(v) for k, v in sorted(plan.options.items()) if k not in _OWN_OPTIONS}
+    opts = {k: repr(v) for k, v in sorted(plan.options.given.items()) if k not in _OWN_OPTIONS}
     graph = plan.graph.bind(binding) if binding else plan.graph
     key = json.dumps({"graph": graph.fingerprint(), "options": opts, "backends": backends,
                       "machine": _machine()}, sort_keys=True)
@@ -173,29 +173,30 @@ def measure(run: Callable[[], Any], slice_s: float) -> float:
 def autotune(plan, binding: dict[str, int], build: Callable) -> Any:
     """The fastest concrete plan among the candidates (``build(plan, binding, level, options,
     backend)`` makes one); the report goes to its ``autotune`` attribute."""
-    opts = dict(plan.options)
-    budget = float(opts.get("autotune_budget", DEFAULT_BUDGET))
-    timer = opts.get("autotune_timer")
-    use_cache = bool(opts.get("autotune_cache", True))
-    backends = tuple(opts.get("_tune_backends") or (plan.backend.name,))
-    base = {k: v for k, v in opts.items() if k not in _OWN_OPTIONS}
+    from ..options import CompileOptions
+
+    opts = plan.options
+    budget = float(opts["autotune_budget"])
+    timer = opts["autotune_timer"]
+    use_cache = bool(opts["autotune_cache"])
+    backends = tuple(opts["autotune_backends"] or (plan.backend.name,))
+    # what the caller chose stays fixed; everything else is the candidates' to vary
+    base = {k: v for k, v in opts.given.items() if k not in _OWN_OPTIONS}
     user_skip = tuple(base.get("skip_passes") or ())
     from ..optimizer.base import PIPELINES
 
     tunable = [p for p in TUNABLE_PASSES if p in PIPELINES[3] and p not in user_skip]
     vary_threads = "threads" not in base
 
-    def cand_options(c: Candidate) -> dict:
+    def make(c: Candidate):
+        be = plan.backend if c.backend == plan.backend.name else get_backend(c.backend)
         o = dict(base)
         if c.skip:
             o["skip_passes"] = c.skip
         if c.threads is not None:
             o["threads"] = c.threads
-        return o
-
-    def make(c: Candidate):
-        be = plan.backend if c.backend == plan.backend.name else get_backend(c.backend)
-        return build(plan, binding, 3, cand_options(c), be)
+        return build(plan, binding, 3, CompileOptions.resolve(o, be.name, be.capabilities.options),
+                     be)
 
     def threads_of(backend: str) -> str | None:
         return "pool" if vary_threads and backend in _CPU else None

@@ -13,10 +13,12 @@ from typing import Any
 import numpy as np
 
 from ..backends import get_backend
+from ..backends.base import PreparedKernel, as_prepared
 from ..backends import kernels as generic_kernels
 from ..errors import BackendError, GraphError
 from ..ir import ops
 from ..ir.graph import EinsumGraph
+from ..options import CompileOptions
 from ..optimizer import optimize
 from . import hooks
 from .memory import plan_memory
@@ -44,11 +46,10 @@ def _step_flops(node, in_nodes) -> int:
 _INPLACE_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE, ops.ROWOP, ops.FUSED)
 
 
-def _scratch_buffers(kernel, node, first_id: int) -> list[Buffer]:
-    """Buffers for the temporaries a kernel declares in its ``scratch`` attribute."""
-    specs = getattr(kernel, "scratch", None) or ()
+def _scratch_buffers(kernel: PreparedKernel, node, first_id: int) -> list[Buffer]:
+    """Buffers for the temporaries a kernel declares in ``PreparedKernel.scratch``."""
     out = []
-    for j, spec in enumerate(specs):
+    for j, spec in enumerate(kernel.scratch):
         try:
             shape, dtype = spec
             shape = tuple(int(d) for d in shape)
@@ -65,11 +66,10 @@ def _scratch_buffers(kernel, node, first_id: int) -> list[Buffer]:
     return out
 
 
-def _inplace_positions(kernel, node) -> tuple[int, ...]:
+def _inplace_positions(kernel: PreparedKernel, node) -> tuple[int, ...]:
     if node.kind not in _INPLACE_KINDS:
         return ()
-    pos = getattr(kernel, "inplace", None) or ()
-    return tuple(int(p) for p in pos if 0 <= int(p) < len(node.inputs))
+    return tuple(int(p) for p in kernel.inplace if 0 <= int(p) < len(node.inputs))
 
 
 def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
@@ -81,7 +81,7 @@ def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
 
 
 def _build_variant(plan: CompiledPlan, binding: dict[str, int], opt_level: int,
-                   options: dict, backend: Any) -> ConcretePlan:
+                   options: CompileOptions, backend: Any) -> ConcretePlan:
     """The concrete plan of ``plan``'s graph at ``opt_level`` with ``options`` on ``backend``."""
     # compiling allocates many small objects that all stay alive, so CPython's cyclic collector
     # only adds pauses here (a 1000-node graph: 75-97 ms with it, 74-83 ms without)
@@ -94,17 +94,16 @@ def _build_variant(plan: CompiledPlan, binding: dict[str, int], opt_level: int,
             gc.enable()
 
 
-def _build_plan(graph: EinsumGraph, binding: dict[str, int], opt_level: int, options: dict,
-                backend: Any) -> ConcretePlan:
+def _build_plan(graph: EinsumGraph, binding: dict[str, int], opt_level: int,
+                options: CompileOptions, backend: Any) -> ConcretePlan:
     graph = graph.bind(binding) if binding else graph
     t0 = time.perf_counter()
     optimized, report = optimize(graph, opt_level, options)
     order = needed_nodes(optimized)
     nodes = {nid: optimized.node(nid) for nid in order}
     bufs = make_buffers(optimized, order)
-    # a backend may take plan options (the cupy backend: codegen path, CUDA graphs)
-    if hasattr(backend, "with_options"):
-        backend = backend.with_options(options)
+    # a backend may build kernels differently per plan (the cupy backend: codegen, CUDA graphs)
+    backend = backend.with_options(options)
     steps: list[Step] = []
     kernels = []
     scratch: list[Buffer] = []
@@ -123,12 +122,13 @@ def _build_plan(graph: EinsumGraph, binding: dict[str, int], opt_level: int, opt
                     tuple(bufs[i].id for i in node.inputs), b.id, tuple(node.shape), node.dtype,
                     _step_flops(node, in_nodes), int(nbytes), args)
         with hooks.timed("codegen", f"prepare {node.name}", backend=backend.name, kind=node.kind):
-            kernel = backend.prepare(step, node, in_nodes, optimized)
+            kernel = as_prepared(backend.prepare(step, node, in_nodes, optimized),
+                                 f"node {node.name!r}")
         # kernels may report what only they know: einsum FLOPs along the chosen path, the path
-        if hasattr(kernel, "flops") or hasattr(kernel, "info") or hasattr(kernel, "threads"):
-            step = replace(step, flops=int(getattr(kernel, "flops", step.flops)),
-                           info=getattr(kernel, "info", ""),
-                           threads=int(getattr(kernel, "threads", 0) or 0))
+        if kernel.flops is not None or kernel.bytes is not None or kernel.info or kernel.threads:
+            step = replace(step, flops=step.flops if kernel.flops is None else int(kernel.flops),
+                           bytes=step.bytes if kernel.bytes is None else int(kernel.bytes),
+                           info=kernel.info, threads=int(kernel.threads))
         extra = _scratch_buffers(kernel, node, len(order) + len(scratch))
         if extra:
             scratch.extend(extra)
@@ -140,27 +140,26 @@ def _build_plan(graph: EinsumGraph, binding: dict[str, int], opt_level: int, opt
         steps.append(step)
     buffers = tuple(bufs[nid] for nid in order) + tuple(scratch)
     memory = plan_memory(buffers, [(s.inputs, s.output, s.scratch) for s in steps], inplace_ok,
-                         reuse=bool(options.get("reuse_memory", True)))
+                         reuse=options["reuse_memory"])
     cp = ConcretePlan(
         graph=optimized, steps=tuple(steps), buffers=buffers, memory=memory,
         kernels=tuple(kernels),
         input_ids={name: bufs[nid].id for name, nid in optimized.inputs.items() if nid in bufs},
         output_ids={name: bufs[nid].id for name, nid in optimized.outputs.items()},
         constants={}, backend=backend, binding=dict(binding), optimizer_report=report,
-        pooled=bool(options.get("pool", True)),
+        pooled=options["pool"],
     )
     # the budget is checked before anything is allocated (constants moved, arenas built)
-    limit = options.get("memory_limit")
+    limit = options["memory_limit"]
     if limit is not None:
         check_budget(cp, limit, "memory_limit")
     else:
-        free = getattr(backend, "free_memory", None)
-        avail = free() if callable(free) else None
+        avail = backend.free_memory()
         if avail is not None:
             check_budget(cp, int(avail), f"the free memory of the {backend.name} device")
     cp.constants.update({bufs[nid].id: backend.to_device(optimized.constants[nid])
                          for nid in order if nodes[nid].kind == ops.CONSTANT})
-    if hasattr(backend, "plan_runner"):
+    if backend.capabilities.own_runner:
         cp.runner = backend.plan_runner(cp)
     hooks.compile_event("compile", "build plan", t0, time.perf_counter() - t0,
                         steps=len(steps), binding=dict(binding))
@@ -172,46 +171,42 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
     """Compile a graph into a plan for ``backend`` at ``opt_level`` (0-3).
 
     Plans are cached by the graph's content hash, backend, opt level and options; graphs with
-    symbolic dimensions are specialized per concrete binding on first call.
+    symbolic dimensions are specialized per concrete binding on first call. ``options`` are
+    checked against ``tensorlogic.options.OPTIONS``: an unknown name or a value of the wrong
+    kind raises GraphError; an option of another backend is accepted and ignored (listed by
+    ``print(plan)``).
 
     Memory options: ``memory_limit`` (bytes one call may need: planned peak of intermediates
     plus outputs; without it the backend's free memory is the limit) raises MemoryBudgetError
     before anything is allocated; ``pool=False`` builds fresh buffers on every call instead of
     reusing pooled arenas; ``reuse_memory=False`` gives every intermediate its own memory.
 
-    CPU options: ``threads`` ("pool", default, or "blas"; see ``backends/cpu_threads.py``).
-    O3 options (``compiler/autotune.py``): ``autotune_budget`` (seconds per plan, default 10),
-    ``autotune_cache`` (default True: decisions kept on disk under TL_CACHE_DIR),
-    ``autotune_timer`` (``timer(label, run) -> seconds``, replaces the measurement);
-    ``skip_passes`` (pass names left out of the pipeline) at any level.
+    CPU threads: ``threads`` ("pool", the default, or "blas"; ``backends/cpu_threads.py``).
+    O3 autotunes (``compiler/autotune.py``): ``autotune_budget`` (seconds per plan, default
+    10), ``autotune_cache``, ``autotune_timer``, ``autotune_backends``; ``skip_passes`` leaves
+    optimizer passes out at any level.
     """
     if not isinstance(graph, EinsumGraph):
         raise GraphError(f"compile() expects an EinsumGraph, got {type(graph).__name__}")
-    if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
+    if type(opt_level) is not int or not 0 <= opt_level <= 3:
         raise GraphError(f"opt_level must be an int from 0 to 3, got {opt_level!r}")
-    if memory_limit is not None and (not isinstance(memory_limit, int) or memory_limit <= 0):
-        raise GraphError(f"memory_limit must be a positive number of bytes, got {memory_limit!r}")
-    for flag in ("pool", "reuse_memory"):
-        if flag in options and not isinstance(options[flag], bool):
-            raise GraphError(f"{flag} must be True or False, got {options[flag]!r}")
-    _check_tuning_options(options)
-    graph.validate()
+    if type(cache) is not bool:
+        raise GraphError(f"cache must be True or False, got {cache!r}")
     be = get_backend(backend)
-    opts = dict(options, memory_limit=memory_limit)
-    if opt_level == 3 and "_tune_backends" not in opts:
+    if opt_level == 3 and options.get("autotune_backends") is None:
         from .autotune import candidate_backends
 
-        opts["_tune_backends"] = candidate_backends(backend, be)
-    key = (
-        graph.fingerprint(),
-        be.name,
-        opt_level,
-        tuple(sorted((k, repr(v)) for k, v in opts.items())),
-    )
+        options = {**options, "autotune_backends": candidate_backends(backend, be)}
+    # checked before the graph: a typo in an option fails fast and never reaches the cache key
+    opts = CompileOptions.resolve({**options, "memory_limit": memory_limit}, be.name,
+                                  be.capabilities.options)
+    graph.validate()
+    key = (graph.fingerprint(), be.name, opt_level, opts.key)
     if cache:
         with _cache_lock:
             hit = _cache.get(key)
-            if hit is not None:
+            # a backend registered again under the same name is another backend
+            if hit is not None and hit.backend is be:
                 _cache.move_to_end(key)
                 hooks.compile_event("cache", "plan cache hit", time.perf_counter(), 0.0)
                 return hit
@@ -224,30 +219,6 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
             while len(_cache) > _CACHE_SIZE:
                 _cache.popitem(last=False)
     return plan
-
-
-def _check_tuning_options(options: dict) -> None:
-    """Reject bad values of the thread and autotuning options before anything is built."""
-    from ..backends.cpu_threads import check_mode
-    from ..optimizer.base import PASSES
-
-    if "threads" in options:
-        check_mode(options["threads"])
-    skip = options.get("skip_passes")
-    if skip is not None:
-        names = [skip] if isinstance(skip, str) else list(skip) if isinstance(
-            skip, (list, tuple, set, frozenset)) else None
-        unknown = [n for n in names or [] if n not in PASSES]
-        if names is None or unknown:
-            raise GraphError(f"skip_passes={skip!r}: expected a list of pass names from "
-                             f"{sorted(PASSES)}")
-    budget = options.get("autotune_budget")
-    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
-                               or not budget >= 0):
-        raise GraphError(f"autotune_budget must be a number of seconds >= 0, got {budget!r}")
-    timer = options.get("autotune_timer")
-    if timer is not None and not callable(timer):
-        raise GraphError(f"autotune_timer must be callable(label, run) -> seconds, got {timer!r}")
 
 
 def clear_cache() -> None:
