@@ -177,9 +177,8 @@ def worker(name: str, indices: list[int], rounds: int, min_time: float, tmp: Pat
                        threads=threads)
             if resolved:
                 row["resolved"] = resolved
-            if plan is not None and "O3" in name:
-                row["autotune"] = str(plan).split("autotune:", 1)[-1].strip()[:2000] \
-                    if "autotune:" in str(plan) else ""
+            if plan is not None and plan.concrete.autotune is not None:
+                row["autotune"] = str(plan.concrete.autotune)
             np.savez(tmp / f"{name.replace(' ', '_')}-{i}.npz", *[np.asarray(r) for r in res])
         except ImportError as exc:
             row = {"error": f"missing: {exc.name} (pip install tensorlogic[peers])"}
