@@ -89,6 +89,13 @@ def count(v: Any) -> int:
     raise ValueError(v)
 
 
+def function(v: Any) -> Any:
+    """A callable."""
+    if callable(v):
+        return v
+    raise TypeError(v)
+
+
 def optional(kind: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``kind`` or None."""
     return lambda v: None if v is None else kind(v)
@@ -110,17 +117,13 @@ _add("path_memory_limit", optional(positive_int), _BYTES, None,
      "largest intermediate a contraction path may build (default: memory_limit)")
 _add("assume_finite", flag, "True or False", False,
      "inputs hold no inf/NaN, so x*0 may fold to 0")
+_add("fold_evaluator", optional(function), "a function evaluate(node, arrays) or None", None,
+     "evaluates constant subgraphs when folding (default: tensorlogic.ir.evaluate)")
 # O3 autotuning (compiler/autotune.py) and the optimizer's pipeline
 def _seconds(v: Any) -> float:
     if isinstance(v, numbers.Real) and not isinstance(v, bool) and float(v) >= 0:
         return float(v)
     raise ValueError(v)
-
-
-def _callable(v: Any) -> Callable:
-    if callable(v):
-        return v
-    raise TypeError(v)
 
 
 def _names(v: Any) -> tuple[str, ...]:
@@ -146,7 +149,7 @@ _add("autotune_budget", _seconds, "a number of seconds >= 0", 10.0,
      "O3: seconds the autotuner may spend per plan, compile time included")
 _add("autotune_cache", flag, "True or False", True,
      "O3: keep the autotuner's decision on disk under TL_CACHE_DIR/autotune")
-_add("autotune_timer", optional(_callable), "None or a callable timer(label, run) -> seconds",
+_add("autotune_timer", optional(function), "None or a callable timer(label, run) -> seconds",
      None, "O3: replaces the measurement of each candidate (deterministic tests)")
 _add("autotune_backends", optional(_names), "None or a list of backend names", None,
      "O3: backends to choose from (default: the compiled one; auto on a CPU: numba and numpy)")
@@ -267,4 +270,4 @@ class CompileOptions(Mapping[str, Any]):
 
 
 __all__ = ["OPTIONS", "CompileOptions", "Option", "register_option", "flag", "one_of",
-           "positive_int", "count", "optional"]
+           "positive_int", "count", "function", "optional"]

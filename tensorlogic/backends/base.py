@@ -9,6 +9,7 @@ factory raises BackendError when the backend cannot run on this machine.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ class Capabilities:
         dtypes: the dtypes its kernels compute in.
         native_array: inputs of exactly this type, C-contiguous with the declared shape and
             dtype, are taken as they are (no checks, no conversion); None: always checked.
+        multi_device: ``device_count``, ``on_device``, ``use_device`` and ``transfers`` run
+            batches on several devices of this host (``run_batched(..., devices=)``).
     """
 
     device: bool = False
@@ -50,6 +53,7 @@ class Capabilities:
     options: frozenset[str] = frozenset()
     dtypes: frozenset[str] = frozenset({"float16", "float32", "float64"})
     native_array: type | None = None
+    multi_device: bool = False
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,23 @@ class Backend:
 
     #: the device plans run on, for calibration caches and reports
     device_name: str = "cpu"
+
+    # several devices (with ``capabilities.multi_device``) -------------------------------
+    def device_count(self) -> int:
+        """Devices this process can see (host backends: none of their own)."""
+        return 0
+
+    def on_device(self, device_id: int) -> Backend:
+        """The backend instance for device ``device_id``."""
+        raise BackendError(f"backend {self.name!r} runs on the host, not on device {device_id}")
+
+    def use_device(self) -> Any:
+        """A context in which this backend's device is the current one."""
+        return contextlib.nullcontext()
+
+    def transfers(self) -> Any:
+        """Pinned staging and streams for one lane of batches on this backend's device."""
+        raise BackendError(f"backend {self.name!r} has no device transfers")
 
 
 _factories: dict[str, Callable[[], Backend]] = {}

@@ -190,6 +190,19 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
     if kind in (ops.UNARY, ops.BINARY):
         row = ops.ELEMENTWISE[op]
         fn = row.numpy
+        src = in_nodes[0].dtype
+        if kind == ops.UNARY and src != node.dtype and op != "abs":
+            # a unary op whose result dtype differs (exp of int8 is float16) computes on its
+            # input converted to that dtype, as numpy's loop does; composite ops (gelu, sigmoid)
+            # would otherwise run their first steps in the input's integer loops
+            in_shape = tuple(in_nodes[0].shape)
+
+            def converted(a, out):
+                x = _arg(xp, a, 1, in_shape, node.dtype)
+                xp.copyto(x, a[0])
+                return fn(x, out=out)
+
+            return PreparedKernel(converted, scratch=((in_shape, node.dtype),))
         if kind == ops.UNARY:
             kernel = lambda a, out: fn(a[0], out=out)  # noqa: E731
         else:
@@ -208,7 +221,7 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
         kd = bool(node.args.get("keepdims"))
         if op == "logsumexp":
             return _logsumexp_kernel(xp, tuple(in_nodes[0].shape), node.dtype, axes, kd)
-        red = {"sum": xp.sum, "mean": xp.mean, "max": xp.max, "min": xp.min, "prod": xp.prod}[op]
+        red = getattr(xp, ops.REDUCTION_TABLE[op].numpy)
         return PreparedKernel(lambda a, out: red(a[0], axis=axes, keepdims=kd, out=out))
     if kind == ops.ROWOP and op == "layer_norm":
         return _layer_norm_kernel(xp, tuple(in_nodes[0].shape), node.dtype, node.args["axis"],
@@ -233,18 +246,14 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
             return PreparedKernel(reshape_copy)
         return PreparedKernel(lambda a, out: a[0].reshape(shape))
     if kind == ops.CAST:
+        if in_nodes[0].dtype.startswith("complex") and not node.dtype.startswith("complex"):
+            def cast_real(a, out):  # astype's result, without its ComplexWarning
+                out[...] = a[0].real
+                return out
+            return PreparedKernel(cast_real)
+
         def cast(a, out):
             out[...] = a[0]
             return out
         return PreparedKernel(cast)
     raise BackendError(f"node {node.name!r}: no kernel for node kind {kind!r}")
-
-
-def elementwise_flops(node, n_elements: int) -> int:
-    """FLOPs of a non-einsum node."""
-    if node.kind in (ops.UNARY, ops.BINARY):
-        return ops.ELEMENTWISE[node.op].flops * n_elements
-    if node.kind == ops.WHERE:
-        return n_elements
-    return 0
-

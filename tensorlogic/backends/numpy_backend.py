@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import SUPPORTED
 from ..errors import BackendError, InputError
 from ..ir import ops
 from ..ir.fused import FusedBody, FusedOp
@@ -67,9 +68,10 @@ class NumpyBackend(Backend):
     name = "numpy"
     xp = np
     # C-contiguous numpy inputs of the declared shape and dtype skip the checks (CompiledPlan);
-    # the runner of a "pool"-mode plan limits BLAS to one thread around each call
-    capabilities = Capabilities(native_array=np.ndarray, own_runner=True,
-                                options=frozenset({"threads"}))
+    # every IR dtype runs here; the runner of a "pool"-mode plan limits BLAS to one thread
+    # around each call
+    capabilities = Capabilities(native_array=np.ndarray, dtypes=frozenset(SUPPORTED),
+                                own_runner=True, options=frozenset({"threads"}))
 
     def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """Kernel for a step; einsum steps get their contraction path here, once.
@@ -140,7 +142,7 @@ class NumpyBackend(Backend):
         return np.empty(shape, dtype)
 
     def alloc_bytes(self, n):  # noqa: D102
-        from ..compiler.pool import host_bytes
+        from ..runtime.pool import host_bytes
 
         return host_bytes(n)
 
@@ -159,7 +161,7 @@ class NumpyBackend(Backend):
         return isinstance(x, np.ndarray)
 
     def check_input(self, x: Any, name: str):
-        """Accept numpy arrays (and numpy scalars) of a float dtype."""
+        """Accept numpy arrays (and numpy scalars) of a supported dtype."""
         if isinstance(x, np.generic):
             x = np.asarray(x)
         if not isinstance(x, np.ndarray):
@@ -167,8 +169,9 @@ class NumpyBackend(Backend):
                 f"input {name!r}: expected a numpy array, got {type(x).__name__}; "
                 "wrap it with np.asarray(..., dtype=...)"
             )
-        if x.dtype.kind != "f":
-            raise InputError(f"input {name!r}: dtype {x.dtype} is not a float dtype")
+        if x.dtype.name not in SUPPORTED:
+            raise InputError(f"input {name!r}: dtype {x.dtype} is not supported; expected one "
+                             f"of {SUPPORTED}")
         return x
 
     def to_device(self, x):  # noqa: D102
