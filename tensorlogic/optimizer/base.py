@@ -174,5 +174,8 @@ def optimize(graph: EinsumGraph, opt_level: int,
     missing = [name for name in PIPELINES[opt_level] if name not in PASSES]
     if missing:
         raise GraphError(f"opt level {opt_level} runs passes {missing} that are not registered")
-    passes = [PASSES[name](dict(options or {})) for name in PIPELINES[opt_level]]
+    # ``skip_passes`` drops named passes from the pipeline (the O3 autotuner's variants)
+    skip = set((options or {}).get("skip_passes") or ())
+    passes = [PASSES[name](dict(options or {})) for name in PIPELINES[opt_level]
+              if name not in skip]
     return PassManager(passes, opt_level).run(graph)
