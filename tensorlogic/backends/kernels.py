@@ -16,8 +16,8 @@ Kernel attributes the compiler reads (all optional, so a plain function is a val
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
-
 
 from ..errors import BackendError
 from ..ir import ops, spec as einspec
@@ -82,6 +82,25 @@ def _arg(xp, a: list, k: int, shape: tuple, dtype: str):
 
 def _keep_shape(shape: tuple, axes: tuple[int, ...]) -> tuple:
     return tuple(1 if k in axes else d for k, d in enumerate(shape))
+
+
+# what a reduction over zero elements gives, as numpy defines it (mean: nan, without numpy's
+# "Mean of empty slice" warning); max and min have none and are refused by shape inference
+EMPTY_REDUCTION = {"sum": 0.0, "mean": float("nan"), "prod": 1.0, "logsumexp": float("-inf")}
+
+
+def empty_reduction_kernel(op: str, shape: tuple, axes: tuple[int, ...]) -> Kernel | None:
+    """A kernel filling ``out`` with the value of ``op`` over zero elements, when the reduced
+    axes of ``shape`` hold none; else None."""
+    if op not in EMPTY_REDUCTION or math.prod(int(shape[a]) for a in axes) != 0:
+        return None
+    value = EMPTY_REDUCTION[op]
+
+    def fill(a, out):
+        out[...] = value
+        return out
+
+    return fill
 
 
 def _logsumexp(xp, x, axes, keepdims, out):
@@ -215,6 +234,9 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> Kernel:
     if kind == ops.REDUCE:
         axes = tuple(node.args["axes"])
         kd = bool(node.args.get("keepdims"))
+        empty = empty_reduction_kernel(op, tuple(in_nodes[0].shape), axes)
+        if empty is not None:
+            return empty
         if op == "logsumexp":
             return _logsumexp_kernel(xp, tuple(in_nodes[0].shape), node.dtype, axes, kd)
         red = {"sum": xp.sum, "mean": xp.mean, "max": xp.max, "min": xp.min, "prod": xp.prod}[op]

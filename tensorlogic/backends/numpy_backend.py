@@ -11,6 +11,7 @@ from ..errors import BackendError, InputError
 from ..ir import ops
 from . import kernels
 from .base import register_backend
+from .inputs import plain_host_array
 
 
 class NumpyBackend:
@@ -74,6 +75,7 @@ class NumpyBackend:
         """Accept numpy arrays (and numpy scalars) of a float dtype."""
         if isinstance(x, np.generic):
             x = np.asarray(x)
+        x = plain_host_array(x, name)
         if not isinstance(x, np.ndarray):
             raise InputError(
                 f"input {name!r}: expected a numpy array, got {type(x).__name__}; "

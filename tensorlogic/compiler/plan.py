@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from ..errors import GraphError, InputError, MemoryBudgetError
+from ..backends.inputs import check_out_array, check_out_overlap
 from ..ir.graph import EinsumGraph
 from . import fperrors, hooks
 from .memory import MemoryPlan, format_bytes
@@ -313,8 +314,8 @@ class CompiledPlan:
                 if not self.backend.all_finite(x):
                     raise InputError(f"input {name!r} contains NaN or inf (check_finite=True)")
         cp = self.specialize(**sizes) if self.symbols and not fast else self._last
-        if out:
-            self._check_out(cp, out)
+        if out is not None:
+            self._check_out(cp, out, arrays)
         obs = hooks.active()
         if obs is None:
             if not fast:
@@ -346,7 +347,10 @@ class CompiledPlan:
                 return None
         return kwargs
 
-    def _check_out(self, cp: ConcretePlan, out: Mapping[str, Any]) -> None:
+    def _check_out(self, cp: ConcretePlan, out: Any, inputs: Mapping[str, Any]) -> None:
+        if not isinstance(out, Mapping):
+            raise InputError(f"out must be a dict of output name -> array, got {type(out).__name__}")
+        native = getattr(self.backend, "native_array", None)
         for name, arr in out.items():
             if name not in cp.output_ids:
                 raise InputError(f"out: unknown output {name!r}; outputs are {list(cp.output_ids)}")
@@ -356,8 +360,11 @@ class CompiledPlan:
                     f"out[{name!r}]: expected a {self.backend.name} array of shape {b.shape} and dtype "
                     f"{b.dtype}, got {type(arr).__name__} {getattr(arr, 'shape', '')} {getattr(arr, 'dtype', '')}"
                 )
+            if native is not None:
+                check_out_array(arr, name, native)
             if not getattr(arr, "flags", None) or not arr.flags.c_contiguous:
                 raise InputError(f"out[{name!r}]: the array must be C-contiguous")
+        check_out_overlap(dict(out), dict(inputs))
 
     def check_budget(self, limit: int | None) -> None:
         """Raise MemoryBudgetError if the current concrete plan's peak exceeds ``limit`` bytes."""

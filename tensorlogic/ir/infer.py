@@ -98,6 +98,19 @@ def reshape_target(shape: Shape, newshape: Sequence[Dim], where: str) -> Shape:
     return tuple(newshape)
 
 
+# reductions and row ops with no value over an empty axis (numpy has no identity for max/min);
+# sum, mean, prod and logsumexp follow numpy there (0, nan, 1, -inf)
+NO_IDENTITY = ("max", "min", "softmax", "log_softmax")
+
+
+def _refuse_empty(op: str, shape: Shape, axes: Sequence[int], where: str) -> None:
+    """Symbolic sizes are checked again when the plan binds them (at call time)."""
+    empty = [a for a in axes if shape[a] == 0]
+    if empty:
+        raise ShapeError(f"{where}: {op} over axis {empty[0]} of shape {tuple(shape)}, which is "
+                         f"empty; {op} has no value over zero elements (expected a size >= 1)")
+
+
 _KNOWN_OPS = {ops.UNARY: ops.UNARY_OPS, ops.BINARY: ops.BINARY_OPS, ops.REDUCE: ops.REDUCTIONS,
               ops.ROWOP: ops.ROW_OPS}
 _OP_WORD = {ops.UNARY: "unary op", ops.BINARY: "binary op", ops.REDUCE: "reduction",
@@ -132,13 +145,17 @@ def infer(kind: str, op: str | None, inputs: Sequence, args: Mapping, where: str
         return broadcast(shapes, f"{where} (where)"), dtypes.promote(dts[1], dts[2])
     if kind == ops.REDUCE:
         axes = normalize_axes(args["axes"], len(shapes[0]), where)
+        if op in NO_IDENTITY:
+            _refuse_empty(op, shapes[0], axes, where)
         if args.get("keepdims"):
             shape = tuple(1 if i in axes else d for i, d in enumerate(shapes[0]))
         else:
             shape = tuple(d for i, d in enumerate(shapes[0]) if i not in axes)
         return shape, dts[0]
     if kind == ops.ROWOP:
-        normalize_axes(args["axis"], len(shapes[0]), where)
+        axes = normalize_axes(args["axis"], len(shapes[0]), where)
+        if op in NO_IDENTITY:
+            _refuse_empty(op, shapes[0], axes, where)
         if op == "layer_norm":
             if "eps" not in args:
                 raise GraphError(f"{where}: layer_norm needs an 'eps' argument")

@@ -14,6 +14,7 @@ from cupy.cuda import driver
 from ...errors import GraphError, InputError
 from ...ir import ops
 from .. import kernels as generic
+from ..inputs import plain_host_array
 from . import cuda_c, launch, pdl, ptx
 from . import cublas
 from .cache import KernelCache
@@ -267,6 +268,7 @@ class CupyBackend:
         """Accept CuPy arrays, numpy arrays and anything with ``__dlpack__``, of a float dtype."""
         if isinstance(x, np.generic):
             x = np.asarray(x)
+        x = plain_host_array(x, name)
         if not isinstance(x, (cupy.ndarray, np.ndarray)):
             if hasattr(x, "__dlpack__"):
                 try:
