@@ -90,7 +90,15 @@ def get_backend(name: str) -> Backend:
     with _lock:
         inst = _instances.get(name)
         if inst is None:
-            inst = _factories[name]()  # may raise BackendError: not available here
+            try:
+                inst = _factories[name]()  # may raise BackendError: not available here
+            except BackendError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a third-party factory's own failure
+                # reported as this backend being unavailable, so that available_backends()
+                # and backend="auto" go on with the others
+                raise BackendError(f"backend {name!r} failed to start: {type(exc).__name__}: "
+                                   f"{exc}") from exc
             _instances[name] = inst
         return inst
 

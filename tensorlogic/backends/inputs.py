@@ -82,3 +82,11 @@ def check_out_overlap(out: dict[str, Any], inputs: dict[str, Any]) -> None:
                 raise InputError(f"out[{name!r}] overlaps the memory of {what}; results would be "
                                  "silently wrong. Give it its own array")
         spans.append((f"out[{name!r}]", span))
+
+
+def strided_copy_bytes(x: Any) -> int:
+    """Bytes of the C-contiguous copy a backend makes of a strided or unaligned input."""
+    flags = getattr(x, "flags", None)
+    if flags is None or (flags.c_contiguous and getattr(flags, "aligned", True)):
+        return 0
+    return int(x.size) * x.dtype.itemsize

@@ -27,6 +27,7 @@ from ..ir.fused import FusedBody, FusedOp
 from . import kernels, numba_cache, numba_threads
 from .numba_codegen import render
 from .numba_layout import make_layout
+from .inputs import strided_copy_bytes
 from .numpy_backend import NumpyBackend
 
 # Below this many points a serial kernel wins. With OpenMP workers that sleep between kernels
@@ -78,6 +79,9 @@ def _call(fn: Any, out: np.ndarray, oshape: tuple[int, ...], ins: list, dims: tu
 
 class NumbaBackend(NumpyBackend):
     """Generated, parallel numba kernels; memory and input handling are the numpy backend's."""
+
+    # kernels copy strided inputs (``_contiguous``); memory_limit counts those copies
+    input_copy_bytes = staticmethod(strided_copy_bytes)
 
     name = "numba"
 

@@ -14,7 +14,7 @@ from cupy.cuda import driver
 from ...errors import GraphError, InputError
 from ...ir import ops
 from .. import kernels as generic
-from ..inputs import plain_host_array
+from ..inputs import plain_host_array, strided_copy_bytes
 from . import cuda_c, launch, pdl, ptx
 from . import cublas
 from .cache import KernelCache
@@ -283,6 +283,10 @@ class CupyBackend:
         if x.dtype.kind != "f":
             raise InputError(f"input {name!r}: dtype {x.dtype} is not a float dtype")
         return x
+
+    # strided inputs (a broadcast view stands for its full size) are copied contiguous onto the
+    # device; memory_limit counts those copies
+    input_copy_bytes = staticmethod(strided_copy_bytes)
 
     def to_device(self, x):
         """numpy arrays are copied in; CuPy arrays are used as they are (made contiguous if not)."""
