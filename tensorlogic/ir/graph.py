@@ -221,13 +221,13 @@ class EinsumGraph:
     def _fused_result(self, inputs, args, shape, dtype, where):
         from .fused import FusedBody
 
-        if shape is None or dtype is None:
-            raise GraphError(f"{where}: a fused node needs its shape and dtype given")
         try:
             body = FusedBody.from_args(args["body"])
-        except (TypeError, ValueError, KeyError, IndexError) as exc:
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
             raise GraphError(f"{where}: malformed fused body ({type(exc).__name__}: {exc})") from exc
         body.validate(len(inputs), where)
+        if shape is None or dtype is None:
+            raise GraphError(f"{where}: a fused node needs its shape and dtype given")
         dims = tuple(_check_dim(d, where) for d in shape)
         return dims, dtypes.normalize(dtype, f"{where}: ")
 
