@@ -94,7 +94,7 @@ def get_backend(name: str) -> Backend:
                 inst = _factories[name]()  # may raise BackendError: not available here
             except BackendError:
                 raise
-            except Exception as exc:  # noqa: BLE001 - a third-party factory's own failure
+            except Exception as exc:
                 # reported as this backend being unavailable, so that available_backends()
                 # and backend="auto" go on with the others
                 raise BackendError(f"backend {name!r} failed to start: {type(exc).__name__}: "

@@ -25,9 +25,9 @@ from ..errors import BackendError
 from ..ir import ops
 from ..ir.fused import FusedBody, FusedOp
 from . import kernels, numba_cache, numba_threads
+from .inputs import strided_copy_bytes
 from .numba_codegen import render
 from .numba_layout import make_layout
-from .inputs import strided_copy_bytes
 from .numpy_backend import NumpyBackend
 
 # Below this many points a serial kernel wins. With OpenMP workers that sleep between kernels

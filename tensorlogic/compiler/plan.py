@@ -14,8 +14,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from ..errors import GraphError, InputError, MemoryBudgetError
 from ..backends.inputs import check_out_array, check_out_overlap
+from ..errors import GraphError, InputError, MemoryBudgetError
 from ..ir.graph import EinsumGraph
 from . import fperrors, hooks
 from .memory import MemoryPlan, format_bytes
