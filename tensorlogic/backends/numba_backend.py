@@ -28,6 +28,7 @@ from . import kernels, numba_cache, numba_threads
 from .inputs import strided_copy_bytes
 from .numba_codegen import render
 from .numba_layout import make_layout
+from .base import Capabilities, PreparedKernel
 from .numpy_backend import NumpyBackend
 
 # Below this many points a serial kernel wins. With OpenMP workers that sleep between kernels
@@ -84,11 +85,13 @@ class NumbaBackend(NumpyBackend):
     input_copy_bytes = staticmethod(strided_copy_bytes)
 
     name = "numba"
+    capabilities = Capabilities(native_array=np.ndarray,
+                                options=frozenset({"fast_math", "parallel_threshold"}))
 
     def __init__(self) -> None:
         numba_threads.configure()
 
-    def prepare(self, step, node, in_nodes, graph):
+    def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """A generated kernel for elementwise/reduction/row-op/fused steps; BLAS for einsum."""
         opts = step.args.get("_options") or {}
         if node.kind == ops.EINSUM:
@@ -139,7 +142,5 @@ class NumbaBackend(NumpyBackend):
                 _call(fn, out, oshape, [_contiguous(a, s) for a, s in zip(args, views)], dims)
                 return out
 
-        kernel.info = f"numba {'parallel' if parallel else 'serial'}{' fast' if fast else ''}"
-        kernel.source = src.text
-        kernel.dispatcher = fn
-        return kernel
+        info = f"numba {'parallel' if parallel else 'serial'}{' fast' if fast else ''}"
+        return PreparedKernel(kernel, info=info, source=src.text, impl=fn)

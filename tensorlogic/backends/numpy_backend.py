@@ -10,18 +10,19 @@ import numpy as np
 from ..errors import BackendError, InputError
 from ..ir import ops
 from . import kernels
-from .base import register_backend
+from .base import Backend, Capabilities, PreparedKernel, register_backend
 from .inputs import plain_host_array
 
 
-class NumpyBackend:
+class NumpyBackend(Backend):
     """Runs steps with numpy ufuncs (``out=``) and BLAS matmuls."""
 
     name = "numpy"
     xp = np
-    native_array = np.ndarray  # C-contiguous inputs of the declared shape skip checks (CompiledPlan)
+    # C-contiguous numpy inputs of the declared shape and dtype skip the checks (CompiledPlan)
+    capabilities = Capabilities(native_array=np.ndarray)
 
-    def prepare(self, step, node, in_nodes, graph):
+    def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """Kernel for a step; einsum steps get their contraction path here, once."""
         if node.kind == ops.EINSUM:
             return kernels.einsum_kernel(np, node, in_nodes)

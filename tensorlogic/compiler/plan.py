@@ -14,9 +14,11 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from ..backends.base import PlanRunner, PreparedKernel
 from ..backends.inputs import check_out_array, check_out_overlap
 from ..errors import GraphError, InputError, MemoryBudgetError
 from ..ir.graph import EinsumGraph
+from ..options import CompileOptions
 from . import fperrors, hooks
 from .memory import MemoryPlan, format_bytes
 from .pool import Arena, TensorPool
@@ -49,9 +51,6 @@ class Step:
         return bool(self.args.get("_view"))
 
 
-Kernel = Callable[[list, Any], Any]
-
-
 @dataclass
 class ConcretePlan:
     """A plan for concrete shapes: steps, buffers, memory plan, kernels and a tensor pool."""
@@ -60,7 +59,7 @@ class ConcretePlan:
     steps: tuple[Step, ...]
     buffers: tuple[Buffer, ...]
     memory: MemoryPlan
-    kernels: tuple[Kernel, ...]
+    kernels: tuple[PreparedKernel, ...]
     input_ids: dict[str, int]
     output_ids: dict[str, int]
     constants: dict[int, Any]
@@ -69,14 +68,14 @@ class ConcretePlan:
     optimizer_report: Any = None
     pooled: bool = True  # keep arenas across calls (False: a fresh arena per call)
     # a backend's own executor (e.g. CUDA-graph replay); None runs the steps one by one
-    runner: Any = None
+    runner: PlanRunner | None = None
     pool: TensorPool = field(init=False)
     program: list = field(init=False)
 
     def __post_init__(self) -> None:
-        self.pool = TensorPool(self._make_arena, self.memory.peak_bytes, reuse=self.pooled)
+        self.pool = TensorPool(self.new_arena, self.memory.peak_bytes, reuse=self.pooled)
         # scratch buffers travel after the inputs, so observers run the same (fn, ins, out) loop
-        self.program = [(k, s.inputs + s.scratch, s.output)
+        self.program = [(k.fn, s.inputs + s.scratch, s.output)
                         for k, s in zip(self.kernels, self.steps)]
         self.flops = sum(s.flops for s in self.steps)
         # per-call tables, built once (the GPU runner reads them too): where inputs go, which
@@ -94,8 +93,9 @@ class ConcretePlan:
         """Bytes one call needs: the arena (planned peak of intermediates) plus the outputs."""
         return self.memory.peak_bytes + sum(b.nbytes for b in self.buffers if b.role == "output")
 
-    def _make_arena(self) -> Arena:
-        """A buffer table whose intermediates are typed views into one fresh arena."""
+    def new_arena(self) -> Arena:
+        """A buffer table (constants in place) whose intermediates are typed views into one
+        fresh arena of ``memory.peak_bytes``; the pool keeps such tables across calls."""
         env = Arena([None] * len(self.buffers))
         for bid, arr in self.constants.items():
             env[bid] = arr
@@ -174,12 +174,15 @@ class CompiledPlan:
     # concrete plans kept for graphs with symbolic dims, least recently used dropped first
     max_specializations: int = 16
 
-    def __init__(self, graph: EinsumGraph, backend: Any, opt_level: int, options: dict,
+    def __init__(self, graph: EinsumGraph, backend: Any, opt_level: int,
+                 options: CompileOptions | Mapping[str, Any],
                  build: Callable[["CompiledPlan", dict[str, int]], ConcretePlan]) -> None:
         self.graph = graph
         self.backend = backend
         self.opt_level = opt_level
-        self.options = dict(options)
+        if not isinstance(options, CompileOptions):
+            options = CompileOptions.resolve(options, backend.name)
+        self.options: CompileOptions = options
         self._build = build
         self._specs: OrderedDict[tuple, ConcretePlan] = OrderedDict()
         self._last: ConcretePlan | None = None
@@ -190,13 +193,13 @@ class CompiledPlan:
             self._last = self.specialize()
         # fast input binding: a backend that names its native array type takes C-contiguous
         # arrays of that type with the declared shapes and dtypes as they are
-        native = getattr(backend, "native_array", None)
+        native = backend.capabilities.native_array
         self._fast = None if native is None or self.symbols else (native, tuple(
             (name, tuple(node.shape), np.dtype(node.dtype)) for name, node in self._inputs.items()))
         # a backend's runner may offer a direct call for ready inputs (the cupy backend, for
         # plans of one kernel): tried first, it returns None for anything it does not take
-        runner = getattr(self._last, "runner", None)
-        self._direct = getattr(runner, "direct", None)
+        runner = self._last.runner if self._last is not None else None
+        self._direct = runner.direct if runner is not None else None
 
     # ------------------------------------------------------------------ specialization
     def specialize(self, **sizes: int) -> ConcretePlan:
@@ -295,8 +298,8 @@ class CompiledPlan:
                 if isinstance(want, str):
                     if want in sizes and sizes[want] != got:
                         raise InputError(
-                            f"input {name!r}: dimension {k} is {got} but symbol {want!r} is already "
-                            f"{sizes[want]} from input {origin[want]!r}"
+                            f"input {name!r}: dimension {k} is {got} but symbol {want!r} is "
+                            f"already {sizes[want]} from input {origin[want]!r}"
                         )
                     sizes[want], origin[want] = got, name
                 elif want != got:
@@ -307,8 +310,16 @@ class CompiledPlan:
             arrays[name] = x
         return arrays, sizes
 
-    def __call__(self, inputs: Mapping[str, Any] | None = None, /, *, out: Mapping[str, Any] | None = None,
-                 check_finite: bool = False, to_host: bool = False, **kwargs: Any) -> dict[str, Any]:
+    def __call__(
+        self,
+        inputs: Mapping[str, Any] | None = None,
+        /,
+        *,
+        out: Mapping[str, Any] | None = None,
+        check_finite: bool = False,
+        to_host: bool = False,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
         direct = self._direct
         if direct is not None and inputs is None and not out and not check_finite and \
                 not to_host and hooks.active() is None:
@@ -344,8 +355,7 @@ class CompiledPlan:
         arrays = {n: hooks.transfer(obs, "h2d", n, be.to_device, x) for n, x in arrays.items()}
         results = cp.run(arrays, out)
         if to_host:
-            sync = getattr(be, "synchronize", None)
-            results = {k: hooks.transfer(obs, "d2h", k, be.to_host, v, sync)
+            results = {k: hooks.transfer(obs, "d2h", k, be.to_host, v, be.synchronize)
                        for k, v in results.items()}
         return results
 
@@ -365,15 +375,20 @@ class CompiledPlan:
     def _check_out(self, cp: ConcretePlan, out: Any, inputs: Mapping[str, Any]) -> None:
         if not isinstance(out, Mapping):
             raise InputError(f"out must be a dict of output name -> array, got {type(out).__name__}")
-        native = getattr(self.backend, "native_array", None)
+        native = self.backend.capabilities.native_array
         for name, arr in out.items():
             if name not in cp.output_ids:
                 raise InputError(f"out: unknown output {name!r}; outputs are {list(cp.output_ids)}")
             b = cp.buffers[cp.output_ids[name]]
-            if not self.backend.is_array(arr) or tuple(arr.shape) != b.shape or arr.dtype != np.dtype(b.dtype):
+            if (
+                not self.backend.is_array(arr)
+                or tuple(arr.shape) != b.shape
+                or arr.dtype != np.dtype(b.dtype)
+            ):
                 raise InputError(
-                    f"out[{name!r}]: expected a {self.backend.name} array of shape {b.shape} and dtype "
-                    f"{b.dtype}, got {type(arr).__name__} {getattr(arr, 'shape', '')} {getattr(arr, 'dtype', '')}"
+                    f"out[{name!r}]: expected a {self.backend.name} array of shape {b.shape} and "
+                    f"dtype {b.dtype}, got {type(arr).__name__} {getattr(arr, 'shape', '')} "
+                    f"{getattr(arr, 'dtype', '')}"
                 )
             if native is not None:
                 check_out_array(arr, name, native)
@@ -384,11 +399,8 @@ class CompiledPlan:
     def _check_input_copies(self, cp: ConcretePlan, arrays: Mapping[str, Any]) -> None:
         """Count the private copies a backend makes of strided inputs against memory_limit: a
         broadcast (stride-0) view of a few bytes can stand for gigabytes once copied."""
-        copy_bytes = getattr(self.backend, "input_copy_bytes", None)
-        if copy_bytes is None:
-            return
         limit = self.options["memory_limit"]
-        extra = {name: copy_bytes(x) for name, x in arrays.items()}
+        extra = {name: self.backend.input_copy_bytes(x) for name, x in arrays.items()}
         total = sum(extra.values())
         if total and cp.planned_bytes + total > limit:
             worst = max(extra, key=extra.__getitem__)
@@ -414,6 +426,9 @@ class CompiledPlan:
             return head + f"\n  symbolic dims {list(self.symbols)}: not specialized yet"
         cp = self._last
         lines = [head]
+        ignored = self.options.describe_ignored(self.backend.name)
+        if ignored:
+            lines.append(ignored)
         if cp.binding:
             lines.append(f"binding: {cp.binding}")
         lines.append(cp.table())
@@ -446,7 +461,9 @@ def check_budget(cp: ConcretePlan, limit: int, what: str) -> None:
         outs = need - cp.memory.peak_bytes
         raise MemoryBudgetError(
             f"plan needs {need} bytes ({format_bytes(need)}: planned peak of intermediates "
-            f"{format_bytes(cp.memory.peak_bytes)}, naive {format_bytes(cp.memory.naive_bytes)}, plus outputs "
+            f"{format_bytes(cp.memory.peak_bytes)}, naive "
+            f"{format_bytes(cp.memory.naive_bytes)}, plus outputs "
             f"{format_bytes(outs)}) but {what} is {limit} bytes ({format_bytes(limit)})",
-            planned_bytes=need, limit=limit,
+            planned_bytes=need,
+            limit=limit,
         )

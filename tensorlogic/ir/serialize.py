@@ -43,8 +43,8 @@ def to_dict(g: EinsumGraph) -> tuple[dict, dict[str, np.ndarray]]:
     for n in g.nodes:
         if n.kind == ops.FUSED:
             raise SerializationError(
-                f"node {n.name!r} is a fused node made by the optimizer; save the graph before "
-                "optimizing it"
+                f"node {n.name!r} is a fused node made by the "
+                f"optimizer; save the graph before optimizing it"
             )
         nodes.append({
             "id": n.id, "kind": n.kind, "op": n.op, "inputs": list(n.inputs),
@@ -174,7 +174,11 @@ def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> Einsum
         _expect(isinstance(inputs, list) and all(_is_int(i) and i in id_map for i in inputs),
                 "'inputs' must list ids of earlier nodes", w)
         shape = rec["shape"]
-        _expect(isinstance(shape, list) and len(shape) <= MAX_RANK, f"'shape' must be a list of at most {MAX_RANK} dims", w)
+        _expect(
+            isinstance(shape, list) and len(shape) <= MAX_RANK,
+            f"'shape' must be a list of at most {MAX_RANK} dims",
+            w,
+        )
         for d in shape:
             _expect((_is_int(d) and 0 <= d) or (isinstance(d, str) and d.isidentifier()),
                     f"invalid dimension {d!r}", w)
@@ -215,7 +219,11 @@ def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> Einsum
         node = t.node
         _expect(list(node.shape) == shape or kind in (ops.INPUT,),
                 f"declared shape {shape} but inputs give {list(node.shape)}", w)
-        _expect(node.dtype == rec["dtype"], f"declared dtype {rec['dtype']!r} but inputs give {node.dtype!r}", w)
+        _expect(
+            node.dtype == rec["dtype"],
+            f"declared dtype {rec['dtype']!r} but inputs give {node.dtype!r}",
+            w,
+        )
         id_map[rec["id"]] = t.id
     for name, i in doc["inputs"].items():
         _expect(_is_int(i) and i in id_map and g.node(id_map[i]).name == name,

@@ -18,6 +18,7 @@ import numpy as np
 from ...compiler import hooks
 from ...compiler.memory import format_bytes
 from ...errors import MemoryBudgetError
+from ..base import PlanRunner as BasePlanRunner
 from . import pdl
 
 # Cost model for cuda_graph="auto": a Python-side launch costs about this much host time, and
@@ -28,7 +29,7 @@ COPY_BYTES_PER_SECOND = 2.5e12
 _D2D = 3  # cudaMemcpyDeviceToDevice
 
 
-class PlanRunner:
+class PlanRunner(BasePlanRunner):
     """Runs one concrete plan: stream launches, or CUDA-graph replay after a warm-up call."""
 
     def __init__(self, backend, plan, mode: Any) -> None:
@@ -51,8 +52,11 @@ class PlanRunner:
             self.enabled, self.status = False, "off (cuda_graph=False)"
         elif mode == "auto" and saved <= cost:
             self.enabled = False
-            self.status = (f"off (auto: {len(plan.steps)} step(s) save ~{saved * 1e6:.0f} us of "
-                           f"launches, copying {format_bytes(io)} of inputs/outputs costs ~{cost * 1e6:.0f} us)")
+            self.status = (
+                f"off (auto: {len(plan.steps)} step(s) save ~{saved * 1e6:.0f} us of "
+                f"launches, copying {format_bytes(io)} of "
+                f"inputs/outputs costs ~{cost * 1e6:.0f} us)"
+            )
         else:
             self.enabled, self.status = True, "pending (captured on the second call)"
         # warm-up and capture share one stream, so that cuBLAS's per-stream workspace and CuPy's
@@ -93,10 +97,12 @@ class PlanRunner:
         (about a quarter of a small call's host time). Anything else returns None, and the call
         takes the general path, which also produces the errors.
         """
+        from .backend import GeneratedKernel  # the backend module imports this one
+
         fn, args, name, shape, dtype = self._one
-        launch = getattr(fn, "direct_run", None)
-        if launch is None:
+        if not isinstance(fn, GeneratedKernel) or fn.direct_run is None:
             return None
+        launch = fn.direct_run
         ndarray, empty = cupy.ndarray, cupy.empty
         oom = cupy.cuda.memory.OutOfMemoryError
         slots = tuple((n, c, fn.in_shapes[k], np.dtype(fn.in_dtypes[k]), fn._contig[k])
@@ -152,12 +158,17 @@ class PlanRunner:
             finally:
                 self._busy.release()
         except cupy.cuda.memory.OutOfMemoryError as exc:
-            need = plan.memory.peak_bytes + sum(b.nbytes for b in plan.buffers if b.role == "output")
+            need = plan.memory.peak_bytes + sum(
+                b.nbytes for b in plan.buffers if b.role == "output"
+            )
             free = self.backend.free_memory()
             raise MemoryBudgetError(
                 f"out of GPU memory running the plan: it plans {need} bytes ({format_bytes(need)}: "
-                f"intermediates {format_bytes(plan.memory.peak_bytes)} plus outputs) and the device has "
-                f"{free} bytes ({format_bytes(free)}) free; {exc}", planned=need, free=free) from exc
+                f"intermediates {format_bytes(plan.memory.peak_bytes)} plus outputs) and the "
+                f"device has {free} bytes ({format_bytes(free)}) free; {exc}",
+                planned=need,
+                free=free,
+            ) from exc
 
     def _launches(self, plan, inputs, out):
         """``plan.run_steps`` without what a GPU plan never needs (numpy error states)."""
@@ -213,7 +224,7 @@ class PlanRunner:
                 else:
                     stream.begin_capture(mode=relaxed)
                 # generated kernels launch with PDL while captured, if the plan asks for it
-                pdl.state.active = bool(getattr(self.backend, "pdl", False))
+                pdl.state.active = bool(self.backend.pdl)
                 try:
                     for fn, ins, o in plan.program:
                         env[o] = fn([env[i] for i in ins], env[o])
@@ -227,7 +238,7 @@ class PlanRunner:
             self.fixed_out.clear()
             return False
         self.graph, self.env, self.capture_pool = graph, env, pool
-        pdl_note = ", programmatic dependent launch" if getattr(self.backend, "pdl", False) else ""
+        pdl_note = ", programmatic dependent launch" if self.backend.pdl else ""
         self.status = f"on ({len(plan.steps)} steps replayed as one graph{pdl_note})"
         return True
 
