@@ -374,7 +374,8 @@ class CompiledPlan:
 
     def _check_out(self, cp: ConcretePlan, out: Any, inputs: Mapping[str, Any]) -> None:
         if not isinstance(out, Mapping):
-            raise InputError(f"out must be a dict of output name -> array, got {type(out).__name__}")
+            raise InputError(
+                f"out must be a dict of output name -> array, got {type(out).__name__}")
         native = self.backend.capabilities.native_array
         for name, arr in out.items():
             if name not in cp.output_ids:

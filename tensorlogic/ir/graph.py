@@ -224,7 +224,8 @@ class EinsumGraph:
         try:
             body = FusedBody.from_args(args["body"])
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
-            raise GraphError(f"{where}: malformed fused body ({type(exc).__name__}: {exc})") from exc
+            raise GraphError(
+                f"{where}: malformed fused body ({type(exc).__name__}: {exc})") from exc
         body.validate(len(inputs), where)
         if shape is None or dtype is None:
             raise GraphError(f"{where}: a fused node needs its shape and dtype given")
@@ -411,7 +412,8 @@ class EinsumGraph:
         x = self._own(x)
         axes = infer.normalize_axes(axis, len(x.shape), f"{op} of {x.name!r}")
         if not isinstance(keepdims, (bool, np.bool_)):
-            raise GraphError(f"{op} of {x.name!r}: keepdims must be True or False, got {keepdims!r}")
+            raise GraphError(
+                f"{op} of {x.name!r}: keepdims must be True or False, got {keepdims!r}")
         args = {"axes": list(axes), "keepdims": bool(keepdims)}
         return Tensor(self, self.add_node(ops.REDUCE, op, [x.id], args, name=name))
 

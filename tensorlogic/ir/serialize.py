@@ -98,9 +98,11 @@ def _check_args(kind: str, args: dict, w: str) -> None:
         _expect(isinstance(args.get("keepdims", False), bool),
                 f"argument 'keepdims' must be true or false, got {args.get('keepdims')!r}", w)
     elif kind == ops.ROWOP:
-        _expect(_is_int(args["axis"]), f"argument 'axis' must be an integer, got {args['axis']!r}", w)
+        _expect(_is_int(args["axis"]),
+                f"argument 'axis' must be an integer, got {args['axis']!r}", w)
         if "eps" in args:
-            _expect(_is_number(args["eps"]), f"argument 'eps' must be a number, got {args['eps']!r}", w)
+            _expect(_is_number(args["eps"]),
+                    f"argument 'eps' must be a number, got {args['eps']!r}", w)
     elif kind == ops.TRANSPOSE:
         int_list("perm")
     elif kind == ops.RESHAPE:
@@ -110,7 +112,8 @@ def _check_args(kind: str, args: dict, w: str) -> None:
                 f"argument 'shape' must be a list of at most {MAX_RANK} integers or symbol names, "
                 f"got {v!r}", w)
     elif kind == ops.CAST:
-        _expect(isinstance(args["dtype"], str), f"argument 'dtype' must be a string, got {args['dtype']!r}", w)
+        _expect(isinstance(args["dtype"], str),
+                f"argument 'dtype' must be a string, got {args['dtype']!r}", w)
 
 
 def constant_keys(doc: Any) -> list[str]:
@@ -140,7 +143,8 @@ def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") 
 
 
 def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> EinsumGraph:
-    _expect(isinstance(doc, dict), f"expected a JSON object at top level, got {type(doc).__name__}", where)
+    _expect(isinstance(doc, dict),
+            f"expected a JSON object at top level, got {type(doc).__name__}", where)
     unknown = set(doc) - _TOP_FIELDS
     _expect(not unknown, f"unknown top-level field(s) {sorted(map(str, unknown))}", where)
     _expect(isinstance(doc.get("format"), str) and doc["format"] == FORMAT,
@@ -190,8 +194,10 @@ def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> Einsum
         args = {} if args is None else args
         _expect(isinstance(args, dict), "'args' must be an object", w)
         allowed = _ARG_FIELDS.get(kind, set())
-        _expect(set(args) <= allowed, f"unknown argument(s) {sorted(set(args) - allowed)} for {kind}", w)
-        _expect(set(args) >= (allowed - _OPTIONAL_ARGS), f"missing argument(s) {sorted(allowed - set(args))} for {kind}", w)
+        _expect(set(args) <= allowed,
+                f"unknown argument(s) {sorted(set(args) - allowed)} for {kind}", w)
+        _expect(set(args) >= (allowed - _OPTIONAL_ARGS),
+                f"missing argument(s) {sorted(allowed - set(args))} for {kind}", w)
         _check_args(kind, args, w)
         try:
             if kind == ops.INPUT:
@@ -202,9 +208,10 @@ def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> Einsum
                 key = f"c{rec['id']}"
                 _expect(key in arrays, f"constant {name!r} has no array {key!r} in the .npz", w)
                 arr = arrays[key]
-                _expect(list(arr.shape) == shape, f"constant {name!r}: array shape {arr.shape} != declared {shape}", w)
+                _expect(list(arr.shape) == shape,
+                        f"constant {name!r}: array shape {arr.shape} != declared {shape}", w)
                 declared = dtypes.normalize(rec["dtype"], f"constant {name!r}: ")
-                # exact round trip: a stored dtype other than the declared one is refused, never cast
+                # exact round trip: a stored dtype other than the declared one is refused
                 _expect(arr.dtype == np.dtype(declared),
                         f"constant {name!r}: stored dtype {arr.dtype} differs from the declared "
                         f"{declared!r}", w)
