@@ -513,3 +513,44 @@ def test_program_file_errors(tmp_path, content, phrase):
         p.write_bytes(content)
     with pytest.raises(tl.ProgramError, match=phrase):
         tl.load_program(p)
+
+
+# ------------------------------------------------------------------ constants and names
+CONSTANT_CASES = [
+    ("scalar-overflows-dtype", lambda g, x: g.add(x, 1e300), tl.DTypeError,
+     ["values overflow float32"]),
+    ("array-overflows-dtype", lambda g, x: g.constant(np.array([1e39]), dtype="float32"),
+     tl.DTypeError, ["values overflow float32"]),
+    ("complex-to-float", lambda g, x: g.constant(np.ones(2, np.complex64), dtype="float32"),
+     tl.DTypeError, ["cannot store complex64 data as float32"]),
+    ("strings-to-float", lambda g, x: g.constant(np.array(["1.5"]), dtype="float32"),
+     tl.DTypeError, ["cannot store <U3 data as float32"]),
+    ("output-name-int", lambda g, x: g.output(x, 5), tl.GraphError,
+     ["output name must be a non-empty string", "5"]),
+    ("output-name-empty", lambda g, x: g.output(x, ""), tl.GraphError,
+     ["output name must be a non-empty string"]),
+    ("load-path-none", lambda g, x: tl.EinsumGraph.load(None), tl.SerializationError,
+     ["path must be a str or path", "NoneType"]),
+    ("save-path-int", lambda g, x: g.save(3), tl.SerializationError,
+     ["path must be a str or path", "int"]),
+]
+
+
+@pytest.mark.parametrize("case", CONSTANT_CASES, ids=[c[0] for c in CONSTANT_CASES])
+def test_constants_and_names_are_not_coerced(case):
+    _, action, error, phrases = case
+    g, x = _graph()
+    before = _state(g)
+    with pytest.raises(error) as info:
+        action(g, x)
+    for p in phrases:
+        assert p in str(info.value), f"message {info.value!s} does not mention {p!r}"
+    _unchanged(g, before)
+
+
+def test_infinite_constants_stay_allowed():
+    g = tl.EinsumGraph()
+    x = g.input("x", (2,))
+    g.output(g.maximum(x, -np.inf), "y")
+    v = rng.standard_normal(2).astype(np.float32)
+    np.testing.assert_array_equal(tl.compile(g, backend="numpy")(x=v)["y"], v)

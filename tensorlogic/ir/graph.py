@@ -339,7 +339,16 @@ class EinsumGraph:
                     f"constant {name or ''}: unsupported dtype {arr.dtype}; expected a float array"
                 )
         dt = dtypes.normalize(dtype, f"constant {name or ''}: ")
-        arr = np.array(arr, dtype=dt, order="C")  # ascontiguousarray would make 0-d 1-d
+        label = f"constant {name!r}" if name else "a constant operand"
+        if arr.dtype.kind not in "biuf":  # complex, strings, objects: no silent cast
+            raise DTypeError(f"{label}: cannot store {arr.dtype} data as {dt}; expected a "
+                             "float, integer or bool array")
+        with np.errstate(over="ignore"):
+            cast = np.array(arr, dtype=dt, order="C")  # ascontiguousarray would make 0-d 1-d
+        if arr.dtype.kind == "f" and not np.array_equal(np.isfinite(arr), np.isfinite(cast)):
+            raise DTypeError(f"{label}: values overflow {dt} (largest finite "
+                             f"{float(np.finfo(dt).max):.4g}); give a wider dtype")
+        arr = cast
         arr.setflags(write=False)
         nid = self._insert(ops.CONSTANT, None, (), {}, self._unique_name(name, "constant"),
                            arr.shape, dt)
@@ -350,6 +359,8 @@ class EinsumGraph:
     def output(self, t: "Tensor", name: str | None = None) -> "Tensor":
         """Mark ``t`` as a graph output under ``name`` (its node name by default)."""
         t = self._own(t)
+        if name is not None and (not isinstance(name, str) or not name):
+            raise GraphError(f"output name must be a non-empty string, got {name!r}")
         nm = name or self._nodes[t.id].name
         if nm in self.outputs and self.outputs[nm] != t.id:
             raise GraphError(f"an output named {nm!r} already exists")

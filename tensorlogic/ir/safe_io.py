@@ -28,6 +28,10 @@ from ..errors import SerializationError
 # unknown; with a known free memory the budget is half of it.
 DEFAULT_ARRAY_BUDGET = 4 << 30
 
+# files we write get the permissions a plain open() would give them (mkstemp makes them 0600)
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 _HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0,
                    (2, 0): np.lib.format.read_array_header_2_0}
 
@@ -203,7 +207,10 @@ def read_npz(source: str | os.PathLike | bytes, names: Iterable[str] | None = No
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, where: str = "") -> Iterator[IO[bytes]]:
     """A binary file object whose content replaces ``path`` only if the block completes."""
-    path = Path(path)
+    try:
+        path = Path(path)
+    except TypeError as exc:
+        raise SerializationError(f"{where or 'output'}: not a file path ({exc})") from exc
     where = where or f"file {path.name!r}"
     if path.is_dir():
         raise SerializationError(f"{where}: is a directory; expected a file path")
@@ -214,6 +221,7 @@ def atomic_write(path: str | os.PathLike, where: str = "") -> Iterator[IO[bytes]
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
+        os.chmod(tmp, 0o666 & ~_UMASK)
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -248,6 +249,13 @@ def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> Einsum
 _MARKER = "__tensorlogic_constants__"
 
 
+def _as_path(path: Any) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise SerializationError(f"a graph file path must be a str or path, got "
+                                 f"{type(path).__name__}")
+    return Path(path)
+
+
 def _constants_path(path: Path) -> Path:
     npz = path.with_suffix(".npz")
     if npz == path:
@@ -263,7 +271,7 @@ def save(g: EinsumGraph, path: str | Path) -> None:
     Both files are written atomically. An existing .npz beside ``path`` is replaced only if an
     earlier ``save`` wrote it; a graph without constants leaves any .npz alone.
     """
-    path = Path(path)
+    path = _as_path(path)
     npz = _constants_path(path)
     doc, arrays = to_dict(g)
     text = json.dumps(doc, indent=1).encode()
@@ -304,7 +312,7 @@ def load(path: str | Path, memory_limit: int | None = None) -> EinsumGraph:
     Only the constants the graph declares are read from the .npz, each checked against
     ``memory_limit`` (default: half the free host memory) before it is inflated.
     """
-    path = Path(path)
+    path = _as_path(path)
     where = f"graph file {path.name!r}"
     doc = _parse_json(safe_io.read_bounded(path, MAX_FILE_BYTES, where), where)
     arrays: dict[str, np.ndarray] = {}
