@@ -208,6 +208,19 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
     if kind in (ops.UNARY, ops.BINARY):
         row = ops.ELEMENTWISE[op]
         fn = row.numpy
+        src = in_nodes[0].dtype
+        if kind == ops.UNARY and src != node.dtype and op != "abs":
+            # a unary op whose result dtype differs (exp of int8 is float16) computes on its
+            # input converted to that dtype, as numpy's loop does; composite ops (gelu, sigmoid)
+            # would otherwise run their first steps in the input's integer loops
+            in_shape = tuple(in_nodes[0].shape)
+
+            def converted(a, out):
+                x = _arg(xp, a, 1, in_shape, node.dtype)
+                xp.copyto(x, a[0])
+                return fn(x, out=out)
+
+            return PreparedKernel(converted, scratch=((in_shape, node.dtype),))
         if kind == ops.UNARY:
             kernel = lambda a, out: fn(a[0], out=out)  # noqa: E731
         else:
@@ -254,6 +267,12 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
             return PreparedKernel(reshape_copy)
         return PreparedKernel(lambda a, out: a[0].reshape(shape))
     if kind == ops.CAST:
+        if in_nodes[0].dtype.startswith("complex") and not node.dtype.startswith("complex"):
+            def cast_real(a, out):  # astype's result, without its ComplexWarning
+                out[...] = a[0].real
+                return out
+            return PreparedKernel(cast_real)
+
         def cast(a, out):
             out[...] = a[0]
             return out

@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import SUPPORTED
 from ..errors import BackendError, InputError
 from ..ir import ops
 from . import kernels
@@ -19,8 +20,9 @@ class NumpyBackend(Backend):
 
     name = "numpy"
     xp = np
-    # C-contiguous numpy inputs of the declared shape and dtype skip the checks (CompiledPlan)
-    capabilities = Capabilities(native_array=np.ndarray)
+    # C-contiguous numpy inputs of the declared shape and dtype skip the checks (CompiledPlan);
+    # every IR dtype runs here
+    capabilities = Capabilities(native_array=np.ndarray, dtypes=frozenset(SUPPORTED))
 
     def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """Kernel for a step; einsum steps get their contraction path here, once."""
@@ -73,7 +75,7 @@ class NumpyBackend(Backend):
         return isinstance(x, np.ndarray)
 
     def check_input(self, x: Any, name: str):
-        """Accept numpy arrays (and numpy scalars) of a float dtype."""
+        """Accept numpy arrays (and numpy scalars) of a supported dtype."""
         if isinstance(x, np.generic):
             x = np.asarray(x)
         x = plain_host_array(x, name)
@@ -82,8 +84,9 @@ class NumpyBackend(Backend):
                 f"input {name!r}: expected a numpy array, got {type(x).__name__}; "
                 "wrap it with np.asarray(..., dtype=...)"
             )
-        if x.dtype.kind != "f":
-            raise InputError(f"input {name!r}: dtype {x.dtype} is not a float dtype")
+        if x.dtype.name not in SUPPORTED:
+            raise InputError(f"input {name!r}: dtype {x.dtype} is not supported; expected one "
+                             f"of {SUPPORTED}")
         return x
 
     def to_device(self, x):  # noqa: D102

@@ -15,7 +15,8 @@ import numpy as np
 from ..backends import get_backend
 from ..backends.base import PreparedKernel, as_prepared
 from ..backends import kernels as generic_kernels
-from ..errors import BackendError, GraphError
+from .. import dtypes
+from ..errors import BackendError, DTypeError, GraphError
 from ..ir import ops
 from ..ir.graph import EinsumGraph
 from ..options import CompileOptions
@@ -82,6 +83,18 @@ def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
     finally:
         if collecting:
             gc.enable()
+
+
+def check_dtypes(graph: EinsumGraph, backend) -> None:
+    """Raise DTypeError naming the first node whose dtype the backend does not run."""
+    declared = [d for d in dtypes.SUPPORTED if d in backend.capabilities.dtypes]
+    for nid in graph.live_nodes():
+        node = graph.node(nid)
+        if node.dtype not in declared:
+            raise DTypeError(
+                f"node {node.name!r} ({node.label}) has dtype {node.dtype}, which the "
+                f"{backend.name} backend does not run; it runs {', '.join(declared)} (the numpy "
+                f"and numba backends run every dtype: {', '.join(dtypes.SUPPORTED)})")
 
 
 def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
@@ -181,6 +194,7 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
     opts = CompileOptions.resolve({**options, "memory_limit": memory_limit}, be.name,
                                   be.capabilities.options)
     graph.validate()
+    check_dtypes(graph, be)
     key = (graph.fingerprint(), be.name, opt_level, opts.key)
     if cache:
         with _cache_lock:

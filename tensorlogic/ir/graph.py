@@ -75,6 +75,27 @@ def _atomic(method):
     return wrapper
 
 
+def _check_kinds(src: np.ndarray, dt: str, label: str) -> None:
+    """Refuse data the requested dtype cannot hold at all (checked before any cast)."""
+    sk, dk = src.dtype.kind, np.dtype(dt).kind
+    if sk not in "biufc":  # strings, objects, dates, records
+        raise DTypeError(f"{label}: cannot store {src.dtype} data as {dt}; expected numbers")
+    if sk == "c" and dk != "c":
+        raise DTypeError(f"{label}: complex data cannot be stored as {dt} (the imaginary part "
+                         "would be dropped); take .real explicitly")
+
+
+def _check_values(src: np.ndarray, dst: np.ndarray, label: str) -> None:
+    """Refuse a cast that changed values: no silent truncation, wraparound or overflow."""
+    sk, dk = src.dtype.kind, dst.dtype.kind
+    if dk in "biu" and not np.array_equal(src, dst):
+        raise DTypeError(f"{label}: values are not exactly representable as {dst.dtype} "
+                         "(fractions, NaN or out of range)")
+    if sk in "fc" and dk in "fc" and not np.array_equal(np.isfinite(src), np.isfinite(dst)):
+        raise DTypeError(f"{label}: values overflow {dst.dtype} (largest finite "
+                         f"{float(np.finfo(dst.dtype).max):.4g}); give a wider dtype")
+
+
 class EinsumGraph:
     """A graph of einsum, elementwise, reduction and layout operations."""
 
@@ -322,33 +343,26 @@ class EinsumGraph:
         return Tensor(self, nid)
 
     def constant(self, value: Any, name: str | None = None, dtype: object = None) -> "Tensor":
-        """Add a constant tensor (a numpy array or a Python scalar); integers become float32."""
+        """Add a constant tensor (a numpy array or a Python scalar) of its own dtype (numpy's
+        default for Python scalars: int64, float64, complex128, bool) unless ``dtype`` is given."""
+        where = f"constant {name or ''}: "
         try:
-            arr = np.array(value)
+            arr = np.asarray(value)
         except Exception as exc:  # noqa: BLE001 - any conversion failure is a user error
-            raise DTypeError(
-                f"constant {name or ''}: cannot convert {type(value).__name__}"
-            ) from exc
+            raise DTypeError(f"{where}cannot convert {type(value).__name__}") from exc
         if dtype is None:
-            if arr.dtype.kind in "biu":
-                dtype = "float32"
-            elif arr.dtype.kind == "f":
-                dtype = arr.dtype
-            else:
-                raise DTypeError(
-                    f"constant {name or ''}: unsupported dtype {arr.dtype}; expected a float array"
-                )
-        dt = dtypes.normalize(dtype, f"constant {name or ''}: ")
-        label = f"constant {name!r}" if name else "a constant operand"
-        if arr.dtype.kind not in "biuf":  # complex, strings, objects: no silent cast
-            raise DTypeError(f"{label}: cannot store {arr.dtype} data as {dt}; expected a "
-                             "float, integer or bool array")
-        with np.errstate(over="ignore"):
-            cast = np.array(arr, dtype=dt, order="C")  # ascontiguousarray would make 0-d 1-d
-        if arr.dtype.kind == "f" and not np.array_equal(np.isfinite(arr), np.isfinite(cast)):
-            raise DTypeError(f"{label}: values overflow {dt} (largest finite "
-                             f"{float(np.finfo(dt).max):.4g}); give a wider dtype")
-        arr = cast
+            dt = dtypes.normalize(arr.dtype, where)
+            arr = np.array(arr, dtype=dt, order="C")  # ascontiguousarray would make 0-d 1-d
+        else:
+            dt = dtypes.normalize(dtype, where)
+            label = f"constant {name!r}" if name else "a constant operand"
+            _check_kinds(arr, dt, label)
+            scalar = arr.ndim == 0 and not isinstance(value, (np.ndarray, np.generic))
+            with np.errstate(over="ignore", invalid="ignore"):
+                cast = (dtypes.scalar_array(value, dt, where) if scalar
+                        else np.array(arr, dt, order="C"))
+            _check_values(arr, cast, label)
+            arr = cast
         arr.setflags(write=False)
         nid = self._insert(ops.CONSTANT, None, (), {}, self._unique_name(name, "constant"),
                            arr.shape, dt)
@@ -368,19 +382,30 @@ class EinsumGraph:
         return t
 
     # ------------------------------------------------------------------ ops
-    def _own(self, t: Any, like: "Tensor | None" = None) -> "Tensor":
+    def _own(self, t: Any, like: "str | None" = None) -> "Tensor":
+        """A handle for ``t``: a Tensor of this graph, or a new constant for a number or array.
+
+        ``like`` is the dtype a Python scalar is weak against (NEP 50: ``int8 + 2`` is int8);
+        without it a Python scalar takes numpy's default dtype, as ``np.asarray`` gives it.
+        """
         if isinstance(t, Tensor):
             if t.graph is not self:
                 raise GraphError(f"tensor {t.name!r} belongs to another graph")
             return t
-        if isinstance(t, (int, float, np.number, np.ndarray)) and not isinstance(t, bool):
-            dt = like.dtype if like is not None and np.ndim(t) == 0 else None
-            return self.constant(t, dtype=dt)
+        if isinstance(t, (bool, int, float, complex)):
+            dt = dtypes.scalar_dtype(t, like, "scalar operand: ")
+            return self.constant(t, dtype=dt)  # checked: a value the dtype cannot hold fails
+        if isinstance(t, (np.generic, np.ndarray)):
+            return self.constant(t)
         raise GraphError(f"expected a Tensor or a number, got {type(t).__name__}")
 
     @_atomic
     def einsum(self, spec: str, *operands: "Tensor", name: str | None = None) -> "Tensor":
-        """An einsum over the operands (any spec numpy accepts)."""
+        """An einsum over the operands (any spec numpy accepts).
+
+        Operands that are Python scalars or arrays become constants of numpy's dtype for them
+        (``np.einsum`` converts them with ``np.asarray``, so ``2`` is int64 here).
+        """
         if not operands:
             raise GraphError(f"einsum {spec!r} needs at least one operand")
         ts = [self._own(o) for o in operands]
@@ -398,18 +423,17 @@ class EinsumGraph:
 
     @_atomic
     def binary(self, op: str, a: Any, b: Any, name: str | None = None) -> "Tensor":
-        """An elementwise binary op with numpy broadcasting; "
-        "Python scalars adopt the tensor dtype."""
+        """An elementwise binary op with numpy broadcasting; Python scalars are weak (NEP 50)."""
         if op not in ops.BINARY_OPS:
             raise GraphError(f"unknown binary op {op!r}; expected one of {ops.BINARY_OPS}")
-        like = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else None
+        like = _dtype_of(a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else None)
         ta, tb = self._own(a, like), self._own(b, like)
         return Tensor(self, self.add_node(ops.BINARY, op, [ta.id, tb.id], name=name))
 
     @_atomic
     def where(self, cond: Any, a: Any, b: Any, name: str | None = None) -> "Tensor":
         """``a`` where ``cond`` is nonzero, else ``b``."""
-        like = next((t for t in (a, b, cond) if isinstance(t, Tensor)), None)
+        like = _dtype_of(next((t for t in (a, b, cond) if isinstance(t, Tensor)), None))
         ts = [self._own(t, like) for t in (cond, a, b)]
         return Tensor(self, self.add_node(ops.WHERE, None, [t.id for t in ts], name=name))
 
@@ -481,7 +505,8 @@ class EinsumGraph:
 
     @_atomic
     def cast(self, x: "Tensor", dtype: object, name: str | None = None) -> "Tensor":
-        """Convert to another float dtype."""
+        """Convert to another dtype (numpy's ``astype``: floats to ints truncate toward zero,
+        complex to real keeps the real part, anything to bool tests for nonzero)."""
         x = self._own(x)
         dt = dtypes.normalize(dtype, f"cast of {x.name!r}: ")
         return Tensor(self, self.add_node(ops.CAST, None, [x.id], {"dtype": dt}, name=name))
@@ -616,6 +641,10 @@ class EinsumGraph:
     def __repr__(self) -> str:
         return (f"EinsumGraph({len(self._nodes)} nodes, inputs={list(self.inputs)}, "
                 f"outputs={list(self.outputs)})")
+
+
+def _dtype_of(t: "Tensor | None") -> str | None:
+    return None if t is None else t.dtype
 
 
 def _jsonable(value: Any) -> Any:

@@ -191,7 +191,9 @@ class CupyBackend(Backend):
 
     name = "cupy"
     xp = cupy
-    # C-contiguous CuPy inputs skip conversion (CompiledPlan)
+    # C-contiguous CuPy inputs skip conversion (CompiledPlan); dtypes: floats only (the
+    # default), since the generated PTX/CUDA C kernels and cuBLAS calls are written and
+    # GPU-tested for them: compile refuses other dtypes with DTypeError
     capabilities = Capabilities(device=True, events=True, own_runner=True,
                                 options=frozenset({"codegen", "cuda_graph", "pdl"}),
                                 native_array=cupy.ndarray)
@@ -213,6 +215,36 @@ class CupyBackend(Backend):
         # contractions call cuBLAS directly (capturable in CUDA graphs); CuPy's matmul otherwise
         blas = cublas.get()
         self.blas_xp = cublas.CublasXp(blas) if blas is not None else cupy
+
+    # several devices (pipeline/devices.py) --------------------------------------
+    _per_device: dict = {}
+
+    def device_count(self) -> int:
+        """Number of GPUs this process can see."""
+        return int(cupy.cuda.runtime.getDeviceCount())
+
+    def on_device(self, device_id: int) -> "CupyBackend":
+        """The backend instance for GPU ``device_id`` (kernels load per device, so each has its
+        own), with this one's plan-independent settings; made once per device."""
+        if device_id == self.device_id:
+            return self
+        inst = CupyBackend._per_device.get(device_id)
+        if inst is None:
+            with cupy.cuda.Device(device_id):
+                inst = CupyBackend(self.cache.root)
+            inst = CupyBackend._per_device.setdefault(device_id, inst)
+        return inst
+
+    def use_device(self):
+        """A context in which this backend's GPU is the current device."""
+        return cupy.cuda.Device(self.device_id)
+
+    def transfers(self):
+        """Pinned staging and streams for one lane of batches on this GPU (call it with the
+        device current)."""
+        from .transfers import CupyTransfers
+
+        return CupyTransfers(self.device_id)
 
     # plan options ---------------------------------------------------------------
     def with_options(self, options: Mapping[str, Any]) -> "CupyBackend":
@@ -285,8 +317,9 @@ class CupyBackend(Backend):
                 raise InputError(
                     f"input {name!r}: expected a CuPy or numpy array (or one with __dlpack__), "
                     f"got {type(x).__name__}")
-        if x.dtype.kind != "f":
-            raise InputError(f"input {name!r}: dtype {x.dtype} is not a float dtype")
+        if x.dtype.name not in self.capabilities.dtypes:
+            raise InputError(f"input {name!r}: dtype {x.dtype} is not supported by the cupy "
+                             f"backend; expected one of {sorted(self.capabilities.dtypes)}")
         return x
 
     # strided inputs (a broadcast view stands for its full size) are copied contiguous onto the
