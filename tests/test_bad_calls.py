@@ -554,3 +554,21 @@ def test_infinite_constants_stay_allowed():
     g.output(g.maximum(x, -np.inf), "y")
     v = rng.standard_normal(2).astype(np.float32)
     np.testing.assert_array_equal(tl.compile(g, backend="numpy")(x=v)["y"], v)
+
+
+@pytest.mark.parametrize("size", ["3", 2.5, -1, True, None])
+def test_specialize_sizes_are_not_coerced(size):
+    g = tl.EinsumGraph()
+    g.output(g.exp(g.input("x", ("B", 3))), "y")
+    plan = tl.compile(g, backend="numpy")
+    with pytest.raises(tl.InputError, match="symbolic dimension 'B' must be an int >= 0"):
+        plan.specialize(B=size)
+    assert plan.specialize(B=np.int64(4)).binding == {"B": 4}
+
+
+def test_numpy_integers_and_int_arrays_are_accepted_where_ints_are():
+    g, x = _graph()
+    assert g.sum(x, axis=np.int64(1)).shape == (2,)
+    assert g.transpose(x, np.array([1, 0])).shape == (3, 2)
+    assert g.reshape(x, np.array([6])).shape == (6,)
+    assert g.reduce("max", x, axis=(np.int32(0),)).node.args["axes"] == (0,)

@@ -533,3 +533,33 @@ def test_cli_long_chain_graph_runs(tmp_path, capsys):
     rc = cli_main(["run", str(tmp_path / "chain.json"), "--inputs", str(tmp_path / "in.npz"),
                    "--backend", "numpy"])
     assert rc == 0, capsys.readouterr().err
+
+
+def test_failed_json_write_keeps_the_old_archive_too(tmp_path, monkeypatch):
+    g_old = _graph()
+    g_old.save(tmp_path / "m.json")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    real = safe_io.atomic_write
+
+    class Full:
+        def write(self, data):
+            raise OSError(28, "No space left on device")
+
+    def failing(path, where=""):
+        if "graph file" in where:
+            import contextlib
+
+            @contextlib.contextmanager
+            def cm():
+                with real(path, where):
+                    yield Full()
+            return cm()
+        return real(path, where)
+
+    monkeypatch.setattr(safe_io, "atomic_write", failing)
+    g_new = tl.EinsumGraph()
+    x = g_new.input("x", (2, 3))
+    g_new.output(x * g_new.constant(np.full((2, 3), 7, np.float32), name="w"), "y")
+    with pytest.raises(tl.SerializationError, match="No space left"):
+        g_new.save(tmp_path / "m.json")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before

@@ -216,6 +216,11 @@ class CompiledPlan:
         missing = [s for s in self.symbols if s not in sizes]
         if missing:
             raise InputError(f"sizes for symbolic dimension(s) {missing} are needed to specialize")
+        for s in self.symbols:  # sizes from arrays are ints already; a user's are checked
+            v = sizes[s]
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise InputError(f"size of symbolic dimension {s!r} must be an int >= 0, "
+                                 f"got {v!r}")
         key = tuple(int(sizes[s]) for s in self.symbols)
         specs = self._specs
         cp = specs.get(key)

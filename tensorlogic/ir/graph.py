@@ -494,6 +494,8 @@ class EinsumGraph:
     def reshape(self, x: "Tensor", shape: Sequence[Dim], name: str | None = None) -> "Tensor":
         """Reshape (C order); one -1 allowed; symbol names allowed."""
         x = self._own(x)
+        if isinstance(shape, np.ndarray) and shape.ndim == 1:
+            shape = shape.tolist()
         if not isinstance(shape, (tuple, list)):
             shape = (shape,)
         bad = [d for d in shape if not (isinstance(d, str) or node_check.is_int(d))]

@@ -53,8 +53,9 @@ def normalize_axes(axes, rank: int, where: str) -> tuple[int, ...]:
         axes = (axes,)  # one axis; a non-integer is reported below
     result = []
     for a in axes:
-        if not isinstance(a, int) or isinstance(a, bool):
+        if not isinstance(a, (int, np.integer)) or isinstance(a, (bool, np.bool_)):
             raise GraphError(f"{where}: axis {a!r} is not an integer")
+        a = int(a)
         if not -rank <= a < rank:
             raise ShapeError(f"{where}: axis {a} is out of range for a tensor of rank {rank}")
         result.append(a % rank)

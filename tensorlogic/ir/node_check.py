@@ -41,6 +41,8 @@ def is_int(v: Any) -> bool:
 
 def int_list(values: Any, what: str, where: str) -> list[int]:
     """A sequence of integers as a list of ints; anything else (bools, floats) is refused."""
+    if isinstance(values, np.ndarray) and values.ndim == 1:
+        values = values.tolist()
     if not isinstance(values, (list, tuple)) or not all(is_int(v) for v in values):
         raise GraphError(f"{where}: {what} must be a sequence of integers, got {values!r}")
     return [int(v) for v in values]

@@ -233,10 +233,15 @@ def atomic_write(path: str | os.PathLike, where: str = "") -> Iterator[IO[bytes]
 
 def write_npz(path: str | os.PathLike, arrays: dict[str, np.ndarray], where: str = "") -> None:
     """Write arrays by name into an .npz atomically; any name is allowed (no keyword clash)."""
-    with atomic_write(path, where) as f, zipfile.ZipFile(f, "w", zipfile.ZIP_STORED,
-                                                         allowZip64=True) as z:
+    with atomic_write(path, where) as f:
+        write_npz_to(f, arrays, where or str(path))
+
+
+def write_npz_to(f: IO[bytes], arrays: dict[str, np.ndarray], where: str) -> None:
+    """Write arrays by name as an .npz archive into an open binary file."""
+    with zipfile.ZipFile(f, "w", zipfile.ZIP_STORED, allowZip64=True) as z:
         for name, arr in arrays.items():
             if not isinstance(name, str) or not name or "/" in name or "\x00" in name:
-                raise SerializationError(f"{where or path}: array name {name!r} cannot be stored")
+                raise SerializationError(f"{where}: array name {name!r} cannot be stored")
             with z.open(f"{name}.npy", "w", force_zip64=True) as member:
                 np.lib.format.write_array(member, np.asanyarray(arr), allow_pickle=False)

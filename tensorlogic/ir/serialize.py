@@ -275,15 +275,22 @@ def save(g: EinsumGraph, path: str | Path) -> None:
     npz = _constants_path(path)
     doc, arrays = to_dict(g)
     text = json.dumps(doc, indent=1).encode()
-    if arrays:
-        if npz.exists():
-            _expect(_written_by_save(npz), "exists and was not written by EinsumGraph.save; "
-                    "refusing to overwrite it (move it or save the graph under another name)",
-                    f"constants file {npz.name!r}")
-        safe_io.write_npz(npz, {_MARKER: np.frombuffer(FORMAT.encode(), np.uint8), **arrays},
-                          f"constants file {npz.name!r}")
-    with safe_io.atomic_write(path, f"graph file {path.name!r}") as f:
-        f.write(text)
+    json_where = f"graph file {path.name!r}"
+    if not arrays:
+        with safe_io.atomic_write(path, json_where) as f:
+            f.write(text)
+        return
+    npz_where = f"constants file {npz.name!r}"
+    if npz.exists():
+        _expect(_written_by_save(npz), "exists and was not written by EinsumGraph.save; "
+                "refusing to overwrite it (move it or save the graph under another name)",
+                npz_where)
+    # both files are complete before either replaces its old version (the JSON first)
+    with safe_io.atomic_write(npz, npz_where) as fz:
+        safe_io.write_npz_to(fz, {_MARKER: np.frombuffer(FORMAT.encode(), np.uint8), **arrays},
+                             npz_where)
+        with safe_io.atomic_write(path, json_where) as f:
+            f.write(text)
 
 
 def _written_by_save(npz: Path) -> bool:
