@@ -108,8 +108,13 @@ class NumbaBackend(NumpyBackend):
         threshold = PARALLEL_THRESHOLD if threshold is None else int(threshold)
         if body.instrs or body.epilogue:  # lone REDUCE/ROWOP nodes: tails over their input
             body.validate(len(in_nodes), f"node {node.name!r}")
-        return self.kernel_for(body, [tuple(n.shape) for n in in_nodes], node.dtype, fast,
-                               threshold, node.name, dts)
+        try:
+            return self.kernel_for(body, [tuple(n.shape) for n in in_nodes], node.dtype, fast,
+                                   threshold, node.name, dts)
+        except (MemoryError, RecursionError):
+            # compiling ran out of memory or stack (fusion bounds kernels, but a hand-made
+            # fused node may be huge): numpy's kernel computes the same without compiling
+            return NumpyBackend.prepare(self, step, node, in_nodes, graph)
 
     def kernel_for(self, body: FusedBody, in_shapes: list[tuple[int, ...]], dtype: str,
                    fast: bool = True, threshold: int = PARALLEL_THRESHOLD, where: str = "kernel",

@@ -169,3 +169,19 @@ def test_long_chain_is_split_into_bounded_kernels():
     v = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
     ref = tl.compile(g, backend="numpy", opt_level=0)(x=v)["y"]
     np.testing.assert_allclose(plan(x=v)["y"], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_kernel_that_cannot_compile_for_memory_falls_back_to_numpy(monkeypatch):
+    from tensorlogic.backends import numba_cache
+
+    def out_of_memory(*a, **k):
+        raise MemoryError
+
+    monkeypatch.setattr(numba_cache, "load", out_of_memory)
+    g = tl.EinsumGraph()
+    x = g.input("x", (8, 4))
+    g.output(g.sum(g.tanh(x) * 2.0 + x, axis=1), "y")
+    plan = tl.compile(g, backend="numba", opt_level=2, cache=False)
+    v = np.random.default_rng(5).standard_normal((8, 4)).astype(np.float32)
+    np.testing.assert_allclose(plan(x=v)["y"], (np.tanh(v) * 2 + v).sum(axis=1), rtol=1e-5)
+    assert "numba parallel" not in str(plan) and "numba serial" not in str(plan)
