@@ -563,3 +563,12 @@ def test_failed_json_write_keeps_the_old_archive_too(tmp_path, monkeypatch):
     with pytest.raises(tl.SerializationError, match="No space left"):
         g_new.save(tmp_path / "m.json")
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_save_replaces_an_archive_of_constants_written_before_the_marker(tmp_path):
+    g = _graph()
+    g.save(tmp_path / "m.json")
+    np.savez(tmp_path / "m.npz", c1=W)  # the format without the marker member
+    g.save(tmp_path / "m.json")
+    with np.load(tmp_path / "m.npz") as z:
+        assert "__tensorlogic_constants__" in z.files

@@ -294,11 +294,15 @@ def save(g: EinsumGraph, path: str | Path) -> None:
 
 
 def _written_by_save(npz: Path) -> bool:
+    """Whether ``save`` wrote this archive: it holds our marker, or (an archive written before
+    the marker existed) only constants named c<id>."""
     try:
         with safe_io.NpzReader(npz, budget=1 << 20) as z:
-            return _MARKER in z
+            names = z.names
     except SerializationError:
         return False
+    return _MARKER in names or (bool(names) and all(
+        n[:1] == "c" and n[1:].isdigit() for n in names))
 
 
 def _parse_json(data: bytes, where: str) -> Any:
