@@ -221,7 +221,7 @@ class EinsumGraph:
             raise GraphError(f"add_node cannot make a {kind} node; use g.{kind}(...)")
         if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
             raise GraphError(f"{kind} node: inputs must be a sequence of node ids, got {inputs!r}")
-        inputs = list(inputs)
+        inputs = [int(i) if node_check.is_int(i) else i for i in inputs]
         for i in inputs:
             if isinstance(i, bool) or not isinstance(i, int) or i not in self._nodes:
                 raise GraphError(f"{kind} node refers to unknown input node id {i!r}")
