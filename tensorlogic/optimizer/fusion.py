@@ -250,10 +250,12 @@ def fused_flops(body: FusedBody) -> int:
     return flops
 
 
-def _grow(g: EinsumGraph, root: int, taken: set[int], limit: int = MAX_GROUP_OPS
+def _grow(g: EinsumGraph, root: int, taken: set[int], limit: int | None = None
           ) -> frozenset[int]:
     """The largest group around ``root`` that the greedy rule admits (a worklist walk), of at
-    most ``limit`` nodes: the nodes left out form groups of their own."""
+    most ``limit`` nodes (default ``MAX_GROUP_OPS``): the nodes left out form groups of their
+    own."""
+    limit = MAX_GROUP_OPS if limit is None else limit
     rnode = g.node(root)
     outputs = set(g.outputs.values())
     members = {root}
