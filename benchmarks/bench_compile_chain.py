@@ -24,10 +24,11 @@ import textwrap
 from _common import machine, table, write_results
 
 CHILD = textwrap.dedent("""
-    import json, resource, sys, time
+    import importlib, json, resource, sys, time
     import numpy as np
     import tensorlogic as tl
-    import tensorlogic.optimizer.fusion as fusion
+    # the module (the package exports the pass itself under the same name)
+    fusion = importlib.import_module("tensorlogic.optimizer.fusion")
     n, bounded = int(sys.argv[1]), sys.argv[2] == "1"
     x0 = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
     g0 = tl.EinsumGraph(); a = g0.input("x", (4,)); g0.output(g0.exp(a) * 2.0, "y")
