@@ -15,6 +15,8 @@ Each maker returns a ``PreparedKernel`` (backends.base) whose fields the compile
 
 from __future__ import annotations
 
+import math
+
 from ..errors import BackendError
 from ..ir import ops, spec as einspec
 from . import contract
@@ -82,6 +84,26 @@ def _arg(xp, a: list, k: int, shape: tuple, dtype: str):
 
 def _keep_shape(shape: tuple, axes: tuple[int, ...]) -> tuple:
     return tuple(1 if k in axes else d for k, d in enumerate(shape))
+
+
+# what a reduction over zero elements gives, as numpy defines it (mean: nan, without numpy's
+# "Mean of empty slice" warning); max and min have none and are refused by shape inference
+EMPTY_REDUCTION = {"sum": 0.0, "mean": float("nan"), "prod": 1.0, "logsumexp": float("-inf")}
+
+
+def empty_reduction_kernel(op: str, shape: tuple, axes: tuple[int, ...]
+                           ) -> PreparedKernel | None:
+    """A kernel filling ``out`` with the value of ``op`` over zero elements, when the reduced
+    axes of ``shape`` hold none; else None."""
+    if op not in EMPTY_REDUCTION or math.prod(int(shape[a]) for a in axes) != 0:
+        return None
+    value = EMPTY_REDUCTION[op]
+
+    def fill(a, out):
+        out[...] = value
+        return out
+
+    return PreparedKernel(fill, info=f"[{op} over an empty axis]")
 
 
 def _logsumexp(xp, x, axes, keepdims, out):
@@ -221,6 +243,9 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
     if kind == ops.REDUCE:
         axes = tuple(node.args["axes"])
         kd = bool(node.args.get("keepdims"))
+        empty = empty_reduction_kernel(op, tuple(in_nodes[0].shape), axes)
+        if empty is not None:
+            return empty
         if op == "logsumexp":
             return _logsumexp_kernel(xp, tuple(in_nodes[0].shape), node.dtype, axes, kd)
         red = getattr(xp, ops.REDUCTION_TABLE[op].numpy)

@@ -26,6 +26,7 @@ from ..errors import BackendError
 from ..ir import ops
 from ..ir.fused import FusedBody, FusedOp
 from . import numba_cache, numba_threads, widen
+from .inputs import strided_copy_bytes
 from .numba_codegen import generates, render
 from .numba_layout import make_layout
 from .base import Capabilities, PreparedKernel
@@ -80,6 +81,9 @@ def _call(fn: Any, out: np.ndarray, oshape: tuple[int, ...], ins: list, dims: tu
 class NumbaBackend(NumpyBackend):
     """Generated, parallel numba kernels; memory and input handling are the numpy backend's."""
 
+    # kernels copy strided inputs (``_contiguous``); memory_limit counts those copies
+    input_copy_bytes = staticmethod(strided_copy_bytes)
+
     name = "numba"
     capabilities = Capabilities(native_array=np.ndarray, dtypes=frozenset(dtypes.SUPPORTED),
                                 own_runner=True,
@@ -108,8 +112,13 @@ class NumbaBackend(NumpyBackend):
         threshold = PARALLEL_THRESHOLD if threshold is None else int(threshold)
         if body.instrs or body.epilogue:  # lone REDUCE/ROWOP nodes: tails over their input
             body.validate(len(in_nodes), f"node {node.name!r}")
-        return self.kernel_for(body, [tuple(n.shape) for n in in_nodes], node.dtype, fast,
-                               threshold, node.name, dts)
+        try:
+            return self.kernel_for(body, [tuple(n.shape) for n in in_nodes], node.dtype, fast,
+                                   threshold, node.name, dts)
+        except (MemoryError, RecursionError):
+            # compiling ran out of memory or stack (fusion bounds kernels, but a hand-made
+            # fused node may be huge): numpy's kernel computes the same without compiling
+            return NumpyBackend.prepare(self, step, node, in_nodes, graph)
 
     def kernel_for(self, body: FusedBody, in_shapes: list[tuple[int, ...]], dtype: str,
                    fast: bool = True, threshold: int = PARALLEL_THRESHOLD, where: str = "kernel",

@@ -14,6 +14,7 @@ from ..ir import ops
 from ..ir.fused import FusedBody, FusedOp
 from . import cpu_threads, host_pool, kernels, widen
 from .base import Backend, Capabilities, PlanRunner, PreparedKernel, register_backend
+from .inputs import plain_host_array
 
 _FLOATS = ("float32", "float64")
 
@@ -167,6 +168,7 @@ class NumpyBackend(Backend):
         """Accept numpy arrays (and numpy scalars) of a supported dtype."""
         if isinstance(x, np.generic):
             x = np.asarray(x)
+        x = plain_host_array(x, name)
         if not isinstance(x, np.ndarray):
             raise InputError(
                 f"input {name!r}: expected a numpy array, got {type(x).__name__}; "

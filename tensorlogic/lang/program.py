@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from ..compiler.compile import compile as compile_graph
-from ..errors import ProgramError, UnknownPredicateError
+from ..errors import ProgramError, SerializationError, UnknownPredicateError
 from ..ir.graph import EinsumGraph
 from .analysis import normalize_facts, program_error
 from .ast import ProgramAST, Rule
@@ -84,13 +84,13 @@ class Program:
         if memory_budget is not None:
             opts.memory_budget = memory_budget
         an, dense, _ = evaluate_rules(self.ast.rules, normalize_facts(facts), opts)
-        self._last = (an, dense)
         out: dict[str, np.ndarray] = dict(dense)
         if self.ast.equations:
             out.update(self._run_equations(dense, data, opts))
         elif data:
             raise ProgramError(f"data {sorted(data)} given but the program has no tensor "
                                "equations", code="missing_data")
+        self._last = (an, dense)  # only a run that succeeded replaces what query() reads
         return out
 
     def _run_equations(self, dense: Mapping[str, np.ndarray], data: Mapping[str, Any],
@@ -178,10 +178,15 @@ def parse(text: str, source: str = "<string>") -> Program:
 
 def load_program(path: str | Path) -> Program:
     """Read and parse a ``.tl`` file."""
+    from ..ir.safe_io import read_bounded
+    from ..ir.serialize import MAX_FILE_BYTES
+
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ProgramError(f"cannot read program {str(p)!r}: {exc.strerror}",
-                           code="io_error") from exc
+        text = read_bounded(p, MAX_FILE_BYTES, f"program {p.name!r}").decode("utf-8")
+    except SerializationError as exc:
+        raise ProgramError(f"cannot read program {str(p)!r}: {exc}", code="io_error") from exc
+    except UnicodeDecodeError as exc:
+        raise ProgramError(f"cannot read program {str(p)!r}: not UTF-8 text ({exc.reason} at "
+                           f"byte {exc.start})", code="io_error") from exc
     return parse(text, p.name)
