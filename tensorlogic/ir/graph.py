@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping, Sequence
 
+import ml_dtypes
 import networkx as nx
 import numpy as np
 
@@ -77,7 +78,7 @@ def _atomic(method):
 
 def _check_kinds(src: np.ndarray, dt: str, label: str) -> None:
     """Refuse data the requested dtype cannot hold at all (checked before any cast)."""
-    sk, dk = src.dtype.kind, np.dtype(dt).kind
+    sk, dk = _kind(src.dtype), dtypes.kind(dt)
     if sk not in "biufc":  # strings, objects, dates, records
         raise DTypeError(f"{label}: cannot store {src.dtype} data as {dt}; expected numbers")
     if sk == "c" and dk != "c":
@@ -87,13 +88,18 @@ def _check_kinds(src: np.ndarray, dt: str, label: str) -> None:
 
 def _check_values(src: np.ndarray, dst: np.ndarray, label: str) -> None:
     """Refuse a cast that changed values: no silent truncation, wraparound or overflow."""
-    sk, dk = src.dtype.kind, dst.dtype.kind
+    sk, dk = _kind(src.dtype), _kind(dst.dtype)
     if dk in "biu" and not np.array_equal(src, dst):
         raise DTypeError(f"{label}: values are not exactly representable as {dst.dtype} "
                          "(fractions, NaN or out of range)")
     if sk in "fc" and dk in "fc" and not np.array_equal(np.isfinite(src), np.isfinite(dst)):
         raise DTypeError(f"{label}: values overflow {dst.dtype} (largest finite "
-                         f"{float(np.finfo(dst.dtype).max):.4g}); give a wider dtype")
+                         f"{float(ml_dtypes.finfo(dst.dtype).max):.4g}); give a wider dtype")
+
+
+def _kind(dt: np.dtype) -> str:
+    """numpy's kind letter, with bfloat16 (kind 'V' in ml_dtypes) counted as a float."""
+    return "f" if dt == dtypes.bfloat16 else dt.kind
 
 
 class EinsumGraph:
