@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 

@@ -1,0 +1,241 @@
+"""Sparse relations: sorted, deduplicated columns of int64 symbol ids (and weights).
+
+A row of ids packs into one int64 key when ``arity * bits`` fits in 62 bits (``bits`` = width
+of the largest symbol id); set operations (deduplication, difference, membership, the join
+index) are then sorts and binary searches over int64 keys. Wider rows (e.g. arity 4 over ten
+million constants) are ranked column by column: two columns are packed, the packed values are
+replaced by their dense ranks, and the next column is packed onto the rank, so any arity works.
+
+Why sorted columns rather than a sparse-matrix library: Datalog needs joins of any arity,
+negation (set difference), constants and repeated variables, which sorted int64 keys give
+uniformly; measured on the 2-vCPU development machine, they also beat python-graphblas
+(any-pair ``mxm`` masked by the complement) and scipy.sparse (CSR products) on the semi-naive
+ancestors workload, and stay within 1.5x of scipy's products on dense-ish closures (see
+benchmarks/RESULTS.md, "bench_datalog").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .symbols import sorted_unique
+
+#: bits of one packed key
+KEY_BITS = 62
+#: a join index over at most this many key values is a table of row starts (O(1) lookups)
+STARTS_BITS = 22
+
+
+def pack(cols: list[np.ndarray], bits: int) -> np.ndarray | None:
+    """Rows of ids as int64 keys in lexicographic order, or None when they do not fit."""
+    if len(cols) * bits > KEY_BITS:
+        return None
+    if len(cols) == 1:
+        return cols[0]
+    k = cols[0] << bits
+    for c in cols[1:-1]:
+        k |= c
+        k <<= bits
+    k |= cols[-1]
+    return k
+
+
+def unpack(keys: np.ndarray, arity: int, bits: int) -> list[np.ndarray]:
+    """The columns of packed keys."""
+    if arity == 1:
+        return [keys]
+    mask = (1 << bits) - 1
+    return [(keys >> (bits * (arity - 1 - i))) & mask for i in range(arity)]
+
+
+def _ranks(k: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense ranks of ``k`` (equal values, equal ranks; order kept) and their count."""
+    order = np.argsort(k, kind="stable")
+    s = k[order]
+    step = np.empty(len(s), np.int64)
+    if len(s):
+        step[0] = 0
+        np.not_equal(s[1:], s[:-1], out=step[1:])
+    r = np.cumsum(step)
+    out = np.empty(len(k), np.int64)
+    out[order] = r
+    return out, int(r[-1]) + 1 if len(r) else 0
+
+
+def joint_keys(tables: list[list[np.ndarray]], bits: int) -> list[np.ndarray]:
+    """int64 keys of the rows of several tables (same arity >= 1), comparable across tables
+    and ordered lexicographically."""
+    packed = [pack(t, bits) for t in tables]
+    if all(p is not None for p in packed):
+        return packed  # type: ignore[return-value]
+    lens = [len(t[0]) for t in tables]
+    cols = [np.concatenate([t[i] for t in tables]) for i in range(len(tables[0]))]
+    k, width = cols[0], bits
+    for c in cols[1:]:
+        if width + bits > KEY_BITS:
+            k, n = _ranks(k)
+            width = max(1, (n - 1).bit_length())
+        k = (k << bits) | c
+        width += bits
+    return np.split(k, np.cumsum(lens)[:-1])
+
+
+def member(sorted_keys: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Index of each ``q`` in ``sorted_keys`` or -1."""
+    if len(sorted_keys) == 0:
+        return np.full(len(q), -1, np.int64)
+    i = np.searchsorted(sorted_keys, q)
+    i[i == len(sorted_keys)] = 0
+    return np.where(sorted_keys[i] == q, i, -1)
+
+
+def group(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order, starts): ``keys[order]`` sorted; ``starts`` the first position of each value."""
+    order = np.argsort(keys, kind="stable")
+    s = keys[order]
+    if len(s) == 0:
+        return order, np.zeros(0, np.intp)
+    first = np.empty(len(s), bool)
+    first[0] = True
+    np.not_equal(s[1:], s[:-1], out=first[1:])
+    return order, np.flatnonzero(first)
+
+
+def combine(w: np.ndarray, starts: np.ndarray, sem: str) -> np.ndarray:
+    """Weights of the rows of each group (``w`` in group order) combined under ``sem``:
+    fuzzy max, probabilistic noisy-or."""
+    if len(w) == 0:
+        return w
+    if sem == "fuzzy":
+        return np.maximum.reduceat(w, starts)
+    with np.errstate(divide="ignore"):
+        miss = np.add.reduceat(np.log1p(-np.minimum(w, 1.0)), starts)
+    return -np.expm1(miss)
+
+
+class Rel:
+    """A relation: ``n`` distinct rows as ``arity`` columns of ids in lexicographic order,
+    with weights (float64) under the fuzzy and probabilistic semantics, else None."""
+
+    __slots__ = ("_index", "_keys", "arity", "cols", "n", "w")
+
+    def __init__(self, arity: int, n: int, cols: list[np.ndarray],
+                 w: np.ndarray | None = None) -> None:
+        self.arity = arity
+        self.n = n
+        self.cols = cols
+        self.w = w
+        self._keys: tuple[int, np.ndarray | None] | None = None
+        self._index: dict[tuple, tuple] = {}
+
+    @classmethod
+    def empty(cls, arity: int, weighted: bool) -> Rel:
+        """No rows."""
+        return cls(arity, 0, [np.zeros(0, np.int64) for _ in range(arity)],
+                   np.zeros(0) if weighted else None)
+
+    @classmethod
+    def build(cls, cols: list[np.ndarray], n: int, w: np.ndarray | None, bits: int,
+              sem: str = "boolean") -> Rel:
+        """The distinct rows of ``cols`` (``n`` rows; weights of repeats combined by ``sem``);
+        rows of weight 0 are dropped."""
+        if w is not None:
+            keep = w > 0
+            if not keep.all():
+                cols = [c[keep] for c in cols]
+                w = w[keep]
+                n = len(w)
+        if not cols:  # nullary: the empty tuple, or nothing
+            if n == 0:
+                return cls(0, 0, [], None if w is None else np.zeros(0))
+            ww = None if w is None else combine(w, np.zeros(1, np.intp), sem)
+            return cls(0, 1, [], ww)
+        keys = joint_keys([cols], bits)[0]
+        if w is None:
+            p = pack(cols, bits)
+            if p is not None:
+                u = sorted_unique(keys)
+                r = cls(len(cols), len(u), unpack(u, len(cols), bits))
+                r._keys = (bits, u)
+                return r
+        order, starts = group(keys)
+        pick = order[starts]
+        out = cls(len(cols), len(pick), [c[pick] for c in cols])
+        if w is not None:
+            out.w = combine(w[order], starts, sem)
+        return out
+
+    def keys(self, bits: int) -> np.ndarray | None:
+        """Sorted packed keys of the rows (None when they do not fit)."""
+        if self._keys is None or self._keys[0] != bits:
+            self._keys = (bits, pack(self.cols, bits) if self.arity else None)
+        return self._keys[1]
+
+    def find(self, cols: list[np.ndarray], bits: int) -> np.ndarray:
+        """Row index of each probe row (columns ``cols``, all positions) or -1."""
+        if self.arity == 0:
+            m = len(cols[0]) if cols else 1
+            return np.zeros(m, np.int64) if self.n else np.full(m, -1, np.int64)
+        mine = self.keys(bits)
+        if mine is not None:
+            return member(mine, pack(cols, bits))
+        a, b = joint_keys([self.cols, cols], bits)
+        return member(a, b)  # a is sorted: ranks keep the lexicographic order
+
+    def index(self, positions: tuple[int, ...], bits: int):
+        """A join index on ``positions``: ("starts", starts, perm) for small key spaces,
+        ("sorted", keys, perm) otherwise; None when the keys do not pack."""
+        ix = self._index.get((positions, bits))
+        if ix is None:
+            sub = [self.cols[i] for i in positions]
+            k = pack(sub, bits)
+            if k is None:
+                return None
+            if positions == tuple(range(len(positions))):
+                perm, sk = None, k  # rows are sorted on a prefix already
+            else:
+                perm = np.argsort(k, kind="stable")
+                sk = k[perm]
+            if len(positions) * bits <= STARTS_BITS:
+                ix = ("starts", np.searchsorted(sk, np.arange((1 << (len(positions) * bits)) + 1)),
+                      perm)
+            else:
+                ix = ("sorted", sk, perm)
+            self._index[(positions, bits)] = ix
+        return ix
+
+    def rows(self):
+        """Every row as a tuple of ids (for tests and small relations)."""
+        return list(zip(*(c.tolist() for c in self.cols))) if self.arity else [()] * self.n
+
+
+def difference(a: Rel, b: Rel, bits: int) -> Rel:
+    """The rows of ``a`` not in ``b`` (Boolean relations)."""
+    if a.arity == 0:
+        return Rel(0, 0 if b.n else a.n, [])
+    if a.n == 0 or b.n == 0:
+        return a
+    keep = b.find(a.cols, bits) < 0
+    if keep.all():
+        return a
+    return Rel(a.arity, int(np.count_nonzero(keep)), [c[keep] for c in a.cols])
+
+
+def union(a: Rel, b: Rel, bits: int) -> Rel:
+    """The rows of two disjoint Boolean relations, sorted."""
+    if b.n == 0:
+        return a
+    if a.n == 0:
+        return b
+    if a.arity == 0:
+        return Rel(0, 1, [])
+    ka, kb = a.keys(bits), b.keys(bits)
+    if ka is not None and kb is not None:
+        # two sorted runs: the stable sort (timsort) merges them in linear time
+        k = np.sort(np.concatenate([ka, kb]), kind="stable")
+        r = Rel(a.arity, len(k), unpack(k, a.arity, bits))
+        r._keys = (bits, k)
+        return r
+    cols = [np.concatenate([x, y]) for x, y in zip(a.cols, b.cols)]
+    order = np.argsort(joint_keys([cols], bits)[0], kind="stable")
+    return Rel(a.arity, len(order), [c[order] for c in cols])
