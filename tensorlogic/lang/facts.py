@@ -7,6 +7,7 @@ encodes each column with one vectorized lookup.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -89,13 +90,16 @@ def check_column(col: object, pred: str, i: int) -> np.ndarray:
         return a
     if k == "O":
         vals = a.tolist()
-        bad = next((v for v in vals if not isinstance(v, (str, int, float)) or v != v), None)
-        if bad is not None or any(isinstance(v, float) and v != v for v in vals):
+        if not all(isinstance(v, (str, int, float)) and not _nan(v) for v in vals):
             for v in vals:
                 check_constant(v, f"column {i} of the facts of {pred!r}")
         return _tighten(a)
     raise program_error("invalid_fact", f"column {i} of the facts of {pred!r} has dtype "
                         f"{a.dtype}; expected ints, floats or strings")
+
+
+def _nan(v: object) -> bool:
+    return isinstance(v, float) and math.isnan(v)
 
 
 def _is_column(x: object) -> bool:
