@@ -41,7 +41,7 @@ from .ast import Comparison, Const, Literal, Rule, term_vars
 from .facts import FactTable
 from .joins import RuleBuilder
 from .relation import Relation, dense_index
-from .relset import Rel, difference, union
+from .relset import Known, Rel
 from .sparse import FLOPS_PER_CANDIDATE, OverBudget, SparseStratum
 from .sparse_rules import Context, SparseRule
 from .symbols import Symbols, sorted_unique
@@ -51,8 +51,10 @@ DEFAULT_MEMORY_BUDGET = 4 << 30
 DEFAULT_MAX_ITERATIONS = 100_000
 ROUNDS = ("auto", "dense", "sparse")
 REPRESENTATIONS = ("auto", "dense", "sparse")
-#: under representation="auto", a stratum runs dense when every relation it reads or derives
-#: has at most this many dense cells (and sparse otherwise); measured in bench_datalog.py
+#: under representation="auto" on the host, a Boolean recursive stratum whose relations have at
+#: most this many dense cells switches from sparse to dense (BLAS) rounds once a round touches
+#: more binding rows than that: measured in bench_datalog.py, sparse rounds win on trees and
+#: sparse graphs, dense ones on closures of well-connected graphs (out-degree 8)
 DENSE_CELLS = 1 << 22
 
 
@@ -77,8 +79,10 @@ class Options:
     #: stratum), "dense" (0/1 tensors, the only form on a device backend) or "sparse" (sorted
     #: columns of symbol ids); programs with arithmetic are always sparse
     representation: str = "auto"
-    #: the "auto" representation's bound on a dense relation's cells (see DENSE_CELLS)
-    dense_cells: int = DENSE_CELLS
+    #: the "auto" representation starts a stratum dense when every relation it touches has at
+    #: most this many cells (0: sparse first on the host, where a small program then needs no
+    #: compiled plan; see DENSE_CELLS for the switch to dense rounds)
+    dense_cells: int = 0
 
 
 @dataclass
@@ -221,7 +225,7 @@ class Evaluator:
                                code="invalid_option")
         self.an = an
         self.opts = opts
-        self.backend = get_backend(opts.backend)
+        self._backend = None  # resolved when a dense stratum first needs it
         self.ids = {p: _ident(k) for k, p in enumerate(an.predicates)}
         self.env: dict[str, Any] = {}
         self.iterations: dict[tuple[str, ...], int] = {}
@@ -229,10 +233,16 @@ class Evaluator:
         #: attempt that went over its budget, after which the round ran densely
         self.round_kinds: dict[tuple[str, ...], str] = {}
         self.compiles = 0
-        self.host = isinstance(self.backend.to_device(np.zeros(1, np.float32)), np.ndarray)
         #: per stratum (its predicates), "dense" or "sparse": how it ran
         self.stratum_kinds: dict[tuple[str, ...], str] = {}
         self.ctx = Context(an.symbols, opts.semantics, opts.memory_budget)
+
+    @property
+    def backend(self):
+        """The backend of the dense strata (imported on first use: sparse strata need none)."""
+        if self._backend is None:
+            self._backend = get_backend(self.opts.backend)
+        return self._backend
 
     # ------------------------------------------------------------------ representations
     def _touched(self, st: Stratum) -> set[str]:
@@ -240,13 +250,16 @@ class Evaluator:
                                 if isinstance(b, Literal)}
 
     def _kind(self, st: Stratum) -> str:
-        """How a stratum runs: dense for small domains (always on a device), else sparse."""
+        """How a stratum runs: dense for small domains (on the backend, a device included),
+        sparse on the host otherwise."""
         mode = self.opts.representation
         if mode == "sparse" or self.an.arithmetic:
             return "sparse"
-        if mode == "dense" or not self.host:
+        if mode == "dense":
             return "dense"
         cells = [math.prod(self.an.shape(p)) for p in self._touched(st)]
+        if self.opts.backend == "cupy":  # dense relations stay on the device while they fit
+            return "dense" if 12 * sum(cells) <= self.opts.memory_budget else "sparse"
         r = self.an.rule_ids
         for rule in st.rules:  # a comparison of two variables is a matrix over their domain
             for b in rule.body:
@@ -402,33 +415,70 @@ class Evaluator:
 
     def _semi_naive(self, st: Stratum, facts: dict[str, Rel],
                     lower: dict[str, Rel]) -> dict[str, Rel]:
+        """Boolean recursion: each round joins the last round's new tuples (one variant per
+        recursive atom, the other atoms read whole) and keeps what is new (``relset.Known``)."""
         ctx = self.ctx
         own = set(st.preds)
         exits = [SparseRule(r) for r in st.rules if not _uses(r, st.preds)]
-        rel = self._derive(exits, _source(facts, lower), facts, st.preds)
+        start = self._derive(exits, _source(facts, lower), facts, st.preds)
         variants = [SparseRule(r, k) for r in st.rules for k, b in enumerate(r.body)
                     if isinstance(b, Literal) and not b.negated and b.atom.pred in own]
-        delta = dict(rel)
+        bits = ctx.bits
+        known = {p: Known(start[p], bits, self.opts.memory_budget) for p in st.preds}
+        delta = dict(start)
+        cells = self._dense_cells(st)
         for it in range(1, self.opts.max_iterations + 1):
             parts: dict[str, list] = {p: [] for p in st.preds}
             for v in variants:
                 def src(pred: str, k: int, seed: int = v.seed, delta=delta) -> Rel:
                     if pred in own:
-                        return delta[pred] if k == seed else rel[pred]
+                        return delta[pred] if k == seed else known[pred].whole()
                     return lower[pred]
                 parts[v.rule.head.pred].append(v.run(ctx, src))
-            new = {}
-            for p in st.preds:
-                cand = _build(parts[p], self.an.arity.get(p, 0), ctx)
-                new[p] = difference(cand, rel[p], ctx.bits)
-                rel[p] = union(rel[p], new[p], ctx.bits)
+            if ctx.bits != bits:  # arithmetic added symbols: keys widen
+                bits = ctx.bits
+                known = {p: Known(known[p].whole(), bits, self.opts.memory_budget)
+                         for p in st.preds}
+            new = {p: known[p].add(parts[p]) for p in st.preds}
             if all(n.n == 0 for n in new.values()):
                 self.iterations[st.preds] = it
                 self.round_kinds[st.preds] = "S" * it
-                return rel
+                return {p: known[p].whole() for p in st.preds}
             delta = new
+            rows = sum(part[1] for ps in parts.values() for part in ps)
+            if cells is not None and rows > cells and self._go_dense(st, known):
+                # a round touched more rows than the dense relations have cells: BLAS rounds
+                # are cheaper from here (dense closures of well-connected graphs)
+                self.round_kinds[st.preds] = "S" * it + self.round_kinds[st.preds]
+                return {p: self.env[p] for p in st.preds}
         self._too_many(st)
         raise AssertionError("unreachable")
+
+    def _dense_cells(self, st: Stratum) -> int | None:
+        """The cells of the stratum's largest dense relation, when the stratum could switch
+        to dense rounds (Boolean, host, no arithmetic, small domains), else None."""
+        if self.opts.representation != "auto" or self.an.arithmetic:
+            return None
+        cells = max(math.prod(self.an.shape(p)) for p in self._touched(st))
+        return cells if cells <= DENSE_CELLS else None
+
+    def _go_dense(self, st: Stratum, known: dict) -> bool:
+        """Finish a recursive stratum with dense rounds from what is known; False (nothing
+        changed) if its dense joins would not fit the memory budget."""
+        saved = {p: self.env.get(p) for p in self._touched(st)}
+        try:
+            check_memory(self.an, self.opts.memory_budget, self._touched(st))
+            for p in st.preds:
+                self.env[p] = known[p].whole()
+            for p in self._touched(st):
+                self._dense(p)
+            self._fixpoint(st)
+        except ProgramError as exc:
+            if exc.code != "memory_budget":
+                raise
+            self.env.update(saved)
+            return False
+        return True
 
     def _run_batch(self, strata: list[Stratum]) -> None:
         """Non-recursive strata (and the first round of a recursive one) as one plan."""

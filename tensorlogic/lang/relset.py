@@ -24,6 +24,9 @@ from .symbols import sorted_unique
 KEY_BITS = 62
 #: a join index over at most this many key values is a table of row starts (O(1) lookups)
 STARTS_BITS = 22
+#: a recursive relation whose keys span at most this many bits keeps a bitmap of its tuples
+#: (one byte per possible tuple) for the semi-naive difference
+BITMAP_BITS = 26
 
 
 def pack(cols: list[np.ndarray], bits: int) -> np.ndarray | None:
@@ -50,7 +53,7 @@ def unpack(keys: np.ndarray, arity: int, bits: int) -> list[np.ndarray]:
 
 def _ranks(k: np.ndarray) -> tuple[np.ndarray, int]:
     """Dense ranks of ``k`` (equal values, equal ranks; order kept) and their count."""
-    order = np.argsort(k, kind="stable")
+    order = np.argsort(k)
     s = k[order]
     step = np.empty(len(s), np.int64)
     if len(s):
@@ -91,7 +94,7 @@ def member(sorted_keys: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 def group(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(order, starts): ``keys[order]`` sorted; ``starts`` the first position of each value."""
-    order = np.argsort(keys, kind="stable")
+    order = np.argsort(keys)
     s = keys[order]
     if len(s) == 0:
         return order, np.zeros(0, np.intp)
@@ -117,16 +120,29 @@ class Rel:
     """A relation: ``n`` distinct rows as ``arity`` columns of ids in lexicographic order,
     with weights (float64) under the fuzzy and probabilistic semantics, else None."""
 
-    __slots__ = ("_index", "_keys", "arity", "cols", "n", "w")
+    __slots__ = ("_cols", "_index", "_keys", "arity", "n", "w")
 
-    def __init__(self, arity: int, n: int, cols: list[np.ndarray],
-                 w: np.ndarray | None = None) -> None:
+    def __init__(self, arity: int, n: int, cols: list[np.ndarray] | None,
+                 w: np.ndarray | None = None, keys: tuple[int, np.ndarray] | None = None) -> None:
         self.arity = arity
         self.n = n
-        self.cols = cols
+        self._cols = cols
         self.w = w
-        self._keys: tuple[int, np.ndarray | None] | None = None
+        self._keys: tuple[int, np.ndarray | None] | None = keys
         self._index: dict[tuple, tuple] = {}
+
+    @classmethod
+    def from_keys(cls, arity: int, keys: np.ndarray, bits: int) -> Rel:
+        """A Boolean relation from sorted distinct packed keys (columns unpacked on use)."""
+        return cls(arity, len(keys), None, None, (bits, keys))
+
+    @property
+    def cols(self) -> list[np.ndarray]:
+        """One id column per argument."""
+        if self._cols is None:
+            bits, keys = self._keys  # type: ignore[misc]
+            self._cols = unpack(keys, self.arity, bits)
+        return self._cols
 
     @classmethod
     def empty(cls, arity: int, weighted: bool) -> Rel:
@@ -154,10 +170,7 @@ class Rel:
         if w is None:
             p = pack(cols, bits)
             if p is not None:
-                u = sorted_unique(keys)
-                r = cls(len(cols), len(u), unpack(u, len(cols), bits))
-                r._keys = (bits, u)
-                return r
+                return cls.from_keys(len(cols), sorted_unique(keys), bits)
         order, starts = group(keys)
         pick = order[starts]
         out = cls(len(cols), len(pick), [c[pick] for c in cols])
@@ -170,6 +183,13 @@ class Rel:
         if self._keys is None or self._keys[0] != bits:
             self._keys = (bits, pack(self.cols, bits) if self.arity else None)
         return self._keys[1]
+
+    def find_rows(self, other: Rel, bits: int) -> np.ndarray:
+        """Row index in this relation of each row of ``other`` (same arity) or -1."""
+        mine, theirs = self.keys(bits), other.keys(bits) if other.arity else None
+        if mine is not None and theirs is not None:
+            return member(mine, theirs)
+        return self.find(other.cols, bits)
 
     def find(self, cols: list[np.ndarray], bits: int) -> np.ndarray:
         """Row index of each probe row (columns ``cols``, all positions) or -1."""
@@ -194,7 +214,7 @@ class Rel:
             if positions == tuple(range(len(positions))):
                 perm, sk = None, k  # rows are sorted on a prefix already
             else:
-                perm = np.argsort(k, kind="stable")
+                perm = np.argsort(k)
                 sk = k[perm]
             if len(positions) * bits <= STARTS_BITS:
                 ix = ("starts", np.searchsorted(sk, np.arange((1 << (len(positions) * bits)) + 1)),
@@ -215,10 +235,24 @@ def difference(a: Rel, b: Rel, bits: int) -> Rel:
         return Rel(0, 0 if b.n else a.n, [])
     if a.n == 0 or b.n == 0:
         return a
-    keep = b.find(a.cols, bits) < 0
+    keep = b.find_rows(a, bits) < 0
     if keep.all():
         return a
+    ka = a.keys(bits)
+    if ka is not None:
+        return Rel.from_keys(a.arity, ka[keep], bits)
     return Rel(a.arity, int(np.count_nonzero(keep)), [c[keep] for c in a.cols])
+
+
+def merge_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two sorted arrays of distinct values (disjoint) as one sorted array, in linear passes."""
+    at = np.searchsorted(a, b) + np.arange(len(b))
+    out = np.empty(len(a) + len(b), a.dtype)
+    from_a = np.ones(len(out), bool)
+    from_a[at] = False
+    out[at] = b
+    out[from_a] = a
+    return out
 
 
 def union(a: Rel, b: Rel, bits: int) -> Rel:
@@ -231,11 +265,76 @@ def union(a: Rel, b: Rel, bits: int) -> Rel:
         return Rel(0, 1, [])
     ka, kb = a.keys(bits), b.keys(bits)
     if ka is not None and kb is not None:
-        # two sorted runs: the stable sort (timsort) merges them in linear time
-        k = np.sort(np.concatenate([ka, kb]), kind="stable")
-        r = Rel(a.arity, len(k), unpack(k, a.arity, bits))
-        r._keys = (bits, k)
-        return r
+        return Rel.from_keys(a.arity, merge_sorted(ka, kb), bits)
     cols = [np.concatenate([x, y]) for x, y in zip(a.cols, b.cols)]
-    order = np.argsort(joint_keys([cols], bits)[0], kind="stable")
+    order = np.argsort(joint_keys([cols], bits)[0])
     return Rel(a.arity, len(order), [c[order] for c in cols])
+
+
+class Known:
+    """The tuples of one recursive relation found so far, for semi-naive rounds: a bitmap over
+    the packed keys when the key space is small (membership is one load per tuple), else a few
+    sorted chunks (each round's new tuples merged into the last chunk while that one is not
+    much larger, so a round costs about its own size)."""
+
+    def __init__(self, start: Rel, bits: int, budget: int) -> None:
+        self.arity = start.arity
+        self.bits = bits
+        space = self.arity * bits
+        self.bitmap = None
+        if 0 < self.arity and space <= BITMAP_BITS and (1 << space) <= budget // 4:
+            self.bitmap = np.zeros(1 << space, bool)
+            self.bitmap[start.keys(bits)] = True
+        self.chunks = [start]
+        self._whole: Rel | None = start
+
+    def add(self, cand: list[tuple[list[np.ndarray], int, object]]) -> Rel:
+        """The distinct candidate rows (``(columns, count, _)`` parts) not known yet; they
+        become known."""
+        parts = [p for p in cand if p[1]]
+        if self.arity == 0:
+            if parts and self.whole().n == 0:
+                self.chunks = [Rel(0, 1, [])]
+                self._whole = self.chunks[0]
+                return Rel(0, 1, [])
+            return Rel(0, 0, [])
+        if not parts:
+            return Rel.empty(self.arity, False)
+        if self.bitmap is not None:
+            keys = np.concatenate([pack(p[0], self.bits) for p in parts])
+            keys = keys[~self.bitmap[keys]]
+            if len(keys) * 8 > len(self.bitmap):  # many: read them back from a bitmap
+                mark = np.zeros(len(self.bitmap), bool)
+                mark[keys] = True
+                keys = np.flatnonzero(mark)
+            else:
+                keys = sorted_unique(keys)
+            self.bitmap[keys] = True
+            new = Rel.from_keys(self.arity, keys, self.bits)
+            if len(keys):
+                self._whole = None
+            return new
+        cols = [np.concatenate([p[0][i] for p in parts]) for i in range(self.arity)]
+        new = Rel.build(cols, len(cols[0]), None, self.bits)
+        for c in self.chunks:
+            new = difference(new, c, self.bits)
+        if new.n:
+            self._whole = None
+            self.chunks.append(new)
+            while len(self.chunks) > 1 and self.chunks[-2].n <= 4 * self.chunks[-1].n:
+                last = self.chunks.pop()
+                self.chunks[-1] = union(self.chunks[-1], last, self.bits)
+        return new
+
+    def whole(self) -> Rel:
+        """Every tuple known, as one sorted relation."""
+        if self._whole is None:
+            if self.bitmap is not None:
+                self._whole = Rel.from_keys(self.arity, np.flatnonzero(self.bitmap), self.bits)
+            else:
+                merged = self.chunks[0]
+                for c in self.chunks[1:]:
+                    merged = union(merged, c, self.bits)
+                self.chunks = [merged]
+                self._whole = merged
+        return self._whole

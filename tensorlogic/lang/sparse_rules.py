@@ -238,7 +238,8 @@ class SparseRule:
             needed = head_vars.union(*(_vars_of(i) for _, i in rest))
             gone = sorted(bound - needed)
             if gone:
-                self.ops.append(("drop", gone))
+                # the last drop leaves deduplication to the head's relation
+                self.ops.append(("drop", gone, bool(rest)))
                 bound -= set(gone)
 
     @staticmethod
@@ -302,7 +303,7 @@ class SparseRule:
             if ix is None:  # keys too wide to pack: rank the probe and the build together
                 sub = [view.cols[i] for i in bpos]
                 kb, kq = joint_keys([sub, [t.cols[v] for v in b]], ctx.bits)
-                perm = np.argsort(kb, kind="stable")
+                perm = np.argsort(kb)
                 sk = kb[perm]
                 lo, hi = np.searchsorted(sk, kq, "left"), np.searchsorted(sk, kq, "right")
             else:
@@ -377,18 +378,22 @@ class SparseRule:
         keep.cols[x] = ids
         return keep
 
-    def _drop(self, ctx, t: Table, source, gone: list[str]) -> Table:
+    def _drop(self, ctx, t: Table, source, gone: list[str], dedupe: bool) -> Table:
         names = [v for v in t.cols if v not in gone]
+        if not dedupe and (names or t.w is None):
+            return Table(t.m, {v: t.cols[v] for v in names}, t.w) if names else \
+                Table(min(t.m, 1), {}, None)
         if not names:
             if t.m == 0:
                 return Table(0, {}, t.w)
             w = None if t.w is None else combine(t.w, np.zeros(1, np.intp), ctx.sem)
             return Table(1, {}, w)
         cols = [t.cols[v] for v in names]
-        key = joint_keys([cols], ctx.bits)[0] if pack(cols, ctx.bits) is None else \
-            pack(cols, ctx.bits)
+        if t.w is None:
+            r = Rel.build(cols, t.m, None, ctx.bits)
+            return Table(r.n, dict(zip(names, r.cols)), None)
+        key = joint_keys([cols], ctx.bits)[0]
         order, starts = group(key)
         pick = order[starts]
-        w = None if t.w is None else combine(t.w[order], starts, ctx.sem)
+        w = combine(t.w[order], starts, ctx.sem)
         return Table(len(pick), {v: c[pick] for v, c in zip(names, cols)}, w)
-

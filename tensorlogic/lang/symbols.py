@@ -24,7 +24,7 @@ _EXACT = float(2 ** 62)
 def sorted_unique(a: np.ndarray) -> np.ndarray:
     """The sorted distinct values of ``a`` (sort based: numpy's hash-based unique is slow on
     structured integer keys)."""
-    a = np.sort(a, kind="stable")
+    a = np.sort(a)
     if len(a) < 2:
         return a
     keep = np.empty(len(a), bool)
@@ -89,6 +89,8 @@ class Symbols:
         self._str_ids = np.arange(len(fv), len(fv) + len(strs), dtype=np.int64)
         self._values: np.ndarray | None = None
         self._rank: np.ndarray | None = np.arange(len(self.kind), dtype=np.int64)
+        self._identity: bool | None = None
+        self._all_int: bool | None = None
 
     # ------------------------------------------------------------------ building
     @classmethod
@@ -177,6 +179,7 @@ class Symbols:
                 self._flt_keys, self._flt_ids = allk[o], alli[o]
             self._values = None
             self._rank = None
+            self._identity = self._all_int = None
             got = self._find(self._int_keys if kind == INT else self._flt_keys,
                              self._int_ids if kind == INT else self._flt_ids, q)
         return got
@@ -201,6 +204,19 @@ class Symbols:
         ids = np.asarray(ids, np.int64)
         if len(ids) == 0:
             return self.values()[:0]
+        if self._identity is None:  # ints 0..n-1 in order: every id is its own value
+            n = len(self.kind)
+            self._identity = bool((self.kind == INT).all() and (n == 0 or (
+                self.ival[0] == 0 and self.ival[-1] == n - 1 and
+                (self.ival == np.arange(n)).all())))
+        if self._identity:
+            out = ids.view()
+            out.flags.writeable = False  # the relation's own ids: read-only
+            return out
+        if self._all_int is None:
+            self._all_int = bool((self.kind == INT).all())
+        if self._all_int:
+            return self.ival[ids]
         k = self.kind[ids]
         if (k == INT).all():
             return self.ival[ids]

@@ -358,7 +358,8 @@ def test_bodies_of_comparisons_only():
 def _kinds(text: str, facts: dict, **kw) -> str:
     """Check every mode against the reference; the round kinds of the "auto" run with ``kw``."""
     check(text, facts)
-    an, dense, ev = evaluate_rules(parse_rules(text), normalize_facts(facts), Options(**kw))
+    an, dense, ev = evaluate_rules(parse_rules(text), normalize_facts(facts),
+                                   Options(representation="dense", **kw))
     want = reference.evaluate(parse_rules(text), {p: set(map(tuple, r)) for p, r in
                                                   facts.items()})
     got = decode_all(an, dense)
@@ -462,14 +463,15 @@ def test_sparse_rounds_constants_nullary_heads_and_ordering(monkeypatch):
     facts = {"e": random_graph(8, 20, 3) + [(2, 1), (3, 1)]}
     check(text, facts)
     monkeypatch.setattr(sparse, "STARTS_LIMIT", 0)  # search sorted keys instead of a table
-    for p, rows in run_rounds(text, facts, "sparse").items():
-        assert rows == run_rounds(text, facts, "dense")[p]
+    for p, rows in run_rounds(text, facts, "sparse", representation="dense").items():
+        assert rows == run_rounds(text, facts, "dense", representation="dense")[p]
 
 
 def test_sparse_round_too_large_for_memory_runs_dense():
     n = 20
     edges = [(i, j) for i in range(n) for j in range(n)]
     an, dense, ev = evaluate_rules(parse_rules(TC), normalize_facts({"edge": edges}),
-                                   Options(rounds="sparse", memory_budget=128 * 1000))
+                                   Options(rounds="sparse", memory_budget=128 * 1000,
+                                           representation="dense"))
     assert ev.round_kinds[("path",)].startswith("x")  # 8000 candidate rows > 1000 allowed
     assert len(decode_all(an, dense)["path"]) == n * n
