@@ -20,6 +20,7 @@ benchmarks/results/bench_datalog.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -34,8 +35,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results  # noqa: E402
-from datalog_workloads import WORKLOADS  # noqa: E402
+from _common import write_results
+from datalog_workloads import WORKLOADS
 
 DEFAULT_CASES = ("ancestors:10000,ancestors:100000,closure:1000,closure:2000,ancestors:1000000,"
                  "closure:5000,samegen:20000,pointsto:100000")
@@ -122,22 +123,22 @@ def child(args: argparse.Namespace) -> None:
     data = np.load(args.data)
     facts: dict[str, tuple] = {}
     for key in sorted(data.files):
-        name, _, i = key.rpartition("__")
+        name, _, _ = key.rpartition("__")
         facts.setdefault(name, [])
         facts[name].append(data[key])  # type: ignore[attr-defined]
     facts = {k: tuple(v) for k, v in facts.items()}
     # imports before the clock starts, for every engine alike
     if args.child == "tensorlogic":
         import tensorlogic.datalog  # noqa: F401
-        fn = lambda: _tensorlogic(args.workload, facts, args.mode,  # noqa: E731
-                                  args.representation)
+        fn = functools.partial(_tensorlogic, args.workload, facts, args.mode,
+                               args.representation)
     elif args.child == "duckdb":
         import duckdb  # noqa: F401
         import pandas  # noqa: F401
-        fn = lambda: _duckdb(args.workload, facts, args.mode)  # noqa: E731
+        fn = functools.partial(_duckdb, args.workload, facts, args.mode)
     else:
         import clingo  # noqa: F401
-        fn = lambda: _clingo(args.workload, facts, args.mode)  # noqa: E731
+        fn = functools.partial(_clingo, args.workload, facts, args.mode)
     t0 = time.perf_counter()
     n = fn()
     secs = time.perf_counter() - t0
@@ -150,7 +151,7 @@ def run_child(engine: str, workload: str, data: str, mode: str, timeout: float,
     cmd = [sys.executable, __file__, "--child", engine, "--workload", workload, "--data", data,
            "--mode", mode, "--representation", representation]
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
         return {"status": "timeout"}
     if p.returncode != 0:
@@ -205,15 +206,15 @@ def main(argv: list[str] | None = None) -> int:
                                            if mode == "sets" or e not in SETS_ONLY}
             load0 = os.getloadavg()[0]
             for _ in range(args.repeat):
-                for e in runs:
+                for e, done in runs.items():
                     if e == "clingo" and rows and _too_big(rows, case, args.clingo_max):
-                        runs[e].append({"status": f"skipped (over {args.clingo_max} tuples)"})
+                        done.append({"status": f"skipped (over {args.clingo_max} tuples)"})
                         continue
-                    if runs[e] and runs[e][-1]["status"] != "ok":
-                        runs[e].append(runs[e][-1])  # timed out or failed once: do not retry
+                    if done and done[-1]["status"] != "ok":
+                        done.append(done[-1])  # timed out or failed once: do not retry
                         continue
-                    runs[e].append(run_child(e, workload, path, mode, args.timeout,
-                                             args.representation))
+                    done.append(run_child(e, workload, path, mode, args.timeout,
+                                          args.representation))
             row = {"case": f"{workload} n={size}", "workload": workload, "size": int(size),
                    "mode": mode, "load_avg": [load0, os.getloadavg()[0]], "engines": {}}
             for e, rs in runs.items():
