@@ -430,7 +430,8 @@ class Evaluator:
         for it in range(1, self.opts.max_iterations + 1):
             parts: dict[str, list] = {p: [] for p in st.preds}
             for v in variants:
-                def src(pred: str, k: int, seed: int = v.seed, delta=delta) -> Rel:
+                def src(pred: str, k: int, seed: int = v.seed, delta=delta,
+                        known=known) -> Rel:
                     if pred in own:
                         return delta[pred] if k == seed else known[pred].whole()
                     return lower[pred]
