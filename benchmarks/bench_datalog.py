@@ -181,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--clingo-max", type=int, default=3_000_000,
                     help="skip clingo where DuckDB's tuple count exceeds this")
     ap.add_argument("--representation", default="auto", choices=("auto", "dense", "sparse"))
+    ap.add_argument("--name", default="bench_datalog", help="results/<name>.json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--workload", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
@@ -238,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
              "representation": args.representation, "peer_versions": versions(),
              "note": "ratio = peer seconds / tensorlogic seconds (medians; each run a fresh "
                      "process, engines round-robin); load_avg = 1-minute load before/after"}
-    out = write_results("bench_datalog", rows, extra, peers=tuple(e for e in engines
+    out = write_results(args.name, rows, extra, peers=tuple(e for e in engines
                                                                    if e != "tensorlogic"))
     print(f"wrote {out}")
     return 0

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..errors import MissingDependencyError, ProgramError
 from .relset import Rel
-from .symbols import Symbols
+from .symbols import Symbols, search
 
 
 class Relation:
@@ -157,4 +157,4 @@ class Relation:
 def dense_index(domain: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Positions of ``ids`` in ``domain`` (ids in value order, not necessarily id order)."""
     order = np.argsort(domain, kind="stable")
-    return order[np.searchsorted(domain[order], ids)]
+    return order[search(domain[order], ids)]

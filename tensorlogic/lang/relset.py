@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .symbols import sorted_unique
+from .symbols import search, sorted_unique
 
 #: bits of one packed key
 KEY_BITS = 62
@@ -27,6 +27,16 @@ STARTS_BITS = 22
 #: a recursive relation whose keys span at most this many bits keeps a bitmap of its tuples
 #: (one byte per possible tuple) for the semi-naive difference
 BITMAP_BITS = 26
+#: otherwise a filter of this many bits over hashed keys answers "surely new" for most
+#: candidates without a binary search in the sorted chunks
+FILTER_BITS = 25
+
+
+def _hash(keys: np.ndarray) -> np.ndarray:
+    """Fibonacci hashing of int64 keys onto FILTER_BITS bits."""
+    with np.errstate(over="ignore"):
+        h = keys.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return (h >> np.uint64(64 - FILTER_BITS)).astype(np.intp)
 
 
 def pack(cols: list[np.ndarray], bits: int) -> np.ndarray | None:
@@ -87,7 +97,7 @@ def member(sorted_keys: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Index of each ``q`` in ``sorted_keys`` or -1."""
     if len(sorted_keys) == 0:
         return np.full(len(q), -1, np.int64)
-    i = np.searchsorted(sorted_keys, q)
+    i = search(sorted_keys, q)
     i[i == len(sorted_keys)] = 0
     return np.where(sorted_keys[i] == q, i, -1)
 
@@ -245,13 +255,10 @@ def difference(a: Rel, b: Rel, bits: int) -> Rel:
 
 
 def merge_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Two sorted arrays of distinct values (disjoint) as one sorted array, in linear passes."""
-    at = np.searchsorted(a, b) + np.arange(len(b))
-    out = np.empty(len(a) + len(b), a.dtype)
-    from_a = np.ones(len(out), bool)
-    from_a[at] = False
-    out[at] = b
-    out[from_a] = a
+    """Two sorted arrays of disjoint values as one sorted array: the stable sort (timsort)
+    finds the two runs and merges them in one pass."""
+    out = np.concatenate([a, b])
+    out.sort(kind="stable")
     return out
 
 
@@ -287,6 +294,11 @@ class Known:
             self.bitmap[start.keys(bits)] = True
         self.chunks = [start]
         self._whole: Rel | None = start
+        self.filter = None
+        if self.bitmap is None and self.arity and pack([np.zeros(1, np.int64)] * self.arity,
+                                                       bits) is not None:
+            self.filter = np.zeros(1 << FILTER_BITS, bool)
+            self.filter[_hash(start.keys(bits))] = True
 
     def add(self, cand: list[tuple[list[np.ndarray], int, object]]) -> Rel:
         """The distinct candidate rows (``(columns, count, _)`` parts) not known yet; they
@@ -316,12 +328,30 @@ class Known:
             return new
         cols = [np.concatenate([p[0][i] for p in parts]) for i in range(self.arity)]
         new = Rel.build(cols, len(cols[0]), None, self.bits)
-        for c in self.chunks:
-            new = difference(new, c, self.bits)
+        if self.filter is not None and new.n:
+            k = new.keys(self.bits)
+            h = _hash(k)
+            maybe = np.flatnonzero(self.filter[h])
+            if len(maybe):
+                seen = np.zeros(len(maybe), bool)
+                for c in self.chunks:
+                    seen |= member(c.keys(self.bits), k[maybe]) >= 0
+                if seen.any():
+                    keep = np.ones(len(k), bool)
+                    keep[maybe[seen]] = False
+                    k, h = k[keep], h[keep]
+                    new = Rel.from_keys(self.arity, k, self.bits)
+            self.filter[h] = True
+        else:
+            for c in self.chunks:
+                new = difference(new, c, self.bits)
         if new.n:
             self._whole = None
             self.chunks.append(new)
-            while len(self.chunks) > 1 and self.chunks[-2].n <= 4 * self.chunks[-1].n:
+            # with a filter, chunks are searched only for the few candidates it cannot clear,
+            # so they are merged only when a rule reads the whole relation (or at the end)
+            while self.filter is None and len(self.chunks) > 1 and \
+                    self.chunks[-2].n <= 4 * self.chunks[-1].n:
                 last = self.chunks.pop()
                 self.chunks[-1] = union(self.chunks[-1], last, self.bits)
         return new
@@ -331,6 +361,11 @@ class Known:
         if self._whole is None:
             if self.bitmap is not None:
                 self._whole = Rel.from_keys(self.arity, np.flatnonzero(self.bitmap), self.bits)
+            elif len(self.chunks) > 2 and self.chunks[0].keys(self.bits) is not None:
+                k = np.concatenate([c.keys(self.bits) for c in self.chunks])
+                k.sort()
+                self._whole = Rel.from_keys(self.arity, k, self.bits)
+                self.chunks = [self._whole]
             else:
                 merged = self.chunks[0]
                 for c in self.chunks[1:]:

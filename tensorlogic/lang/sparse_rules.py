@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import ProgramError
 from .ast import Arith, Comparison, Const, Literal, Rule, Var, term_vars, where
-from .relset import Rel, combine, group, joint_keys, pack
+from .relset import Rel, combine, group, joint_keys, pack, search
 from .symbols import INT, STR, Symbols
 
 #: bytes one binding-table row costs per column at the peak of a join (ids, gathers, keys)
@@ -305,14 +305,14 @@ class SparseRule:
                 kb, kq = joint_keys([sub, [t.cols[v] for v in b]], ctx.bits)
                 perm = np.argsort(kb)
                 sk = kb[perm]
-                lo, hi = np.searchsorted(sk, kq, "left"), np.searchsorted(sk, kq, "right")
+                lo, hi = search(sk, kq, "left"), search(sk, kq, "right")
             else:
                 kind, table, perm = ix
                 q = pack([t.cols[v] for v in b], ctx.bits)
                 if kind == "starts":
                     lo, hi = table[q], table[q + 1]
                 else:
-                    lo, hi = np.searchsorted(table, q, "left"), np.searchsorted(table, q, "right")
+                    lo, hi = search(table, q, "left"), search(table, q, "right")
             cnt = hi - lo
             total = int(cnt.sum())
             ctx.charge(self.rule, total, len(t.cols) + len(free))
