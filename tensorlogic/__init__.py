@@ -14,6 +14,7 @@ from .errors import (
     SerializationError, ShapeError, SpecError, TensorLogicError,
 )
 from .ir.graph import EinsumGraph, Tensor
+from .options import CompileOptions
 
 # profiler
 from .errors import MissingDependencyError
@@ -24,12 +25,14 @@ from . import datalog
 from .lang import Program, load_program, parse
 
 # batched inference
-from .pipeline import BatchError, BatchFailure, BatchOutput, run_batched, run_batches
+from .pipeline import (BatchError, BatchFailure, BatchOutput, local_cluster, run_batched,
+                       run_batches)
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "BackendError", "CompiledPlan", "DTypeError", "EinsumGraph", "GraphError", "InputError",
+    "BackendError", "CompileOptions", "CompiledPlan", "DTypeError", "EinsumGraph", "GraphError",
+    "InputError",
     "MemoryBudgetError", "ProgramError", "SerializationError", "ShapeError", "SpecError", "Tensor",
     "TensorLogicError", "available_backends", "clear_cache", "compile", "errors", "get_backend",
     "register_backend",
@@ -38,5 +41,5 @@ __all__ = [
     # the TensorLogic language
     "Program", "datalog", "load_program", "parse",
     # batched inference (pipeline/)
-    "BatchError", "BatchFailure", "BatchOutput", "run_batched", "run_batches",
+    "BatchError", "BatchFailure", "BatchOutput", "local_cluster", "run_batched", "run_batches",
 ]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import math
 import threading
 import time
 from collections import OrderedDict
@@ -13,12 +12,14 @@ from typing import Any
 import numpy as np
 
 from ..backends import get_backend
-from ..backends import kernels as generic_kernels
-from ..errors import BackendError, GraphError
-from ..ir import ops
+from ..backends.base import PreparedKernel, as_prepared
+from .. import dtypes
+from ..errors import BackendError, DTypeError, GraphError
+from ..ir import cost, ops
 from ..ir.graph import EinsumGraph
+from ..options import CompileOptions
 from ..optimizer import optimize
-from . import hooks
+from ..runtime import hooks
 from .memory import plan_memory
 from .plan import CompiledPlan, ConcretePlan, Step, check_budget
 from .schedule import Buffer, make_buffers, needed_nodes
@@ -28,27 +29,14 @@ _cache: OrderedDict[tuple, CompiledPlan] = OrderedDict()
 _cache_lock = threading.Lock()
 
 
-def _step_flops(node, in_nodes) -> int:
-    n = math.prod(node.shape)
-    if node.kind == ops.REDUCE:
-        m = math.prod(in_nodes[0].shape)
-        return m * (10 if node.op == "logsumexp" else 1)
-    if node.kind == ops.ROWOP:
-        return 10 * n
-    if node.kind == ops.FUSED:
-        return int(node.args.get("flops", 0))
-    return generic_kernels.elementwise_flops(node, n)
-
-
 # steps whose kernel may write over an input (when the kernel says which inputs it can alias)
 _INPLACE_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE, ops.ROWOP, ops.FUSED)
 
 
-def _scratch_buffers(kernel, node, first_id: int) -> list[Buffer]:
-    """Buffers for the temporaries a kernel declares in its ``scratch`` attribute."""
-    specs = getattr(kernel, "scratch", None) or ()
+def _scratch_buffers(kernel: PreparedKernel, node, first_id: int) -> list[Buffer]:
+    """Buffers for the temporaries a kernel declares in ``PreparedKernel.scratch``."""
     out = []
-    for j, spec in enumerate(specs):
+    for j, spec in enumerate(kernel.scratch):
         try:
             shape, dtype = spec
             shape = tuple(int(d) for d in shape)
@@ -59,15 +47,16 @@ def _scratch_buffers(kernel, node, first_id: int) -> list[Buffer]:
                 "(shape tuple, dtype)") from exc
         if any(d < 0 for d in shape):
             raise BackendError(f"node {node.name!r}: kernel scratch entry {j} has shape {shape}")
-        out.append(Buffer(first_id + j, node.id, f"{node.name}:scratch{j}", shape, dtype, "scratch"))
+        out.append(
+            Buffer(first_id + j, node.id, f"{node.name}:scratch{j}", shape, dtype, "scratch")
+        )
     return out
 
 
-def _inplace_positions(kernel, node) -> tuple[int, ...]:
+def _inplace_positions(kernel: PreparedKernel, node) -> tuple[int, ...]:
     if node.kind not in _INPLACE_KINDS:
         return ()
-    pos = getattr(kernel, "inplace", None) or ()
-    return tuple(int(p) for p in pos if 0 <= int(p) < len(node.inputs))
+    return tuple(int(p) for p in kernel.inplace if 0 <= int(p) < len(node.inputs))
 
 
 def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
@@ -82,6 +71,18 @@ def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
             gc.enable()
 
 
+def check_dtypes(graph: EinsumGraph, backend) -> None:
+    """Raise DTypeError naming the first node whose dtype the backend does not run."""
+    declared = [d for d in dtypes.SUPPORTED if d in backend.capabilities.dtypes]
+    for nid in graph.live_nodes():
+        node = graph.node(nid)
+        if node.dtype not in declared:
+            raise DTypeError(
+                f"node {node.name!r} ({node.label}) has dtype {node.dtype}, which the "
+                f"{backend.name} backend does not run; it runs {', '.join(declared)} (the numpy "
+                f"and numba backends run every dtype: {', '.join(dtypes.SUPPORTED)})")
+
+
 def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
     graph = plan.graph.bind(binding) if binding else plan.graph
     t0 = time.perf_counter()
@@ -89,10 +90,8 @@ def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
     order = needed_nodes(optimized)
     nodes = {nid: optimized.node(nid) for nid in order}
     bufs = make_buffers(optimized, order)
-    backend = plan.backend
-    # a backend may take plan options (the cupy backend: codegen path, CUDA graphs)
-    if hasattr(backend, "with_options"):
-        backend = backend.with_options(plan.options)
+    # a backend may build kernels differently per plan (the cupy backend: codegen, CUDA graphs)
+    backend = plan.backend.with_options(plan.options)
     steps: list[Step] = []
     kernels = []
     scratch: list[Buffer] = []
@@ -109,13 +108,15 @@ def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
         nbytes = 0 if is_view else b.nbytes + sum(bufs[i].nbytes for i in node.inputs)
         step = Step(len(steps), nid, node.name, node.kind, node.op, node.label,
                     tuple(bufs[i].id for i in node.inputs), b.id, tuple(node.shape), node.dtype,
-                    _step_flops(node, in_nodes), int(nbytes), args)
+                    cost.node_flops(node, in_nodes), int(nbytes), args)
         with hooks.timed("codegen", f"prepare {node.name}", backend=backend.name, kind=node.kind):
-            kernel = backend.prepare(step, node, in_nodes, optimized)
+            kernel = as_prepared(backend.prepare(step, node, in_nodes, optimized),
+                                 f"node {node.name!r}")
         # kernels may report what only they know: einsum FLOPs along the chosen path, the path
-        if hasattr(kernel, "flops") or hasattr(kernel, "info"):
-            step = replace(step, flops=int(getattr(kernel, "flops", step.flops)),
-                           info=getattr(kernel, "info", ""))
+        if kernel.flops is not None or kernel.bytes is not None or kernel.info:
+            step = replace(step, flops=step.flops if kernel.flops is None else int(kernel.flops),
+                           bytes=step.bytes if kernel.bytes is None else int(kernel.bytes),
+                           info=kernel.info)
         extra = _scratch_buffers(kernel, node, len(order) + len(scratch))
         if extra:
             scratch.extend(extra)
@@ -127,27 +128,26 @@ def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
         steps.append(step)
     buffers = tuple(bufs[nid] for nid in order) + tuple(scratch)
     memory = plan_memory(buffers, [(s.inputs, s.output, s.scratch) for s in steps], inplace_ok,
-                         reuse=bool(plan.options.get("reuse_memory", True)))
+                         reuse=plan.options["reuse_memory"])
     cp = ConcretePlan(
         graph=optimized, steps=tuple(steps), buffers=buffers, memory=memory,
         kernels=tuple(kernels),
         input_ids={name: bufs[nid].id for name, nid in optimized.inputs.items() if nid in bufs},
         output_ids={name: bufs[nid].id for name, nid in optimized.outputs.items()},
         constants={}, backend=backend, binding=dict(binding), optimizer_report=report,
-        pooled=bool(plan.options.get("pool", True)),
+        pooled=plan.options["pool"],
     )
     # the budget is checked before anything is allocated (constants moved, arenas built)
-    limit = plan.options.get("memory_limit")
+    limit = plan.options["memory_limit"]
     if limit is not None:
         check_budget(cp, limit, "memory_limit")
     else:
-        free = getattr(backend, "free_memory", None)
-        avail = free() if callable(free) else None
+        avail = backend.free_memory()
         if avail is not None:
             check_budget(cp, int(avail), f"the free memory of the {backend.name} device")
     cp.constants.update({bufs[nid].id: backend.to_device(optimized.constants[nid])
                          for nid in order if nodes[nid].kind == ops.CONSTANT})
-    if hasattr(backend, "plan_runner"):
+    if backend.capabilities.own_runner:
         cp.runner = backend.plan_runner(cp)
     hooks.compile_event("compile", "build plan", t0, time.perf_counter() - t0,
                         steps=len(steps), binding=dict(binding))
@@ -159,7 +159,10 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
     """Compile a graph into a plan for ``backend`` at ``opt_level`` (0-3).
 
     Plans are cached by the graph's content hash, backend, opt level and options; graphs with
-    symbolic dimensions are specialized per concrete binding on first call.
+    symbolic dimensions are specialized per concrete binding on first call. ``options`` are
+    checked against ``tensorlogic.options.OPTIONS``: an unknown name or a value of the wrong
+    kind raises GraphError; an option of another backend is accepted and ignored (listed by
+    ``print(plan)``).
 
     Memory options: ``memory_limit`` (bytes one call may need: planned peak of intermediates
     plus outputs; without it the backend's free memory is the limit) raises MemoryBudgetError
@@ -168,21 +171,22 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
     """
     if not isinstance(graph, EinsumGraph):
         raise GraphError(f"compile() expects an EinsumGraph, got {type(graph).__name__}")
-    if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
+    if type(opt_level) is not int or not 0 <= opt_level <= 3:
         raise GraphError(f"opt_level must be an int from 0 to 3, got {opt_level!r}")
-    if memory_limit is not None and (not isinstance(memory_limit, int) or memory_limit <= 0):
-        raise GraphError(f"memory_limit must be a positive number of bytes, got {memory_limit!r}")
-    for flag in ("pool", "reuse_memory"):
-        if flag in options and not isinstance(options[flag], bool):
-            raise GraphError(f"{flag} must be True or False, got {options[flag]!r}")
-    graph.validate()
+    if type(cache) is not bool:
+        raise GraphError(f"cache must be True or False, got {cache!r}")
     be = get_backend(backend)
-    opts = dict(options, memory_limit=memory_limit)
-    key = (graph.fingerprint(), be.name, opt_level, tuple(sorted((k, repr(v)) for k, v in opts.items())))
+    # checked before the graph: a typo in an option fails fast and never reaches the cache key
+    opts = CompileOptions.resolve({**options, "memory_limit": memory_limit}, be.name,
+                                  be.capabilities.options)
+    graph.validate()
+    check_dtypes(graph, be)
+    key = (graph.fingerprint(), be.name, opt_level, opts.key)
     if cache:
         with _cache_lock:
             hit = _cache.get(key)
-            if hit is not None:
+            # a backend registered again under the same name is another backend
+            if hit is not None and hit.backend is be:
                 _cache.move_to_end(key)
                 hooks.compile_event("cache", "plan cache hit", time.perf_counter(), 0.0)
                 return hit

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from ..runtime.units import format_bytes
 from .schedule import Buffer
 
 ALIGNMENT = 64  # bytes: a cache line, and what SIMD loads and BLAS like
@@ -55,18 +56,12 @@ class MemoryPlan:
     def __str__(self) -> str:
         saved = 1 - self.peak_bytes / self.naive_bytes if self.naive_bytes else 0.0
         how = "reuse" if self.reuse else "no reuse"
-        return (f"memory: planned peak {format_bytes(self.peak_bytes)} vs naive {format_bytes(self.naive_bytes)} "
-                f"({saved:.0%} saved; {how}, {len(self.offsets)} buffer(s), "
-                f"{len(self.inplace)} in place, live lower bound {format_bytes(self.live_bytes)})")
-
-
-def format_bytes(n: float) -> str:
-    """A byte count for people: ``1.5 MiB``."""
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
+        return (
+            f"memory: planned peak {format_bytes(self.peak_bytes)} vs naive "
+            f"{format_bytes(self.naive_bytes)} "
+            f"({saved:.0%} saved; {how}, {len(self.offsets)} buffer(s), "
+            f"{len(self.inplace)} in place, live lower bound {format_bytes(self.live_bytes)})"
+        )
 
 
 def _align(n: int, a: int) -> int:

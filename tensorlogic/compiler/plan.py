@@ -13,11 +13,15 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from ..backends.base import PlanRunner, PreparedKernel
 from ..errors import GraphError, InputError, MemoryBudgetError
 from ..ir.graph import EinsumGraph
-from . import fperrors, hooks
-from .memory import MemoryPlan, format_bytes
-from .pool import Arena, TensorPool
+from ..options import CompileOptions
+from ..runtime import fperrors, hooks
+from ..runtime.pool import Arena, TensorPool
+from ..runtime.steps import run_program
+from ..runtime.units import format_bytes
+from .memory import MemoryPlan
 from .schedule import Buffer
 
 
@@ -47,9 +51,6 @@ class Step:
         return bool(self.args.get("_view"))
 
 
-Kernel = Callable[[list, Any], Any]
-
-
 @dataclass
 class ConcretePlan:
     """A plan for concrete shapes: steps, buffers, memory plan, kernels and a tensor pool."""
@@ -58,7 +59,7 @@ class ConcretePlan:
     steps: tuple[Step, ...]
     buffers: tuple[Buffer, ...]
     memory: MemoryPlan
-    kernels: tuple[Kernel, ...]
+    kernels: tuple[PreparedKernel, ...]
     input_ids: dict[str, int]
     output_ids: dict[str, int]
     constants: dict[int, Any]
@@ -67,16 +68,17 @@ class ConcretePlan:
     optimizer_report: Any = None
     pooled: bool = True  # keep arenas across calls (False: a fresh arena per call)
     # a backend's own executor (e.g. CUDA-graph replay); None runs the steps one by one
-    runner: Any = None
+    runner: PlanRunner | None = None
     pool: TensorPool = field(init=False)
     program: list = field(init=False)
 
     def __post_init__(self) -> None:
-        self.pool = TensorPool(self._make_arena, self.memory.peak_bytes, reuse=self.pooled)
+        self.pool = TensorPool(self.new_arena, self.memory.peak_bytes, reuse=self.pooled)
         # scratch buffers travel after the inputs, so observers run the same (fn, ins, out) loop
-        self.program = [(k, s.inputs + s.scratch, s.output)
+        self.program = [(k.fn, s.inputs + s.scratch, s.output)
                         for k, s in zip(self.kernels, self.steps)]
         self.flops = sum(s.flops for s in self.steps)
+        self.host = not self.backend.capabilities.device
         # per-call tables, built once (the GPU runner reads them too): where inputs go, which
         # outputs get a fresh array, and which are handed back as copies (inputs or constants)
         self.input_slots = tuple(self.input_ids.items())
@@ -92,8 +94,9 @@ class ConcretePlan:
         """Bytes one call needs: the arena (planned peak of intermediates) plus the outputs."""
         return self.memory.peak_bytes + sum(b.nbytes for b in self.buffers if b.role == "output")
 
-    def _make_arena(self) -> Arena:
-        """A buffer table whose intermediates are typed views into one fresh arena."""
+    def new_arena(self) -> Arena:
+        """A buffer table (constants in place) whose intermediates are typed views into one
+        fresh arena of ``memory.peak_bytes``; the pool keeps such tables across calls."""
         env = Arena([None] * len(self.buffers))
         for bid, arr in self.constants.items():
             env[bid] = arr
@@ -111,9 +114,15 @@ class ConcretePlan:
             return self.runner(self, inputs, out)
         return self.run_steps(inputs, out)
 
-    def run_steps(self, inputs: Mapping[str, Any], out: Mapping[str, Any] | None) -> dict[str, Any]:
-        """Execute step by step (the plain executor that a backend runner may fall back to)."""
-        env = self.pool.acquire()
+    def run_steps(self, inputs: Mapping[str, Any], out: Mapping[str, Any] | None,
+                  env: list | None = None) -> dict[str, Any]:
+        """Execute step by step (the plain executor that a backend runner may fall back to).
+
+        ``env``: a buffer table to run in (from ``new_arena``) instead of one from the pool.
+        """
+        pooled = env is None
+        if pooled:
+            env = self.pool.acquire()
         try:
             for name, bid in self.input_slots:
                 env[bid] = inputs[name]
@@ -126,15 +135,16 @@ class ConcretePlan:
                         arr = backend.empty(shape, dtype)
                 env[bid] = arr
             obs = hooks.active()
-            token = fperrors.quiet()
+            hook = None if obs is None else obs.step_hook(self, env)
+            # host kernels compute log(0) = -inf and overflow without numpy warnings
+            token = fperrors.quiet() if self.host else None
             try:
-                if obs is None:
-                    for fn, ins, o in self.program:
-                        env[o] = fn([env[i] for i in ins], env[o])
-                else:
-                    obs.run_steps(self, env, self.program)
+                run_program(self.program, env, None if hook is None else hook.after_step)
             finally:
-                fperrors.restore(token)
+                if token is not None:
+                    fperrors.restore(token)
+                if hook is not None:
+                    hook.done()
             results: dict[str, Any] = {}
             for name, bid, fresh in self.result_slots:
                 if fresh:
@@ -144,9 +154,10 @@ class ConcretePlan:
                     results[name] = backend.copy(env[bid], arr)
             return results
         finally:
-            # drop the references to this call's inputs, outputs and views before reuse
-            env.reset()
-            self.pool.release(env)
+            if pooled:
+                # drop the references to this call's inputs, outputs and views before reuse
+                env.reset()
+                self.pool.release(env)
 
     def table(self) -> str:
         """The steps as a text table with FLOPs and bytes."""
@@ -169,12 +180,15 @@ class CompiledPlan:
     NaN/inf inputs), ``to_host`` (return numpy arrays from a device backend).
     """
 
-    def __init__(self, graph: EinsumGraph, backend: Any, opt_level: int, options: dict,
+    def __init__(self, graph: EinsumGraph, backend: Any, opt_level: int,
+                 options: CompileOptions | Mapping[str, Any],
                  build: Callable[["CompiledPlan", dict[str, int]], ConcretePlan]) -> None:
         self.graph = graph
         self.backend = backend
         self.opt_level = opt_level
-        self.options = dict(options)
+        if not isinstance(options, CompileOptions):
+            options = CompileOptions.resolve(options, backend.name)
+        self.options: CompileOptions = options
         self._build = build
         self._specs: dict[tuple, ConcretePlan] = {}
         self._last: ConcretePlan | None = None
@@ -185,13 +199,22 @@ class CompiledPlan:
             self._last = self.specialize()
         # fast input binding: a backend that names its native array type takes C-contiguous
         # arrays of that type with the declared shapes and dtypes as they are
-        native = getattr(backend, "native_array", None)
+        native = backend.capabilities.native_array
         self._fast = None if native is None or self.symbols else (native, tuple(
             (name, tuple(node.shape), np.dtype(node.dtype)) for name, node in self._inputs.items()))
         # a backend's runner may offer a direct call for ready inputs (the cupy backend, for
         # plans of one kernel): tried first, it returns None for anything it does not take
-        runner = getattr(self._last, "runner", None)
-        self._direct = getattr(runner, "direct", None)
+        runner = self._last.runner if self._last is not None else None
+        self._direct = runner.direct if runner is not None else None
+
+    def on_backend(self, backend: Any) -> "CompiledPlan":
+        """This plan for another instance of its backend (another device of the same kind).
+
+        The copy shares the graph, opt level and options; its kernels and buffers are built on
+        ``backend`` when it is first specialized (for a graph without symbols: now), so call
+        this with that backend's device current.
+        """
+        return CompiledPlan(self.graph, backend, self.opt_level, self.options, self._build)
 
     # ------------------------------------------------------------------ specialization
     def specialize(self, **sizes: int) -> ConcretePlan:
@@ -281,8 +304,8 @@ class CompiledPlan:
                 if isinstance(want, str):
                     if want in sizes and sizes[want] != got:
                         raise InputError(
-                            f"input {name!r}: dimension {k} is {got} but symbol {want!r} is already "
-                            f"{sizes[want]} from input {origin[want]!r}"
+                            f"input {name!r}: dimension {k} is {got} but symbol {want!r} is "
+                            f"already {sizes[want]} from input {origin[want]!r}"
                         )
                     sizes[want], origin[want] = got, name
                 elif want != got:
@@ -293,8 +316,16 @@ class CompiledPlan:
             arrays[name] = x
         return arrays, sizes
 
-    def __call__(self, inputs: Mapping[str, Any] | None = None, /, *, out: Mapping[str, Any] | None = None,
-                 check_finite: bool = False, to_host: bool = False, **kwargs: Any) -> dict[str, Any]:
+    def __call__(
+        self,
+        inputs: Mapping[str, Any] | None = None,
+        /,
+        *,
+        out: Mapping[str, Any] | None = None,
+        check_finite: bool = False,
+        to_host: bool = False,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
         direct = self._direct
         if direct is not None and inputs is None and not out and not check_finite and \
                 not to_host and hooks.active() is None:
@@ -328,8 +359,7 @@ class CompiledPlan:
         arrays = {n: hooks.transfer(obs, "h2d", n, be.to_device, x) for n, x in arrays.items()}
         results = cp.run(arrays, out)
         if to_host:
-            sync = getattr(be, "synchronize", None)
-            results = {k: hooks.transfer(obs, "d2h", k, be.to_host, v, sync)
+            results = {k: hooks.transfer(obs, "d2h", k, be.to_host, v, be.synchronize)
                        for k, v in results.items()}
         return results
 
@@ -351,10 +381,15 @@ class CompiledPlan:
             if name not in cp.output_ids:
                 raise InputError(f"out: unknown output {name!r}; outputs are {list(cp.output_ids)}")
             b = cp.buffers[cp.output_ids[name]]
-            if not self.backend.is_array(arr) or tuple(arr.shape) != b.shape or arr.dtype != np.dtype(b.dtype):
+            if (
+                not self.backend.is_array(arr)
+                or tuple(arr.shape) != b.shape
+                or arr.dtype != np.dtype(b.dtype)
+            ):
                 raise InputError(
-                    f"out[{name!r}]: expected a {self.backend.name} array of shape {b.shape} and dtype "
-                    f"{b.dtype}, got {type(arr).__name__} {getattr(arr, 'shape', '')} {getattr(arr, 'dtype', '')}"
+                    f"out[{name!r}]: expected a {self.backend.name} array of shape {b.shape} and "
+                    f"dtype {b.dtype}, got {type(arr).__name__} {getattr(arr, 'shape', '')} "
+                    f"{getattr(arr, 'dtype', '')}"
                 )
             if not getattr(arr, "flags", None) or not arr.flags.c_contiguous:
                 raise InputError(f"out[{name!r}]: the array must be C-contiguous")
@@ -373,6 +408,9 @@ class CompiledPlan:
             return head + f"\n  symbolic dims {list(self.symbols)}: not specialized yet"
         cp = self._last
         lines = [head]
+        ignored = self.options.describe_ignored(self.backend.name)
+        if ignored:
+            lines.append(ignored)
         if cp.binding:
             lines.append(f"binding: {cp.binding}")
         lines.append(cp.table())
@@ -401,7 +439,9 @@ def check_budget(cp: ConcretePlan, limit: int, what: str) -> None:
         outs = need - cp.memory.peak_bytes
         raise MemoryBudgetError(
             f"plan needs {need} bytes ({format_bytes(need)}: planned peak of intermediates "
-            f"{format_bytes(cp.memory.peak_bytes)}, naive {format_bytes(cp.memory.naive_bytes)}, plus outputs "
+            f"{format_bytes(cp.memory.peak_bytes)}, naive "
+            f"{format_bytes(cp.memory.naive_bytes)}, plus outputs "
             f"{format_bytes(outs)}) but {what} is {limit} bytes ({format_bytes(limit)})",
-            planned_bytes=need, limit=limit,
+            planned_bytes=need,
+            limit=limit,
         )

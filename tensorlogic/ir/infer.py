@@ -85,9 +85,15 @@ def reshape_target(shape: Shape, newshape: Sequence[Dim], where: str) -> Shape:
     n_new, s_new = _product(known)
     if -1 in newshape:
         rest = s_in - s_new
-        if s_new - s_in or (n_new == 0 or n_in % n_new) or len(rest) > 1 or (rest and n_in // n_new != 1):
+        if (
+            s_new - s_in
+            or (n_new == 0 or n_in % n_new)
+            or len(rest) > 1
+            or (rest and n_in // n_new != 1)
+        ):
             raise ShapeError(
-                f"{where}: cannot reshape {tuple(shape)} into {tuple(newshape)}; the -1 does not resolve"
+                f"{where}: cannot reshape {tuple(shape)} into "
+                f"{tuple(newshape)}; the -1 does not resolve"
             )
         fill: Dim = next(iter(rest)) if rest else n_in // n_new
         return tuple(fill if d == -1 else d for d in newshape)
@@ -104,7 +110,9 @@ _OP_WORD = {ops.UNARY: "unary op", ops.BINARY: "binary op", ops.REDUCE: "reducti
             ops.ROWOP: "row op"}
 
 
-def infer(kind: str, op: str | None, inputs: Sequence, args: Mapping, where: str) -> tuple[Shape, str]:
+def infer(
+    kind: str, op: str | None, inputs: Sequence, args: Mapping, where: str
+) -> tuple[Shape, str]:
     """Return (shape, dtype) of a node given its input nodes (objects with shape and dtype)."""
     shapes = [tuple(n.shape) for n in inputs]
     dts = [n.dtype for n in inputs]
@@ -119,15 +127,17 @@ def infer(kind: str, op: str | None, inputs: Sequence, args: Mapping, where: str
                 ds = {d for c, d in zip(term, s) if c == ch}
                 if len(ds) > 1:
                     raise ShapeError(
-                        f"{where}: einsum {args['spec']}: repeated index {ch!r} in operand {k} spans "
-                        f"dimensions of different sizes {sorted(map(str, ds))} (shape {s}); expected equal"
+                        f"{where}: einsum {args['spec']}: repeated index {ch!r} in operand {k} "
+                        f"spans dimensions of different sizes "
+                        f"{sorted(map(str, ds))} (shape {s}); expected equal"
                     )
         sizes = einspec.letter_sizes(es, shapes, args["spec"], f"{where}: ")
-        return einspec.output_shape(es, sizes), dtypes.promote(*dts)
+        return einspec.output_shape(es, sizes), dtypes.einsum_result(dts)
     if kind == ops.UNARY:
-        return shapes[0], dts[0]
+        return shapes[0], dtypes.elementwise_result(op, ops.DTYPE[op], dts, f"{where}: ")
     if kind == ops.BINARY:
-        return broadcast(shapes, f"{where} ({op})"), dtypes.promote(*dts)
+        shape = broadcast(shapes, f"{where} ({op})")
+        return shape, dtypes.elementwise_result(op, ops.DTYPE[op], dts, f"{where}: ")
     if kind == ops.WHERE:
         return broadcast(shapes, f"{where} (where)"), dtypes.promote(dts[1], dts[2])
     if kind == ops.REDUCE:
@@ -136,7 +146,7 @@ def infer(kind: str, op: str | None, inputs: Sequence, args: Mapping, where: str
             shape = tuple(1 if i in axes else d for i, d in enumerate(shapes[0]))
         else:
             shape = tuple(d for i, d in enumerate(shapes[0]) if i not in axes)
-        return shape, dts[0]
+        return shape, dtypes.reduction_result(op, dts[0], f"{where}: ")
     if kind == ops.ROWOP:
         normalize_axes(args["axis"], len(shapes[0]), where)
         if op == "layer_norm":
@@ -145,7 +155,7 @@ def infer(kind: str, op: str | None, inputs: Sequence, args: Mapping, where: str
             check_eps(args["eps"], where)
         elif "eps" in args:
             raise GraphError(f"{where}: {op} takes no 'eps' argument")
-        return shapes[0], dts[0]
+        return shapes[0], dtypes.rowop_result(op, dts[0], f"{where}: ")
     if kind == ops.TRANSPOSE:
         perm = tuple(args["perm"])
         if sorted(perm) != list(range(len(shapes[0]))):

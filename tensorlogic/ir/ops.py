@@ -15,6 +15,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import DTypeError
+
 # Node kinds of the graph.
 INPUT = "input"
 CONSTANT = "constant"
@@ -53,7 +55,8 @@ _SQRT_2_OVER_PI = 0.7978845608028654
 
 
 def _relu(x, out):
-    return np.maximum(x, 0, out=out)
+    # a zero of x's own dtype: a Python 0 would make bool inputs compute in int64
+    return np.maximum(x, x.dtype.type(0), out=out)
 
 
 def _sigmoid(x, out):
@@ -79,6 +82,14 @@ def _gelu(x, out):
     np.add(out, 1.0, out=out)
     np.multiply(out, x, out=out)
     return np.multiply(out, 0.5, out=out)
+
+
+def _pow(a, b, out):
+    try:
+        return np.power(a, b, out=out)
+    except ValueError as exc:  # numpy refuses integers to negative integer powers
+        raise DTypeError(f"pow: {exc} (integer base {a.dtype}, exponent {b.dtype}); cast the "
+                         "base to a float dtype") from None
 
 
 def _step(x, out):
@@ -135,30 +146,94 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
             "(fmax({x}, ({T})0)+log1p(exp(-fabs({x}))))", 20,
         ),
         ElementwiseOp("gelu", 1, _gelu, _GELU_NB, _GELU_C, 18, alias_safe=False),
-        ElementwiseOp("step", 1, _step, "(1.0 if {x} > 0 else 0.0)", "({x} > ({T})0 ? ({T})1 : ({T})0)", 1),
+        ElementwiseOp("step", 1, _step, "(1.0 if {x} > 0 else 0.0)",
+                      "({x} > ({T})0 ? ({T})1 : ({T})0)", 1),
         ElementwiseOp("one_minus", 1, _one_minus, "(1.0-{x})", "(({T})1-{x})", 1),
         # binary
         ElementwiseOp("add", 2, _binary(np.add), "({a}+{b})", "({a}+{b})", 1, True),
         ElementwiseOp("sub", 2, _binary(np.subtract), "({a}-{b})", "({a}-{b})", 1),
         ElementwiseOp("mul", 2, _binary(np.multiply), "({a}*{b})", "({a}*{b})", 1, True),
         ElementwiseOp("div", 2, _binary(np.divide), "({a}/{b})", "({a}/{b})", 1),
-        ElementwiseOp("pow", 2, _binary(np.power), "({a}**{b})", "pow({a}, {b})", 20),
-        ElementwiseOp("maximum", 2, _binary(np.maximum), "max({a}, {b})", "fmax({a}, {b})", 1, True),
-        ElementwiseOp("minimum", 2, _binary(np.minimum), "min({a}, {b})", "fmin({a}, {b})", 1, True),
-        ElementwiseOp("gt", 2, _cmp(np.greater), "(1.0 if {a} > {b} else 0.0)", "({a} > {b} ? ({T})1 : ({T})0)", 1),
-        ElementwiseOp("ge", 2, _cmp(np.greater_equal), "(1.0 if {a} >= {b} else 0.0)", "({a} >= {b} ? ({T})1 : ({T})0)", 1),
-        ElementwiseOp("lt", 2, _cmp(np.less), "(1.0 if {a} < {b} else 0.0)", "({a} < {b} ? ({T})1 : ({T})0)", 1),
-        ElementwiseOp("le", 2, _cmp(np.less_equal), "(1.0 if {a} <= {b} else 0.0)", "({a} <= {b} ? ({T})1 : ({T})0)", 1),
-        ElementwiseOp("eq", 2, _cmp(np.equal), "(1.0 if {a} == {b} else 0.0)", "({a} == {b} ? ({T})1 : ({T})0)", 1, True),
-        ElementwiseOp("ne", 2, _cmp(np.not_equal), "(1.0 if {a} != {b} else 0.0)", "({a} != {b} ? ({T})1 : ({T})0)", 1, True),
+        ElementwiseOp("pow", 2, _pow, "({a}**{b})", "pow({a}, {b})", 20),
+        ElementwiseOp("maximum", 2, _binary(np.maximum), "max({a}, {b})",
+                      "fmax({a}, {b})", 1, True),
+        ElementwiseOp("minimum", 2, _binary(np.minimum), "min({a}, {b})",
+                      "fmin({a}, {b})", 1, True),
+        ElementwiseOp("gt", 2, _cmp(np.greater), "(1.0 if {a} > {b} else 0.0)",
+                      "({a} > {b} ? ({T})1 : ({T})0)", 1),
+        ElementwiseOp("ge", 2, _cmp(np.greater_equal), "(1.0 if {a} >= {b} else 0.0)",
+                      "({a} >= {b} ? ({T})1 : ({T})0)", 1),
+        ElementwiseOp("lt", 2, _cmp(np.less), "(1.0 if {a} < {b} else 0.0)",
+                      "({a} < {b} ? ({T})1 : ({T})0)", 1),
+        ElementwiseOp("le", 2, _cmp(np.less_equal), "(1.0 if {a} <= {b} else 0.0)",
+                      "({a} <= {b} ? ({T})1 : ({T})0)", 1),
+        ElementwiseOp("eq", 2, _cmp(np.equal), "(1.0 if {a} == {b} else 0.0)",
+                      "({a} == {b} ? ({T})1 : ({T})0)", 1, True),
+        ElementwiseOp("ne", 2, _cmp(np.not_equal), "(1.0 if {a} != {b} else 0.0)",
+                      "({a} != {b} ? ({T})1 : ({T})0)", 1, True),
     ]
+}
+
+# How each elementwise op is typed (dtypes.elementwise_result): (numpy ufunc, mode). "loop":
+# the output of numpy's loop for that ufunc (exp of int8 -> float16, abs of complex -> float,
+# div of ints -> float64); "same": the promoted operand dtype (comparisons give 1/0 in it, so a
+# mask multiplies without a cast; the ufunc still decides which dtypes are accepted); an
+# "-ordered" mode refuses complex. A dtype numpy has no loop for raises DTypeError.
+DTYPE: dict[str, tuple[str, str]] = {
+    "neg": ("negative", "loop"), "abs": ("absolute", "loop"), "exp": ("exp", "loop"),
+    "log": ("log", "loop"), "sqrt": ("sqrt", "loop"), "square": ("square", "loop"),
+    "reciprocal": ("reciprocal", "loop"), "relu": ("maximum", "same-ordered"),
+    "sigmoid": ("tanh", "loop"), "tanh": ("tanh", "loop"), "softplus": ("logaddexp", "loop"),
+    "gelu": ("tanh", "loop"), "step": ("greater", "same-ordered"),
+    "one_minus": ("subtract", "loop"),
+    "add": ("add", "loop"), "sub": ("subtract", "loop"), "mul": ("multiply", "loop"),
+    "div": ("divide", "loop"), "pow": ("power", "loop"),
+    "maximum": ("maximum", "loop-ordered"), "minimum": ("minimum", "loop-ordered"),
+    "gt": ("greater", "same-ordered"), "ge": ("greater_equal", "same-ordered"),
+    "lt": ("less", "same-ordered"), "le": ("less_equal", "same-ordered"),
+    "eq": ("equal", "same"), "ne": ("not_equal", "same"),
 }
 
 UNARY_OPS = tuple(n for n, op in ELEMENTWISE.items() if op.arity == 1)
 BINARY_OPS = tuple(n for n, op in ELEMENTWISE.items() if op.arity == 2)
 
-REDUCTIONS = ("sum", "mean", "max", "min", "prod", "logsumexp")
-ROW_OPS = ("softmax", "log_softmax", "layer_norm")
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """One row of the reduction table.
+
+    ``combine`` is how two partial results merge ("add", "mul", "max", "min"; max and min
+    propagate NaN like numpy), ``identity`` the start value of a partial, ``numpy`` the name of
+    the array-module function that computes it, ``flops`` the FLOPs per input element. A mean is
+    a sum divided by the count. logsumexp has no single combine: it is a max pass, then a sum of
+    exp(x - max), then a log.
+    """
+
+    name: str
+    combine: str | None
+    identity: float
+    numpy: str | None
+    flops: int = 1
+    mean: bool = False
+
+
+REDUCTION_TABLE: dict[str, Reduction] = {r.name: r for r in [
+    Reduction("sum", "add", 0.0, "sum"),
+    Reduction("mean", "add", 0.0, "mean", mean=True),
+    Reduction("max", "max", float("-inf"), "max"),
+    Reduction("min", "min", float("inf"), "min"),
+    Reduction("prod", "mul", 1.0, "prod"),
+    Reduction("logsumexp", None, float("-inf"), None, flops=10),
+]}
+REDUCTIONS = tuple(REDUCTION_TABLE)
+# reductions that one combine computes (every code generator renders these from the table)
+COMBINED_REDUCTIONS = tuple(n for n, r in REDUCTION_TABLE.items() if r.combine is not None)
+
+# row ops over one axis and their FLOPs per element (max or mean, an exp or a square, a sum, a
+# divide)
+ROW_OP_FLOPS: dict[str, int] = {"softmax": 10, "log_softmax": 10, "layer_norm": 10}
+ROW_OPS = tuple(ROW_OP_FLOPS)
 # layer_norm: (x - mean) / sqrt(var + eps) over one axis, biased variance; eps is a node argument
 LAYER_NORM_EPS = 1e-5
 

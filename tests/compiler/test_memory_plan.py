@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tensorlogic as tl
-from tensorlogic.compiler import hooks
+from tensorlogic.runtime import hooks
 from tensorlogic.compiler.memory import ALIGNMENT, lifetimes, plan_memory, roots
 from tensorlogic.compiler.schedule import Buffer
 
@@ -25,7 +25,9 @@ def _overlap(a0, n0, a1, n1):
 # ---------------------------------------------------------------- planner unit tests
 def test_chain_reuses_two_slots():
     # x -> t1 -> t2 -> t3 -> t4 -> y : each intermediate dies at the next step
-    bufs = [_buf(0, 4096, "input")] + [_buf(i, 4096) for i in range(1, 5)] + [_buf(5, 4096, "output")]
+    bufs = (
+        [_buf(0, 4096, "input")] + [_buf(i, 4096) for i in range(1, 5)] + [_buf(5, 4096, "output")]
+    )
     io = [((i,), i + 1) for i in range(5)]
     mp = plan_memory(bufs, io)
     assert mp.naive_bytes == 4 * 4096
@@ -62,7 +64,13 @@ def test_view_extends_life_of_its_base():
 
 def test_best_fit_places_small_buffer_in_hole():
     # a (1 KiB) lives 0..1, b (4 KiB) lives 1..3, c (1 KiB) lives 2..3: c reuses a's hole
-    bufs = [_buf(0, 64, "input"), _buf(1, 1024), _buf(2, 4096), _buf(3, 1024), _buf(4, 64, "output")]
+    bufs = [
+        _buf(0, 64, "input"),
+        _buf(1, 1024),
+        _buf(2, 4096),
+        _buf(3, 1024),
+        _buf(4, 64, "output"),
+    ]
     io = [((0,), 1), ((1,), 2), ((2,), 3), ((2, 3), 4)]
     mp = plan_memory(bufs, io)
     assert mp.peak_bytes == 4096 + 1024
@@ -96,10 +104,16 @@ def test_inplace_rejects_broadcast_dtype_and_views():
         _buf(7, 64, shape=(16,)),
         _buf(8, 64, "output", shape=(16,)),
     ]
-    io = [((0,), 1), ((0,), 2), ((0,), 3), ((0,), 4),  # producers
-          ((0,), 5), ((5,), 6),
-          ((1, 3, 4, 5, 6, 2), 7),  # 7 = f(broadcast, other shape, other dtype, base + its view, ok)
-          ((7,), 8)]
+    io = [
+        ((0,), 1),
+        ((0,), 2),
+        ((0,), 3),
+        ((0,), 4),  # producers
+        ((0,), 5),
+        ((5,), 6),
+        ((1, 3, 4, 5, 6, 2), 7),  # 7 = f(broadcast, other shape, other dtype, base + its view, ok)
+        ((7,), 8),
+    ]
     mp = plan_memory(bufs, io, {6: (0, 1, 2, 3, 4, 5)})
     assert mp.inplace == {6: 2}
 
@@ -120,7 +134,7 @@ def test_print_shows_peak_and_naive(rng):
 
 # ---------------------------------------------------------------- random graphs
 class AliasChecker:
-    """Runs every step, then checks that buffers live at that step never share memory and that
+    """After every step, checks that buffers live at that step never share memory and that
     the step's value equals the one an unplanned run recorded."""
 
     def __init__(self, reference: list | None):
@@ -128,27 +142,34 @@ class AliasChecker:
         self.values: list = []
         self.checked_pairs = 0
 
-    def run_steps(self, plan, env, program):
+    def step_hook(self, plan, env):
+        self.plan, self.env = plan, env
+        return self
+
+    def done(self):
+        pass
+
+    def after_step(self, k):
+        plan, env = self.plan, self.env
         mem = plan.memory
         root = roots(plan.buffers)
         life = mem.lifetimes
-        for k, (fn, ins, o) in enumerate(program):
-            env[o] = fn([env[i] for i in ins], env[o])
-            self.values.append(np.array(env[o], copy=True))
-            if self.reference is not None:
-                np.testing.assert_allclose(env[o], self.reference[k], rtol=1e-5, atol=1e-6,
-                                           equal_nan=True, err_msg=f"step {k}")
-            live = sorted(r for r, (a, z) in life.items() if a <= k <= z and env[r] is not None)
-            allowed = {(mem.inplace[k], root[o])} if k in mem.inplace else set()
-            for x in range(len(live)):
-                for y in range(x + 1, len(live)):
-                    a, b = live[x], live[y]
-                    if (a, b) in allowed or (b, a) in allowed:
-                        continue
-                    self.checked_pairs += 1
-                    assert not np.shares_memory(env[a], env[b]), (
-                        f"step {k}: live buffers {plan.buffers[a].name} and "
-                        f"{plan.buffers[b].name} share memory")
+        o = plan.steps[k].output
+        self.values.append(np.array(env[o], copy=True))
+        if self.reference is not None:
+            np.testing.assert_allclose(env[o], self.reference[k], rtol=1e-5, atol=1e-6,
+                                       equal_nan=True, err_msg=f"step {k}")
+        live = sorted(r for r, (a, z) in life.items() if a <= k <= z and env[r] is not None)
+        allowed = {(mem.inplace[k], root[o])} if k in mem.inplace else set()
+        for x in range(len(live)):
+            for y in range(x + 1, len(live)):
+                a, b = live[x], live[y]
+                if (a, b) in allowed or (b, a) in allowed:
+                    continue
+                self.checked_pairs += 1
+                assert not np.shares_memory(env[a], env[b]), (
+                    f"step {k}: live buffers {plan.buffers[a].name} and "
+                    f"{plan.buffers[b].name} share memory")
 
     def compile_event(self, *a, **k):
         pass
@@ -209,7 +230,9 @@ def random_graphs(draw):
             op = draw(st.sampled_from(["sum", "max", "mean", "logsumexp"]))
             new = g.reduce(op, t, axis=draw(st.sampled_from([0, 1])), keepdims=True)
         elif kind == "rowop":
-            new = (g.softmax if draw(st.booleans()) else g.log_softmax)(t, axis=draw(st.sampled_from([0, 1])))
+            new = (g.softmax if draw(st.booleans()) else g.log_softmax)(
+                t, axis=draw(st.sampled_from([0, 1]))
+            )
         elif kind == "where":
             new = g.where(g.binary("gt", t, 0.0), t, g.unary("neg", t))
         else:

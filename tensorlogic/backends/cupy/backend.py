@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import math
 import threading
+from collections.abc import Mapping
 from typing import Any
 
 import cupy
@@ -14,6 +15,7 @@ from cupy.cuda import driver
 from ...errors import GraphError, InputError
 from ...ir import ops
 from .. import kernels as generic
+from ..base import Backend, Capabilities, PreparedKernel
 from . import cuda_c, launch, pdl, ptx
 from . import cublas
 from .cache import KernelCache
@@ -22,7 +24,6 @@ from .graphs import PlanRunner
 from .spec import ITEMSIZE, finish_program, make_spec, program_of
 
 GENERATED_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE, ops.REDUCE, ops.ROWOP, ops.FUSED)
-CODEGEN_PATHS = ("ptx", "cuda")
 _launch = driver.launchKernel
 _pdl_state = pdl.state
 _current_stream = cupy.cuda.get_current_stream
@@ -184,19 +185,26 @@ def _cstrides(shape):
     return tuple(reversed(st))
 
 
-class CupyBackend:
+class CupyBackend(Backend):
     """Runs plans on the current CUDA device through CuPy."""
 
     name = "cupy"
     xp = cupy
-    native_array = cupy.ndarray  # C-contiguous CuPy inputs skip conversion (CompiledPlan)
+    # C-contiguous CuPy inputs skip conversion (CompiledPlan); dtypes: floats only (the
+    # default), since the generated PTX/CUDA C kernels and cuBLAS calls are written and
+    # GPU-tested for them: compile refuses other dtypes with DTypeError
+    capabilities = Capabilities(device=True, events=True, own_runner=True,
+                                options=frozenset({"codegen", "cuda_graph", "pdl"}),
+                                native_array=cupy.ndarray, multi_device=True)
 
     def __init__(self, cache_dir=None) -> None:
         dev = cupy.cuda.Device()
         self.device_id = dev.id
         self.arch = str(dev.compute_capability)
         props = cupy.cuda.runtime.getDeviceProperties(dev.id)
-        self.device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        self.device_name = (
+            props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        )
         self.sm_count = int(props["multiProcessorCount"])
         self.cache = KernelCache(cache_dir)
         self.compiler = KernelCompiler(self.cache, self.arch)
@@ -207,18 +215,46 @@ class CupyBackend:
         blas = cublas.get()
         self.blas_xp = cublas.CublasXp(blas) if blas is not None else cupy
 
+    # several devices (pipeline/devices.py) --------------------------------------
+    _per_device: dict = {}
+
+    def device_count(self) -> int:
+        """Number of GPUs this process can see."""
+        return int(cupy.cuda.runtime.getDeviceCount())
+
+    def on_device(self, device_id: int) -> "CupyBackend":
+        """The backend instance for GPU ``device_id`` (kernels load per device, so each has its
+        own), with this one's plan-independent settings; made once per device."""
+        if device_id == self.device_id:
+            return self
+        inst = CupyBackend._per_device.get(device_id)
+        if inst is None:
+            with cupy.cuda.Device(device_id):
+                inst = CupyBackend(self.cache.root)
+            inst = CupyBackend._per_device.setdefault(device_id, inst)
+        return inst
+
+    def use_device(self):
+        """A context in which this backend's GPU is the current device."""
+        return cupy.cuda.Device(self.device_id)
+
+    def transfers(self):
+        """Pinned staging and streams for one lane of batches on this GPU (call it with the
+        device current)."""
+        from .transfers import CupyTransfers
+
+        return CupyTransfers(self.device_id)
+
     # plan options ---------------------------------------------------------------
-    def with_options(self, options: dict) -> "CupyBackend":
-        """A view of this backend with a plan's options (codegen path, CUDA graphs)."""
+    def with_options(self, options: Mapping[str, Any]) -> "CupyBackend":
+        """A view of this backend with a plan's options (codegen path, CUDA graphs).
+
+        The values were checked by ``CompileOptions`` (tensorlogic.options); what only the
+        device can tell (PDL needs sm 90) is checked here.
+        """
         codegen = options.get("codegen", "ptx")
-        if codegen not in CODEGEN_PATHS:
-            raise GraphError(f"codegen must be one of {CODEGEN_PATHS}, got {codegen!r}")
         graph = options.get("cuda_graph", "auto")
-        if graph not in ("auto", True, False):
-            raise GraphError(f"cuda_graph must be 'auto', True or False, got {graph!r}")
         use_pdl = options.get("pdl", False)
-        if use_pdl not in (True, False):
-            raise GraphError(f"pdl must be True or False, got {use_pdl!r}")
         if use_pdl and int(self.arch) < 90:
             raise GraphError(f"pdl=True needs compute capability 9.0 or later; this device "
                              f"({self.device_name}) has {self.arch[:-1]}.{self.arch[-1]}")
@@ -235,7 +271,8 @@ class CupyBackend:
         if node.kind == ops.EINSUM:
             return generic.einsum_kernel(self.blas_xp, node, in_nodes)
         if node.kind in GENERATED_KINDS:
-            return GeneratedKernel(self, node, in_nodes, self.codegen)
+            gk = GeneratedKernel(self, node, in_nodes, self.codegen)
+            return PreparedKernel(gk, source=gk.source, impl=gk)
         return generic.make_kernel(cupy, node, in_nodes, not step.view)
 
     def plan_runner(self, plan) -> PlanRunner:
@@ -278,8 +315,9 @@ class CupyBackend:
                 raise InputError(
                     f"input {name!r}: expected a CuPy or numpy array (or one with __dlpack__), "
                     f"got {type(x).__name__}")
-        if x.dtype.kind != "f":
-            raise InputError(f"input {name!r}: dtype {x.dtype} is not a float dtype")
+        if x.dtype.name not in self.capabilities.dtypes:
+            raise InputError(f"input {name!r}: dtype {x.dtype} is not supported by the cupy "
+                             f"backend; expected one of {sorted(self.capabilities.dtypes)}")
         return x
 
     def to_device(self, x):

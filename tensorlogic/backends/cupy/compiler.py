@@ -13,7 +13,7 @@ import time
 import cupy
 from cupy.cuda import function as cufunction
 
-from ...compiler import hooks
+from ...runtime import hooks
 from ...errors import BackendError
 from .cache import KernelCache
 
@@ -67,7 +67,9 @@ class KernelCompiler:
             binary = self.cache.get(key)
             hit = binary is not None
             if binary is None:
-                binary = _link_ptx(source, name) if path == "ptx" else _nvrtc(source, name, self.arch)
+                binary = (
+                    _link_ptx(source, name) if path == "ptx" else _nvrtc(source, name, self.arch)
+                )
                 self.cache.put(key, binary)
             mod = cufunction.Module()
             mod.load(binary)

@@ -29,9 +29,11 @@ template <typename T> __device__ __forceinline__ T tl_min(T a, T b) {
   return (a < b || a != a) ? a : b; }
 """
 
-_COMBINE = {"sum": "({a} + {b})", "mean": "({a} + {b})", "prod": "({a} * {b})",
-            "max": "tl_max({a}, {b})", "min": "tl_min({a}, {b})"}  # NaN wins, like numpy
-_IDENT = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}
+# the reductions of the table (ops.REDUCTION_TABLE), rendered; NaN wins in max/min, like numpy
+_C_COMBINE = {"add": "({a} + {b})", "mul": "({a} * {b})", "max": "tl_max({a}, {b})",
+              "min": "tl_min({a}, {b})"}
+_COMBINE = {n: _C_COMBINE[r.combine] for n, r in ops.REDUCTION_TABLE.items() if r.combine}
+_IDENT = {n: r.identity for n, r in ops.REDUCTION_TABLE.items() if r.combine}
 
 
 def literal(v: float, ct: str) -> str:
@@ -66,7 +68,9 @@ class _Src:
         return e if CTYPE[dt] == self.ct else f"(({self.ct}){e})"
 
     def store_expr(self, v: str) -> str:
-        return f"tl_f2h({v})" if self.spec.dtype == "float16" else f"(({CTYPE[self.spec.dtype]}){v})"
+        return (
+            f"tl_f2h({v})" if self.spec.dtype == "float16" else f"(({CTYPE[self.spec.dtype]}){v})"
+        )
 
     def program(self, offs: Sequence[str | None], depth: int,
                 given: dict[int, str] | None = None, tail: str | None = None) -> str:
@@ -482,5 +486,14 @@ def render(spec: KernelSpec, name: str, prelude: bool = True, vector: bool = Fal
         raise BackendError(f"unknown kernel family {spec.family!r}")
     head = f"// tensorlogic generated: {spec.family} {spec.tail or 'elementwise'} {spec.dtype}"
     lb = f"__launch_bounds__({bounds}) " if bounds else ""
-    return "\n".join([head, _PRELUDE.strip() if prelude else "", f'extern "C" __global__ void {lb}{name}(',
-                      "    " + ", ".join(params) + ") {", *s.lines, "}", ""])
+    return "\n".join(
+        [
+            head,
+            _PRELUDE.strip() if prelude else "",
+            f'extern "C" __global__ void {lb}{name}(',
+            "    " + ", ".join(params) + ") {",
+            *s.lines,
+            "}",
+            "",
+        ]
+    )

@@ -15,9 +15,11 @@ from typing import Any
 import cupy
 import numpy as np
 
-from ...compiler import hooks
-from ...compiler.memory import format_bytes
 from ...errors import MemoryBudgetError
+from ...runtime import hooks
+from ...runtime.steps import run_program
+from ...runtime.units import format_bytes
+from ..base import PlanRunner as BasePlanRunner
 from . import pdl
 
 # Cost model for cuda_graph="auto": a Python-side launch costs about this much host time, and
@@ -28,7 +30,7 @@ COPY_BYTES_PER_SECOND = 2.5e12
 _D2D = 3  # cudaMemcpyDeviceToDevice
 
 
-class PlanRunner:
+class PlanRunner(BasePlanRunner):
     """Runs one concrete plan: stream launches, or CUDA-graph replay after a warm-up call."""
 
     def __init__(self, backend, plan, mode: Any) -> None:
@@ -51,8 +53,11 @@ class PlanRunner:
             self.enabled, self.status = False, "off (cuda_graph=False)"
         elif mode == "auto" and saved <= cost:
             self.enabled = False
-            self.status = (f"off (auto: {len(plan.steps)} step(s) save ~{saved * 1e6:.0f} us of "
-                           f"launches, copying {format_bytes(io)} of inputs/outputs costs ~{cost * 1e6:.0f} us)")
+            self.status = (
+                f"off (auto: {len(plan.steps)} step(s) save ~{saved * 1e6:.0f} us of "
+                f"launches, copying {format_bytes(io)} of "
+                f"inputs/outputs costs ~{cost * 1e6:.0f} us)"
+            )
         else:
             self.enabled, self.status = True, "pending (captured on the second call)"
         # warm-up and capture share one stream, so that cuBLAS's per-stream workspace and CuPy's
@@ -64,7 +69,7 @@ class PlanRunner:
         # the graph uses, so later allocations never get memory a replay writes to
         self.capture_pool = None
         # a plan without intermediates needs no pooled arena: each call copies this table
-        self._template = None if plan.memory.offsets else plan._make_arena()
+        self._template = None if plan.memory.offsets else plan.new_arena()
         # one kernel from inputs and constants to one fresh output (a softmax, a fused group):
         # its arguments are looked up directly, which saves a third of the Python per call
         self._one = None
@@ -93,10 +98,12 @@ class PlanRunner:
         (about a quarter of a small call's host time). Anything else returns None, and the call
         takes the general path, which also produces the errors.
         """
+        from .backend import GeneratedKernel  # the backend module imports this one
+
         fn, args, name, shape, dtype = self._one
-        launch = getattr(fn, "direct_run", None)
-        if launch is None:
+        if not isinstance(fn, GeneratedKernel) or fn.direct_run is None:
             return None
+        launch = fn.direct_run
         ndarray, empty = cupy.ndarray, cupy.empty
         oom = cupy.cuda.memory.OutOfMemoryError
         slots = tuple((n, c, fn.in_shapes[k], np.dtype(fn.in_dtypes[k]), fn._contig[k])
@@ -152,15 +159,19 @@ class PlanRunner:
             finally:
                 self._busy.release()
         except cupy.cuda.memory.OutOfMemoryError as exc:
-            need = plan.memory.peak_bytes + sum(b.nbytes for b in plan.buffers if b.role == "output")
+            need = plan.planned_bytes
             free = self.backend.free_memory()
             raise MemoryBudgetError(
                 f"out of GPU memory running the plan: it plans {need} bytes ({format_bytes(need)}: "
-                f"intermediates {format_bytes(plan.memory.peak_bytes)} plus outputs) and the device has "
-                f"{free} bytes ({format_bytes(free)}) free; {exc}", planned=need, free=free) from exc
+                f"intermediates {format_bytes(plan.memory.peak_bytes)} plus outputs) and the "
+                f"device has {free} bytes ({format_bytes(free)}) free; {exc}",
+                planned=need,
+                free=free,
+            ) from exc
 
     def _launches(self, plan, inputs, out):
-        """``plan.run_steps`` without what a GPU plan never needs (numpy error states)."""
+        """Stream launches: the one-kernel shortcut, else the plan's step loop (a plan without
+        intermediates runs in a copy of its buffer table instead of a pooled arena)."""
         if self._one is not None:
             fn, args, name, shape, dtype = self._one
             arr = out.get(name) if out else None
@@ -168,31 +179,10 @@ class PlanRunner:
                 arr = cupy.empty(shape, dtype)
             return {name: fn([inputs[n] if n is not None else c for n, c in args], arr)}
         template = self._template
-        env = plan.pool.acquire() if template is None else template.copy()
-        try:
-            for name, bid in plan.input_slots:
-                env[bid] = inputs[name]
-            for name, bid, shape, dtype in plan.fresh_outputs:
-                arr = out.get(name) if out else None
-                if arr is None:
-                    arr = env[bid]  # two output names on one buffer share the array
-                    if arr is None:
-                        arr = cupy.empty(shape, dtype)
-                env[bid] = arr
-            for fn, ins, o in plan.program:
-                env[o] = fn([env[i] for i in ins], env[o])
-            results = {}
-            for name, bid, fresh in plan.result_slots:
-                results[name] = env[bid] if fresh else self.backend.copy(
-                    env[bid], out.get(name) if out else None)
-            return results
-        finally:
-            if template is None:
-                env.reset()  # drop this call's inputs, outputs and views
-                plan.pool.release(env)
+        return plan.run_steps(inputs, out, None if template is None else template.copy())
 
     def _capture(self, plan, inputs) -> bool:
-        env = plan._make_arena()
+        env = plan.new_arena()
         for name, bid in plan.input_ids.items():
             b = plan.buffers[bid]
             self.fixed_in[name] = env[bid] = cupy.empty(b.shape, b.dtype)
@@ -213,10 +203,9 @@ class PlanRunner:
                 else:
                     stream.begin_capture(mode=relaxed)
                 # generated kernels launch with PDL while captured, if the plan asks for it
-                pdl.state.active = bool(getattr(self.backend, "pdl", False))
+                pdl.state.active = bool(self.backend.pdl)
                 try:
-                    for fn, ins, o in plan.program:
-                        env[o] = fn([env[i] for i in ins], env[o])
+                    run_program(plan.program, env)
                 finally:
                     pdl.state.active = False
                     graph = stream.end_capture()
@@ -227,7 +216,7 @@ class PlanRunner:
             self.fixed_out.clear()
             return False
         self.graph, self.env, self.capture_pool = graph, env, pool
-        pdl_note = ", programmatic dependent launch" if getattr(self.backend, "pdl", False) else ""
+        pdl_note = ", programmatic dependent launch" if self.backend.pdl else ""
         self.status = f"on ({len(plan.steps)} steps replayed as one graph{pdl_note})"
         return True
 
