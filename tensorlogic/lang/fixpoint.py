@@ -447,7 +447,7 @@ class Evaluator:
                 return {p: known[p].whole() for p in st.preds}
             delta = new
             rows = sum(part[1] for ps in parts.values() for part in ps)
-            if cells is not None and rows > cells and self._go_dense(st, known):
+            if cells is not None and rows > cells and self._go_dense(st, known, new):
                 # a round touched more rows than the dense relations have cells: BLAS rounds
                 # are cheaper from here (dense closures of well-connected graphs)
                 self.round_kinds[st.preds] = "S" * it + self.round_kinds[st.preds]
@@ -463,7 +463,15 @@ class Evaluator:
         cells = max(math.prod(self.an.shape(p)) for p in self._touched(st))
         return cells if cells <= DENSE_CELLS else None
 
-    def _go_dense(self, st: Stratum, known: dict) -> bool:
+    def _flat(self, pred: str, rel: Rel) -> np.ndarray:
+        """Sorted flat indices of a sparse relation's tuples in its dense layout."""
+        if rel.arity == 0:
+            return np.zeros(rel.n, np.intp)
+        idx = [dense_index(self.an.domains.position_ids(pred, i), c)
+               for i, c in enumerate(rel.cols)]
+        return np.sort(np.ravel_multi_index(idx, self.an.shape(pred)))
+
+    def _go_dense(self, st: Stratum, known: dict, delta: dict) -> bool:
         """Finish a recursive stratum with dense rounds from what is known; False (nothing
         changed) if its dense joins would not fit the memory budget."""
         saved = {p: self.env.get(p) for p in self._touched(st)}
@@ -473,7 +481,7 @@ class Evaluator:
                 self.env[p] = known[p].whole()
             for p in self._touched(st):
                 self._dense(p)
-            self._fixpoint(st)
+            self._fixpoint(st, {p: self._flat(p, d) for p, d in delta.items()})
         except ProgramError as exc:
             if exc.code != "memory_budget":
                 raise
@@ -517,7 +525,7 @@ class Evaluator:
         for pred in (p for st in strata for p in st.preds):
             self.env[pred] = res["O_" + self.ids[pred]]
 
-    def _fixpoint(self, st: Stratum) -> None:
+    def _fixpoint(self, st: Stratum, delta: dict[str, np.ndarray] | None = None) -> None:
         boolean = self.opts.semantics == "boolean"
         g = EinsumGraph()
         b = self._builder(g)
@@ -577,7 +585,7 @@ class Evaluator:
                           for p in st.preds})
         fixed = {"L_" + self.ids[p]: self.env[p] for p in lower}
         if boolean and all(isinstance(self.env[p], np.ndarray) for p in st.preds):
-            self._boolean_rounds(st, plan, fixed)
+            self._boolean_rounds(st, plan, fixed, delta)
             return
         for it in range(1, self.opts.max_iterations + 1):
             res = plan({**state, **fixed})
@@ -596,7 +604,8 @@ class Evaluator:
             f"the recursive rules for {', '.join(map(repr, st.preds))} did not reach a fixpoint "
             f"within max_iterations={self.opts.max_iterations} rounds", code="max_iterations")
 
-    def _boolean_rounds(self, st: Stratum, plan, fixed: dict[str, Any]) -> None:
+    def _boolean_rounds(self, st: Stratum, plan, fixed: dict[str, Any],
+                        delta: dict[str, np.ndarray] | None = None) -> None:
         """Semi-naive rounds on the host, each one dense (the compiled step) or sparse.
 
         The relations stay dense numpy arrays; the delta is either dense (after a dense round)
@@ -610,6 +619,9 @@ class Evaluator:
         dense_delta: dict[str, np.ndarray] | None = dict(rel)
         flat_delta: dict[str, np.ndarray] = {}
         nnz = sum(int(np.count_nonzero(a)) for a in rel.values())
+        if delta is not None:  # taking over from sparse rounds: their last new tuples
+            dense_delta, flat_delta = None, delta
+            nnz = sum(len(a) for a in delta.values())
         sparse = None
         flops = max(plan.concrete.flops, 1)
         cost = _RoundCosts(self.opts.flops_per_candidate)
