@@ -794,8 +794,8 @@ def evaluate_rules(rules: list[Rule], facts: dict[str, FactTable],
 
 
 class Relations(dict):
-    """``{relation: set of tuples or Relation}``; looking up a relation the program never mentions raises
-    UnknownPredicateError (code ``unknown_predicate``, also a KeyError)."""
+    """``{relation: set of tuples or Relation}``; looking up a relation the program never
+    mentions raises UnknownPredicateError (code ``unknown_predicate``, also a KeyError)."""
 
     def __missing__(self, key: object) -> set[tuple]:
         known = ", ".join(sorted(self)) or "none"
