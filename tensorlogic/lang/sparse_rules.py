@@ -251,8 +251,8 @@ class SparseRule:
         return False
 
     # ------------------------------------------------------------------ running
-    def run(self, ctx: Context, source: Callable[[str, int], Rel]) -> tuple[list[np.ndarray],
-                                                                             int, np.ndarray | None]:
+    def run(self, ctx: Context, source: Callable[[str, int], Rel]
+            ) -> tuple[list[np.ndarray], int, np.ndarray | None]:
         """The head rows derived (columns, count, weights), possibly repeated."""
         head = self.rule.head
         t = Table(1, {}, np.ones(1) if ctx.weighted else None)
