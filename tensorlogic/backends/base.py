@@ -9,7 +9,6 @@ factory raises BackendError when the backend cannot run on this machine.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,8 +42,8 @@ class Capabilities:
         dtypes: the dtypes its kernels compute in.
         native_array: inputs of exactly this type, C-contiguous with the declared shape and
             dtype, are taken as they are (no checks, no conversion); None: always checked.
-        multi_device: ``device_count``, ``on_device``, ``use_device`` and ``transfers`` run
-            batches on several devices of this host (``run_batched(..., devices=)``).
+        multi_device: runs on several devices of one process (``device_count``, ``on_device``,
+            ``use_device``, ``transfers``), so the pipeline's ``devices=`` can use them.
     """
 
     device: bool = False
@@ -210,22 +209,28 @@ class Backend:
     #: the device plans run on, for calibration caches and reports
     device_name: str = "cpu"
 
-    # several devices (with ``capabilities.multi_device``) -------------------------------
+    # several devices (with ``capabilities.multi_device``; pipeline/devices.py) --------------
+    #: which of the backend's devices this instance runs on
+    device_id: int = 0
+
     def device_count(self) -> int:
-        """Devices this process can see (host backends: none of their own)."""
-        return 0
+        """With ``capabilities.multi_device``: how many devices this process can use."""
+        raise BackendError(f"backend {self.name!r} runs on one device")
 
     def on_device(self, device_id: int) -> Backend:
-        """The backend instance for device ``device_id``."""
-        raise BackendError(f"backend {self.name!r} runs on the host, not on device {device_id}")
+        """With ``capabilities.multi_device``: this backend's instance for device ``device_id``."""
+        raise BackendError(f"backend {self.name!r} runs on one device")
 
     def use_device(self) -> Any:
-        """A context in which this backend's device is the current one."""
-        return contextlib.nullcontext()
+        """With ``capabilities.multi_device``: a context making this instance's device current."""
+        raise BackendError(f"backend {self.name!r} runs on one device")
 
     def transfers(self) -> Any:
-        """Pinned staging and streams for one lane of batches on this backend's device."""
-        raise BackendError(f"backend {self.name!r} has no device transfers")
+        """With ``capabilities.multi_device``: the host/device traffic of one lane of batches on
+        this device (``new_ticket``, ``is_device_array``, ``on_this_device``, ``upload``,
+        ``computing``, ``download``, ``finish``, ``abandon``; see backends/cupy/transfers.py).
+        Called with the device current."""
+        raise BackendError(f"backend {self.name!r} runs on one device")
 
 
 _factories: dict[str, Callable[[], Backend]] = {}

@@ -18,6 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 import tensorlogic as tl
+from tensorlogic.backends.base import as_prepared
 from tensorlogic.backends.numpy_backend import NumpyBackend
 
 NAME = "fake_gpus"
@@ -74,7 +75,7 @@ class FakeGpus(NumpyBackend):
         return FakeTransfers(self.device_id)
 
     def prepare(self, step, node, in_nodes, graph):
-        kernel = super().prepare(step, node, in_nodes, graph)
+        kernel = as_prepared(super().prepare(step, node, in_nodes, graph), NAME)
         dev = self.device_id
 
         def run(inputs, out):
