@@ -14,7 +14,8 @@ benchmarks/results/bench_datalog.json.
 
     python benchmarks/bench_datalog.py [--cases ancestors:10000,closure:1000,...]
         [--engines tensorlogic,duckdb,clingo] [--modes arrays,sets] [--repeat 3]
-        [--timeout 300] [--representation auto|dense|sparse]
+        [--timeout 300] [--representation auto|dense|sparse] [--backend auto|cupy]
+        [--name bench_datalog]
 """
 
 from __future__ import annotations
@@ -108,11 +109,13 @@ def _clingo(workload: str, facts: dict, mode: str) -> int:
     return len(got[-1])
 
 
-def _tensorlogic(workload: str, facts: dict, mode: str, representation: str) -> int:
+def _tensorlogic(workload: str, facts: dict, mode: str, representation: str,
+                 backend: str) -> int:
     from tensorlogic.datalog import evaluate
 
     program, out, _ = WORKLOADS[workload]
-    rel = evaluate(program, facts, as_relations=True, representation=representation)[out]
+    rel = evaluate(program, facts, as_relations=True, representation=representation,
+                   backend=backend)[out]
     if mode == "arrays":
         return len(rel.columns[0])
     return len(rel.to_set())
@@ -131,7 +134,7 @@ def child(args: argparse.Namespace) -> None:
     if args.child == "tensorlogic":
         import tensorlogic.datalog  # noqa: F401
         fn = functools.partial(_tensorlogic, args.workload, facts, args.mode,
-                               args.representation)
+                               args.representation, args.backend)
     elif args.child == "duckdb":
         import duckdb  # noqa: F401
         import pandas  # noqa: F401
@@ -147,9 +150,9 @@ def child(args: argparse.Namespace) -> None:
 
 
 def run_child(engine: str, workload: str, data: str, mode: str, timeout: float,
-              representation: str) -> dict:
+              representation: str, backend: str) -> dict:
     cmd = [sys.executable, __file__, "--child", engine, "--workload", workload, "--data", data,
-           "--mode", mode, "--representation", representation]
+           "--mode", mode, "--representation", representation, "--backend", backend]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -182,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="skip clingo where DuckDB's tuple count exceeds this")
     ap.add_argument("--representation", default="auto", choices=("auto", "dense", "sparse"))
     ap.add_argument("--name", default="bench_datalog", help="results/<name>.json")
+    ap.add_argument("--backend", default="auto", help="tensorlogic backend (cupy: dense strata "
+                    "on the GPU while they fit)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--workload", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
@@ -215,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                         done.append(done[-1])  # timed out or failed once: do not retry
                         continue
                     done.append(run_child(e, workload, path, mode, args.timeout,
-                                          args.representation))
+                                          args.representation, args.backend))
             row = {"case": f"{workload} n={size}", "workload": workload, "size": int(size),
                    "mode": mode, "load_avg": [load0, os.getloadavg()[0]], "engines": {}}
             for e, rs in runs.items():
@@ -235,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
                     v["ratio"] = v["seconds"] / ours["seconds"]  # >1: tensorlogic faster
             rows.append(row)
             _print(row)
-    extra = {"engines": engines, "modes": modes, "repeat": args.repeat,
+    extra = {"engines": engines, "modes": modes, "repeat": args.repeat, "backend": args.backend,
              "representation": args.representation, "peer_versions": versions(),
              "note": "ratio = peer seconds / tensorlogic seconds (medians; each run a fresh "
                      "process, engines round-robin); load_avg = 1-minute load before/after"}
