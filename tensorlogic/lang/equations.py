@@ -11,7 +11,7 @@ concrete shapes of the data, so that every index has a size.
 from __future__ import annotations
 
 import string
-from typing import Mapping
+from collections.abc import Mapping
 
 import networkx as nx
 import numpy as np
