@@ -22,7 +22,10 @@ def _elementwise(op: str, args: Sequence[np.ndarray], dtype: np.dtype) -> np.nda
         c, a, b = args
         return np.where(c != 0, a, b).astype(dtype, copy=False)
     row = ops.ELEMENTWISE[op]
-    args = [np.asarray(a).astype(dtype, copy=False) for a in args]
+    # operands convert to the result dtype (numpy's loop for it), except abs, whose complex
+    # operand gives a real result
+    to = np.result_type(*args) if op == "abs" else dtype
+    args = [np.asarray(a).astype(to, copy=False) for a in args]
     out = np.empty(np.broadcast_shapes(*(a.shape for a in args)), dtype)
     return row.numpy(*args, out=out)
 
