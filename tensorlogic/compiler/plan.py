@@ -196,6 +196,15 @@ class CompiledPlan:
         runner = self._last.runner if self._last is not None else None
         self._direct = runner.direct if runner is not None else None
 
+    def on_backend(self, backend: Any) -> "CompiledPlan":
+        """This plan for another instance of its backend (another device of the same kind).
+
+        The copy shares the graph, opt level and options; its kernels and buffers are built on
+        ``backend`` when it is first specialized (for a graph without symbols: now), so call
+        this with that backend's device current.
+        """
+        return CompiledPlan(self.graph, backend, self.opt_level, self.options, self._build)
+
     # ------------------------------------------------------------------ specialization
     def specialize(self, **sizes: int) -> ConcretePlan:
         """The concrete plan for the given symbol sizes (built once, then cached)."""

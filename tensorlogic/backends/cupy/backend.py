@@ -215,6 +215,36 @@ class CupyBackend(Backend):
         blas = cublas.get()
         self.blas_xp = cublas.CublasXp(blas) if blas is not None else cupy
 
+    # several devices (pipeline/devices.py) --------------------------------------
+    _per_device: dict = {}
+
+    def device_count(self) -> int:
+        """Number of GPUs this process can see."""
+        return int(cupy.cuda.runtime.getDeviceCount())
+
+    def on_device(self, device_id: int) -> "CupyBackend":
+        """The backend instance for GPU ``device_id`` (kernels load per device, so each has its
+        own), with this one's plan-independent settings; made once per device."""
+        if device_id == self.device_id:
+            return self
+        inst = CupyBackend._per_device.get(device_id)
+        if inst is None:
+            with cupy.cuda.Device(device_id):
+                inst = CupyBackend(self.cache.root)
+            inst = CupyBackend._per_device.setdefault(device_id, inst)
+        return inst
+
+    def use_device(self):
+        """A context in which this backend's GPU is the current device."""
+        return cupy.cuda.Device(self.device_id)
+
+    def transfers(self):
+        """Pinned staging and streams for one lane of batches on this GPU (call it with the
+        device current)."""
+        from .transfers import CupyTransfers
+
+        return CupyTransfers(self.device_id)
+
     # plan options ---------------------------------------------------------------
     def with_options(self, options: Mapping[str, Any]) -> "CupyBackend":
         """A view of this backend with a plan's options (codegen path, CUDA graphs).
