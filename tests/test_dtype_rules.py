@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 import tensorlogic as tl
 from tensorlogic import dtypes
 from tensorlogic.ir import ops
-from tensorlogic.testing.einsum_calls import int_programs, random_array
+from tensorlogic.testing.einsum_calls import COMPLEX_OPS, int_programs, random_array
 
 DTYPES = dtypes.DTYPES
 CPU = [("numpy", 0), ("numpy", 2), ("numba", 0), ("numba", 2)]
@@ -368,3 +368,22 @@ def test_random_integer_programs_match_numpy(prog):
         got = tl.compile(g, backend=backend, opt_level=level)(feeds)["y"]
         assert got.dtype == want.dtype, f"{backend} O{level}: {got.dtype} vs {want.dtype}"
         np.testing.assert_array_equal(got, want, err_msg=f"{backend} O{level}")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(prog=int_programs(max_steps=4, dtypes=dtypes.COMPLEX, ops=COMPLEX_OPS))
+def test_random_complex_programs_match_numpy(prog):
+    rng = np.random.default_rng(14)
+    arrays = [random_array(rng, prog.shape, d) for d in prog.dtypes]
+    want = np.asarray(prog.evaluate(arrays))
+    g = tl.EinsumGraph()
+    ins = [g.input(f"x{k}", prog.shape, d) for k, d in enumerate(prog.dtypes)]
+    g.output(prog.build(g, ins), "y")
+    feeds = {f"x{k}": a for k, a in enumerate(arrays)}
+    tol = 1e-4 if want.dtype == np.complex64 else 1e-12
+    scale = max(1.0, float(np.max(np.abs(want), initial=0.0)))
+    for backend, level in (("numpy", 0), ("numba", 2)):
+        got = tl.compile(g, backend=backend, opt_level=level)(feeds)["y"]
+        assert got.dtype == want.dtype, f"{backend} O{level}: {got.dtype} vs {want.dtype}"
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * scale,
+                                   err_msg=f"{backend} O{level}")

@@ -239,15 +239,21 @@ class IntProgram:
         return g.reduce(self.reduce, res, axis=-1) if self.reduce else res
 
 
+COMPLEX_OPS = ("neg", "square", "add", "sub", "mul", "eq", "ne")
+
+
 @st.composite
-def int_programs(draw, max_steps: int = 5) -> IntProgram:
-    """Random integer/bool elementwise programs numpy (and so the graph builder) accepts."""
+def int_programs(draw, max_steps: int = 5, dtypes: tuple[str, ...] = INT_DTYPES,
+                 ops: tuple[str, ...] = tuple(sorted(INT_UFUNCS))) -> IntProgram:
+    """Random elementwise programs numpy (and so the graph builder) accepts, over integer and
+    bool inputs by default (exact); ``dtypes=dt.COMPLEX, ops=COMPLEX_OPS`` gives complex ones
+    (compared to their precision)."""
     shape = tuple(draw(st.lists(st.integers(1, 5), min_size=1, max_size=3)))
-    dts = tuple(draw(st.lists(st.sampled_from(INT_DTYPES), min_size=1, max_size=3)))
+    dts = tuple(draw(st.lists(st.sampled_from(dtypes), min_size=1, max_size=3)))
     steps: list[tuple[str, tuple]] = []
     kinds: list[str] = []  # result dtype of each step, to skip ops numpy refuses
     for j in range(draw(st.integers(1, max_steps))):
-        op = draw(st.sampled_from(sorted(INT_UFUNCS)))
+        op = draw(st.sampled_from(ops))
         arity = 1 if op in ("neg", "abs", "square") else 2
         refs = [("in", k) for k in range(len(dts))] + [("tmp", i) for i in range(j)]
         args = [draw(st.sampled_from(refs)) for _ in range(arity)]
@@ -266,7 +272,9 @@ def int_programs(draw, max_steps: int = 5) -> IntProgram:
     if not steps:
         steps, kinds = [("add", (("in", 0), ("in", 0)))], [_numpy_dtype(
             "add", [("in", 0), ("in", 0)], [dts[0], dts[0]])]
-    reduce = draw(st.sampled_from((None, "sum", "prod", "max", "min")))
+    ordered = all(dt.kind(d) != "c" for d in dts)
+    reduce = draw(st.sampled_from((None, "sum", "prod", "max", "min") if ordered else
+                                  (None, "sum", "prod")))
     return IntProgram(shape, dts, tuple(steps), reduce)
 
 
@@ -277,5 +285,5 @@ def _numpy_dtype(op: str, args, arg_dts) -> str:
     return (np.result_type(*xs) if op in _COMPARE else r.dtype).name
 
 
-__all__ = ["EinsumCall", "IntProgram", "corpus", "einsum_calls", "int_programs", "numpy_result",
+__all__ = ["COMPLEX_OPS", "EinsumCall", "IntProgram", "corpus", "einsum_calls", "int_programs", "numpy_result",
            "random_array", "opt_einsum_specs", "NUMPY_STYLE", "accepted"]
