@@ -285,5 +285,5 @@ def _numpy_dtype(op: str, args, arg_dts) -> str:
     return (np.result_type(*xs) if op in _COMPARE else r.dtype).name
 
 
-__all__ = ["COMPLEX_OPS", "EinsumCall", "IntProgram", "corpus", "einsum_calls", "int_programs", "numpy_result",
-           "random_array", "opt_einsum_specs", "NUMPY_STYLE", "accepted"]
+__all__ = ["COMPLEX_OPS", "EinsumCall", "IntProgram", "NUMPY_STYLE", "accepted", "corpus",
+           "einsum_calls", "int_programs", "numpy_result", "opt_einsum_specs", "random_array"]
