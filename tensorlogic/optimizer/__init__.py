@@ -5,8 +5,10 @@ O2 and O3 add layernorm (hand-written layer normalization to one row op), merge 
 scalar pulling), contraction (path planning) and fusion.
 """
 
-from .base import OptimizerReport, Pass, PassManager, PassResult, optimize, register_pass
-# importing the pass modules registers them, in pipeline order
+from .base import (
+    PIPELINES, OptimizerReport, Pass, PassManager, PassResult, optimize, register_pass,
+)
+# importing the pass modules registers them (their order is PIPELINES')
 from .dce import dce
 from .cse import cse
 from .fold import fold
@@ -17,6 +19,7 @@ from .contraction import contraction
 from .fusion import fusion, is_legal_group
 
 __all__ = [
-    "OptimizerReport", "Pass", "PassManager", "PassResult", "contraction", "cse", "dce", "fold",
-    "fusion", "is_legal_group", "layernorm", "merge", "optimize", "register_pass", "simplify",
+    "PIPELINES", "OptimizerReport", "Pass", "PassManager", "PassResult", "contraction", "cse",
+    "dce", "fold", "fusion", "is_legal_group", "layernorm", "merge", "optimize", "register_pass",
+    "simplify",
 ]
