@@ -73,6 +73,8 @@ class PreparedKernel:
         info: a note for ``print(plan)`` (the contraction path, the code path).
         source: generated source text, for inspection.
         impl: the backend's own object behind ``fn`` (a numba dispatcher, a CUDA kernel).
+        threads: host threads the kernel runs on (the profiler's "runs on 1 of N threads"
+            advice reads it); 0: not known or not a host kernel.
     """
 
     fn: Kernel
@@ -83,6 +85,7 @@ class PreparedKernel:
     info: str = ""
     source: str = ""
     impl: Any = None
+    threads: int = 0
 
     def __call__(self, inputs: list, out: Any) -> Any:
         return self.fn(inputs, out)

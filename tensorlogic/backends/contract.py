@@ -58,6 +58,8 @@ class EinsumPlan:
     largest_intermediate: int = 0  # elements of the largest pairwise result along the path
     scratch: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     copied: int = 0  # operand elements copied along the path (layouts that are not BLAS views)
+    sums_outside_matmul: bool = False  # sums or diagonals not done by a matmul (see _Scratch)
+    gemms: list[tuple[int, int, int, int]] = field(default_factory=list)  # (batch, m, n, k)
 
 
 class _Scratch:
@@ -68,6 +70,10 @@ class _Scratch:
         # elements of matmul operands that get copied: into scratch here, or inside matmul
         # when a view has no unit stride in its matrix dims (numpy then cannot hand it to BLAS)
         self.copied = 0
+        # sums outside matmul (an operand's own sums or diagonals, a full inner product): a
+        # 16-bit einsum with these is widened to float32 first, so they too accumulate in it
+        self.sums = False
+        self.gemms: list[tuple[int, int, int, int]] = []  # (batch, m, n, k) of each matmul
 
     def add(self, shape: tuple[int, ...], dtype: str) -> int:
         self.specs.append((tuple(int(s) for s in shape), np.dtype(dtype).name))
@@ -107,6 +113,20 @@ def _group_layout(term: str, groups: list[list[str]]) -> bool:
     return term == "".join("".join(g) for g in groups)
 
 
+def _first_layout(term: str, first: list[list[str]], second: list[list[str]]) -> bool:
+    """Whether an operand goes to matmul grouped as ``first`` (else as ``second``): the layout
+    that is a view of its memory; when both need a copy, the one that keeps the operand's
+    innermost letter innermost, so the copy reads and writes contiguous runs (a transposing
+    copy with a long stride on its inner axis ran several times slower on a GPU)."""
+    if _group_layout(term, first):
+        return True
+    if _group_layout(term, second):
+        return False
+    flat = "".join("".join(g) for g in second)
+    return not (flat and term and flat[-1] == term[-1]
+                and "".join("".join(g) for g in first)[-1:] != term[-1])
+
+
 def _broadcast_kept_axes(term: str, shape: tuple[int, ...], sizes: dict[str, int]) -> list[int]:
     """Axes to keep: size-1 dimensions that broadcast against a larger size are dropped."""
     return [k for k, (c, d) in enumerate(zip(term, shape)) if not (d == 1 and sizes[c] != 1)]
@@ -128,6 +148,7 @@ def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], sizes: 
     sum_axes = tuple(k for k, c in enumerate(squeezed) if c not in target)
     t_shape = tuple(sizes[c] for c in target)
     k_out = scr.add(t_shape, dtype) if (has_repeat or sum_axes) else -1
+    scr.sums = scr.sums or has_repeat or bool(sum_axes)
 
     def prep(xp, x, scratch):
         if squeezed != term:
@@ -156,12 +177,13 @@ def _regroup(xp, X, perm, shp, k, dtype, scratch):
 
 
 def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str | None,
-          dts: tuple[str, str], scr: _Scratch):
+          dts: tuple[str, str], scr: _Scratch, matmul: Callable | None = None):
     """Plan one pairwise contraction.
 
     Returns (result_term, result_dtype, fn(xp, A, B, out, scratch) -> C, flops). With
     ``out_order`` set the result is the einsum's output and lands in ``out``; otherwise it goes
-    into a scratch buffer.
+    into a scratch buffer. ``matmul(A, B, out)`` replaces ``xp.matmul`` for products written
+    into a C-contiguous buffer (the CPU backends' split GEMM).
     """
     batch = [c for c in a if c in b and c in keep]
     contr = [c for c in a if c in b and c not in keep]
@@ -210,6 +232,7 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
 
     if not (batch or left or right) and a == b:
         # a full inner product of two operands laid out alike: one BLAS dot
+        scr.sums = True
         def dot(xp, A, B, out, scratch):
             if out is None:
                 out = _take(xp, scratch, k_res, res_shape, rdt)
@@ -219,8 +242,8 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
         return result, rdt, dot, flops
 
     # choose per operand the matrix layout that is a view of its memory
-    a_lc = _group_layout(a, [batch, left, contr]) or not _group_layout(a, [batch, contr, left])
-    b_cr = _group_layout(b, [batch, contr, right]) or not _group_layout(b, [batch, right, contr])
+    a_lc = _first_layout(a, [batch, left, contr], [batch, contr, left])
+    b_cr = _first_layout(b, [batch, contr, right], [batch, right, contr])
     order_a = batch + (left + contr if a_lc else contr + left)
     order_b = batch + (contr + right if b_cr else right + contr)
     perm_a = [a.index(c) for c in order_a]
@@ -238,8 +261,9 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
         scr.copied += nb * nc * nr
     squeeze = nb == 1
     mm_shape = (nl, nr) if squeeze else (nb, nl, nr)
+    scr.gemms.append((nb, nl, nr, nc))
 
-    matmul = _int_matmul(squeeze) if np.dtype(rdt).kind in "iu" else None
+    int_mm = _int_matmul(squeeze) if np.dtype(rdt).kind in "iu" else None
 
     def mm(xp, A, B, out, scratch):
         A2 = _regroup(xp, A, perm_a, shp_a, k_a, da, scratch)
@@ -250,15 +274,16 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
             B2 = B2.swapaxes(1, 2)
         if squeeze:
             A2, B2 = A2[0], B2[0]
-        mul = matmul if matmul is not None and xp is np else xp.matmul
+        mmul = (int_mm if int_mm is not None and xp is np else
+                xp.matmul if matmul is None else matmul)
         if out is None:
             C = _take(xp, scratch, k_res, res_shape, rdt)
-            mul(A2, B2, out=C.reshape(mm_shape))
+            mmul(A2, B2, out=C.reshape(mm_shape))
             return C
         if out.flags.c_contiguous:
-            mul(A2, B2, out=out.reshape(mm_shape))
+            mmul(A2, B2, out=out.reshape(mm_shape))
             return out
-        out[...] = mul(A2, B2).reshape(res_shape)
+        out[...] = (mmul if mmul is int_mm else xp.matmul)(A2, B2).reshape(res_shape)
         return out
 
     return result, rdt, (_swapped(mm) if swap else mm), flops
@@ -316,10 +341,12 @@ def _prepare_all(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str,
 
 
 def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
-                strategy: Any = None, dtypes: list[str] | None = None) -> EinsumPlan:
+                strategy: Any = None, dtypes: list[str] | None = None,
+                matmul: Callable | None = None) -> EinsumPlan:
     """Compile an einsum with concrete shapes (and operand dtypes) into a pairwise-matmul program.
 
-    ``strategy`` is an opt_einsum strategy name or an explicit path over ``prepared_terms``.
+    ``strategy`` is an opt_einsum strategy name or an explicit path over ``prepared_terms``;
+    ``matmul(A, B, out)``, if given, computes the products (see ``_pair``).
     """
     n = len(es.inputs)
     dts = [np.dtype(d).name for d in dtypes] if dtypes is not None else ["float64"] * n
@@ -338,7 +365,8 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             out[...] = x
             return out
 
-        return EinsumPlan(run_single, flops, [(0,)], f"{es}", 0, scr.specs)
+        return EinsumPlan(run_single, flops, [(0,)], f"{es}", 0, scr.specs,
+                          sums_outside_matmul=scr.sums, gemms=scr.gemms)
 
     path, info = contraction_path(terms, es.output, sizes, strategy)
     program = []
@@ -362,7 +390,7 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             rest = set().union(*[set(t) for t in picked[j + 2:]]) if not last_pair else set()
             res, res_dt, fn, f = _pair(acc, other, keep | rest, sizes,
                                        es.output if final and last_pair else None,
-                                       (acc_dt, picked_dt[j + 1]), scr)
+                                       (acc_dt, picked_dt[j + 1]), scr, matmul)
             pair_fns.append(fn)
             flops += f
             largest = max(largest, math.prod(sizes[c] for c in res))
@@ -386,7 +414,7 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             return out
 
         return EinsumPlan(run_pair, flops, path, f"{es} path={path}", largest, scr.specs,
-                          scr.copied)
+                          scr.copied, scr.sums, scr.gemms)
 
     def run(xp, arrays, out, scratch=None):
         ops_ = [a if p is None else p(xp, a, scratch) for a, p in zip(arrays, preps)]
@@ -407,4 +435,5 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         return out
 
     desc = f"{es} path={path}"
-    return EinsumPlan(run, flops, path, desc, largest, scr.specs, scr.copied)
+    return EinsumPlan(run, flops, path, desc, largest, scr.specs, scr.copied, scr.sums,
+                      scr.gemms)

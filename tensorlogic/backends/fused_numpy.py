@@ -250,7 +250,8 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
         late = body.epilogue_inputs()
         inplace = tuple(k for k, d in enumerate(in_dims) if d == space and k not in late
                         and np.dtype(in_nodes[k].dtype) == dtype)
-    return PreparedKernel(kernel, scratch=scratch_specs, inplace=inplace, info=describe(body))
+    return PreparedKernel(kernel, scratch=scratch_specs, inplace=inplace, info=describe(body),
+                          threads=workers)
 
 
 def describe(body: FusedBody) -> str:

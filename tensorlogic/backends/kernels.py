@@ -21,8 +21,11 @@ from . import contract
 from .base import PreparedKernel
 
 
-def einsum_kernel(xp, node, in_nodes) -> PreparedKernel:
-    """Kernel for an einsum node; it carries its FLOPs, scratch and (for 3+ operands) its path."""
+def einsum_kernel(xp, node, in_nodes, matmul=None) -> PreparedKernel:
+    """Kernel for an einsum node; it carries its FLOPs, scratch and (for 3+ operands) its path.
+
+    ``matmul(A, B, out)`` replaces ``xp.matmul`` for its products (``contract.plan_einsum``).
+    """
     shapes = [tuple(n.shape) for n in in_nodes]
     es = einspec.parse(node.args["spec"], [len(s) for s in shapes])
     sizes = einspec.letter_sizes(es, shapes)
@@ -30,7 +33,8 @@ def einsum_kernel(xp, node, in_nodes) -> PreparedKernel:
     # diagonals and sums are computed in the result's precision, as numpy.einsum does
     widen = [n.dtype != node.dtype for n in in_nodes]
     plan = contract.plan_einsum(es, shapes, sizes, node.args.get("path_strategy"),
-                                [node.dtype if w else n.dtype for n, w in zip(in_nodes, widen)])
+                                [node.dtype if w else n.dtype for n, w in zip(in_nodes, widen)],
+                                matmul)
     run = plan.run
     n = len(in_nodes)
     k_plan = len(plan.scratch)
@@ -55,9 +59,11 @@ def einsum_kernel(xp, node, in_nodes) -> PreparedKernel:
         def kernel(args, out):
             return run(xp, args, out)
 
+    # impl: the contraction plan (its GEMMs, whether it sums outside matmul) for backends that
+    # choose a precision path by it
     return PreparedKernel(
         kernel, flops=plan.flops, info=path_note(node, plan) if len(in_nodes) > 2 else "",
-        scratch=tuple(plan.scratch) + tuple((shape, node.dtype) for _, shape in wide))
+        scratch=tuple(plan.scratch) + tuple((shape, node.dtype) for _, shape in wide), impl=plan)
 
 
 def path_note(node, plan) -> str:

@@ -25,11 +25,11 @@ from .. import dtypes
 from ..errors import BackendError
 from ..ir import ops
 from ..ir.fused import FusedBody, FusedOp
-from . import kernels, numba_cache, numba_threads
+from . import numba_cache, numba_threads, widen
 from .numba_codegen import generates, render
 from .numba_layout import make_layout
 from .base import Capabilities, PreparedKernel
-from .numpy_backend import NumpyBackend
+from .numpy_backend import NumpyBackend, thread_mode
 
 # Below this many points a serial kernel wins. With OpenMP workers that sleep between kernels
 # (the passive wait policy, see config.gomp_environment) a parallel kernel pays a wake-up of
@@ -82,7 +82,8 @@ class NumbaBackend(NumpyBackend):
 
     name = "numba"
     capabilities = Capabilities(native_array=np.ndarray, dtypes=frozenset(dtypes.SUPPORTED),
-                                options=frozenset({"fast_math", "parallel_threshold"}))
+                                own_runner=True,
+                                options=frozenset({"fast_math", "parallel_threshold", "threads"}))
 
     def __init__(self) -> None:
         numba_threads.configure()
@@ -90,12 +91,15 @@ class NumbaBackend(NumpyBackend):
     def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """A generated kernel for elementwise/reduction/row-op/fused steps; BLAS for einsum."""
         opts = step.args.get("_options") or {}
-        if node.kind == ops.EINSUM:
-            return kernels.einsum_kernel(np, node, in_nodes)
+        if widen.needs_widening(node, in_nodes):  # 16-bit floats: the float32 kernel, widened
+            return widen.widened(np, lambda n, ins: self.prepare(step, n, ins, graph),
+                                 node, in_nodes)
+        if node.kind == ops.EINSUM:  # BLAS, split over the helper threads in the "pool" mode
+            return self.einsum_kernel(node, in_nodes, thread_mode(step))
         body = _body_of(node, in_nodes)
         dts = [n.dtype for n in in_nodes]
         if body is None or not generates(body.instrs, body.tail, body.epilogue, node.dtype, dts):
-            # layout ops, casts, float16 and the integer/complex ops numba would compute
+            # layout ops, casts and the integer/complex ops numba would compute
             # differently from numpy (see numba_codegen.EXACT_OPS) run numpy's kernels
             return NumpyBackend.prepare(self, step, node, in_nodes, graph)
         fast = opts.get("fast_math")
@@ -140,4 +144,5 @@ class NumbaBackend(NumpyBackend):
                 return out
 
         info = f"numba {'parallel' if parallel else 'serial'}{' fast' if fast else ''}"
-        return PreparedKernel(kernel, info=info, source=src.text, impl=fn)
+        return PreparedKernel(kernel, info=info, source=src.text, impl=fn,
+                              threads=numba_threads.thread_count() if parallel else 1)

@@ -44,6 +44,7 @@ class Step:
     args: Mapping[str, Any] = field(default_factory=dict)
     info: str = ""  # backend notes, e.g. the contraction path
     scratch: tuple[int, ...] = ()  # arena buffers passed after the inputs (kernel.scratch)
+    threads: int = 0  # host threads the kernel runs on (PreparedKernel.threads; 0: not known)
 
     @property
     def view(self) -> bool:
@@ -69,6 +70,7 @@ class ConcretePlan:
     pooled: bool = True  # keep arenas across calls (False: a fresh arena per call)
     # a backend's own executor (e.g. CUDA-graph replay); None runs the steps one by one
     runner: PlanRunner | None = None
+    autotune: Any = None  # the O3 autotuner's report (compiler/autotune.py)
     pool: TensorPool = field(init=False)
     program: list = field(init=False)
 
@@ -418,6 +420,8 @@ class CompiledPlan:
         lines.append(str(cp.memory))
         if cp.runner is not None:
             lines.append(str(cp.runner))
+        if cp.autotune is not None:
+            lines.append(str(cp.autotune))
         if cp.optimizer_report is not None:
             lines.append(str(cp.optimizer_report))
         return "\n".join(lines)
