@@ -22,8 +22,12 @@ def _elementwise(op: str, args: Sequence[np.ndarray], dtype: np.dtype) -> np.nda
         c, a, b = args
         return np.where(c != 0, a, b).astype(dtype, copy=False)
     # numpy's own loop for the operands' dtypes, written into the result dtype (as the numpy
-    # backend runs it: int / int -> float64, abs of complex -> float, comparisons -> 1/0)
+    # backend runs it: int / int -> float64, abs of complex -> float, comparisons -> 1/0); a
+    # unary op that changes the dtype (gelu of int8 -> float16) runs on its converted input,
+    # so composite ops do not start in the input's integer loops
     args = [np.asarray(a) for a in args]
+    if len(args) == 1 and op != "abs" and args[0].dtype != dtype:
+        args = [args[0].astype(dtype)]
     out = np.empty(np.broadcast_shapes(*(a.shape for a in args)), dtype)
     return ops.ELEMENTWISE[op].numpy(*args, out=out)
 

@@ -400,9 +400,9 @@ class EinsumGraph:
             return t
         if isinstance(t, (bool, int, float, complex)):
             dt = dtypes.scalar_dtype(t, like, "scalar operand: ")
-            return self.constant(t, dtype=dt)  # checked: a value the dtype cannot hold fails
-        if isinstance(t, (np.generic, np.ndarray)):
-            return self.constant(t)
+            return self.constant(dtypes.scalar_array(t, dt, "scalar operand: "))
+        if isinstance(t, (np.generic, np.ndarray, list, tuple)):
+            return self.constant(t)  # numpy arrays, and lists as np.asarray reads them (strong)
         raise GraphError(f"expected a Tensor or a number, got {type(t).__name__}")
 
     @_atomic
