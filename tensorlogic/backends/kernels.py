@@ -241,6 +241,12 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> Kernel:
                 return out
             return reshape_copy
         return lambda a, out: a[0].reshape(shape)
+    if kind == ops.ATTENTION:
+        from .attention_cpu import attention_kernel
+
+        if xp.__name__ != "numpy":
+            raise BackendError(f"node {node.name!r}: the host attention kernel needs numpy arrays")
+        return attention_kernel(node, in_nodes)
     if kind == ops.CAST:
         def cast(a, out):
             out[...] = a[0]

@@ -1,7 +1,8 @@
 """Graph optimizer: passes and the pass manager.
 
 Pipelines (each repeated to a fixpoint): O0 runs nothing; O1 runs dce, cse, fold, simplify;
-O2 and O3 add layernorm (hand-written layer normalization to one row op), merge (einsum merging,
+O2 and O3 add layernorm (hand-written layer normalization to one row op), attention (written-out
+attention to one attention node), merge (einsum merging,
 scalar pulling), contraction (path planning) and fusion.
 """
 
@@ -12,11 +13,12 @@ from .cse import cse
 from .fold import fold
 from .simplify import simplify
 from .layernorm import layernorm
+from .attention import attention  # before merge and fusion, which would split the pattern
 from .merge import merge
 from .contraction import contraction
 from .fusion import fusion, is_legal_group
 
 __all__ = [
-    "OptimizerReport", "Pass", "PassManager", "PassResult", "contraction", "cse", "dce", "fold",
+    "OptimizerReport", "Pass", "PassManager", "PassResult", "attention", "contraction", "cse", "dce", "fold",
     "fusion", "is_legal_group", "layernorm", "merge", "optimize", "register_pass", "simplify",
 ]
