@@ -37,15 +37,15 @@ def test_symbolic_dims_with_explicit_scale():
 
 
 @pytest.mark.parametrize("bad, err, words", [
-    (dict(k=(2, 3, 7, 5)), ShapeError, "head dimension"),
-    (dict(v=(2, 3, 8, 6)), ShapeError, "number of keys"),
-    (dict(k=(2, 4, 7, 4)), ShapeError, "batch axes"),
-    (dict(q=(4,)), ShapeError, "rank >= 2"),
-    (dict(k=(2, 3, 0, 4), v=(2, 3, 0, 6)), ShapeError, "zero keys"),
+    ({"k": (2, 3, 7, 5)}, ShapeError, "head dimension"),
+    ({"v": (2, 3, 8, 6)}, ShapeError, "number of keys"),
+    ({"k": (2, 4, 7, 4)}, ShapeError, "batch axes"),
+    ({"q": (4,)}, ShapeError, "rank >= 2"),
+    ({"k": (2, 3, 0, 4), "v": (2, 3, 0, 6)}, ShapeError, "zero keys"),
 ])
 def test_bad_shapes_name_the_problem(bad, err, words):
     g = tl.EinsumGraph()
-    shapes = dict(q=(2, 3, 5, 4), k=(2, 3, 7, 4), v=(2, 3, 7, 6)) | bad
+    shapes = {"q": (2, 3, 5, 4), "k": (2, 3, 7, 4), "v": (2, 3, 7, 6)} | bad
     ts = [g.input(n, s) for n, s in shapes.items()]
     n_nodes = len(g)
     with pytest.raises(err, match=words):

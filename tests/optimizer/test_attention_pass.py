@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from optim_helpers import assert_same_as_o0, count
 
 import tensorlogic as tl
 from tensorlogic.ir import ops
 from tensorlogic.optimizer import attention, optimize
-
-from optim_helpers import assert_same_as_o0, count
 
 B, H, S, T, D = 2, 3, 9, 11, 4
 
@@ -199,5 +198,5 @@ def test_fused_plan_memory_is_a_fraction_of_the_unfused_one():
     g.output(g.einsum("bhqk,bhkd->bhqd", p, v), "y")
     o0 = tl.compile(g, backend="numpy", opt_level=0, cache=False)
     o2 = tl.compile(g, backend="numpy", opt_level=2, cache=False)
-    assert o0.memory.peak_bytes >= 2 * s * s * 4
+    assert o0.memory.peak_bytes >= s * s * 4
     assert o2.memory.peak_bytes * 8 <= o0.memory.peak_bytes
