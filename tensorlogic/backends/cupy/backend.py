@@ -236,6 +236,10 @@ class CupyBackend:
             return generic.einsum_kernel(self.blas_xp, node, in_nodes)
         if node.kind in GENERATED_KINDS:
             return GeneratedKernel(self, node, in_nodes, self.codegen)
+        if node.kind == ops.ATTENTION:
+            from .attention_gpu import AttentionKernel
+
+            return AttentionKernel(self, node, in_nodes)
         return generic.make_kernel(cupy, node, in_nodes, not step.view)
 
     def plan_runner(self, plan) -> PlanRunner:
