@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import GraphError
 from ..ir import ops
 from ..ir.graph import EinsumGraph, Node
 from .base import PassResult, function_pass
@@ -333,7 +334,16 @@ def _rewrite(g: EinsumGraph, o: Node, found) -> None:
 
 
 def _attention(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
-    """Replace every written-out attention by one ``attention`` node."""
+    """Replace every written-out attention by one ``attention`` node.
+
+    The compile option ``fuse_attention=False`` keeps the written-out form (to compare, or for
+    an autotuner to try both).
+    """
+    enabled = options.get("fuse_attention", True)
+    if not isinstance(enabled, bool):
+        raise GraphError(f"fuse_attention must be True or False, got {enabled!r}")
+    if not enabled:
+        return PassResult(graph, False, {})
     g: EinsumGraph | None = None
     found_n = 0
     for node in graph.nodes:

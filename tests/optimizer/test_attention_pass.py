@@ -200,3 +200,11 @@ def test_fused_plan_memory_is_a_fraction_of_the_unfused_one():
     o2 = tl.compile(g, backend="numpy", opt_level=2, cache=False)
     assert o0.memory.peak_bytes >= s * s * 4
     assert o2.memory.peak_bytes * 8 <= o0.memory.peak_bytes
+
+
+def test_fuse_attention_option_keeps_the_written_out_form(rng):
+    g, _, _ = _build("causal_add")
+    plan = assert_same_as_o0(g, rng, 2, fuse_attention=False)
+    assert not any(s.kind == ops.ATTENTION for s in plan.steps)
+    with pytest.raises(tl.errors.GraphError, match="fuse_attention"):
+        tl.compile(g, backend="numpy", cache=False, fuse_attention="no").steps  # noqa: B018
