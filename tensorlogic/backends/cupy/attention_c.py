@@ -62,6 +62,7 @@ def render(name: str, d: int, dv: int, dtype: str, causal: bool, has_mask: bool)
     neg_inf = "__longlong_as_double(0xfff0000000000000ULL)" if c == "double" \
         else "__int_as_float(0xff800000)"
     exp = "exp" if c == "double" else "expf"
+    fma = "fma" if c == "double" else "fmaf"
     nj = -(-dv // 16)
     dmax = max(d, dv)
     return f"""// tensorlogic generated: attention {dtype} d={d} dv={dv} causal={int(causal)} mask={int(has_mask)}
@@ -99,7 +100,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
 #pragma unroll
     for (int jj = 0; jj < NJ; ++jj) o[i][jj] = (C)0;
   }}
-  const int kend = CAUSAL ? min(sk, q0 + BM) : sk;
+  const int kend = (CAUSAL && q0 + BM < sk) ? q0 + BM : sk;
   for (int n0 = 0; n0 < kend; n0 += BN) {{
     __syncthreads();  // the previous tile's readers are done with KVs and Ps
     for (int idx = t; idx < BN * D; idx += {THREADS}) {{
@@ -122,7 +123,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
 #pragma unroll
       for (int i = 0; i < TM; ++i)
 #pragma unroll
-        for (int j = 0; j < TN; ++j) s[i][j] = fma(a[i], bk[j], s[i][j]);
+        for (int j = 0; j < TN; ++j) s[i][j] = {fma}(a[i], bk[j], s[i][j]);
     }}
     C alpha[TM];
 #pragma unroll
@@ -177,7 +178,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
         const int cc = cg + 16 * jj;
         const C vv = (cc < DV) ? KVs[n * KS + cc] : (C)0;
 #pragma unroll
-        for (int i = 0; i < TM; ++i) o[i][jj] = fma(p[i], vv, o[i][jj]);
+        for (int i = 0; i < TM; ++i) o[i][jj] = {fma}(p[i], vv, o[i][jj]);
       }}
     }}
   }}
