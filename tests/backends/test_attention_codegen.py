@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tensorlogic.backends.cupy import attention_c
+from tensorlogic.backends.cupy import attention_c, attention_mma
 from tensorlogic.errors import BackendError
 
 CASES = [  # d, dv, dtype, causal, mask
@@ -17,6 +17,10 @@ CASES = [  # d, dv, dtype, causal, mask
     (64, 64, "float16", True, True), (128, 128, "float16", False, False),
     (17, 5, "float64", True, True), (256, 256, "float32", False, False),
 ]
+
+
+MMA_CASES = [(64, 64, False, False), (128, 128, True, True), (32, 8, True, False),
+             (80, 48, False, True), (16, 128, True, True)]
 
 
 def _tool(name: str) -> str:
@@ -36,6 +40,8 @@ def _sources() -> str:
                 src = src.replace(attention_c._PRELUDE, "")
             prelude_seen = True
         out.append(src)
+    for k, (d, dv, causal, mask) in enumerate(MMA_CASES):
+        out.append(attention_mma.render(f"mma{k}", d, dv, causal, mask, helpers=k == 0))
     return "\n".join(out)
 
 
@@ -50,7 +56,8 @@ def test_cuda_c_compiles_and_its_ptx_assembles(arch, tmp_path):
     r = subprocess.run([_tool("ptxas"), "--gpu-name", arch, "-v", str(ptx), "-o",
                         str(tmp_path / "att.cubin")], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr[:4000]
-    assert r.stderr.count("Compiling entry function") == len(CASES)
+    assert r.stderr.count("Compiling entry function") == len(CASES) + len(MMA_CASES)
+    assert "mma.sync.aligned.m16n8k16" in ptx.read_text()
 
 
 def test_shared_memory_and_bad_head_dims():
@@ -68,3 +75,14 @@ def test_flags_reach_the_source():
     assert "CAUSAL = true, HAS_MASK = true" in causal
     assert "CAUSAL = false, HAS_MASK = false" in plain
     assert "tl_h2f" in attention_c.render("k", 64, 64, "float16", False, False)
+
+
+def test_tensor_core_path_limits():
+    assert attention_mma.supports(64, 64, "float16") and attention_mma.supports(128, 8, "float16")
+    assert not attention_mma.supports(64, 64, "float32")
+    assert not attention_mma.supports(72, 64, "float16")  # head dim not a multiple of 16
+    assert not attention_mma.supports(64, 60, "float16")
+    assert not attention_mma.supports(256, 64, "float16")
+    with pytest.raises(BackendError, match="multiples"):
+        attention_mma.render("k", 72, 64, False, False)
+    assert attention_mma.shared_bytes(64, 64) == 2 * 3 * 64 * 72

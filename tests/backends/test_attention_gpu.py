@@ -16,8 +16,13 @@ _TOL = {"float16": 4e-3, "float32": 3e-5, "float64": 1e-12}
 
 @pytest.mark.parametrize("d", [32, 64, 80, 128])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_head_dims_dtypes_and_causal(d, causal, dtype, rng):
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float16_ffma"])
+def test_head_dims_dtypes_and_causal(d, causal, dtype, rng, monkeypatch):
+    from tensorlogic.backends.cupy import attention_gpu
+
+    if dtype == "float16_ffma":  # the exact kernel for float16 too (unaligned views take it)
+        monkeypatch.setattr(attention_gpu, "USE_MMA", False)
+        dtype = "float16"
     g = _graph((1, 3), 333, 333 if causal else 517, d, d, dtype, causal, None)
     ins = _inputs(g, rng)
     for graph_mode in (False, True):
@@ -31,13 +36,33 @@ def test_head_dims_dtypes_and_causal(d, causal, dtype, rng):
 
 @pytest.mark.parametrize("mask_shape", [(70, 130), (2, 1, 70, 1), (3, 1, 130)])
 def test_broadcast_masks_and_float64(mask_shape, rng):
-    for dtype in ("float32", "float64"):
+    for dtype in ("float32", "float64", "float16"):
         g = _graph((2, 3), 70, 130, 24, 40, dtype, True, mask_shape)
         ins = _inputs(g, rng)
         got = to_numpy(tl.compile(g, backend="cupy", cache=False)(**ins)["y"])
         want = textbook(ins["q"], ins["k"], ins["v"], g.node(g.outputs["y"]).args["scale"],
                         True, ins["m"])
         np.testing.assert_allclose(got, want, rtol=_TOL[dtype], atol=_TOL[dtype])
+
+
+def test_tensor_core_kernel_is_used_and_unaligned_inputs_fall_back(rng):
+    import cupy
+
+    g = _graph((2,), 200, 300, 64, 48, "float16", True, (200, 300))
+    plan = tl.compile(g, backend="cupy", cache=False)
+    assert "tensor-core mma" in plan.steps[0].info
+    ins = _inputs(g, rng)
+    want = textbook(ins["q"], ins["k"], ins["v"], g.node(g.outputs["y"]).args["scale"], True,
+                    ins["m"])
+    dev = {}
+    for n, a in ins.items():  # C-contiguous views 2 bytes past an aligned start
+        buf = cupy.empty(a.size + 1, a.dtype)[1:].reshape(a.shape)
+        buf.set(a)
+        dev[n] = buf
+    assert dev["q"].data.ptr % 16
+    for given in (ins, dev):
+        got = to_numpy(plan(**given)["y"]).astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=_TOL["float16"], atol=_TOL["float16"])
 
 
 def test_written_out_model_attention_runs_fused_on_the_gpu(rng):
