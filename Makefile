@@ -22,6 +22,7 @@ demo: install
 	$(VENV)/bin/tensorlogic demo
 
 test: install-test
+	$(VENV)/bin/ruff check tensorlogic tests benchmarks
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: install-test

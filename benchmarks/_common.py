@@ -79,7 +79,9 @@ def machine() -> dict:
         pass
     return {
         "cpu": model,
-        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
         "loadavg_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "platform": platform.platform(),
     }
@@ -88,10 +90,15 @@ def machine() -> dict:
 def cores_look_free(threshold: float = 0.5) -> bool:
     """True when the 1-minute load average leaves the usable cores mostly idle."""
     m = machine()
-    return m["loadavg_1min"] is not None and m["loadavg_1min"] < threshold * (m["cores_usable"] or 1) + 0.5
+    return (
+        m["loadavg_1min"] is not None
+        and m["loadavg_1min"] < threshold * (m["cores_usable"] or 1) + 0.5
+    )
 
 
-def write_results(name: str, rows: list[dict], extra: dict | None = None, peers: tuple[str, ...] = ()) -> Path:
+def write_results(
+    name: str, rows: list[dict], extra: dict | None = None, peers: tuple[str, ...] = ()
+) -> Path:
     """Write benchmarks/results/<name>.json with machine, versions and date."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     doc = {

@@ -27,7 +27,9 @@ def gpu_time(fn: Callable[[], object], inner: int, batches: int = 7, warmup: int
     return statistics.median(times)
 
 
-def gpu_times(fns: dict[str, Callable[[], object]], inner: int, rounds: int = 5) -> dict[str, float]:
+def gpu_times(
+    fns: dict[str, Callable[[], object]], inner: int, rounds: int = 5
+) -> dict[str, float]:
     """``gpu_time`` of several contenders sampled round-robin, median over the rounds.
 
     Host-bound calls (~10 us) swing by half between moments on a device host; taking turns keeps

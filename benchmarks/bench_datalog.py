@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         ours = statistics.median(times)
         row = {"case": case["name"], "tuples": count, "tensorlogic_s": ours,
                "fixpoint_s": statistics.median(fix), "rounds": kinds, "peers": {}}
-        for peer, (module, fn) in peers.items():
+        for peer, (_module, fn) in peers.items():
             if versions[peer] == "not installed":
                 row["peers"][peer] = {"status": "skipped (not installed)"}
                 continue

@@ -58,7 +58,9 @@ def bench_specs(repeat: int) -> list[dict]:
         feed = {f"x{k}": a for k, a in enumerate(arrays)}
         ref = np.einsum(spec, *arrays, optimize="optimal")
         got = plan(feed)["y"]
-        assert np.allclose(got, ref, rtol=1e-3, atol=1e-3 * max(1.0, float(np.abs(ref).max()))), name
+        assert np.allclose(got, ref, rtol=1e-3, atol=1e-3 * max(1.0, float(np.abs(ref).max()))), (
+            name
+        )
         expr = opt_einsum.contract_expression(spec, *shapes)
         t = interleaved_times({
             "tensorlogic": lambda: plan(feed),
@@ -70,8 +72,12 @@ def bench_specs(repeat: int) -> list[dict]:
                "speedup_vs_best_np_oe": best_peer / t["tensorlogic"],
                "speedup_vs_opt_einsum": t["opt_einsum"] / t["tensorlogic"]}
         rows.append(row)
-        print(f"  {name:10s} ours {t['tensorlogic'] * 1e3:8.3f} ms   best(np,oe) x{row['speedup_vs_best_np_oe']:.2f}"
-              f"   vs opt_einsum x{row['speedup_vs_opt_einsum']:.2f}", flush=True)
+        print(
+            f"  {name:10s} ours {t['tensorlogic'] * 1e3:8.3f} ms   best(np,oe) "
+            f"x{row['speedup_vs_best_np_oe']:.2f}"
+            f"   vs opt_einsum x{row['speedup_vs_opt_einsum']:.2f}",
+            flush=True,
+        )
     tt = _torch_times(repeat)
     for row in rows:
         if row["case"] in tt:
@@ -119,8 +125,11 @@ def bench_overhead(repeat: int) -> dict:
     t_plan = median_time(lambda: plan(x=x, y=y), repeat, min_time=0.05)
     t_raw = median_time(raw, repeat, min_time=0.05)
     per_node = (t_plan - t_raw) / len(steps)
-    print(f"  executor: {len(steps)} steps, plan {t_plan * 1e6:.1f} us, raw numpy {t_raw * 1e6:.1f} us,"
-          f" overhead {per_node * 1e6:.2f} us/node (target <= 2)", flush=True)
+    print(
+        f"  executor: {len(steps)} steps, plan {t_plan * 1e6:.1f} us, raw numpy {t_raw * 1e6:.1f} "
+        f"us, overhead {per_node * 1e6:.2f} us/node (target <= 2)",
+        flush=True,
+    )
     return {"steps": len(steps), "plan_us": t_plan * 1e6, "raw_numpy_us": t_raw * 1e6,
             "overhead_us_per_node": per_node * 1e6}
 
@@ -135,8 +144,11 @@ def bench_compile(repeat: int) -> dict:
             tl.compile(g, backend="numpy", opt_level=level, cache=False)
             samples.append(time.perf_counter() - t0)
         res[f"compile_1000_nodes_O{level}_ms"] = statistics.median(samples) * 1e3
-        print(f"  compile 1000-node graph at O{level}: {res[f'compile_1000_nodes_O{level}_ms']:.1f} ms"
-              " (target < 100)", flush=True)
+        print(
+            f"  compile 1000-node graph at O{level}: {res[f'compile_1000_nodes_O{level}_ms']:.1f} "
+            f"ms (target < 100)",
+            flush=True,
+        )
     return res
 
 

@@ -143,9 +143,18 @@ def chain_cases(quick, reps, rng):
     plan = fused_plan([(n,)] * 5, "float32", CHAIN12, (n,))
     kw = {f"x{k}": x for k, x in enumerate(xs)}
     out = np.empty(n, np.float32)
-    peers = {"numpy": lambda: _np_chain12(*xs),
-             "numexpr": (lambda: ne.evaluate("(exp(-(a*a))*tanh(b) + c*0.5 - d/(1+abs(e)))*1.5",
-                                             local_dict=dict(a=a, b=b, c=c, d=d, e=e), out=out)) if ne else None}
+    peers = {
+        "numpy": lambda: _np_chain12(*xs),
+        "numexpr": (
+            lambda: ne.evaluate(
+                "(exp(-(a*a))*tanh(b) + c*0.5 - d/(1+abs(e)))*1.5",
+                local_dict=dict(a=a, b=b, c=c, d=d, e=e),
+                out=out,
+            )
+        )
+        if ne
+        else None,
+    }
     if torch is not None:
         ta, tb, tc, td, te = (torch.from_numpy(x) for x in xs)
         peers["torch"] = lambda: (torch.exp(-(ta * ta)) * torch.tanh(tb) + tc * 0.5
@@ -161,7 +170,10 @@ def reduction_cases(quick, reps, rng):
     n = 1 << (20 if quick else 24)
     x = rng.uniform(-1, 1, n).astype(np.float32)
     plan = fused_plan([(n,)], "float32", [], (n,), "sum", (0,))
-    peers = {"numpy": lambda: x.sum(), "numexpr": (lambda: ne.evaluate("sum(x)", local_dict={"x": x})) if ne else None}
+    peers = {
+        "numpy": lambda: x.sum(),
+        "numexpr": (lambda: ne.evaluate("sum(x)", local_dict={"x": x})) if ne else None,
+    }
     if torch is not None:
         tx = torch.from_numpy(x)
         peers["torch"] = lambda: tx.sum()
@@ -220,8 +232,12 @@ def stream_bandwidth(quick, reps, rng):
     """2-thread triad y = a + 0.5*b through a generated parallel kernel (3 arrays of traffic)."""
     n = 1 << (22 if quick else 25)
     a, b = rng.random(n).astype(np.float32), rng.random(n).astype(np.float32)
-    plan = fused_plan([(n,), (n,)], "float32",
-                      [("mul", [("in", 1), ("const", 0.5)]), ("add", [("in", 0), ("tmp", 0)])], (n,))
+    plan = fused_plan(
+        [(n,), (n,)],
+        "float32",
+        [("mul", [("in", 1), ("const", 0.5)]), ("add", [("in", 0), ("tmp", 0)])],
+        (n,),
+    )
     out = np.empty(n, np.float32)
     t = timeit(lambda: plan(x0=a, x1=b, out={"y": out}), reps)
     tc = timeit(lambda: np.copyto(out, a), reps)

@@ -5,7 +5,7 @@ Families: the chain relu(a*b+c)*d-e (1M/16M/64M float32), row softmax and layer 
 (bhqd,bhkd->bhqk, softmax, bhqk,bhkd->bhqd), a 30-node graph of small tensors (CUDA graph vs
 stream launches), PTX generation speed, and first-call latency with a cold and a warm kernel cache.
 Device times are CUDA-event medians over batches of back-to-back calls. Writes
-benchmarks/results/bench_gpu.json (card, versions, date). ``--quick`` runs a short version.
+benchmarks/results/bench_gpu_<card>.json (card, versions, date). ``--quick`` runs a short version.
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ RESULTS: dict = {}
 
 def row(section: str, name: str, seconds: float, **extra) -> None:
     RESULTS.setdefault(section, {})[name] = {"ms": seconds * 1e3, **extra}
-    more = "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items())
+    more = "  ".join(
+        f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items()
+    )
     print(f"  {name:<28} {seconds * 1e3:9.4f} ms  {more}", flush=True)
 
 
@@ -86,7 +88,10 @@ def bench_chain(sizes, copy_bw: float, quick: bool) -> None:
 
     compiled = torch.compile(chain_torch) if torch is not None else None
     for n in sizes:
-        print(f"chain relu(a*b+c)*d-e, {n / 2**20:.0f}M float32 (roofline {24 * n / copy_bw * 1e3:.4f} ms)")
+        print(
+            f"chain relu(a*b+c)*d-e, {n / 2**20:.0f}M float32 (roofline "
+            f"{24 * n / copy_bw * 1e3:.4f} ms)"
+        )
         xs = [cp.random.standard_normal(n, dtype=cp.float32) for _ in range(5)]
         bytes_ = 6 * 4 * n
         g = tl.EinsumGraph()
@@ -112,7 +117,9 @@ def bench_chain(sizes, copy_bw: float, quick: bool) -> None:
         g0.output(g0.relu(i0[0] * i0[1] + i0[2]) * i0[3] - i0[4], "y")
         p0 = tl.compile(g0, backend="cupy", opt_level=0)
         res["tensorlogic unfused (O0)"] = gpu_time(lambda: p0(**feed), inner)
-        res["cupy unfused"] = gpu_time(lambda: cp.maximum(xs[0] * xs[1] + xs[2], 0) * xs[3] - xs[4], inner)
+        res["cupy unfused"] = gpu_time(
+            lambda: cp.maximum(xs[0] * xs[1] + xs[2], 0) * xs[3] - xs[4], inner
+        )
         res["cupy.fuse"] = gpu_time(lambda: chain_fuse(*xs), inner)
         res["cupy ElementwiseKernel"] = gpu_time(lambda: chain_k(*xs), inner)
         if torch is not None:
@@ -235,7 +242,9 @@ def bench_full_reduction(sizes, copy_bw: float) -> None:
         inner = 10 if n >= 2**24 else 50
         for op in ("sum", "max"):
             # it reads 4n bytes: the roofline moves them at the copy's read+write rate
-            print(f"full {op} of {n / 2**20:.0f}M float32 (roofline {4 * n / copy_bw * 1e3:.4f} ms)")
+            print(
+                f"full {op} of {n / 2**20:.0f}M float32 (roofline {4 * n / copy_bw * 1e3:.4f} ms)"
+            )
             g = tl.EinsumGraph()
             g.output(g.reduce(op, g.input("x", (n,))), "y")
             plan = tl.compile(g, backend="cupy", opt_level=0)
@@ -308,12 +317,17 @@ def bench_attention(shape) -> None:
         lambda: cp.matmul(_cp_softmax(cp.matmul(q, k.swapaxes(-1, -2))), v), 10)
     if torch is not None:
         tq_, tk_, tv_ = _torch(q), _torch(k), _torch(v)
-        ref = torch.einsum("bhqk,bhkd->bhqd", torch.softmax(torch.einsum("bhqd,bhkd->bhqk", tq_, tk_), -1), tv_)
+        ref = torch.einsum(
+            "bhqk,bhkd->bhqd", torch.softmax(torch.einsum("bhqd,bhkd->bhqk", tq_, tk_), -1), tv_
+        )
         err = float((_torch(plan(q=q, k=k, v=v)["o"]) - ref).abs().max())
         assert err < 1e-3, err
         res["torch attention (einsum)"] = gpu_time(
-            lambda: torch.einsum("bhqk,bhkd->bhqd",
-                                 torch.softmax(torch.einsum("bhqd,bhkd->bhqk", tq_, tk_), -1), tv_), 10)
+            lambda: torch.einsum(
+                "bhqk,bhkd->bhqd", torch.softmax(torch.einsum("bhqd,bhkd->bhqk", tq_, tk_), -1), tv_
+            ),
+            10,
+        )
         res["torch QK^T einsum"] = gpu_time(lambda: torch.einsum("bhqd,bhkd->bhqk", tq_, tk_), 10)
     flops = 4 * b * h * n * n * d
     for k_, t in res.items():
@@ -335,7 +349,10 @@ def bench_small_graph() -> None:
     graph = tl.compile(g, backend="cupy", opt_level=0, cuda_graph=True)
     a, b = launches(x=data)["y"], graph(x=data)["y"]
     graph(x=data)
-    assert float(cp.abs(a - graph(x=data)["y"]).max()) < 1e-5 and graph.concrete.runner.graph is not None
+    assert (
+        float(cp.abs(a - graph(x=data)["y"]).max()) < 1e-5
+        and graph.concrete.runner.graph is not None
+    )
     del b
     t_l = wall_time(lambda: launches(x=data), 50)
     t_g = wall_time(lambda: graph(x=data), 200)
@@ -360,11 +377,17 @@ def bench_ptx_generation(quick: bool) -> None:
     specs = []
     for op in ops.ELEMENTWISE:
         arity = ops.ELEMENTWISE[op].arity
-        prog = S.Program((FusedOp(op, tuple(("in", k) for k in range(arity))),), ("tmp", 0), (4096, 1024))
+        prog = S.Program(
+            (FusedOp(op, tuple(("in", k) for k in range(arity))),), ("tmp", 0), (4096, 1024)
+        )
         specs.append(S.make_spec(prog, "float32", [(4096, 1024)] * arity, ["float32"] * arity,
                                  [S.contiguous_strides((4096, 1024))] * arity))
     prog = S.Program((FusedOp("exp", (("in", 0),)),), ("tmp", 0), (4096, 1024), "softmax", (1,))
-    specs.append(S.make_spec(prog, "float32", [(4096, 1024)], ["float32"], [S.contiguous_strides((4096, 1024))]))
+    specs.append(
+        S.make_spec(
+            prog, "float32", [(4096, 1024)], ["float32"], [S.contiguous_strides((4096, 1024))]
+        )
+    )
     n = 0
     t0 = time.perf_counter()
     rounds = 5 if quick else 40
@@ -373,7 +396,9 @@ def bench_ptx_generation(quick: bool) -> None:
             ptx.emit(sp, f"k{r}_{k}", 90)
             n += 1
     dt = time.perf_counter() - t0
-    print(f"PTX generation: {n / dt:,.0f} kernels/s ({n} kernels, mixed elementwise ops and softmax)")
+    print(
+        f"PTX generation: {n / dt:,.0f} kernels/s ({n} kernels, mixed elementwise ops and softmax)"
+    )
     RESULTS["ptx_generation"] = {"kernels": n, "seconds": dt, "kernels_per_second": n / dt}
 
 
@@ -422,7 +447,8 @@ SECTIONS = ("chain", "rows", "reduce", "attention", "overhead", "small", "ptx", 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, few repeats")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_gpu.json"))
+    ap.add_argument("--out", default=None,
+                    help="JSON path (default results/bench_gpu_<card>.json, one file per card)")
     ap.add_argument("--sections", default=",".join(SECTIONS),
                     help=f"comma-separated subset of {','.join(SECTIONS)}")
     args = ap.parse_args()
@@ -430,6 +456,9 @@ def main() -> None:
     props = cp.cuda.runtime.getDeviceProperties(0)
     card = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     print(f"card: {card}; cupy {cp.__version__}; torch {getattr(torch, '__version__', None)}")
+    if args.out is None:  # "NVIDIA H100 80GB HBM3" -> bench_gpu_h100.json, as gpu_run.sh names it
+        tag = card.split()[1].lower() if len(card.split()) > 1 else "gpu"
+        args.out = str(Path(__file__).parent / "results" / f"bench_gpu_{tag}.json")
     copy_bw = bench_copy(2**26)
     if "chain" in want:
         bench_chain([2**20] if args.quick else [2**20, 2**24, 2**26], copy_bw, args.quick)

@@ -10,7 +10,8 @@ both (where per-call allocation overhead matters most). Configurations of the sa
 
 Per configuration: median time per call, the traced peak above the start of a call (tracemalloc),
 the bytes a call allocates beyond its outputs, and (unless --no-rss) how much the resident set of
-a fresh process grows over its first calls (sampled every millisecond). Writes benchmarks/results/bench_memory.json.
+a fresh process grows over its first calls (sampled every millisecond). Writes
+benchmarks/results/bench_memory.json.
 
 Usage: python benchmarks/bench_memory.py [--quick] [--no-rss] [--threads N]
 """

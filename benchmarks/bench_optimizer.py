@@ -165,16 +165,21 @@ def main() -> int:
     print(f"{'case':<16} {'O0 ms':>9} {'O2 ms':>9} {'O0/O2':>7} "
           f"{'steps O0->O2':>13} {'mem passes O0->O2':>18}")
     for r in rows:
-        print(f"{r['case']:<16} {r['O0_s'] * 1e3:9.2f} {r['O2_s'] * 1e3:9.2f} {r['speedup']:7.2f} "
-              f"{r['O0_steps']:>6} -> {r['O2_steps']:<4} {r['O0_passes']:>8} -> {r['O2_passes']:<7}")
+        print(
+            f"{r['case']:<16} {r['O0_s'] * 1e3:9.2f} {r['O2_s'] * 1e3:9.2f} {r['speedup']:7.2f} "
+            f"{r['O0_steps']:>6} -> {r['O2_steps']:<4} {r['O0_passes']:>8} -> {r['O2_passes']:<7}"
+        )
         if r.get("O2_1thread_s"):
             print(f"{'  O2, 1 thread':<16} {'':>9} {r['O2_1thread_s'] * 1e3:9.2f} "
                   f"{r['speedup_1thread']:7.2f}   (the O2 row used {r['threads']} threads)")
         if r.get("numexpr_s"):
             print(f"{'  numexpr peer':<16} {r['numexpr_s'] * 1e3:9.2f} ms "
                   f"(O2/numexpr time ratio {r['O2_s'] / r['numexpr_s']:.2f})")
-    print(f"1000-node graph ({compile_row['nodes']} nodes): optimize at O2 "
-          f"{compile_row['optimize_O2_ms']:.1f} ms, whole compile {compile_row['compile_O2_ms']:.1f} ms")
+    print(
+        f"1000-node graph ({compile_row['nodes']} nodes): optimize at O2 "
+        f"{compile_row['optimize_O2_ms']:.1f} ms, whole compile "
+        f"{compile_row['compile_O2_ms']:.1f} ms"
+    )
 
     import opt_einsum
 

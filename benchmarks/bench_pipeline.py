@@ -201,7 +201,9 @@ def main() -> None:
     repeat = 1 if args.quick else 3
     batches = [256, 4096]
     if not cores_look_free():
-        print(f"note: the machine is busy (load {machine()['loadavg_1min']:.1f}); timings are noisy")
+        print(
+            f"note: the machine is busy (load {machine()['loadavg_1min']:.1f}); timings are noisy"
+        )
     client = cluster = None
     if not args.no_dask:
         from distributed import Client, LocalCluster

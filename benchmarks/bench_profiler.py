@@ -45,7 +45,7 @@ def unobserved_run(cp, inputs):
         for name, bid in cp.input_ids.items():
             env[bid] = inputs[name]
         results = {}
-        for name, bid in cp.output_ids.items():
+        for bid in cp.output_ids.values():
             b = cp.buffers[bid]
             env[bid] = cp.backend.empty(b.shape, b.dtype)
         with np.errstate(all="ignore"):

@@ -94,7 +94,9 @@ def launch(fn, grid: int, out, inp, n: int, stream, pdl: bool) -> None:
     attr = LaunchAttribute()
     attr.id = PROGRAMMATIC_STREAM_SERIALIZATION
     attr.value.i = 1
-    cfg = LaunchConfig(grid, 1, 1, BLOCK, 1, 1, 0, stream.ptr, ctypes.pointer(attr), 1 if pdl else 0)
+    cfg = LaunchConfig(
+        grid, 1, 1, BLOCK, 1, 1, 0, stream.ptr, ctypes.pointer(attr), 1 if pdl else 0
+    )
     rc = _launch_ex(ctypes.byref(cfg), fn.ptr, params, None)
     if rc:
         raise RuntimeError(f"cuLaunchKernelEx failed with CUresult {rc}")

@@ -14,6 +14,7 @@ from .errors import (
     SerializationError, ShapeError, SpecError, TensorLogicError,
 )
 from .ir.graph import EinsumGraph, Tensor
+from .options import CompileOptions
 
 # profiler
 from .errors import MissingDependencyError
@@ -29,7 +30,8 @@ from .pipeline import BatchError, BatchFailure, BatchOutput, run_batched, run_ba
 __version__ = "0.1.0"
 
 __all__ = [
-    "BackendError", "CompiledPlan", "DTypeError", "EinsumGraph", "GraphError", "InputError",
+    "BackendError", "CompileOptions", "CompiledPlan", "DTypeError", "EinsumGraph", "GraphError",
+    "InputError",
     "MemoryBudgetError", "ProgramError", "SerializationError", "ShapeError", "SpecError", "Tensor",
     "TensorLogicError", "available_backends", "clear_cache", "compile", "errors", "get_backend",
     "register_backend",

@@ -60,7 +60,9 @@ def _run_batched(plan, inputs: dict[str, np.ndarray], args: argparse.Namespace) 
     try:
         from distributed import Client
     except ImportError as exc:
-        raise TensorLogicError("--dask needs dask.distributed: pip install 'tensorlogic[dask]'") from exc
+        raise TensorLogicError(
+            "--dask needs dask.distributed: pip install 'tensorlogic[dask]'"
+        ) from exc
     if args.dask:
         with Client(args.dask) as client:
             return run_batched(plan, inputs, client=client, **opts)

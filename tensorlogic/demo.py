@@ -76,7 +76,10 @@ def run_demo(backend: str = "auto", opt_level: int = 2, repeat: int = 20) -> int
     print()
     print(f"backend: {plan.backend.name}   input x: {inputs['x'].shape} float32")
     print(f"compile + first call: {t_first * 1e3:.1f} ms")
-    print(f"median call: {np.median(times) * 1e3:.2f} ms   plain numpy: {np.median(t_np) * 1e3:.2f} ms")
+    print(
+        f"median call: {np.median(times) * 1e3:.2f} ms  "
+        f" plain numpy: {np.median(t_np) * 1e3:.2f} ms"
+    )
     ok = err < 1e-4
     print(f"max relative error vs plain numpy: {err:.2e}  ->  {'OK' if ok else 'MISMATCH'}")
     return 0 if ok else 1

@@ -22,7 +22,9 @@ class Backend(Protocol):
 
     name: str
 
-    def prepare(self, step: Any, node: Any, in_nodes: list, graph: Any) -> Callable[[list, Any], Any]:
+    def prepare(
+        self, step: Any, node: Any, in_nodes: list, graph: Any
+    ) -> Callable[[list, Any], Any]:
         """Return ``kernel(inputs, out) -> result`` for one step.
 
         Optional kernel attributes the memory planner reads (a kernel without them works):

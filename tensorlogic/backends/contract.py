@@ -174,7 +174,9 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
         batch.sort(key=key)
         left.sort(key=key)
         right.sort(key=key)
-        if out_order != "".join(batch + left + right) and out_order == "".join(batch + right + left):
+        if out_order != "".join(batch + left + right) and out_order == "".join(
+            batch + right + left
+        ):
             swap = True
     da, db = dts
     if swap:
@@ -266,7 +268,9 @@ def _swapped(fn):
     return run
 
 
-def prepared_terms(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int]) -> list[str]:
+def prepared_terms(
+    es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int]
+) -> list[str]:
     """The operand terms the pairwise program contracts (after squeezes, diagonals, sums).
 
     A contraction path for ``plan_einsum`` is a path over these terms.

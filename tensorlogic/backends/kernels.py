@@ -45,7 +45,7 @@ def einsum_kernel(xp, node, in_nodes) -> Kernel:
         def kernel(args, out):
             given = len(args) > n
             ops_ = list(args[:n])
-            for w, (j, shape) in enumerate(wide):
+            for w, (j, _shape) in enumerate(wide):
                 if given:
                     buf = args[n + k_plan + w]
                     xp.copyto(buf, ops_[j])

@@ -79,7 +79,13 @@ class _Consts:
     def lines(self) -> list[str]:
         out = []
         for v, name in self.names.items():
-            lit = "np.nan" if v == "nan" else repr(v) if np.isfinite(v) else ("np.inf" if v > 0 else "-np.inf")
+            lit = (
+                "np.nan"
+                if v == "nan"
+                else repr(v)
+                if np.isfinite(v)
+                else ("np.inf" if v > 0 else "-np.inf")
+            )
             out.append(f"{name} = np.{self.dtype}({lit})")
         return out
 

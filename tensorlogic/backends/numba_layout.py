@@ -70,7 +70,7 @@ def make_layout(space: tuple[int, ...], in_shapes: list[tuple[int, ...]], tail: 
         if len(s) > rank:
             raise BackendError(f"input of shape {s} has a higher rank than the space {space}")
         p = (1,) * (rank - len(s)) + tuple(s)
-        for d, (a, b) in enumerate(zip(p, space)):
+        for a, b in zip(p, space):
             if a != b and a != 1:
                 raise BackendError(f"input of shape {s} does not broadcast to the space {space}")
         padded.append(p)

@@ -18,7 +18,9 @@ class NumpyBackend:
 
     name = "numpy"
     xp = np
-    native_array = np.ndarray  # C-contiguous inputs of the declared shape skip checks (CompiledPlan)
+    native_array = (
+        np.ndarray
+    )  # C-contiguous inputs of the declared shape skip checks (CompiledPlan)
 
     def prepare(self, step, node, in_nodes, graph):
         """Kernel for a step; einsum steps get their contraction path here, once."""

@@ -17,6 +17,7 @@ from ..backends import kernels as generic_kernels
 from ..errors import BackendError, GraphError
 from ..ir import ops
 from ..ir.graph import EinsumGraph
+from ..options import CompileOptions
 from ..optimizer import optimize
 from . import hooks
 from .memory import plan_memory
@@ -59,7 +60,9 @@ def _scratch_buffers(kernel, node, first_id: int) -> list[Buffer]:
                 "(shape tuple, dtype)") from exc
         if any(d < 0 for d in shape):
             raise BackendError(f"node {node.name!r}: kernel scratch entry {j} has shape {shape}")
-        out.append(Buffer(first_id + j, node.id, f"{node.name}:scratch{j}", shape, dtype, "scratch"))
+        out.append(
+            Buffer(first_id + j, node.id, f"{node.name}:scratch{j}", shape, dtype, "scratch")
+        )
     return out
 
 
@@ -127,17 +130,17 @@ def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
         steps.append(step)
     buffers = tuple(bufs[nid] for nid in order) + tuple(scratch)
     memory = plan_memory(buffers, [(s.inputs, s.output, s.scratch) for s in steps], inplace_ok,
-                         reuse=bool(plan.options.get("reuse_memory", True)))
+                         reuse=plan.options["reuse_memory"])
     cp = ConcretePlan(
         graph=optimized, steps=tuple(steps), buffers=buffers, memory=memory,
         kernels=tuple(kernels),
         input_ids={name: bufs[nid].id for name, nid in optimized.inputs.items() if nid in bufs},
         output_ids={name: bufs[nid].id for name, nid in optimized.outputs.items()},
         constants={}, backend=backend, binding=dict(binding), optimizer_report=report,
-        pooled=bool(plan.options.get("pool", True)),
+        pooled=plan.options["pool"],
     )
     # the budget is checked before anything is allocated (constants moved, arenas built)
-    limit = plan.options.get("memory_limit")
+    limit = plan.options["memory_limit"]
     if limit is not None:
         check_budget(cp, limit, "memory_limit")
     else:
@@ -159,7 +162,10 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
     """Compile a graph into a plan for ``backend`` at ``opt_level`` (0-3).
 
     Plans are cached by the graph's content hash, backend, opt level and options; graphs with
-    symbolic dimensions are specialized per concrete binding on first call.
+    symbolic dimensions are specialized per concrete binding on first call. ``options`` are
+    checked against ``tensorlogic.options.OPTIONS``: an unknown name or a value of the wrong
+    kind raises GraphError; an option of another backend is accepted and ignored (listed by
+    ``print(plan)``).
 
     Memory options: ``memory_limit`` (bytes one call may need: planned peak of intermediates
     plus outputs; without it the backend's free memory is the limit) raises MemoryBudgetError
@@ -168,17 +174,15 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
     """
     if not isinstance(graph, EinsumGraph):
         raise GraphError(f"compile() expects an EinsumGraph, got {type(graph).__name__}")
-    if not isinstance(opt_level, int) or not 0 <= opt_level <= 3:
+    if type(opt_level) is not int or not 0 <= opt_level <= 3:
         raise GraphError(f"opt_level must be an int from 0 to 3, got {opt_level!r}")
-    if memory_limit is not None and (not isinstance(memory_limit, int) or memory_limit <= 0):
-        raise GraphError(f"memory_limit must be a positive number of bytes, got {memory_limit!r}")
-    for flag in ("pool", "reuse_memory"):
-        if flag in options and not isinstance(options[flag], bool):
-            raise GraphError(f"{flag} must be True or False, got {options[flag]!r}")
-    graph.validate()
+    if type(cache) is not bool:
+        raise GraphError(f"cache must be True or False, got {cache!r}")
     be = get_backend(backend)
-    opts = dict(options, memory_limit=memory_limit)
-    key = (graph.fingerprint(), be.name, opt_level, tuple(sorted((k, repr(v)) for k, v in opts.items())))
+    # checked before the graph: a typo in an option fails fast and never reaches the cache key
+    opts = CompileOptions.resolve({**options, "memory_limit": memory_limit}, be.name)
+    graph.validate()
+    key = (graph.fingerprint(), be.name, opt_level, opts.key)
     if cache:
         with _cache_lock:
             hit = _cache.get(key)

@@ -18,7 +18,9 @@ class Observer(Protocol):
     def run_steps(self, plan: Any, env: list, program: list) -> None:
         """Run ``program`` over ``env`` while recording each step."""
 
-    def compile_event(self, category: str, name: str, start: float, seconds: float, info: dict) -> None:
+    def compile_event(
+        self, category: str, name: str, start: float, seconds: float, info: dict
+    ) -> None:
         """Record compile-time work (an optimizer pass, code generation, a cache hit or miss)."""
 
     def counter(self, name: str, value: float) -> None:

@@ -55,9 +55,12 @@ class MemoryPlan:
     def __str__(self) -> str:
         saved = 1 - self.peak_bytes / self.naive_bytes if self.naive_bytes else 0.0
         how = "reuse" if self.reuse else "no reuse"
-        return (f"memory: planned peak {format_bytes(self.peak_bytes)} vs naive {format_bytes(self.naive_bytes)} "
-                f"({saved:.0%} saved; {how}, {len(self.offsets)} buffer(s), "
-                f"{len(self.inplace)} in place, live lower bound {format_bytes(self.live_bytes)})")
+        return (
+            f"memory: planned peak {format_bytes(self.peak_bytes)} vs naive "
+            f"{format_bytes(self.naive_bytes)} "
+            f"({saved:.0%} saved; {how}, {len(self.offsets)} buffer(s), "
+            f"{len(self.inplace)} in place, live lower bound {format_bytes(self.live_bytes)})"
+        )
 
 
 def format_bytes(n: float) -> str:

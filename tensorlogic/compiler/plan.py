@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import GraphError, InputError, MemoryBudgetError
 from ..ir.graph import EinsumGraph
+from ..options import CompileOptions
 from . import fperrors, hooks
 from .memory import MemoryPlan, format_bytes
 from .pool import Arena, TensorPool
@@ -169,12 +170,15 @@ class CompiledPlan:
     NaN/inf inputs), ``to_host`` (return numpy arrays from a device backend).
     """
 
-    def __init__(self, graph: EinsumGraph, backend: Any, opt_level: int, options: dict,
+    def __init__(self, graph: EinsumGraph, backend: Any, opt_level: int,
+                 options: CompileOptions | Mapping[str, Any],
                  build: Callable[["CompiledPlan", dict[str, int]], ConcretePlan]) -> None:
         self.graph = graph
         self.backend = backend
         self.opt_level = opt_level
-        self.options = dict(options)
+        if not isinstance(options, CompileOptions):
+            options = CompileOptions.resolve(options, backend.name)
+        self.options: CompileOptions = options
         self._build = build
         self._specs: dict[tuple, ConcretePlan] = {}
         self._last: ConcretePlan | None = None
@@ -281,8 +285,8 @@ class CompiledPlan:
                 if isinstance(want, str):
                     if want in sizes and sizes[want] != got:
                         raise InputError(
-                            f"input {name!r}: dimension {k} is {got} but symbol {want!r} is already "
-                            f"{sizes[want]} from input {origin[want]!r}"
+                            f"input {name!r}: dimension {k} is {got} but symbol {want!r} is "
+                            f"already {sizes[want]} from input {origin[want]!r}"
                         )
                     sizes[want], origin[want] = got, name
                 elif want != got:
@@ -293,8 +297,16 @@ class CompiledPlan:
             arrays[name] = x
         return arrays, sizes
 
-    def __call__(self, inputs: Mapping[str, Any] | None = None, /, *, out: Mapping[str, Any] | None = None,
-                 check_finite: bool = False, to_host: bool = False, **kwargs: Any) -> dict[str, Any]:
+    def __call__(
+        self,
+        inputs: Mapping[str, Any] | None = None,
+        /,
+        *,
+        out: Mapping[str, Any] | None = None,
+        check_finite: bool = False,
+        to_host: bool = False,
+        **kwargs: Any,
+    ) -> dict[str, Any]:
         direct = self._direct
         if direct is not None and inputs is None and not out and not check_finite and \
                 not to_host and hooks.active() is None:
@@ -351,10 +363,15 @@ class CompiledPlan:
             if name not in cp.output_ids:
                 raise InputError(f"out: unknown output {name!r}; outputs are {list(cp.output_ids)}")
             b = cp.buffers[cp.output_ids[name]]
-            if not self.backend.is_array(arr) or tuple(arr.shape) != b.shape or arr.dtype != np.dtype(b.dtype):
+            if (
+                not self.backend.is_array(arr)
+                or tuple(arr.shape) != b.shape
+                or arr.dtype != np.dtype(b.dtype)
+            ):
                 raise InputError(
-                    f"out[{name!r}]: expected a {self.backend.name} array of shape {b.shape} and dtype "
-                    f"{b.dtype}, got {type(arr).__name__} {getattr(arr, 'shape', '')} {getattr(arr, 'dtype', '')}"
+                    f"out[{name!r}]: expected a {self.backend.name} array of shape {b.shape} and "
+                    f"dtype {b.dtype}, got {type(arr).__name__} {getattr(arr, 'shape', '')} "
+                    f"{getattr(arr, 'dtype', '')}"
                 )
             if not getattr(arr, "flags", None) or not arr.flags.c_contiguous:
                 raise InputError(f"out[{name!r}]: the array must be C-contiguous")
@@ -373,6 +390,9 @@ class CompiledPlan:
             return head + f"\n  symbolic dims {list(self.symbols)}: not specialized yet"
         cp = self._last
         lines = [head]
+        ignored = self.options.describe_ignored(self.backend.name)
+        if ignored:
+            lines.append(ignored)
         if cp.binding:
             lines.append(f"binding: {cp.binding}")
         lines.append(cp.table())
@@ -401,7 +421,9 @@ def check_budget(cp: ConcretePlan, limit: int, what: str) -> None:
         outs = need - cp.memory.peak_bytes
         raise MemoryBudgetError(
             f"plan needs {need} bytes ({format_bytes(need)}: planned peak of intermediates "
-            f"{format_bytes(cp.memory.peak_bytes)}, naive {format_bytes(cp.memory.naive_bytes)}, plus outputs "
+            f"{format_bytes(cp.memory.peak_bytes)}, naive "
+            f"{format_bytes(cp.memory.naive_bytes)}, plus outputs "
             f"{format_bytes(outs)}) but {what} is {limit} bytes ({format_bytes(limit)})",
-            planned_bytes=need, limit=limit,
+            planned_bytes=need,
+            limit=limit,
         )

@@ -214,7 +214,9 @@ class EinsumGraph:
         """Make every user of ``old`` (and any output naming it) use ``new`` instead."""
         for u in list(self._g.successors(old)):
             node = self._nodes[u]
-            self.replace_node(u, replace(node, inputs=tuple(new if i == old else i for i in node.inputs)))
+            self.replace_node(
+                u, replace(node, inputs=tuple(new if i == old else i for i in node.inputs))
+            )
         for k, v in self.outputs.items():
             if v == old:
                 self.outputs[k] = new
@@ -256,7 +258,9 @@ class EinsumGraph:
         try:
             arr = np.array(value)
         except Exception as exc:  # noqa: BLE001 - any conversion failure is a user error
-            raise DTypeError(f"constant {name or ''}: cannot convert {type(value).__name__}") from exc
+            raise DTypeError(
+                f"constant {name or ''}: cannot convert {type(value).__name__}"
+            ) from exc
         if dtype is None:
             if arr.dtype.kind in "biu":
                 dtype = "float32"
@@ -298,7 +302,9 @@ class EinsumGraph:
         if not operands:
             raise GraphError(f"einsum {spec!r} needs at least one operand")
         ts = [self._own(o) for o in operands]
-        return Tensor(self, self.add_node(ops.EINSUM, None, [t.id for t in ts], {"spec": spec}, name=name))
+        return Tensor(
+            self, self.add_node(ops.EINSUM, None, [t.id for t in ts], {"spec": spec}, name=name)
+        )
 
     def unary(self, op: str, x: "Tensor", name: str | None = None) -> "Tensor":
         """An elementwise unary op from the op table."""
@@ -308,7 +314,8 @@ class EinsumGraph:
         return Tensor(self, self.add_node(ops.UNARY, op, [x.id], name=name))
 
     def binary(self, op: str, a: Any, b: Any, name: str | None = None) -> "Tensor":
-        """An elementwise binary op with numpy broadcasting; Python scalars adopt the tensor dtype."""
+        """An elementwise binary op with numpy broadcasting; "
+        "Python scalars adopt the tensor dtype."""
         if op not in ops.BINARY_OPS:
             raise GraphError(f"unknown binary op {op!r}; expected one of {ops.BINARY_OPS}")
         like = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else None
@@ -321,7 +328,9 @@ class EinsumGraph:
         ts = [self._own(t, like) for t in (cond, a, b)]
         return Tensor(self, self.add_node(ops.WHERE, None, [t.id for t in ts], name=name))
 
-    def reduce(self, op: str, x: "Tensor", axis=None, keepdims: bool = False, name=None) -> "Tensor":
+    def reduce(
+        self, op: str, x: "Tensor", axis=None, keepdims: bool = False, name=None
+    ) -> "Tensor":
         """A reduction (sum, mean, max, min, prod, logsumexp) over ``axis`` (None: all axes)."""
         if op not in ops.REDUCTIONS:
             raise GraphError(f"unknown reduction {op!r}; expected one of {ops.REDUCTIONS}")
@@ -492,7 +501,11 @@ class EinsumGraph:
 
     def to_dot(self) -> str:
         """Graphviz DOT text of the graph."""
-        lines = ["digraph tensorlogic {", "  rankdir=TB;", '  node [shape=box, fontname="monospace"];']
+        lines = [
+            "digraph tensorlogic {",
+            "  rankdir=TB;",
+            '  node [shape=box, fontname="monospace"];',
+        ]
         outs = {v: k for k, v in self.outputs.items()}
         for node in self._nodes.values():
             shape = "x".join(map(str, node.shape)) or "scalar"
@@ -598,7 +611,9 @@ class Tensor:
         return hash((id(self.graph), self.id))
 
     def __bool__(self) -> bool:
-        raise GraphError("a Tensor has no truth value at graph-build time; use g.where or comparisons")
+        raise GraphError(
+            "a Tensor has no truth value at graph-build time; use g.where or comparisons"
+        )
 
     def _bin(self, op, other, reflected=False):
         a, b = (other, self) if reflected else (self, other)

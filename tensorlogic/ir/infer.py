@@ -85,9 +85,15 @@ def reshape_target(shape: Shape, newshape: Sequence[Dim], where: str) -> Shape:
     n_new, s_new = _product(known)
     if -1 in newshape:
         rest = s_in - s_new
-        if s_new - s_in or (n_new == 0 or n_in % n_new) or len(rest) > 1 or (rest and n_in // n_new != 1):
+        if (
+            s_new - s_in
+            or (n_new == 0 or n_in % n_new)
+            or len(rest) > 1
+            or (rest and n_in // n_new != 1)
+        ):
             raise ShapeError(
-                f"{where}: cannot reshape {tuple(shape)} into {tuple(newshape)}; the -1 does not resolve"
+                f"{where}: cannot reshape {tuple(shape)} into "
+                f"{tuple(newshape)}; the -1 does not resolve"
             )
         fill: Dim = next(iter(rest)) if rest else n_in // n_new
         return tuple(fill if d == -1 else d for d in newshape)
@@ -104,7 +110,9 @@ _OP_WORD = {ops.UNARY: "unary op", ops.BINARY: "binary op", ops.REDUCE: "reducti
             ops.ROWOP: "row op"}
 
 
-def infer(kind: str, op: str | None, inputs: Sequence, args: Mapping, where: str) -> tuple[Shape, str]:
+def infer(
+    kind: str, op: str | None, inputs: Sequence, args: Mapping, where: str
+) -> tuple[Shape, str]:
     """Return (shape, dtype) of a node given its input nodes (objects with shape and dtype)."""
     shapes = [tuple(n.shape) for n in inputs]
     dts = [n.dtype for n in inputs]
@@ -119,8 +127,9 @@ def infer(kind: str, op: str | None, inputs: Sequence, args: Mapping, where: str
                 ds = {d for c, d in zip(term, s) if c == ch}
                 if len(ds) > 1:
                     raise ShapeError(
-                        f"{where}: einsum {args['spec']}: repeated index {ch!r} in operand {k} spans "
-                        f"dimensions of different sizes {sorted(map(str, ds))} (shape {s}); expected equal"
+                        f"{where}: einsum {args['spec']}: repeated index {ch!r} in operand {k} "
+                        f"spans dimensions of different sizes "
+                        f"{sorted(map(str, ds))} (shape {s}); expected equal"
                     )
         sizes = einspec.letter_sizes(es, shapes, args["spec"], f"{where}: ")
         return einspec.output_shape(es, sizes), dtypes.promote(*dts)

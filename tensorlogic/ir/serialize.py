@@ -43,8 +43,8 @@ def to_dict(g: EinsumGraph) -> tuple[dict, dict[str, np.ndarray]]:
     for n in g.nodes:
         if n.kind == ops.FUSED:
             raise SerializationError(
-                f"node {n.name!r} is a fused node made by the optimizer; save the graph before "
-                "optimizing it"
+                f"node {n.name!r} is a fused node made by the "
+                f"optimizer; save the graph before optimizing it"
             )
         nodes.append({
             "id": n.id, "kind": n.kind, "op": n.op, "inputs": list(n.inputs),
@@ -79,7 +79,11 @@ def _is_int(v: Any) -> bool:
 
 def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") -> EinsumGraph:
     """Rebuild a graph from ``to_dict`` output, validating every field."""
-    _expect(isinstance(doc, dict), f"expected a JSON object at top level, got {type(doc).__name__}", where)
+    _expect(
+        isinstance(doc, dict),
+        f"expected a JSON object at top level, got {type(doc).__name__}",
+        where,
+    )
     unknown = set(doc) - _TOP_FIELDS
     _expect(not unknown, f"unknown top-level field(s) {sorted(unknown)}", where)
     _expect(doc.get("format") == FORMAT, f"'format' must be {FORMAT!r}", where)
@@ -108,7 +112,11 @@ def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") 
         _expect(isinstance(inputs, list) and all(_is_int(i) and i in id_map for i in inputs),
                 "'inputs' must list ids of earlier nodes", w)
         shape = rec["shape"]
-        _expect(isinstance(shape, list) and len(shape) <= MAX_RANK, f"'shape' must be a list of at most {MAX_RANK} dims", w)
+        _expect(
+            isinstance(shape, list) and len(shape) <= MAX_RANK,
+            f"'shape' must be a list of at most {MAX_RANK} dims",
+            w,
+        )
         for d in shape:
             _expect((_is_int(d) and 0 <= d) or (isinstance(d, str) and d.isidentifier()),
                     f"invalid dimension {d!r}", w)
@@ -119,8 +127,14 @@ def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") 
         args = rec.get("args") or {}
         _expect(isinstance(args, dict), "'args' must be an object", w)
         allowed = _ARG_FIELDS.get(kind, set())
-        _expect(set(args) <= allowed, f"unknown argument(s) {sorted(set(args) - allowed)} for {kind}", w)
-        _expect(set(args) >= (allowed - _OPTIONAL_ARGS), f"missing argument(s) {sorted(allowed - set(args))} for {kind}", w)
+        _expect(
+            set(args) <= allowed, f"unknown argument(s) {sorted(set(args) - allowed)} for {kind}", w
+        )
+        _expect(
+            set(args) >= (allowed - _OPTIONAL_ARGS),
+            f"missing argument(s) {sorted(allowed - set(args))} for {kind}",
+            w,
+        )
         try:
             if kind == ops.INPUT:
                 t = g.input(name, shape, rec["dtype"])
@@ -128,7 +142,11 @@ def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") 
                 key = f"c{rec['id']}"
                 _expect(key in arrays, f"constant {name!r} has no array {key!r} in the .npz", w)
                 arr = arrays[key]
-                _expect(list(arr.shape) == shape, f"constant {name!r}: array shape {arr.shape} != declared {shape}", w)
+                _expect(
+                    list(arr.shape) == shape,
+                    f"constant {name!r}: array shape {arr.shape} != declared {shape}",
+                    w,
+                )
                 t = g.constant(arr, name=name, dtype=rec["dtype"])
             else:
                 if kind in (ops.UNARY, ops.BINARY, ops.REDUCE, ops.ROWOP):
@@ -144,7 +162,11 @@ def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") 
         node = t.node
         _expect(list(node.shape) == shape or kind in (ops.INPUT,),
                 f"declared shape {shape} but inputs give {list(node.shape)}", w)
-        _expect(node.dtype == rec["dtype"], f"declared dtype {rec['dtype']!r} but inputs give {node.dtype!r}", w)
+        _expect(
+            node.dtype == rec["dtype"],
+            f"declared dtype {rec['dtype']!r} but inputs give {node.dtype!r}",
+            w,
+        )
         id_map[rec["id"]] = t.id
     for name, i in doc["inputs"].items():
         _expect(_is_int(i) and i in id_map and g.node(id_map[i]).name == name,
@@ -198,7 +220,9 @@ def load_npz(path: str | Path, where: str = "") -> dict[str, np.ndarray]:
             return {k: z[k] for k in z.files}
     except (OSError, ValueError, EOFError, KeyError) as exc:
         name = Path(path).name if isinstance(path, (str, Path)) else "an in-memory archive"
-        raise SerializationError(f"{where or name}: cannot read arrays from {name!r} ({exc})") from exc
+        raise SerializationError(
+            f"{where or name}: cannot read arrays from {name!r} ({exc})"
+        ) from exc
 
 
 def dumps(g: EinsumGraph) -> bytes:

@@ -62,14 +62,21 @@ def parse(spec: str, ranks: list[int] | tuple[int, ...]) -> EinsumSpec:
     if not isinstance(spec, str):
         raise SpecError(f"einsum spec must be a string, got {type(spec).__name__}")
     raw = spec.replace(" ", "")
-    if raw.count("->") > 1 or (raw.count("-") != raw.count("->")) or (raw.count(">") != raw.count("->")):
-        raise SpecError(f"einsum spec {spec!r}: expected at most one '->' separating inputs and output")
+    if (
+        raw.count("->") > 1
+        or (raw.count("-") != raw.count("->"))
+        or (raw.count(">") != raw.count("->"))
+    ):
+        raise SpecError(
+            f"einsum spec {spec!r}: expected at most one '->' separating inputs and output"
+        )
     explicit = "->" in raw
     lhs, out = raw.split("->") if explicit else (raw, None)
     terms = lhs.split(",")
     if len(terms) != len(ranks):
         raise SpecError(
-            f"einsum spec {spec!r} has {len(terms)} input term(s) but {len(ranks)} operand(s) were given"
+            f"einsum spec {spec!r} has {len(terms)} input "
+            f"term(s) but {len(ranks)} operand(s) were given"
         )
     for i, t in enumerate(terms):
         _check_term(t, spec, i)
@@ -86,7 +93,8 @@ def parse(spec: str, ranks: list[int] | tuple[int, ...]) -> EinsumSpec:
         if "..." in t:
             if named > r:
                 raise SpecError(
-                    f"einsum spec {spec!r}: term {t!r} names {named} indices but operand {i} has rank {r}"
+                    f"einsum spec {spec!r}: term {t!r} names "
+                    f"{named} indices but operand {i} has rank {r}"
                 )
             n_ell = max(n_ell, r - named)
         elif named != r:
@@ -151,7 +159,8 @@ def letter_sizes(
                 origin[ch] = k
             elif d != 1 and d != sizes[ch]:
                 raise ShapeError(
-                    f"{where}einsum {spec_text or es}: index {ch!r} has size {sizes[ch]} in operand "
+                    f"{where}einsum {spec_text or es}: index "
+                    f"{ch!r} has size {sizes[ch]} in operand "
                     f"{origin[ch]} (shape {tuple(shapes[origin[ch]])}) but {d} in operand {k} "
                     f"(shape {tuple(shape)}); expected equal sizes (or 1 to broadcast)"
                 )
@@ -165,7 +174,9 @@ def output_shape(es: EinsumSpec, sizes: dict[str, object]) -> tuple:
 
 def canonical(es: EinsumSpec) -> EinsumSpec:
     """Alpha-rename letters in order of first appearance: ``xy,yz->xz`` becomes ``ab,bc->ac``."""
-    mapping = {ch: LETTERS[26 + i] if i < 26 else LETTERS[i - 26] for i, ch in enumerate(es.letters)}
+    mapping = {
+        ch: LETTERS[26 + i] if i < 26 else LETTERS[i - 26] for i, ch in enumerate(es.letters)
+    }
     return EinsumSpec(
         tuple("".join(mapping[c] for c in t) for t in es.inputs),
         "".join(mapping[c] for c in es.output),

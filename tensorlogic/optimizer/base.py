@@ -61,8 +61,10 @@ class OptimizerReport:
         for r in self.records:
             if r.changed or r.stats:
                 stats = ", ".join(f"{k}={v}" for k, v in r.stats.items())
-                lines.append(f"  {r.name}: {r.seconds * 1e3:.2f} ms{' changed' if r.changed else ''}"
-                             f"{' (' + stats + ')' if stats else ''}")
+                lines.append(
+                    f"  {r.name}: {r.seconds * 1e3:.2f} ms{' changed' if r.changed else ''}"
+                    f"{' (' + stats + ')' if stats else ''}"
+                )
         return "\n".join(lines)
 
 
@@ -114,7 +116,9 @@ class PassManager:
                 try:
                     res.graph.validate()
                 except TensorLogicError as exc:
-                    raise GraphError(f"optimizer pass {p.name!r} produced an invalid graph: {exc}") from exc
+                    raise GraphError(
+                        f"optimizer pass {p.name!r} produced an invalid graph: {exc}"
+                    ) from exc
             graph = res.graph
             if res.changed:
                 last_change = k
@@ -137,8 +141,9 @@ class FunctionPass:
         return self.fn(graph, self.options)
 
 
-def function_pass(name: str, fn: Callable[[EinsumGraph, Mapping[str, Any]], PassResult],
-                  levels: tuple[int, ...]) -> Callable[[EinsumGraph, Mapping[str, Any] | None], PassResult]:
+def function_pass(
+    name: str, fn: Callable[[EinsumGraph, Mapping[str, Any]], PassResult], levels: tuple[int, ...]
+) -> Callable[[EinsumGraph, Mapping[str, Any] | None], PassResult]:
     """Register ``fn`` as the pass ``name`` at ``levels``; returns a direct caller of it."""
     register_pass(name, lambda options=None: FunctionPass(name, fn, dict(options or {})), levels)
 

@@ -34,7 +34,9 @@ from .base import PassResult, function_pass
 COTENGRA_MIN_OPERANDS = 20
 
 
-def _cotengra_path(terms: list[str], output: str, sizes: dict[str, int]) -> list[tuple[int, ...]] | None:
+def _cotengra_path(
+    terms: list[str], output: str, sizes: dict[str, int]
+) -> list[tuple[int, ...]] | None:
     """A path from cotengra's hyper-optimizer, or None when cotengra is not installed."""
     try:
         import cotengra
@@ -114,9 +116,10 @@ def plan_node(g: EinsumGraph, node: Node, memory_limit_bytes: int | None) -> Nod
         plan, path = _layout_tiebreak(es, shapes, sizes, plan, path, limit)
     if limit is not None and plan.largest_intermediate > limit:
         raise MemoryBudgetError(
-            f"einsum {node.name!r} ({node.args['spec']}): the best contraction path found builds an "
-            f"intermediate of {plan.largest_intermediate * itemsize} bytes but path_memory_limit is "
-            f"{limit * itemsize} bytes; raise the limit or split the network"
+            f"einsum {node.name!r} ({node.args['spec']}): "
+            f"the best contraction path found builds an "
+            f"intermediate of {plan.largest_intermediate * itemsize} bytes but path_memory_limit "
+            f"is {limit * itemsize} bytes; raise the limit or split the network"
         )
     naive = math.prod(sizes.values()) * len(terms)
     info = {"strategy": strategy, "flops": int(plan.flops),
@@ -126,7 +129,9 @@ def plan_node(g: EinsumGraph, node: Node, memory_limit_bytes: int | None) -> Nod
 
 
 def _planned(node: Node) -> bool:
-    return "path_info" in node.args and not isinstance(node.args.get("path_strategy"), (str, type(None)))
+    return "path_info" in node.args and not isinstance(
+        node.args.get("path_strategy"), (str, type(None))
+    )
 
 
 def _contraction(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:

@@ -31,7 +31,7 @@ def plan_payload(plan: Any) -> tuple[str, dict[str, Any]]:
     """The plan as plain data (graph blob, backend, opt level, options) and its content key."""
     from ..ir.serialize import dumps
 
-    options = {k: v for k, v in plan.options.items() if v is not None}
+    options = dict(plan.options.given)  # what the caller passed; workers fill the defaults
     try:
         json.dumps(options)
     except TypeError as exc:

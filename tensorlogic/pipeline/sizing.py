@@ -20,12 +20,12 @@ def planned_bytes(plan: Any, symbol: str, size: int, sizes: dict[str, int]) -> i
         cp = plan.specialize(**{**sizes, symbol: size})
     except MemoryBudgetError:
         return None
-    return cp.memory.peak_bytes + sum(b.nbytes for b in cp.buffers if b.role == "output")
+    return cp.planned_bytes
 
 
 def memory_budget(plan: Any) -> int | None:
     """The plan's ``memory_limit`` option, else a share of the backend's free memory."""
-    limit = plan.options.get("memory_limit")
+    limit = plan.options["memory_limit"]
     if limit is not None:
         return int(limit)
     free = getattr(plan.backend, "free_memory", None)

@@ -118,7 +118,9 @@ def derive_tolerances(graph, sizes: Mapping[str, int], ranges: Mapping[str, tupl
             tols[name] = Tolerance(4 * eps, SAFETY * b.err + eps * 1e-3, "error bound")
         else:
             r = 64 * eps * math.sqrt(k) * (len(g) + 1)
-            tols[name] = Tolerance(r, math.nan, f"dtype/sum-length rule ({b.problem or 'unbounded'})")
+            tols[name] = Tolerance(
+                r, math.nan, f"dtype/sum-length rule ({b.problem or 'unbounded'})"
+            )
     return tols
 
 
@@ -156,7 +158,12 @@ def _compare(got: np.ndarray, want: np.ndarray, tol: Tolerance) -> tuple[bool, f
         return True, 0.0, atol, ()
     excess = diff - allowed
     k = np.unravel_index(int(np.argmax(excess)), diff.shape)
-    return bool((diff <= allowed).all()), float(diff[k]), float(allowed[k]), tuple(int(i) for i in k)
+    return (
+        bool((diff <= allowed).all()),
+        float(diff[k]),
+        float(allowed[k]),
+        tuple(int(i) for i in k),
+    )
 
 
 def _describe(graph) -> str:
@@ -208,7 +215,8 @@ def assert_backends_agree(graph, backends: Iterable[str] | None = None,
 
     def fail(what: str, name: str, worst: float, allowed: float, where: tuple) -> None:
         raise AssertionError(
-            f"{what}: output {name!r} differs by {worst:.3g} at index {where} (allowed {allowed:.3g}; "
+            f"{what}: output {name!r} differs by {worst:.3g} at index {where} (allowed "
+            f"{allowed:.3g}; "
             f"tolerance from {tols[name].source}); seed={seed}, sizes={sizes}, ranges={rngs}\n"
             f"graph:\n{_describe(graph)}"
         )

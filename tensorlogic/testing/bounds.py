@@ -131,8 +131,13 @@ def unary(op: str, x: Bound, dtype: str) -> Bound:
             r = (math.log(lo), math.log(hi))
             return Bound(*r, err / dn + t * e * max(map(abs, r)) + t * e, False, prob)
         if op == "sqrt":
-            return Bound(math.sqrt(lo), math.sqrt(hi), err / (2 * math.sqrt(dn)) + e * math.sqrt(hi),
-                         False, prob)
+            return Bound(
+                math.sqrt(lo),
+                math.sqrt(hi),
+                err / (2 * math.sqrt(dn)) + e * math.sqrt(hi),
+                False,
+                prob,
+            )
         r = sorted((1 / lo, 1 / hi))
         return Bound(r[0], r[1], err / (dn * dn) + e / d, False, prob)
     if op in ("sigmoid", "tanh"):
@@ -177,7 +182,9 @@ def binary(op: str, a: Bound, b: Bound, dtype: str) -> Bound:
     if op == "div":
         d = _distance_from_zero(b)
         if d < MIN_DISTANCE or b.err >= d / 2:
-            return _out_of_domain(prob, f"division by a value in [{b.lo:.3g}, {b.hi:.3g}] near zero")
+            return _out_of_domain(
+                prob, f"division by a value in [{b.lo:.3g}, {b.hi:.3g}] near zero"
+            )
         dn = d - b.err
         lo, hi = _interval_mul((a.lo, a.hi), tuple(sorted((1 / b.lo, 1 / b.hi))))
         err = a.err / dn + a.mag * b.err / (dn * dn) + e * max(abs(lo), abs(hi))
@@ -232,8 +239,13 @@ def reduce(op: str, x: Bound, k: int, dtype: str) -> Bound:
     if op == "logsumexp":
         lse_hi = x.hi + math.log(max(k, 1))
         lse_lo = x.lo + math.log(max(k, 1))
-        return Bound(lse_lo, lse_hi, x.err + TRANSCENDENTAL_ULPS * e * (abs(lse_hi) + abs(lse_lo) + g),
-                     False, x.problem)
+        return Bound(
+            lse_lo,
+            lse_hi,
+            x.err + TRANSCENDENTAL_ULPS * e * (abs(lse_hi) + abs(lse_lo) + g),
+            False,
+            x.problem,
+        )
     raise ValueError(f"no bound rule for reduction {op!r}")
 
 
@@ -249,7 +261,9 @@ def rowop(op: str, x: Bound, k: int, dtype: str, eps: float = 0.0) -> Bound:
         if eps <= 0:
             return Bound(-top, top, math.inf, False, x.problem or "layer_norm with eps=0")
         centred = 2 * x.err + 4 * g * e * x.mag
-        err = centred * (1 + top) / math.sqrt(eps) + TRANSCENDENTAL_ULPS * e * (g + 1) * max(top, 1.0)
+        err = centred * (1 + top) / math.sqrt(eps) + TRANSCENDENTAL_ULPS * e * (g + 1) * max(
+            top, 1.0
+        )
         return Bound(-top, top, err, False, x.problem)
     if op == "softmax":
         # softmax is 1-Lipschitz from max-norm to max-norm
@@ -273,7 +287,9 @@ def einsum(spec_text: str, xs: Sequence[Bound], shapes: Sequence[tuple[int, ...]
     term_mag = math.prod(mags)
     term_err = 0.0
     for i, x in enumerate(xs):
-        term_err += x.err * math.prod(m + xj.err for j, (m, xj) in enumerate(zip(mags, xs)) if j != i)
+        term_err += x.err * math.prod(
+            m + xj.err for j, (m, xj) in enumerate(zip(mags, xs)) if j != i
+        )
     # a contraction path may multiply the operands in any order and sum in blocks
     err = k * term_err + e * k * term_mag * (_sum_growth(k) + len(xs))
     prob = _merge(*(x.problem for x in xs))

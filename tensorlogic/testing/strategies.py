@@ -357,7 +357,11 @@ class _Builder:
                 k = self.draw(st.integers(0, ell_k))
                 shape += [1 if self.coin(0.2) else d for d in ell_dims[ell_k - k:]]
                 t = "..."
-            picks = self.draw(st.lists(st.sampled_from(named), max_size=3, unique=True)) if named else []
+            picks = (
+                self.draw(st.lists(st.sampled_from(named), max_size=3, unique=True))
+                if named
+                else []
+            )
             if self.coin(0.4) or not picks:
                 c = next(letters)
                 size[c] = self.choice(SIZES)
@@ -378,7 +382,9 @@ class _Builder:
         if self.coin(0.1):
             spec = ",".join(terms)  # implicit output
         else:
-            out = self.draw(st.lists(st.sampled_from(used), max_size=4, unique=True)) if used else []
+            out = (
+                self.draw(st.lists(st.sampled_from(used), max_size=4, unique=True)) if used else []
+            )
             out_s = "".join(out)
             if ell_k:
                 k = self.draw(st.integers(0, len(out_s)))

@@ -78,9 +78,14 @@ def test_ptx_covers_every_op_dtype_and_family():
 
 def test_cuda_c_compiles_with_nvcc(tmp_path):
     nvcc = _tool("nvcc")
-    srcs = [cuda_c.render(spec, name, prelude=(k == 0)) for k, (name, spec) in enumerate(all_cases())]
-    srcs += [cuda_c.render(spec, name + "_v", prelude=False, vector=True)
-             for name, spec in all_cases() if spec.family in ("row", "split") and ptx.vector_width(spec)]
+    srcs = [
+        cuda_c.render(spec, name, prelude=(k == 0)) for k, (name, spec) in enumerate(all_cases())
+    ]
+    srcs += [
+        cuda_c.render(spec, name + "_v", prelude=False, vector=True)
+        for name, spec in all_cases()
+        if spec.family in ("row", "split") and ptx.vector_width(spec)
+    ]
     f = tmp_path / "all.cu"
     f.write_text("\n".join(srcs))
     r = subprocess.run([nvcc, "-arch=sm_90", "-c", str(f), "-o", str(tmp_path / "all.o")],
@@ -122,7 +127,9 @@ def test_row_kernel_uses_warp_shuffles_and_grid_stride():
 
 def test_register_rows_read_once_with_vector_loads():
     """A row that fits is held in registers: one vector load per chunk, no second pass."""
-    prog = S.Program((FusedOp("mul", (("in", 0), ("in", 1))),), ("tmp", 0), (16, 4096), "softmax", (1,))
+    prog = S.Program(
+        (FusedOp("mul", (("in", 0), ("in", 1))),), ("tmp", 0), (16, 4096), "softmax", (1,)
+    )
     spec = contiguous_spec(prog, "float32", [(16, 4096), (16, 1)])
     lay = S.row_layout(spec, 4)
     assert (lay.threads, lay.rows, lay.chunks) == (256, 1, 4)
@@ -140,13 +147,19 @@ def test_register_rows_read_once_with_vector_loads():
 
 
 def test_full_reduction_splits_over_blocks():
-    spec = contiguous_spec(S.Program((), ("in", 0), (1 << 24,), "max", (0,)), "float32", [(1 << 24,)])
+    spec = contiguous_spec(
+        S.Program((), ("in", 0), (1 << 24,), "max", (0,)), "float32", [(1 << 24,)]
+    )
     assert spec.family == "split" and spec.sizes == (1, 1 << 24) and spec.splits == S.SPLIT_BLOCKS
     fin = S.finish_program(spec)
     assert fin.space == (1, spec.splits) and fin.tail == "max"
-    mean = contiguous_spec(S.Program((), ("in", 0), (8, 100000), "mean", (1,)), "float64", [(8, 100000)])
+    mean = contiguous_spec(
+        S.Program((), ("in", 0), (8, 100000), "mean", (1,)), "float64", [(8, 100000)]
+    )
     assert mean.family == "split" and S.finish_program(mean).tail == "sum"
-    lse = contiguous_spec(S.Program((), ("in", 0), (1 << 20,), "logsumexp", (0,)), "float32", [(1 << 20,)])
+    lse = contiguous_spec(
+        S.Program((), ("in", 0), (1 << 20,), "logsumexp", (0,)), "float32", [(1 << 20,)]
+    )
     assert lse.family == "row"  # partial logsumexps don't combine by one operation: one block
     src = ptx.emit(mean, "k", 90, vector=True)
     assert "ld.global.nc.v2.f64" in src and src.count("st.global.f64") == 1  # one partial a block
@@ -154,7 +167,9 @@ def test_full_reduction_splits_over_blocks():
 
 def test_max_min_reductions_propagate_nan_in_the_text():
     for tail in ("max", "min"):
-        spec = contiguous_spec(S.Program((), ("in", 0), (8, 256), tail, (1,)), "float32", [(8, 256)])
+        spec = contiguous_spec(
+            S.Program((), ("in", 0), (8, 256), tail, (1,)), "float32", [(8, 256)]
+        )
         assert "setp.nan.f32" in ptx.emit(spec, "k", 90)
         assert f"tl_{tail}(" in cuda_c.render(spec, "k")
 
@@ -217,7 +232,9 @@ def test_layout_offsets_match_numpy_broadcasting(layout):
     space, shapes, axes = layout
     n = len(shapes)
     prog = S.Program((), ("in", 0), space, "sum", axes)
-    spec = S.make_spec(prog, "float32", shapes, ["float32"] * n, [S.contiguous_strides(s) for s in shapes])
+    spec = S.make_spec(
+        prog, "float32", shapes, ["float32"] * n, [S.contiguous_strides(s) for s in shapes]
+    )
     # the value at each space point, per input, as numpy broadcasting gives it
     views = [np.broadcast_to(np.arange(max(1, math.prod(s))).reshape(s), space) for s in shapes]
     seen = np.zeros(space, dtype=int)
@@ -288,7 +305,7 @@ def test_pdl_kernels_assemble_for_sm_90(mode, tmp_path):
     specs = [s for n, s in all_cases() if n.endswith("float32")][:12] + [
         s for n, s in epilogue_cases() if n.endswith("float32")]
     srcs = [ptx.emit(s, f"k{j}", 90, pdl=mode) for j, s in enumerate(specs)]
-    assert all(f"griddepcontrol.wait;" in t for t in srcs)
+    assert all("griddepcontrol.wait;" in t for t in srcs)
     assert all(("griddepcontrol.launch_dependents;" in t) == (mode == "trigger") for t in srcs)
     f = tmp_path / "pdl.ptx"
     f.write_text(_module(srcs))

@@ -73,10 +73,18 @@ def _fused_graph(dtype, space=(96, 513), tail=None, axes=()):
     a = g.input("a", space, dtype)
     b = g.input("b", space[-1:], dtype)
     c = g.input("c", (space[0], 1), dtype)
-    body = FusedBody((FusedOp("mul", (("in", 0), ("in", 1))), FusedOp("add", (("tmp", 0), ("in", 2))),
-                      FusedOp("relu", (("tmp", 1),)), FusedOp("sub", (("tmp", 2), ("const", 0.25))),
-                      FusedOp("where", (("in", 1), ("tmp", 3), ("in", 2)))),
-                     space, tail, axes)
+    body = FusedBody(
+        (
+            FusedOp("mul", (("in", 0), ("in", 1))),
+            FusedOp("add", (("tmp", 0), ("in", 2))),
+            FusedOp("relu", (("tmp", 1),)),
+            FusedOp("sub", (("tmp", 2), ("const", 0.25))),
+            FusedOp("where", (("in", 1), ("tmp", 3), ("in", 2))),
+        ),
+        space,
+        tail,
+        axes,
+    )
     if tail in ops.REDUCTIONS:
         shape = tuple(d for k, d in enumerate(space) if k not in axes)
     else:
@@ -203,7 +211,7 @@ def test_cuda_graph_replay_with_changing_inputs(rng):
     g.output(w, "w_out")  # an output that is an input comes back as a copy
     plan = tl.compile(g, backend="cupy", cuda_graph=True)
     ref = tl.compile(g, backend="numpy")
-    for call in range(5):
+    for _ in range(5):
         inputs = {"x": _data(rng, (16, 32), "float32"), "w": _data(rng, (1, 32), "float32")}
         got, want = plan(**inputs, to_host=True), ref(**inputs)
         for name in ("y", "s", "w_out"):
@@ -231,9 +239,13 @@ def test_nan_propagates_like_numpy(tail, shape, axis, codegen, rng):
         data[idx] = np.nan
     g = tl.EinsumGraph()
     x = g.input("x", shape)
-    g.output(g.reduce(tail, x, axis) if tail in ops.REDUCTIONS else g._rowop(tail, x, axis, None), "y")
+    g.output(
+        g.reduce(tail, x, axis) if tail in ops.REDUCTIONS else g._rowop(tail, x, axis, None), "y"
+    )
     ref = tl.compile(g, backend="numpy", opt_level=0)(x=data)["y"]
-    got = _host(tl.compile(g, backend="cupy", opt_level=0, codegen=codegen, cuda_graph=False)(x=data)["y"])
+    got = _host(
+        tl.compile(g, backend="cupy", opt_level=0, codegen=codegen, cuda_graph=False)(x=data)["y"]
+    )
     assert np.isnan(ref).any()
     np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
     ok = ~np.isnan(ref)
@@ -313,7 +325,9 @@ def test_cuda_graph_off_and_auto_say_so():
     g = tl.EinsumGraph()
     x = g.input("x", (4096, 4096))
     g.output(g.relu(x), "y")
-    assert "cuda graph: off (cuda_graph=False)" in str(tl.compile(g, backend="cupy", cuda_graph=False))
+    assert "cuda graph: off (cuda_graph=False)" in str(
+        tl.compile(g, backend="cupy", cuda_graph=False)
+    )
     assert "cuda graph: off (auto" in str(tl.compile(g, backend="cupy"))
     with pytest.raises(tl.GraphError, match="codegen"):
         tl.compile(g, backend="cupy", codegen="llvm")

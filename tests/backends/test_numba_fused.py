@@ -14,9 +14,15 @@ from numba_cases import fused_graph, random_inputs, reference, tol
 CHAIN = [("mul", [("in", 0), ("in", 1)]), ("add", [("tmp", 0), ("in", 2)]),
          ("relu", [("tmp", 1)]), ("mul", [("tmp", 2), ("in", 3)]), ("sub", [("tmp", 3), ("in", 4)])]
 # exp/log/where/constants in one program
-MIXED = [("exp", [("in", 0)]), ("mul", [("tmp", 0), ("const", 0.25)]), ("gt", [("in", 1), ("const", 0.0)]),
-         ("where", [("tmp", 2), ("tmp", 1), ("in", 1)]), ("abs", [("tmp", 3)]), ("add", [("tmp", 4), ("const", 1.0)]),
-         ("log", [("tmp", 5)])]
+MIXED = [
+    ("exp", [("in", 0)]),
+    ("mul", [("tmp", 0), ("const", 0.25)]),
+    ("gt", [("in", 1), ("const", 0.0)]),
+    ("where", [("tmp", 2), ("tmp", 1), ("in", 1)]),
+    ("abs", [("tmp", 3)]),
+    ("add", [("tmp", 4), ("const", 1.0)]),
+    ("log", [("tmp", 5)]),
+]
 
 
 def _check(rng, shapes, dtype, instrs, space, tail=None, axes=(), keepdims=False, **opts):
@@ -63,25 +69,43 @@ def test_row_op_tails(rng, dtype, tail, axis):
     _check(rng, [(3, 4, 6), (6,)], dtype, instrs, (3, 4, 6), tail, (axis,))
 
 
-@pytest.mark.parametrize("case", [
-    ("flat", [(70000,)] * 5, CHAIN, None, ()),
-    ("rows", [(300, 257), (257,), (300, 1), (300, 257), (300, 257)], CHAIN, None, ()),
-    ("sum-all", [(70001,)], [("square", [("in", 0)])], "sum", (0,)),
-    ("lse-all", [(300, 257), (257,)], [("add", [("in", 0), ("in", 1)])], "logsumexp", (0, 1)),
-    ("max-rows", [(300, 257)], [("neg", [("in", 0)])], "max", (1,)),
-    ("softmax", [(300, 257)], [("mul", [("in", 0), ("const", 2.0)])], "softmax", (1,)),
-    # two outer dims: the flat parallel index is split into both (once failed to compile)
-    ("rank3", [(3, 1, 5), (4, 1), (3, 4, 5), (5,), (3, 4, 1)], CHAIN, None, ()),
-    ("rank3-max", [(3, 4, 5), (4, 1)], [("mul", [("in", 0), ("in", 1)])], "max", (2,)),
-    # row ops over the last dim walk row views; (4, 1) is a per-row scalar, (9,) a shared row
-    ("rank3-softmax", [(3, 4, 9), (4, 1), (9,)], [("add", [("in", 0), ("in", 1)]),
-                                                  ("mul", [("tmp", 0), ("in", 2)])], "softmax", (2,)),
-    ("rank3-log-softmax", [(3, 4, 9), (4, 1)], [("sub", [("in", 0), ("in", 1)])], "log_softmax",
-     (2,)),
-    ("rank3-layer-norm", [(3, 4, 9), (4, 1)], [("sub", [("in", 0), ("in", 1)])], "layer_norm",
-     (2,)),
-    ("axis0-softmax", [(33, 5), (5,)], [("add", [("in", 0), ("in", 1)])], "softmax", (0,)),
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("flat", [(70000,)] * 5, CHAIN, None, ()),
+        ("rows", [(300, 257), (257,), (300, 1), (300, 257), (300, 257)], CHAIN, None, ()),
+        ("sum-all", [(70001,)], [("square", [("in", 0)])], "sum", (0,)),
+        ("lse-all", [(300, 257), (257,)], [("add", [("in", 0), ("in", 1)])], "logsumexp", (0, 1)),
+        ("max-rows", [(300, 257)], [("neg", [("in", 0)])], "max", (1,)),
+        ("softmax", [(300, 257)], [("mul", [("in", 0), ("const", 2.0)])], "softmax", (1,)),
+        # two outer dims: the flat parallel index is split into both (once failed to compile)
+        ("rank3", [(3, 1, 5), (4, 1), (3, 4, 5), (5,), (3, 4, 1)], CHAIN, None, ()),
+        ("rank3-max", [(3, 4, 5), (4, 1)], [("mul", [("in", 0), ("in", 1)])], "max", (2,)),
+        # row ops over the last dim walk row views; (4, 1) is a per-row scalar, (9,) a shared row
+        (
+            "rank3-softmax",
+            [(3, 4, 9), (4, 1), (9,)],
+            [("add", [("in", 0), ("in", 1)]), ("mul", [("tmp", 0), ("in", 2)])],
+            "softmax",
+            (2,),
+        ),
+        (
+            "rank3-log-softmax",
+            [(3, 4, 9), (4, 1)],
+            [("sub", [("in", 0), ("in", 1)])],
+            "log_softmax",
+            (2,),
+        ),
+        (
+            "rank3-layer-norm",
+            [(3, 4, 9), (4, 1)],
+            [("sub", [("in", 0), ("in", 1)])],
+            "layer_norm",
+            (2,),
+        ),
+        ("axis0-softmax", [(33, 5), (5,)], [("add", [("in", 0), ("in", 1)])], "softmax", (0,)),
+    ],
+)
 def test_parallel_kernels(rng, case):
     _, shapes, instrs, tail, axes = case
     space = np.broadcast_shapes(*shapes)

@@ -99,15 +99,20 @@ def test_warm_process_runs_every_kernel_kind_from_cache():
 
 def test_four_threads_call_plans_concurrently(rng):
     shapes = [(256, 300), (300,), (256, 1), (256, 300), (256, 300)]
-    instrs = [("mul", [("in", 0), ("in", 1)]), ("add", [("tmp", 0), ("in", 2)]),
-              ("relu", [("tmp", 1)]), ("mul", [("tmp", 2), ("in", 3)]), ("sub", [("tmp", 3), ("in", 4)])]
+    instrs = [
+        ("mul", [("in", 0), ("in", 1)]),
+        ("add", [("tmp", 0), ("in", 2)]),
+        ("relu", [("tmp", 1)]),
+        ("mul", [("tmp", 2), ("in", 3)]),
+        ("sub", [("tmp", 3), ("in", 4)]),
+    ]
     plans = [tl.compile(fused_graph(shapes, "float32", instrs, (256, 300)), backend="numba",
                         opt_level=0, parallel_threshold=0),
              tl.compile(fused_graph(shapes[:1], "float32", [("exp", [("in", 0)])], (256, 300),
                                     "softmax", (1,)), backend="numba", opt_level=0,
                         parallel_threshold=0)]
     cases = []
-    for k in range(4):
+    for _ in range(4):
         xs = random_inputs(rng, shapes, "float32")
         want0 = reference(shapes, "float32", instrs, inputs=xs)
         want1 = reference(shapes[:1], "float32", [("exp", [("in", 0)])], "softmax", (1,),
@@ -140,7 +145,9 @@ def _ulps(got, x, fn, dtype):
     with np.errstate(over="ignore"):  # results beyond the dtype's range are excluded below
         r = ref.astype(dtype)
     ok = np.isfinite(r)
-    err = np.abs(got[ok].astype(np.longdouble) - ref[ok]) / np.spacing(np.abs(r[ok])).astype(np.longdouble)
+    err = np.abs(got[ok].astype(np.longdouble) - ref[ok]) / np.spacing(np.abs(r[ok])).astype(
+        np.longdouble
+    )
     return float(err.max())
 
 

@@ -50,7 +50,11 @@ def _graph(batch=64, width=256):
     x = g.input("x", (batch, width))
     h = x
     for _ in range(3):
-        h = g.relu(g.einsum("bi,ij->bj", h, g.constant(rng.standard_normal((width, width)).astype(np.float32))))
+        h = g.relu(
+            g.einsum(
+                "bi,ij->bj", h, g.constant(rng.standard_normal((width, width)).astype(np.float32))
+            )
+        )
     g.output(h, name="y")
     return g
 

@@ -25,7 +25,9 @@ def _overlap(a0, n0, a1, n1):
 # ---------------------------------------------------------------- planner unit tests
 def test_chain_reuses_two_slots():
     # x -> t1 -> t2 -> t3 -> t4 -> y : each intermediate dies at the next step
-    bufs = [_buf(0, 4096, "input")] + [_buf(i, 4096) for i in range(1, 5)] + [_buf(5, 4096, "output")]
+    bufs = (
+        [_buf(0, 4096, "input")] + [_buf(i, 4096) for i in range(1, 5)] + [_buf(5, 4096, "output")]
+    )
     io = [((i,), i + 1) for i in range(5)]
     mp = plan_memory(bufs, io)
     assert mp.naive_bytes == 4 * 4096
@@ -62,7 +64,13 @@ def test_view_extends_life_of_its_base():
 
 def test_best_fit_places_small_buffer_in_hole():
     # a (1 KiB) lives 0..1, b (4 KiB) lives 1..3, c (1 KiB) lives 2..3: c reuses a's hole
-    bufs = [_buf(0, 64, "input"), _buf(1, 1024), _buf(2, 4096), _buf(3, 1024), _buf(4, 64, "output")]
+    bufs = [
+        _buf(0, 64, "input"),
+        _buf(1, 1024),
+        _buf(2, 4096),
+        _buf(3, 1024),
+        _buf(4, 64, "output"),
+    ]
     io = [((0,), 1), ((1,), 2), ((2,), 3), ((2, 3), 4)]
     mp = plan_memory(bufs, io)
     assert mp.peak_bytes == 4096 + 1024
@@ -96,10 +104,16 @@ def test_inplace_rejects_broadcast_dtype_and_views():
         _buf(7, 64, shape=(16,)),
         _buf(8, 64, "output", shape=(16,)),
     ]
-    io = [((0,), 1), ((0,), 2), ((0,), 3), ((0,), 4),  # producers
-          ((0,), 5), ((5,), 6),
-          ((1, 3, 4, 5, 6, 2), 7),  # 7 = f(broadcast, other shape, other dtype, base + its view, ok)
-          ((7,), 8)]
+    io = [
+        ((0,), 1),
+        ((0,), 2),
+        ((0,), 3),
+        ((0,), 4),  # producers
+        ((0,), 5),
+        ((5,), 6),
+        ((1, 3, 4, 5, 6, 2), 7),  # 7 = f(broadcast, other shape, other dtype, base + its view, ok)
+        ((7,), 8),
+    ]
     mp = plan_memory(bufs, io, {6: (0, 1, 2, 3, 4, 5)})
     assert mp.inplace == {6: 2}
 
@@ -209,7 +223,9 @@ def random_graphs(draw):
             op = draw(st.sampled_from(["sum", "max", "mean", "logsumexp"]))
             new = g.reduce(op, t, axis=draw(st.sampled_from([0, 1])), keepdims=True)
         elif kind == "rowop":
-            new = (g.softmax if draw(st.booleans()) else g.log_softmax)(t, axis=draw(st.sampled_from([0, 1])))
+            new = (g.softmax if draw(st.booleans()) else g.log_softmax)(
+                t, axis=draw(st.sampled_from([0, 1]))
+            )
         elif kind == "where":
             new = g.where(g.binary("gt", t, 0.0), t, g.unary("neg", t))
         else:

@@ -215,8 +215,9 @@ def test_none_dimension_is_a_fresh_symbol(rng):
         a + b  # two independent unknown sizes cannot be assumed equal
     g.output(g.sum(a, 1) , name="y")
     plan = tl.compile(g, backend="numpy")
-    np.testing.assert_allclose(plan(a=np.ones((4, 3), "float32"), b=np.ones((2, 3), "float32"))["y"],
-                               np.full(4, 3.0))
+    np.testing.assert_allclose(
+        plan(a=np.ones((4, 3), "float32"), b=np.ones((2, 3), "float32"))["y"], np.full(4, 3.0)
+    )
 
 
 def test_float16_inputs(rng):

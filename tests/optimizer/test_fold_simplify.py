@@ -48,7 +48,7 @@ CASES = [
     ("sub_zero", lambda g, x: x - 0.0),
     ("div_one", lambda g, x: x / 1.0),
     ("pow_one", lambda g, x: x ** 1.0),
-    ("neg_neg", lambda g, x: -(-x)),
+    ("neg_neg", lambda g, x: -(-x)),  # noqa: B002 (double negation on purpose)
     ("one_minus_twice", lambda g, x: g.one_minus(g.one_minus(x))),
     ("transpose", lambda g, x: x.T.T),
     ("reshape", lambda g, x: x.reshape(12).reshape(3, 4)),

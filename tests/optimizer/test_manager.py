@@ -44,7 +44,7 @@ def test_report_and_fixpoint(rng):
     x = g.input("x", (16, 8), "float32")
     w = g.constant(rng.standard_normal((8, 8)).astype(np.float32))
     y = g.relu(g.einsum("bi,ij->bj", x, w) * 1.0 + 0.5)
-    g.output(-(-y), name="y")
+    g.output(-(-y), name="y")  # noqa: B002 (double negation for the simplifier)
     out, report = optimize(g, 2)
     assert report.nodes_before == len(g) and report.nodes_after == len(out)
     names = [r.name for r in report.records]

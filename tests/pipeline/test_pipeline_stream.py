@@ -96,7 +96,9 @@ def test_skip_policy_reports_bad_batches_and_goes_on(plan, rng, ordered):
     assert sorted(by_index) == list(range(6))
     failed = {i for i, r in by_index.items() if not r.ok}
     assert failed == {1, 3, 4}
-    assert "batch 1" in str(by_index[1].error) and "dimension 1: expected 32" in str(by_index[1].error)
+    assert "batch 1" in str(by_index[1].error) and "dimension 1: expected 32" in str(
+        by_index[1].error
+    )
     assert "batch 3" in str(by_index[3].error) and "NaN" in str(by_index[3].error)
     assert "batch 4" in str(by_index[4].error) and "dict" in str(by_index[4].error)
     for i in failed:

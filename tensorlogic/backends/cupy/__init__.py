@@ -16,7 +16,9 @@ def _factory():
     try:
         import cupy
     except ImportError as exc:
-        raise BackendError("the cupy backend needs CuPy: pip install 'tensorlogic[cuda13]'") from exc
+        raise BackendError(
+            "the cupy backend needs CuPy: pip install 'tensorlogic[cuda13]'"
+        ) from exc
     try:
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # noqa: BLE001 - CUDA driver/runtime missing or broken

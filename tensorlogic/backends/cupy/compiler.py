@@ -67,7 +67,9 @@ class KernelCompiler:
             binary = self.cache.get(key)
             hit = binary is not None
             if binary is None:
-                binary = _link_ptx(source, name) if path == "ptx" else _nvrtc(source, name, self.arch)
+                binary = (
+                    _link_ptx(source, name) if path == "ptx" else _nvrtc(source, name, self.arch)
+                )
                 self.cache.put(key, binary)
             mod = cufunction.Module()
             mod.load(binary)

@@ -66,7 +66,9 @@ class _Src:
         return e if CTYPE[dt] == self.ct else f"(({self.ct}){e})"
 
     def store_expr(self, v: str) -> str:
-        return f"tl_f2h({v})" if self.spec.dtype == "float16" else f"(({CTYPE[self.spec.dtype]}){v})"
+        return (
+            f"tl_f2h({v})" if self.spec.dtype == "float16" else f"(({CTYPE[self.spec.dtype]}){v})"
+        )
 
     def program(self, offs: Sequence[str | None], depth: int,
                 given: dict[int, str] | None = None, tail: str | None = None) -> str:
@@ -482,5 +484,14 @@ def render(spec: KernelSpec, name: str, prelude: bool = True, vector: bool = Fal
         raise BackendError(f"unknown kernel family {spec.family!r}")
     head = f"// tensorlogic generated: {spec.family} {spec.tail or 'elementwise'} {spec.dtype}"
     lb = f"__launch_bounds__({bounds}) " if bounds else ""
-    return "\n".join([head, _PRELUDE.strip() if prelude else "", f'extern "C" __global__ void {lb}{name}(',
-                      "    " + ", ".join(params) + ") {", *s.lines, "}", ""])
+    return "\n".join(
+        [
+            head,
+            _PRELUDE.strip() if prelude else "",
+            f'extern "C" __global__ void {lb}{name}(',
+            "    " + ", ".join(params) + ") {",
+            *s.lines,
+            "}",
+            "",
+        ]
+    )

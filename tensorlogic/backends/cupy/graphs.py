@@ -51,8 +51,11 @@ class PlanRunner:
             self.enabled, self.status = False, "off (cuda_graph=False)"
         elif mode == "auto" and saved <= cost:
             self.enabled = False
-            self.status = (f"off (auto: {len(plan.steps)} step(s) save ~{saved * 1e6:.0f} us of "
-                           f"launches, copying {format_bytes(io)} of inputs/outputs costs ~{cost * 1e6:.0f} us)")
+            self.status = (
+                f"off (auto: {len(plan.steps)} step(s) save ~{saved * 1e6:.0f} us of "
+                f"launches, copying {format_bytes(io)} of "
+                f"inputs/outputs costs ~{cost * 1e6:.0f} us)"
+            )
         else:
             self.enabled, self.status = True, "pending (captured on the second call)"
         # warm-up and capture share one stream, so that cuBLAS's per-stream workspace and CuPy's
@@ -152,12 +155,17 @@ class PlanRunner:
             finally:
                 self._busy.release()
         except cupy.cuda.memory.OutOfMemoryError as exc:
-            need = plan.memory.peak_bytes + sum(b.nbytes for b in plan.buffers if b.role == "output")
+            need = plan.memory.peak_bytes + sum(
+                b.nbytes for b in plan.buffers if b.role == "output"
+            )
             free = self.backend.free_memory()
             raise MemoryBudgetError(
                 f"out of GPU memory running the plan: it plans {need} bytes ({format_bytes(need)}: "
-                f"intermediates {format_bytes(plan.memory.peak_bytes)} plus outputs) and the device has "
-                f"{free} bytes ({format_bytes(free)}) free; {exc}", planned=need, free=free) from exc
+                f"intermediates {format_bytes(plan.memory.peak_bytes)} plus outputs) and the "
+                f"device has {free} bytes ({format_bytes(free)}) free; {exc}",
+                planned=need,
+                free=free,
+            ) from exc
 
     def _launches(self, plan, inputs, out):
         """``plan.run_steps`` without what a GPU plan never needs (numpy error states)."""

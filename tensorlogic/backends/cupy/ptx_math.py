@@ -115,10 +115,15 @@ def _tanh(ptype: str, exp: Callable) -> Callable:
     def tanh(r: Regs, d: str, x: str) -> list[str]:
         # tanh|x| = (1 - e) / (1 + e) with e = exp(-2|x|) in (0, 1]: never overflows
         a, t, e, n, m, y = (r.new(ptype) for _ in range(6))
-        return [f"abs.{ptype} {a}, {x};", f"mul.{ptype} {t}, {a}, {imm(-2.0, ptype)};",
-                *exp(r, e, t),
-                f"sub.{ptype} {n}, {imm(1.0, ptype)}, {e};", f"add.{ptype} {m}, {imm(1.0, ptype)}, {e};",
-                f"div.rn.{ptype} {y}, {n}, {m};", f"copysign.{ptype} {d}, {x}, {y};"]
+        return [
+            f"abs.{ptype} {a}, {x};",
+            f"mul.{ptype} {t}, {a}, {imm(-2.0, ptype)};",
+            *exp(r, e, t),
+            f"sub.{ptype} {n}, {imm(1.0, ptype)}, {e};",
+            f"add.{ptype} {m}, {imm(1.0, ptype)}, {e};",
+            f"div.rn.{ptype} {y}, {n}, {m};",
+            f"copysign.{ptype} {d}, {x}, {y};",
+        ]
     return tanh
 
 

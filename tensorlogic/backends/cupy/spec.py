@@ -2,9 +2,9 @@
 
 A ``KernelSpec`` holds an elementwise program (instructions of the op table over the kernel's
 inputs), an optional tail (a reduction or a row op), a row op's elementwise epilogue (applied to
-each result before the store; its inputs are read only then), and the layout of the iteration space as
-groups of dimensions with each input's element strides. Both code generators (``ptx`` and
-``cuda_c``) render the same spec, so the two paths compute the same function.
+each result before the store; its inputs are read only then), and the layout of the iteration
+space as groups of dimensions with each input's element strides. Both code generators (``ptx``
+and ``cuda_c``) render the same spec, so the two paths compute the same function.
 
 Families:
   ``ew``   elementwise over one group (the whole space); output written at the linear index.
@@ -130,11 +130,13 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(st))
 
 
-def broadcast_strides(shape: Sequence[int], strides: Sequence[int], space: Sequence[int]) -> tuple[int, ...]:
+def broadcast_strides(
+    shape: Sequence[int], strides: Sequence[int], space: Sequence[int]
+) -> tuple[int, ...]:
     """Strides of an input (right-aligned numpy broadcasting) over the iteration space."""
     off = len(space) - len(shape)
     out = []
-    for j, n in enumerate(space):
+    for j in range(len(space)):
         k = j - off
         if k < 0 or shape[k] == 1:
             out.append(0)
@@ -157,7 +159,9 @@ def _collapse(dims: list[Dim]) -> tuple[Dim, ...]:
     return tuple(out)
 
 
-def _group(space: Sequence[int], axes: Sequence[int], in_strides: list[tuple[int, ...]]) -> tuple[Dim, ...]:
+def _group(
+    space: Sequence[int], axes: Sequence[int], in_strides: list[tuple[int, ...]]
+) -> tuple[Dim, ...]:
     return _collapse([Dim(space[a], tuple(s[a] for s in in_strides)) for a in axes])
 
 
@@ -222,7 +226,11 @@ def make_spec(prog: Program, out_dtype: str, in_shapes: Sequence[Sequence[int]],
     red = [a for a in axes if space[a] != 1]
     kept = [a for a in range(rank) if a not in axes]
     # (O, R, I) when the reduced axes are one block of the space, else kept axes then reduced axes
-    if red and red == list(range(red[0], red[-1] + 1)) and prog.tail in ops.REDUCTIONS + ops.ROW_OPS:
+    if (
+        red
+        and red == list(range(red[0], red[-1] + 1))
+        and prog.tail in ops.REDUCTIONS + ops.ROW_OPS
+    ):
         outer = [a for a in range(rank) if a < red[0] and a in kept]
         inner = [a for a in range(rank) if a > red[-1] and a in kept]
     else:
