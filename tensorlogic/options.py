@@ -110,6 +110,8 @@ _add("path_memory_limit", optional(positive_int), _BYTES, None,
      "largest intermediate a contraction path may build (default: memory_limit)")
 _add("assume_finite", flag, "True or False", False,
      "inputs hold no inf/NaN, so x*0 may fold to 0")
+_add("fuse_attention", flag, "True or False", True,
+     "rewrite attention written out with einsums to one attention node (O2)")
 # numba
 _add("fast_math", flag, "True or False", True,
      "vectorizable exp/log (2-4 ulp) and reassociated sums", ("numba",))
