@@ -149,7 +149,8 @@ def _spawn(name, s, d_model, heads, causal, rounds, tmp) -> dict | None:
                        env=dict(os.environ, PYTHONPATH=os.pathsep.join(
                            [str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")])))
     if r.returncode != 0:
-        print(f"  {name}: failed ({r.stderr.strip().splitlines()[-1] if r.stderr else r.returncode})")
+        why = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode
+        print(f"  {name}: failed ({why})")
         return None
     info = json.loads(r.stdout.strip().splitlines()[-1])
     info["y"] = out
@@ -190,7 +191,7 @@ def cpu(args) -> None:
             for info in got.values():
                 info["ms"] = statistics.median(info["samples_ms"])
             ref = np.load(got["torch_sdpa"]["y"]) if "torch_sdpa" in got else None
-            for name, info in got.items():
+            for info in got.values():
                 y = np.load(info.pop("y"))
                 info["max_abs_diff_vs_torch"] = (float(np.abs(y - ref).max())
                                                  if ref is not None else None)
@@ -213,8 +214,8 @@ def cpu(args) -> None:
                     "process_peak_saving_bytes", "run_peak_growth_bytes"):
             if key in r:
                 r[key.replace("_bytes", "_MiB")] = r[key] / 2**20
-    print(f"CPU attention, S={s}, B=1, D={d_model}, H={heads}, float32 "
-          f"(S x S scores of all heads: {scores_bytes / 2**20:.0f} MiB); load {os.getloadavg()[0]:.2f}")
+    print(f"CPU attention, S={s}, B=1, D={d_model}, H={heads}, float32 (S x S scores of all "
+          f"heads: {scores_bytes / 2**20:.0f} MiB); load {os.getloadavg()[0]:.2f}")
     print(table(rows, ["contender", "causal", "ms", "threads", "planned_peak_MiB",
                        "process_peak_MiB", "run_peak_growth_MiB", "speedup_vs_unfused",
                        "planned_peak_fraction_of_unfused", "saving_over_one_SxS",

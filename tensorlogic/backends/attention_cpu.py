@@ -152,7 +152,7 @@ def _block(geo: _Geometry, diff, lowest, bidx, blk, q, k, v, mask, out, scr) -> 
     np.copyto(qb, q[bidx][q0:q1], casting="unsafe")
     np.multiply(qb, geo.scale, out=qb)  # scale once per query block, in the compute dtype
     acc, pv = acc_buf[:nq], pv_buf[:nq]
-    m, l, shift, alpha, rsum = (r[:nq] for r in rows)
+    m, lsum, shift, alpha, rsum = (r[:nq] for r in rows)
     kk, vv = k[bidx], v[bidx]
     mm = mask[bidx] if mask is not None else None
     kend = min(geo.sk, q1) if geo.causal else geo.sk
@@ -180,22 +180,22 @@ def _block(geo: _Geometry, diff, lowest, bidx, blk, q, k, v, mask, out, scr) -> 
         np.subtract(s, shift[:, None], out=s)
         np.exp(s, out=s)
         if first:
-            s.sum(axis=1, out=l)
+            s.sum(axis=1, out=lsum)
             np.matmul(s, vb, out=acc)
             first = False
         else:
             np.subtract(m, shift, out=alpha)
             np.exp(alpha, out=alpha)
             s.sum(axis=1, out=rsum)
-            np.multiply(l, alpha, out=l)
-            np.add(l, rsum, out=l)
+            np.multiply(lsum, alpha, out=lsum)
+            np.add(lsum, rsum, out=lsum)
             np.matmul(s, vb, out=pv)
             np.multiply(acc, alpha[:, None], out=acc)
             np.add(acc, pv, out=acc)
         m[...] = shift
-    # l == 0 (every key hidden) gives 0/0 = NaN, as the softmax of an all -inf row
+    # lsum == 0 (every key hidden) gives 0/0 = NaN, as the softmax of an all -inf row
     with np.errstate(invalid="ignore", divide="ignore"):
-        np.divide(acc, l[:, None], out=out[bidx][q0:q1], casting="unsafe")
+        np.divide(acc, lsum[:, None], out=out[bidx][q0:q1], casting="unsafe")
 
 
 def _widened(buf, x):

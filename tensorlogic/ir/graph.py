@@ -404,7 +404,8 @@ class EinsumGraph:
             ts.append(self._own(mask, ts[0]))
         if scale is None:
             if len(ts[0].shape) < 1:
-                raise ShapeError(f"attention: q {ts[0].name!r} is a scalar; expected (*batch, S, D)")
+                raise ShapeError(f"attention: q {ts[0].name!r} is a scalar; expected "
+                                 "(*batch, S, D)")
             scale = default_scale(ts[0].shape[-1])
         args = {"scale": float(scale) if isinstance(scale, (int, float, np.number))
                 and not isinstance(scale, bool) else scale, "causal": causal}

@@ -19,6 +19,7 @@ from .contraction import contraction
 from .fusion import fusion, is_legal_group
 
 __all__ = [
-    "OptimizerReport", "Pass", "PassManager", "PassResult", "attention", "contraction", "cse", "dce", "fold",
-    "fusion", "is_legal_group", "layernorm", "merge", "optimize", "register_pass", "simplify",
+    "OptimizerReport", "Pass", "PassManager", "PassResult", "attention", "contraction", "cse",
+    "dce", "fold", "fusion", "is_legal_group", "layernorm", "merge", "optimize", "register_pass",
+    "simplify",
 ]

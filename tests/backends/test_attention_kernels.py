@@ -103,7 +103,8 @@ def test_fully_masked_row_is_nan_as_in_softmax(backend, rng, small_blocks):
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, equal_nan=True)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sq=st.integers(1, 70), sk=st.integers(1, 70), d=st.integers(1, 20), dv=st.integers(1, 20),
        nb=st.integers(0, 2), causal=st.booleans(), masked=st.booleans(),
        seed=st.integers(0, 2**31))

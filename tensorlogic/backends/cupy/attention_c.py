@@ -53,7 +53,8 @@ def render(name: str, d: int, dv: int, dtype: str, causal: bool, has_mask: bool)
     if dtype not in CTYPE:
         raise BackendError(f"attention kernel: no GPU path for dtype {dtype}")
     if not (1 <= d <= MAX_HEAD_DIM and 1 <= dv <= MAX_HEAD_DIM):
-        raise BackendError(f"attention kernel: head dims {d} and {dv} must lie in 1..{MAX_HEAD_DIM}")
+        raise BackendError(f"attention kernel: head dims {d} and {dv} must lie in "
+                           f"1..{MAX_HEAD_DIM}")
     tm, tn = tiles(dtype)
     t, c = CTYPE[dtype], COMPUTE[dtype]
     half = dtype == "float16"
@@ -65,7 +66,8 @@ def render(name: str, d: int, dv: int, dtype: str, causal: bool, has_mask: bool)
     fma = "fma" if c == "double" else "fmaf"
     nj = -(-dv // 16)
     dmax = max(d, dv)
-    return f"""// tensorlogic generated: attention {dtype} d={d} dv={dv} causal={int(causal)} mask={int(has_mask)}
+    flags = f"causal={int(causal)} mask={int(has_mask)}"
+    return f"""// tensorlogic generated: attention {dtype} d={d} dv={dv} {flags}
 {_PRELUDE if half else ""}
 extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
     {t}* __restrict__ out, const {t}* __restrict__ q, const {t}* __restrict__ k,

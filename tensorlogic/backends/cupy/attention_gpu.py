@@ -2,10 +2,10 @@
 
 float16 with head dims that are multiples of 16 (and value dims of 8) up to 128 runs the
 tensor-core kernel of ``attention_mma`` on sm_80 and later; everything else runs the exact FFMA
-kernel of ``attention_c``. Inputs that are not C-contiguous (a transposed view from the attention pass) are copied to a
-contiguous layout first, O(S * D); the mask is read in place through one offset per batch index
-and two strides (zero for broadcast axes), so a ``(Sq, Sk)`` mask shared by every head is never
-expanded.
+kernel of ``attention_c``. Inputs that are not C-contiguous (a transposed view from the
+attention pass) are copied to a contiguous layout first, O(S * D); the mask is read in place
+through one offset per batch index and two strides (zero for broadcast axes), so a ``(Sq, Sk)``
+mask shared by every head is never expanded.
 """
 
 from __future__ import annotations

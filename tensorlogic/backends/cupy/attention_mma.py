@@ -53,7 +53,8 @@ def render(name: str, d: int, dv: int, causal: bool, has_mask: bool, helpers: bo
     if not supports(d, dv, "float16"):
         raise BackendError(f"tensor-core attention: head dims {d}/{dv} must be multiples of "
                            f"16/8 and at most {MAX_HEAD_DIM}")
-    return f"""// tensorlogic generated: attention mma float16 d={d} dv={dv} causal={int(causal)} mask={int(has_mask)}
+    flags = f"causal={int(causal)} mask={int(has_mask)}"
+    return f"""// tensorlogic generated: attention mma float16 d={d} dv={dv} {flags}
 {_HELPERS if helpers else ""}
 extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
     unsigned short* __restrict__ out, const unsigned short* __restrict__ q,
@@ -162,7 +163,9 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
     l0 = l0 * al0 + rs0; l1 = l1 * al1 + rs1;
     m0 = mn0; m1 = mn1;
 #pragma unroll
-    for (int j = 0; j < NO; ++j) {{ o[j][0] *= al0; o[j][1] *= al0; o[j][2] *= al1; o[j][3] *= al1; }}
+    for (int j = 0; j < NO; ++j) {{
+      o[j][0] *= al0; o[j][1] *= al0; o[j][2] *= al1; o[j][3] *= al1;
+    }}
 #pragma unroll
     for (int kk = 0; kk < BN / 16; ++kk) {{
       unsigned pa[4];
@@ -183,8 +186,10 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
 #pragma unroll
   for (int j = 0; j < NO; ++j) {{
     const int col = j * 8 + 2 * t4;
-    if (row0 < sq) *(unsigned*)(out + (b * sq + row0) * DV + col) = tl_pack_h2(o[j][0] / l0, o[j][1] / l0);
-    if (row1 < sq) *(unsigned*)(out + (b * sq + row1) * DV + col) = tl_pack_h2(o[j][2] / l1, o[j][3] / l1);
+    if (row0 < sq)
+      *(unsigned*)(out + (b * sq + row0) * DV + col) = tl_pack_h2(o[j][0] / l0, o[j][1] / l0);
+    if (row1 < sq)
+      *(unsigned*)(out + (b * sq + row1) * DV + col) = tl_pack_h2(o[j][2] / l1, o[j][3] / l1);
   }}
 }}
 """
