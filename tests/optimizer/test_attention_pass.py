@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 from optim_helpers import assert_same_as_o0, count
 
 import tensorlogic as tl
@@ -208,3 +209,43 @@ def test_fuse_attention_option_keeps_the_written_out_form(rng):
     assert not any(s.kind == ops.ATTENTION for s in plan.steps)
     with pytest.raises(tl.errors.GraphError, match="fuse_attention"):
         tl.compile(g, backend="numpy", cache=False, fuse_attention="no").steps  # noqa: B018
+
+
+@settings(max_examples=30, deadline=None)
+@given(data=st.data())
+def test_any_layout_and_letters_is_found_and_exact(data):
+    """Random axis orders for q, k, v, the scores and the result, random letters per einsum,
+    either operand order, optional mask: always one attention node, same numbers as O0."""
+    roles = {"b": 2, "h": 3, "q": 5, "k": 7, "d": 4, "e": 6}
+    perm = lambda xs: data.draw(st.permutations(xs))  # noqa: E731
+    q_l, k_l, s_l = perm("bhqd"), perm("bhkd"), perm("bhqk")
+    v_l, o_l = perm("bhke"), perm("bhqe")
+
+    def letters():
+        picked = data.draw(st.lists(st.sampled_from("abcdefghijklmnopqrstuvwxyz"),
+                                    min_size=6, max_size=6, unique=True))
+        return dict(zip("bhqkde", picked))
+
+    n1, n2 = letters(), letters()
+    g = tl.EinsumGraph()
+    q = g.input("q", tuple(roles[r] for r in q_l))
+    k = g.input("k", tuple(roles[r] for r in k_l))
+    v = g.input("v", tuple(roles[r] for r in v_l))
+    t = lambda ls, n: "".join(n[r] for r in ls)  # noqa: E731
+    terms = [(t(q_l, n1), q), (t(k_l, n1), k)]
+    if data.draw(st.booleans()):
+        terms.reverse()
+    s = g.einsum(f"{terms[0][0]},{terms[1][0]}->{t(s_l, n1)}", terms[0][1], terms[1][1])
+    x = s * 0.37
+    masked = data.draw(st.booleans())
+    if masked:
+        x = x + g.input("m", tuple(roles[r] if data.draw(st.booleans()) else 1 for r in s_l))
+    p = g.softmax(x, axis=s_l.index("k"))
+    terms = [(t(s_l, n2), p), (t(v_l, n2), v)]
+    if data.draw(st.booleans()):
+        terms.reverse()
+    g.output(g.einsum(f"{terms[0][0]},{terms[1][0]}->{t(o_l, n2)}", terms[0][1], terms[1][1]),
+             "y")
+    (att,) = _att(_o2(g))
+    assert (len(att.inputs) == 4) is masked
+    assert_same_as_o0(g, np.random.default_rng(data.draw(st.integers(0, 2**31))), 2)
