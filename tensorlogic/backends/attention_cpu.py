@@ -97,8 +97,12 @@ class _Geometry:
         return specs
 
 
-def attention_kernel(node, in_nodes):
-    """``kernel(inputs, out)`` for an attention node on host (numpy) arrays."""
+def attention_kernel(node, in_nodes, exp_rows=None):
+    """``kernel(inputs, out)`` for an attention node on host (numpy) arrays.
+
+    ``exp_rows(s, shift, rsum, nq, nk)``, when given (the numba backend's generated loop),
+    replaces the subtract, exp and row-sum ufunc passes over each score block by one pass.
+    """
     geo = _Geometry(node, in_nodes)
     specs = geo.scratch()
     n_in = len(in_nodes)
@@ -123,7 +127,7 @@ def attention_kernel(node, in_nodes):
             if geo.causal:
                 b, blk = item % geo.n_batch, item // geo.n_batch
             _block(geo, diff, lowest, idx[b], blk, q, k, v, mask, out,
-                   [buf[part] for buf in bufs])
+                   [buf[part] for buf in bufs], exp_rows)
 
         if geo.participants > 1:
             with _blas_one_thread():
@@ -135,12 +139,13 @@ def attention_kernel(node, in_nodes):
 
     kernel.scratch = specs
     kernel.flops = 2 * geo.macs + 4 * geo.n_batch * geo.sq * geo.sk // (2 if geo.causal else 1)
-    kernel.info = (f"blocks {geo.bq}x{geo.bk}{' causal' if geo.causal else ''}"
-                   f"{' +mask' if geo.has_mask else ''}, {geo.participants} thread(s)")
+    kernel.info = (f"{'numba exp, ' if exp_rows is not None else ''}blocks {geo.bq}x{geo.bk}"
+                   f"{' causal' if geo.causal else ''}{' +mask' if geo.has_mask else ''}, "
+                   f"{geo.participants} thread(s)")
     return kernel
 
 
-def _block(geo: _Geometry, diff, lowest, bidx, blk, q, k, v, mask, out, scr) -> None:
+def _block(geo: _Geometry, diff, lowest, bidx, blk, q, k, v, mask, out, scr, exp_rows) -> None:
     """One query block of one batch index: the online-softmax loop over its key blocks."""
     s_buf, acc_buf, pv_buf, q_buf, rows = scr[:5]
     rest = scr[5:]
@@ -177,16 +182,19 @@ def _block(geo: _Geometry, diff, lowest, bidx, blk, q, k, v, mask, out, scr) -> 
             np.maximum(shift, m, out=shift)
         # a row that is all -inf so far shifts by the lowest finite value: exp gives 0, not NaN
         np.maximum(shift, lowest, out=shift)
-        np.subtract(s, shift[:, None], out=s)
-        np.exp(s, out=s)
+        if exp_rows is not None:  # one pass: exponentials in place and their row sums
+            exp_rows(s_buf, rows[2], rows[4], nq, nk)
+        else:
+            np.subtract(s, shift[:, None], out=s)
+            np.exp(s, out=s)
+            s.sum(axis=1, out=rsum)
         if first:
-            s.sum(axis=1, out=lsum)
+            lsum[...] = rsum
             np.matmul(s, vb, out=acc)
             first = False
         else:
             np.subtract(m, shift, out=alpha)
             np.exp(alpha, out=alpha)
-            s.sum(axis=1, out=rsum)
             np.multiply(lsum, alpha, out=lsum)
             np.add(lsum, rsum, out=lsum)
             np.matmul(s, vb, out=pv)

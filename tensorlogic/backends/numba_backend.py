@@ -76,6 +76,17 @@ def _call(fn: Any, out: np.ndarray, oshape: tuple[int, ...], ins: list, dims: tu
         out[...] = tmp.reshape(out.shape)
 
 
+def _attention_kernel(node, in_nodes, opts):
+    """The shared blocked host kernel, its softmax passes as one generated loop (fast_math)."""
+    from .attention_cpu import attention_kernel, compute_dtype
+    from .attention_numba import exp_rows
+
+    fast = opts.get("fast_math")
+    if fast is False:  # libm exp in strict order: the numpy passes are that already
+        return attention_kernel(node, in_nodes)
+    return attention_kernel(node, in_nodes, exp_rows(compute_dtype(node.dtype)))
+
+
 class NumbaBackend(NumpyBackend):
     """Generated, parallel numba kernels; memory and input handling are the numpy backend's."""
 
@@ -89,6 +100,8 @@ class NumbaBackend(NumpyBackend):
         opts = step.args.get("_options") or {}
         if node.kind == ops.EINSUM:
             return kernels.einsum_kernel(np, node, in_nodes)
+        if node.kind == ops.ATTENTION:
+            return _attention_kernel(node, in_nodes, opts)
         body = _body_of(node, in_nodes)
         dts = [n.dtype for n in in_nodes]
         if body is None or node.dtype not in _FLOATS or any(d not in _FLOATS for d in dts):

@@ -319,14 +319,17 @@ def _rewrite(g: EinsumGraph, o: Node, found) -> None:
         inputs.append(m)
     args = {"scale": float(mt.scale), "causal": bool(mt.causal)}
     att_letters = batch_o + [qp, e]
-    final = _perm("".join(att_letters), list(out_term))
-    if final == list(range(len(final))):
+    if list(out_term) == att_letters:
         new = Node(o.id, ops.ATTENTION, None, tuple(inputs), tuple(o.shape), o.dtype, o.name,
                    MappingProxyType(args))
     else:
+        # the result's axis order as a one-operand einsum, not a transpose view: a consuming
+        # einsum (an output projection) absorbs it when merged and plans the layout itself,
+        # and anywhere else it is one copy into planned memory, where a strided view would make
+        # a later contraction copy (and allocate) on every call
         a = g.add_node(ops.ATTENTION, None, inputs, args, name=f"{o.name}_attention")
-        new = replace(o, kind=ops.TRANSPOSE, op=None, inputs=(a,),
-                      args=MappingProxyType({"perm": tuple(final)}))
+        new = replace(o, inputs=(a,),
+                      args=MappingProxyType({"spec": f"{''.join(att_letters)}->{out_term}"}))
     old_inputs = o.inputs
     g.replace_node(o.id, new)
     for i in old_inputs:
