@@ -174,7 +174,8 @@ def _chain(g: EinsumGraph, x: int, outputs: set[int], user: int) -> tuple[_Match
 
 
 def _roles(g: EinsumGraph, s: Node, key_axis: int):
-    """(q id, k id, q term, k term, out term, scale factor) of a scores einsum, or None."""
+    """(q, k, q's letters, k's letters, the scores' letters, the product of scalar constant
+    operands, the head-dim letter, the query letter) of a scores einsum, or None."""
     scal = 1.0
     tensors = []
     es = parse_spec(s.args["spec"], tuple(len(g.node(i).shape) for i in s.inputs))
@@ -230,7 +231,7 @@ def match(g: EinsumGraph, o: Node, outputs: set[int]):
         if roles is None:
             continue
         q, k, tq, tk, sout, scal, d, ql = roles
-        plan = _layout(g, o, s, tp, tv, to, sout, ql, key_axis)
+        plan = _layout(tp, tv, to, sout, ql, key_axis)
         if plan is None:
             continue
         nodes = [o, s, sm, *(g.node(c) for c in mt.chain), g.node(q), g.node(k), g.node(v)]
@@ -243,7 +244,7 @@ def match(g: EinsumGraph, o: Node, outputs: set[int]):
     return None
 
 
-def _layout(g, o, s, tp, tv, to, sout, ql, key_axis):
+def _layout(tp: str, tv: str, to: str, sout: str, ql: str, key_axis: int):
     """Letters of the value contraction by role: (batch letters of o in o's order, the key and
     query letters of p, the value letter), or None when o is not the value contraction."""
     if len(tp) != len(sout) or len(set(tp)) != len(tp) or len(set(tv)) != len(tv) \
