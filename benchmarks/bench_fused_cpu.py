@@ -420,7 +420,7 @@ def threshold_sweep(quick, rng):
                 plan = fused_plan([(n,)] * k, "float32", instrs, (n,), parallel_threshold=thr)
                 kern = plan.concrete.kernels[0]
                 assert par in kern.info
-                cases.append((n, f"{key}_{par}_us", kern, xs, out))
+                cases.append((n, f"{key}_{par}_us", kern.fn, xs, out))
     samples: dict = {}
     for _ in range(rounds):
         for n, name, kern, xs, out in cases:

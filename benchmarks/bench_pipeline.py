@@ -4,7 +4,15 @@ Models: a 4-layer MLP (width 1024) and an attention block (per item: 16 tokens o
 heads), 100,000 items, batches of 256 and 4096. Also measures how the last, smaller batch is best
 run: its own (cached) plan vs padding it to the full batch size.
 Target: run_batched reaches >= 90% of the one-big-call throughput at batch 4096.
-Usage: python benchmarks/bench_pipeline.py [--quick] [--no-dask]
+
+Scale-out (--multi-gpu, on a host with two GPUs; --cpu-cluster, on the GPU host's CPUs): an
+8-layer GELU MLP of width 4096, 32,768 rows of float32, batch 4096, on one GPU vs two, in one
+process (devices=) and on a Dask cluster with one worker per GPU (dask-array input generated and
+persisted on the workers, output persisted there; and numpy input through the client); a CPU
+LocalCluster (workers x threads) vs one process. Every row is timed after a warm-up run, with
+its one-device baseline in the same run. Targets: in-process 2 GPUs >= 1.8x one GPU; Dask 2 GPU
+workers >= 1.7x one worker.
+Usage: python benchmarks/bench_pipeline.py [--quick] [--no-dask] [--multi-gpu] [--cpu-cluster]
 """
 
 from __future__ import annotations
@@ -61,9 +69,10 @@ def make_inputs(model: str, n: int) -> dict[str, np.ndarray]:
     return {"x": rng.standard_normal(shape, dtype=np.float32)}
 
 
-def timed(fn, repeat: int) -> float:
+def timed(fn, repeat: int, warm: bool = True) -> float:
     """Median seconds over ``repeat`` runs after one warm-up (compiles every batch size)."""
-    fn()
+    if warm:
+        fn()
     samples = []
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -190,13 +199,232 @@ def bench_device_overlap(backend: str, n_batches: int = 40, batch: int = 4096,
     return row
 
 
+def gelu_mlp(width: int = 4096, depth: int = 8, seed: int = 0) -> tl.EinsumGraph:
+    """x[B, width] -> depth x gelu(x W + b) -> y[B, width]."""
+    rng = np.random.default_rng(seed)
+    g = tl.EinsumGraph()
+    h = g.input("x", shape=("B", width))
+    for k in range(depth):
+        w = g.constant((rng.standard_normal((width, width)) * width**-0.5).astype(np.float32),
+                       name=f"w{k}")
+        b = g.constant((rng.standard_normal(width) * 0.1).astype(np.float32), name=f"b{k}")
+        h = g.gelu(g.einsum("bi,ij->bj", h, w) + b)
+    g.output(h, name="y")
+    return g
+
+
+def reference_rows(graph: tl.EinsumGraph, x: np.ndarray) -> np.ndarray:
+    """The graph on a few rows, in float64 on the host (the accuracy reference)."""
+    plan = tl.compile(graph, backend="numpy", opt_level=0)
+    return plan(x=x)["y"].astype(np.float64)
+
+
+def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.linalg.norm(got - ref) / np.linalg.norm(ref))
+
+
+def _save(name: str, rows: list[dict], extra: dict, copy_to: str | None) -> None:
+    path = write_results(name, rows, extra, peers=("dask", "distributed", "cupy", "zarr"))
+    if copy_to:
+        import shutil
+
+        shutil.copy(path, copy_to)
+
+
+def _row(rows: list[dict], mode: str, seconds: float, n: int, base: float | None, **info) -> None:
+    row = {"mode": mode, "seconds": seconds, "items_per_s": n / seconds,
+           "vs_one_device": None if base is None else base / seconds, **info}
+    rows.append(row)
+    ratio = "" if base is None else f"  {base / seconds:.2f}x one device"
+    print(f"  {mode:58s} {seconds * 1e3:9.1f} ms {n / seconds:12.0f} rows/s{ratio}", flush=True)
+
+
+def bench_multi_gpu(backend: str, width: int, depth: int, n: int, batch: int, repeat: int,
+                    devices: list[int], dask_gpus: bool, copy_to: str | None,
+                    in_process: bool = True) -> None:
+    """One GPU vs several: in-process (devices=) and Dask (one worker per GPU)."""
+    graph = gelu_mlp(width, depth)
+    plan = tl.compile(graph, backend=backend)
+    x = np.random.default_rng(1).standard_normal((n, width), dtype=np.float32)
+    probe = np.r_[0:32, n - 32:n]  # rows checked against the float64 host reference
+    ref = reference_rows(graph, x[probe])
+    rows: list[dict] = []
+    extra: dict = {"model": f"{depth}-layer GELU MLP width {width}", "n_rows": n, "batch": batch,
+                   "backend": backend, "devices": devices}
+
+    def check(out: np.ndarray, what: str) -> float:
+        err = rel_err(out[probe], ref)
+        assert err < 1e-3, f"{what}: relative error {err:.2e}"
+        return err
+
+    # GPU compute alone (batches already on the device): the floor of any pipeline
+    be = plan.backend
+    dev = [be.to_device(x[i:i + batch]) for i in range(0, min(n, 2 * batch), batch)]
+
+    def compute_only():
+        for k in range(0, n, batch):
+            plan(x=dev[(k // batch) % len(dev)])
+        be.synchronize()
+
+    t_compute = timed(compute_only, repeat)
+    one = timed(lambda: tl.run_batched(plan, {"x": x}, batch, progress=False), repeat)
+    err = check(tl.run_batched(plan, {"x": x}, batch, progress=False)["y"], "one GPU")
+    _row(rows, "GPU compute only, batches on the device (1 GPU)", t_compute, n, None)
+    _row(rows, "in-process, 1 GPU (devices=None)", one, n, one, rel_err=err)
+    if in_process:
+        lane = timed(lambda: tl.run_batched(plan, {"x": x}, batch, devices=devices[:1],
+                                            progress=False), repeat)
+        err = check(tl.run_batched(plan, {"x": x}, batch, devices=devices[:1],
+                                   progress=False)["y"], "devices=[0]")
+        _row(rows, f"in-process, devices={devices[:1]}", lane, n, one, rel_err=err)
+        base = min(one, lane)
+        multi = timed(lambda: tl.run_batched(plan, {"x": x}, batch, devices=devices,
+                                             progress=False), repeat)
+        err = check(tl.run_batched(plan, {"x": x}, batch, devices=devices,
+                                   progress=False)["y"], "devices")
+        _row(rows, f"in-process, devices={devices}", multi, n, base, rel_err=err)
+        extra["in_process_speedup"] = base / multi
+        extra["in_process_target_met"] = base / multi >= 1.8
+        print(f"  in-process {len(devices)} GPUs vs the best 1-GPU row: {base / multi:.2f}x "
+              f"(target >= 1.8: {'met' if base / multi >= 1.8 else 'NOT met'})", flush=True)
+        _save("bench_pipeline_multigpu", rows, extra, copy_to)
+    if dask_gpus:
+        bench_dask_gpus(plan, graph, x, batch, repeat, len(devices), one, rows, extra, copy_to)
+
+
+def bench_dask_gpus(plan, graph, x, batch, repeat, gpus_max, one, rows, extra, copy_to) -> None:
+    """One GPU worker vs ``gpus_max`` (tl.local_cluster): dask-array input generated and
+    persisted on the workers, output persisted there; and numpy input through the client."""
+    import dask.array as da
+    from distributed import Client, wait
+
+    n, width = x.shape
+    probe = np.r_[0:32, n - 32:n]
+    ref = reference_rows(graph, x[probe])
+    per_worker: dict[int, float] = {}
+    for gpus in (1, gpus_max):
+        with tl.local_cluster(gpus=gpus) as cluster, Client(cluster) as client:
+            client.wait_for_workers(gpus, timeout=120)
+            xd = da.random.default_rng(2).standard_normal((n, width), chunks=(batch, width),
+                                                          dtype=np.float32)
+            xd = client.persist(xd)  # generated on the workers; the client never holds it
+            wait(xd)
+            spread = sorted(collections_count(client.who_has(xd)).values())
+
+            def run_persist():
+                out = tl.run_batched(plan, {"x": xd}, client=client, progress=False)
+                y = client.persist(out["y"])
+                wait(y)
+                return y
+
+            t0 = time.perf_counter()
+            y = run_persist()  # warm-up: ships and compiles the plan on every worker
+            first = time.perf_counter() - t0
+            err = rel_err(y[:32].compute(), reference_rows(graph, xd[:32].compute()))
+            assert err < 1e-3, f"dask {gpus} GPU workers: relative error {err:.2e}"
+            del y
+            t = timed(run_persist, repeat, warm=False)
+            per_worker[gpus] = t
+            _row(rows, f"dask {gpus} GPU worker(s), dask array in, persisted out", t, n,
+                 per_worker[1], rel_err=err, first_call_s=first, chunks_per_worker=spread)
+            if gpus > 1:
+                small = {"x": x[:batch]}
+                tl.run_batched(plan, small, batch, client=client, progress=False)  # warm-up
+                t0 = time.perf_counter()
+                got = tl.run_batched(plan, {"x": x}, batch, client=client, progress=False)
+                t = time.perf_counter() - t0
+                err = rel_err(got["y"][probe], ref)
+                assert err < 1e-3, f"dask numpy through the client: relative error {err:.2e}"
+                _row(rows, f"dask {gpus} GPU workers, numpy in/out through the client", t, n,
+                     one, rel_err=err)
+        _save("bench_pipeline_dask_gpu", rows, extra, copy_to)
+    ratio = per_worker[1] / per_worker[gpus_max]
+    extra["dask_speedup"] = ratio
+    extra["dask_target_met"] = ratio >= 1.7
+    print(f"  dask {gpus_max} GPU workers vs 1 worker: {ratio:.2f}x (target >= 1.7: "
+          f"{'met' if ratio >= 1.7 else 'NOT met'})", flush=True)
+    _save("bench_pipeline_dask_gpu", rows, extra, copy_to)
+
+
+def collections_count(who_has: dict) -> dict[str, int]:
+    """Chunks held per worker."""
+    count: dict[str, int] = {}
+    for workers in who_has.values():
+        for w in workers:
+            count[w] = count.get(w, 0) + 1
+    return count
+
+
+def bench_cpu_cluster(width: int, depth: int, n: int, batch: int, repeat: int,
+                      layouts: list[tuple[int, int]], copy_to: str | None) -> None:
+    """A CPU LocalCluster (workers x threads, dask-array input on the workers) vs one process
+    (run_batched with BLAS on every core), numpy backend."""
+    import dask.array as da
+    from distributed import Client, wait
+
+    graph = gelu_mlp(width, depth)
+    plan = tl.compile(graph, backend="numpy")
+    x = np.random.default_rng(1).standard_normal((n, width), dtype=np.float32)
+    ref = reference_rows(graph, x[:32])
+    cores = machine()["cores_usable"]
+    rows: list[dict] = []
+    one = timed(lambda: tl.run_batched(plan, {"x": x}, batch, progress=False), repeat)
+    err = rel_err(tl.run_batched(plan, {"x": x[:batch]}, batch, progress=False)["y"][:32], ref)
+    _row(rows, f"one process, BLAS on {cores} cores", one, n, one, rel_err=err)
+    for workers, threads in layouts:
+        with tl.local_cluster(n_workers=workers, threads_per_worker=threads) as cluster, \
+                Client(cluster) as client:
+            client.wait_for_workers(workers, timeout=120)
+            xd = client.persist(da.random.default_rng(2).standard_normal(
+                (n, width), chunks=(batch, width), dtype=np.float32))
+            wait(xd)
+
+            def run_persist():
+                out = tl.run_batched(plan, {"x": xd}, client=client, progress=False)
+                y = client.persist(out["y"])
+                wait(y)
+                return y
+
+            y = run_persist()
+            err = rel_err(y[:32].compute(), reference_rows(graph, xd[:32].compute()))
+            del y
+            t = timed(run_persist, repeat, warm=False)
+            _row(rows, f"LocalCluster {workers} workers x {threads} threads, dask array",
+                 t, n, one, rel_err=err)
+        _save("bench_pipeline_cluster_cpu", rows,
+              {"model": f"{depth}-layer GELU MLP width {width}", "n_rows": n, "batch": batch,
+               "cores": cores}, copy_to)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="10,000 items, fewer repeats")
     ap.add_argument("--no-dask", action="store_true", help="skip the Dask LocalCluster runs")
     ap.add_argument("--device-backend", help="measure copy/compute overlap on this GPU backend "
                     "(default: cupy when it is usable)")
+    ap.add_argument("--multi-gpu", action="store_true", help="only the one-vs-several-GPU rows")
+    ap.add_argument("--no-dask-gpu", action="store_true", help="with --multi-gpu: skip Dask")
+    ap.add_argument("--no-in-process", action="store_true",
+                    help="with --multi-gpu: only the one-GPU baseline and the Dask rows")
+    ap.add_argument("--cpu-cluster", action="store_true",
+                    help="only the CPU LocalCluster vs one process rows")
+    ap.add_argument("--copy-to", help="also copy each result file into this folder")
+    ap.add_argument("--rows", type=int, default=32768, help="rows of the scale-out runs")
     args = ap.parse_args()
+    if args.multi_gpu or args.cpu_cluster:
+        if args.multi_gpu:
+            import cupy
+
+            ids = list(range(cupy.cuda.runtime.getDeviceCount()))
+            bench_multi_gpu(args.device_backend or "cupy", 4096, 8, args.rows, 4096,
+                            1 if args.quick else 3, ids, not args.no_dask_gpu, args.copy_to,
+                            in_process=not args.no_in_process)
+        if args.cpu_cluster:
+            cores = machine()["cores_usable"]
+            layouts = [(cores, 1), (max(1, cores // 4), 4)]
+            bench_cpu_cluster(1024, 4, args.rows, 4096, 1 if args.quick else 3, layouts,
+                              args.copy_to)
+        return
     n = 10_000 if args.quick else 100_000
     repeat = 1 if args.quick else 3
     batches = [256, 4096]

@@ -25,7 +25,8 @@ from . import datalog
 from .lang import Program, load_program, parse
 
 # batched inference
-from .pipeline import BatchError, BatchFailure, BatchOutput, run_batched, run_batches
+from .pipeline import (BatchError, BatchFailure, BatchOutput, local_cluster, run_batched,
+                       run_batches)
 
 __version__ = "0.1.0"
 
@@ -40,5 +41,5 @@ __all__ = [
     # the TensorLogic language
     "Program", "datalog", "load_program", "parse",
     # batched inference (pipeline/)
-    "BatchError", "BatchFailure", "BatchOutput", "run_batched", "run_batches",
+    "BatchError", "BatchFailure", "BatchOutput", "local_cluster", "run_batched", "run_batches",
 ]

@@ -69,7 +69,9 @@ def _run_batched(plan, inputs: dict[str, np.ndarray], args: argparse.Namespace) 
     from .pipeline.dask import device_count, local_cluster
 
     # a device backend gets one worker per GPU; a host backend args.workers processes
-    with local_cluster(args.workers, device_count(plan.backend)) as cl, Client(cl) as client:
+    gpus = device_count(plan.backend)
+    workers = None if gpus else args.workers
+    with local_cluster(gpus=gpus, n_workers=workers) as cl, Client(cl) as client:
         return run_batched(plan, inputs, client=client, **opts)
 
 

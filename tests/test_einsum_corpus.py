@@ -124,6 +124,34 @@ def test_einsum_matches_numpy(spec, shapes, dtype, backend, rng):
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
 
+# integer, bool and complex einsums: integers and bool bit for bit (products and sums wrap
+# around in the operands' dtype, as numpy's do), complex to its precision
+EXACT_DTYPES = ["int8", "uint8", "int16", "uint32", "int64", "uint64", "bool"]
+
+
+@pytest.mark.parametrize("level", [0, 2])
+@pytest.mark.parametrize("dtype", EXACT_DTYPES + ["complex64", "complex128"])
+def test_einsum_corpus_in_other_dtypes(dtype, level, rng):
+    from tensorlogic.testing.einsum_calls import random_array
+
+    for backend in ("numpy", "numba"):
+        for spec, shapes in CORPUS:
+            g = tl.EinsumGraph()
+            ins = [g.input(f"x{k}", s, dtype) for k, s in enumerate(shapes)]
+            g.output(g.einsum(spec, *ins), name="y")
+            arrays = {f"x{k}": random_array(rng, s, dtype) for k, s in enumerate(shapes)}
+            got = tl.compile(g, backend=backend, opt_level=level)(arrays)["y"]
+            with np.errstate(all="ignore"):
+                want = np.einsum(spec, *arrays.values(), optimize=False)
+            what = f"{spec} {dtype} {backend} O{level}"
+            assert got.shape == want.shape and got.dtype == want.dtype, what
+            if dtype in EXACT_DTYPES:
+                np.testing.assert_array_equal(got, want, err_msg=what)
+            else:
+                tol = 1e-5 if dtype == "complex64" else 1e-12
+                np.testing.assert_allclose(got, want, rtol=tol, atol=tol * 10, err_msg=what)
+
+
 @pytest.mark.parametrize("spec,shapes", CORPUS[::4], ids=[c[0] for c in CORPUS[::4]])
 def test_einsum_at_every_opt_level(spec, shapes, rng):
     g = tl.EinsumGraph()

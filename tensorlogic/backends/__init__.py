@@ -1,6 +1,9 @@
-"""Backends: the protocol, the registry, and the built-in backends."""
+"""Backends: the contract, the registry, and the built-in backends."""
 
-from .base import available_backends, get_backend, register_backend, registered_backends
+from .base import (
+    Backend, Capabilities, PreparedKernel, available_backends, get_backend, register_backend,
+    registered_backends, unregister_backend,
+)
 from . import numpy_backend  # noqa: F401  (registers "numpy")
 from . import cupy as _cupy  # noqa: F401  (registers "cupy"; imports CuPy only when used)
 
@@ -14,4 +17,5 @@ def _numba_factory():
 
 register_backend("numba", _numba_factory)
 
-__all__ = ["available_backends", "get_backend", "register_backend", "registered_backends"]
+__all__ = ["Backend", "Capabilities", "PreparedKernel", "available_backends", "get_backend",
+           "register_backend", "registered_backends", "unregister_backend"]

@@ -25,6 +25,7 @@ import numpy as np
 
 from ..ir import attention as attn_ir
 from . import host_pool
+from .base import PreparedKernel
 
 # Query and key block sizes. A 256 x 512 float32 score block (512 KB) and its 256 x Dv
 # accumulator stay in L2; larger key blocks mean fewer rescales. Measured in
@@ -97,8 +98,8 @@ class _Geometry:
         return specs
 
 
-def attention_kernel(node, in_nodes, exp_rows=None):
-    """``kernel(inputs, out)`` for an attention node on host (numpy) arrays.
+def attention_kernel(node, in_nodes, exp_rows=None) -> PreparedKernel:
+    """The prepared kernel of an attention node on host (numpy) arrays.
 
     ``exp_rows(s, shift, rsum, nq, nk)``, when given (the numba backend's generated loop),
     replaces the subtract, exp and row-sum ufunc passes over each score block by one pass.
@@ -137,12 +138,12 @@ def attention_kernel(node, in_nodes, exp_rows=None):
                 work(item, 0)
         return out
 
-    kernel.scratch = specs
-    kernel.flops = 2 * geo.macs + 4 * geo.n_batch * geo.sq * geo.sk // (2 if geo.causal else 1)
-    kernel.info = (f"{'numba exp, ' if exp_rows is not None else ''}blocks {geo.bq}x{geo.bk}"
-                   f"{' causal' if geo.causal else ''}{' +mask' if geo.has_mask else ''}, "
-                   f"{geo.participants} thread(s)")
-    return kernel
+    info = (f"{'numba exp, ' if exp_rows is not None else ''}blocks {geo.bq}x{geo.bk}"
+            f"{' causal' if geo.causal else ''}{' +mask' if geo.has_mask else ''}, "
+            f"{geo.participants} thread(s)")
+    flops = 2 * geo.macs + 4 * geo.n_batch * geo.sq * geo.sk // (2 if geo.causal else 1)
+    return PreparedKernel(kernel, flops=flops, scratch=tuple(specs), info=info,
+                          impl=exp_rows)
 
 
 def _block(geo: _Geometry, diff, lowest, bidx, blk, q, k, v, mask, out, scr, exp_rows) -> None:

@@ -16,13 +16,14 @@ array, so results match the unfused numpy backend element for element.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from ..ir import ops
 from ..ir.fused import FusedBody
 from . import host_pool, kernels
+from .base import PreparedKernel
 
 # Bytes per register block. A block's registers and operands stay in the L2/L3 caches; larger
 # blocks mean fewer ufunc calls (measured on the 16M 14-op chain, 2 threads: 256 KB 27 ms,
@@ -82,7 +83,7 @@ def _block_axis(space: tuple[int, ...], kept: int, block: int) -> tuple[int, int
 
 
 def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
-                 threads: bool = True) -> Callable:
+                 threads: bool = True) -> PreparedKernel:
     """Kernel ``kernel(inputs, out)`` for a FUSED node on numpy arrays.
 
     ``threads=False`` keeps every block on the calling thread (plans that also call BLAS).
@@ -217,7 +218,7 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
         if len(arrays) > n_in:
             scratch = arrays[n_in:]
         else:
-            scratch = [np.empty(shp, dtype) for shp, _ in kernel.scratch]
+            scratch = [np.empty(shp, dtype) for shp, _ in scratch_specs]
         out_view = out.reshape(space if tail is None or tail in ops.ROW_OPS else space[:kept])
         if single:
             regs = [b.reshape(space) for b in scratch[:n_regs]]
@@ -238,19 +239,19 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
         host_pool.run_blocks(work, len(blocks), workers - 1)
         return out
 
-    kernel.info = describe(body)
     # one set of registers (and tail scratch) per thread that runs blocks
-    kernel.scratch = ([((n_elems,), dtype.name)] * n_regs + tail_scratch) * workers
+    scratch_specs = tuple(([((n_elems,), dtype.name)] * n_regs + tail_scratch) * workers)
     # each block of the output is written after that block of every input was read, so the
     # output may overwrite an input of the full iteration space, unless the last instruction
     # reads its operands after it started writing (an op that is not alias-safe). An epilogue
     # reads its inputs after the row op wrote the block: those inputs may not alias the output.
     last = body.instrs[-1] if body.instrs else None
+    inplace: tuple[int, ...] = ()
     if final_to_out and (last is None or last.op == "where" or ops.ELEMENTWISE[last.op].alias_safe):
         late = body.epilogue_inputs()
-        kernel.inplace = tuple(k for k, d in enumerate(in_dims) if d == space and k not in late
-                               and np.dtype(in_nodes[k].dtype) == dtype)
-    return kernel
+        inplace = tuple(k for k, d in enumerate(in_dims) if d == space and k not in late
+                        and np.dtype(in_nodes[k].dtype) == dtype)
+    return PreparedKernel(kernel, scratch=scratch_specs, inplace=inplace, info=describe(body))
 
 
 def describe(body: FusedBody) -> str:

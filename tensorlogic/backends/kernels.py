@@ -3,12 +3,11 @@
 ``make_kernel(xp, node, in_nodes, copy)`` returns ``kernel(inputs, out)``. ``xp`` is the array
 module (numpy, or CuPy, whose arrays accept the same ufuncs with ``out=``).
 
-Kernel attributes the compiler reads (all optional, so a plain function is a valid kernel):
+Each maker returns a ``PreparedKernel`` (backends.base) whose fields the compiler reads:
 
-- ``scratch``: a list of (shape, dtype) temporaries. The executor appends one arena buffer per
-  entry to the kernel's inputs, so ``inputs[len(node.inputs) + j]`` is scratch buffer j. Every
-  kernel here also runs without them (it then allocates), so a wrapper that drops the attribute
-  stays correct.
+- ``scratch``: (shape, dtype) temporaries. The executor appends one arena buffer per entry to
+  the kernel's inputs, so ``inputs[len(node.inputs) + j]`` is scratch buffer j. Every kernel
+  here also runs without them (it then allocates), so a wrapper that drops them stays correct.
 - ``inplace``: positions of inputs that ``out`` may alias exactly (same shape and dtype) with the
   kernel still correct; the memory planner may then let the output overwrite such an input when
   it dies at this step.
@@ -16,17 +15,13 @@ Kernel attributes the compiler reads (all optional, so a plain function is a val
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
-
 from ..errors import BackendError
 from ..ir import ops, spec as einspec
 from . import contract
+from .base import PreparedKernel
 
-Kernel = Callable[[list, Any], Any]
 
-
-def einsum_kernel(xp, node, in_nodes) -> Kernel:
+def einsum_kernel(xp, node, in_nodes) -> PreparedKernel:
     """Kernel for an einsum node; it carries its FLOPs, scratch and (for 3+ operands) its path."""
     shapes = [tuple(n.shape) for n in in_nodes]
     es = einspec.parse(node.args["spec"], [len(s) for s in shapes])
@@ -60,10 +55,9 @@ def einsum_kernel(xp, node, in_nodes) -> Kernel:
         def kernel(args, out):
             return run(xp, args, out)
 
-    kernel.flops = plan.flops
-    kernel.info = path_note(node, plan) if len(in_nodes) > 2 else ""
-    kernel.scratch = list(plan.scratch) + [(shape, node.dtype) for _, shape in wide]
-    return kernel
+    return PreparedKernel(
+        kernel, flops=plan.flops, info=path_note(node, plan) if len(in_nodes) > 2 else "",
+        scratch=tuple(plan.scratch) + tuple((shape, node.dtype) for _, shape in wide))
 
 
 def path_note(node, plan) -> str:
@@ -106,7 +100,7 @@ def _layer_norm(xp, x, axis, eps, out):
     return _layer_norm_kernel(xp, tuple(x.shape), x.dtype.name, axis % x.ndim, eps)([x], out)
 
 
-def _layer_norm_kernel(xp, x_shape, dtype, axis, eps) -> Kernel:
+def _layer_norm_kernel(xp, x_shape, dtype, axis, eps) -> PreparedKernel:
     """(x - mean) / sqrt(var + eps) along axis; the variance is the mean of squared deviations
     (two passes over the centred values, as numpy's var computes it)."""
     kd = _keep_shape(x_shape, (axis % len(x_shape),))
@@ -122,13 +116,12 @@ def _layer_norm_kernel(xp, x_shape, dtype, axis, eps) -> Kernel:
         xp.sqrt(m, out=m)
         return xp.divide(out, m, out=out)
 
-    layer_norm.scratch = [(kd, dtype), (tuple(x_shape), dtype)]
     # the input is read only before (or where) out is first written
-    layer_norm.inplace = (0,)
-    return layer_norm
+    return PreparedKernel(layer_norm, scratch=((kd, dtype), (tuple(x_shape), dtype)),
+                          inplace=(0,))
 
 
-def _logsumexp_kernel(xp, x_shape, dtype, axes, keepdims) -> Kernel:
+def _logsumexp_kernel(xp, x_shape, dtype, axes, keepdims) -> PreparedKernel:
     kd = _keep_shape(x_shape, axes)
 
     def kernel(a, out):
@@ -152,11 +145,10 @@ def _logsumexp_kernel(xp, x_shape, dtype, axes, keepdims) -> Kernel:
             out[...] = s.reshape(out.shape)
         return out
 
-    kernel.scratch = [(tuple(x_shape), dtype), (kd, dtype), (kd, "bool")]
-    return kernel
+    return PreparedKernel(kernel, scratch=((tuple(x_shape), dtype), (kd, dtype), (kd, "bool")))
 
 
-def _softmax_kernel(xp, x_shape, dtype, axis, log: bool) -> Kernel:
+def _softmax_kernel(xp, x_shape, dtype, axis, log: bool) -> PreparedKernel:
     kd = _keep_shape(x_shape, (axis,))
 
     def softmax(a, out):
@@ -177,14 +169,13 @@ def _softmax_kernel(xp, x_shape, dtype, axis, log: bool) -> Kernel:
         xp.log(m, out=m)
         return xp.subtract(out, m, out=out)
 
-    kernel = log_softmax if log else softmax
-    kernel.scratch = [(kd, dtype)] + ([(tuple(x_shape), dtype)] if log else [])
     # the input is read only before out is first written
-    kernel.inplace = (0,)
-    return kernel
+    return PreparedKernel(log_softmax if log else softmax,
+                          scratch=((kd, dtype),) + (((tuple(x_shape), dtype),) if log else ()),
+                          inplace=(0,))
 
 
-def make_kernel(xp, node, in_nodes, copy: bool) -> Kernel:
+def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
     """Kernel for one non-einsum, non-fused node.
 
     ``copy``: transpose and reshape write into ``out`` instead of returning a view (for outputs
@@ -195,13 +186,24 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> Kernel:
     if kind in (ops.UNARY, ops.BINARY):
         row = ops.ELEMENTWISE[op]
         fn = row.numpy
+        src = in_nodes[0].dtype
+        if kind == ops.UNARY and src != node.dtype and op != "abs":
+            # a unary op whose result dtype differs (exp of int8 is float16) computes on its
+            # input converted to that dtype, as numpy's loop does; composite ops (gelu, sigmoid)
+            # would otherwise run their first steps in the input's integer loops
+            in_shape = tuple(in_nodes[0].shape)
+
+            def converted(a, out):
+                x = _arg(xp, a, 1, in_shape, node.dtype)
+                xp.copyto(x, a[0])
+                return fn(x, out=out)
+
+            return PreparedKernel(converted, scratch=((in_shape, node.dtype),))
         if kind == ops.UNARY:
             kernel = lambda a, out: fn(a[0], out=out)  # noqa: E731
         else:
             kernel = lambda a, out: fn(a[0], a[1], out=out)  # noqa: E731
-        if row.alias_safe:
-            kernel.inplace = tuple(range(row.arity))
-        return kernel
+        return PreparedKernel(kernel, inplace=tuple(range(row.arity)) if row.alias_safe else ())
     if kind == ops.WHERE:
         def where(a, out):
             mask = _arg(xp, a, 3, shape, "bool")
@@ -209,16 +211,14 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> Kernel:
             xp.copyto(out, a[2])
             xp.copyto(out, a[1], where=mask)
             return out
-        where.scratch = [(shape, "bool")]
-        where.inplace = (0, 2)
-        return where
+        return PreparedKernel(where, scratch=((shape, "bool"),), inplace=(0, 2))
     if kind == ops.REDUCE:
         axes = tuple(node.args["axes"])
         kd = bool(node.args.get("keepdims"))
         if op == "logsumexp":
             return _logsumexp_kernel(xp, tuple(in_nodes[0].shape), node.dtype, axes, kd)
         red = {"sum": xp.sum, "mean": xp.mean, "max": xp.max, "min": xp.min, "prod": xp.prod}[op]
-        return lambda a, out: red(a[0], axis=axes, keepdims=kd, out=out)
+        return PreparedKernel(lambda a, out: red(a[0], axis=axes, keepdims=kd, out=out))
     if kind == ops.ROWOP and op == "layer_norm":
         return _layer_norm_kernel(xp, tuple(in_nodes[0].shape), node.dtype, node.args["axis"],
                                   float(node.args["eps"]))
@@ -231,16 +231,16 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> Kernel:
             def transpose_copy(a, out):
                 xp.copyto(out, a[0].transpose(perm))
                 return out
-            return transpose_copy
-        return lambda a, out: a[0].transpose(perm)
+            return PreparedKernel(transpose_copy)
+        return PreparedKernel(lambda a, out: a[0].transpose(perm))
     if kind == ops.RESHAPE:
         if copy:
             def reshape_copy(a, out):
                 # C-order reshape is a flat-index match: copy through a view of the contiguous out
                 xp.copyto(out.reshape(a[0].shape), a[0])
                 return out
-            return reshape_copy
-        return lambda a, out: a[0].reshape(shape)
+            return PreparedKernel(reshape_copy)
+        return PreparedKernel(lambda a, out: a[0].reshape(shape))
     if kind == ops.ATTENTION:
         from .attention_cpu import attention_kernel
 
@@ -248,10 +248,16 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> Kernel:
             raise BackendError(f"node {node.name!r}: the host attention kernel needs numpy arrays")
         return attention_kernel(node, in_nodes)
     if kind == ops.CAST:
+        if in_nodes[0].dtype.startswith("complex") and not node.dtype.startswith("complex"):
+            def cast_real(a, out):  # astype's result, without its ComplexWarning
+                out[...] = a[0].real
+                return out
+            return PreparedKernel(cast_real)
+
         def cast(a, out):
             out[...] = a[0]
             return out
-        return cast
+        return PreparedKernel(cast)
     raise BackendError(f"node {node.name!r}: no kernel for node kind {kind!r}")
 
 

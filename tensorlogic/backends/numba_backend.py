@@ -21,12 +21,14 @@ from typing import Any
 
 import numpy as np
 
+from .. import dtypes
 from ..errors import BackendError
 from ..ir import ops
 from ..ir.fused import FusedBody, FusedOp
 from . import kernels, numba_cache, numba_threads
-from .numba_codegen import render
+from .numba_codegen import generates, render
 from .numba_layout import make_layout
+from .base import Capabilities, PreparedKernel
 from .numpy_backend import NumpyBackend
 
 # Below this many points a serial kernel wins. With OpenMP workers that sleep between kernels
@@ -36,7 +38,6 @@ from .numpy_backend import NumpyBackend
 # (1M: 93-101 vs 117-125 us; 2M: 260-280 vs 154-190 us). 512K takes the chain's gain and costs a
 # light kernel between 512K and 2M at most ~30 us.
 PARALLEL_THRESHOLD = 1 << 19
-_FLOATS = ("float32", "float64")
 
 
 def _body_of(node, in_nodes) -> FusedBody | None:
@@ -91,11 +92,13 @@ class NumbaBackend(NumpyBackend):
     """Generated, parallel numba kernels; memory and input handling are the numpy backend's."""
 
     name = "numba"
+    capabilities = Capabilities(native_array=np.ndarray, dtypes=frozenset(dtypes.SUPPORTED),
+                                options=frozenset({"fast_math", "parallel_threshold"}))
 
     def __init__(self) -> None:
         numba_threads.configure()
 
-    def prepare(self, step, node, in_nodes, graph):
+    def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """A generated kernel for elementwise/reduction/row-op/fused steps; BLAS for einsum."""
         opts = step.args.get("_options") or {}
         if node.kind == ops.EINSUM:
@@ -104,9 +107,10 @@ class NumbaBackend(NumpyBackend):
             return _attention_kernel(node, in_nodes, opts)
         body = _body_of(node, in_nodes)
         dts = [n.dtype for n in in_nodes]
-        if body is None or node.dtype not in _FLOATS or any(d not in _FLOATS for d in dts):
-            # layout ops, casts and float16 have no generated kernel: the numpy ones are exact
-            return kernels.make_kernel(np, node, in_nodes, not step.view)
+        if body is None or not generates(body.instrs, body.tail, body.epilogue, node.dtype, dts):
+            # layout ops, casts, float16 and the integer/complex ops numba would compute
+            # differently from numpy (see numba_codegen.EXACT_OPS) run numpy's kernels
+            return NumpyBackend.prepare(self, step, node, in_nodes, graph)
         fast = opts.get("fast_math")
         fast = True if fast is None else bool(fast)
         threshold = opts.get("parallel_threshold")
@@ -148,7 +152,5 @@ class NumbaBackend(NumpyBackend):
                 _call(fn, out, oshape, [_contiguous(a, s) for a, s in zip(args, views)], dims)
                 return out
 
-        kernel.info = f"numba {'parallel' if parallel else 'serial'}{' fast' if fast else ''}"
-        kernel.source = src.text
-        kernel.dispatcher = fn
-        return kernel
+        info = f"numba {'parallel' if parallel else 'serial'}{' fast' if fast else ''}"
+        return PreparedKernel(kernel, info=info, source=src.text, impl=fn)

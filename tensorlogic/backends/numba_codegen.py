@@ -30,6 +30,7 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
+import numba
 from numba.core import types as nbtypes
 
 from ..errors import BackendError
@@ -44,6 +45,51 @@ BLOCK = 4096  # elements per parallel block of a flat loop: big enough to amorti
 FAST_FLAGS = '{"reassoc", "contract", "nsz", "arcp"}'
 _FLOAT_LIT = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][+-]?\d+)?)")
 
+# Ops whose op-table numba expression, computed per instruction and converted back to the
+# kernel's dtype (``np.int8(a * b)`` wraps around like numpy's int8 loop), is exactly numpy's
+# op for integer, bool and complex kernels whose operands all have the kernel's dtype. Others
+# (integer reciprocal and pow, complex ordering, ops that change the dtype) keep numpy's loops.
+EXACT_OPS: dict[str, frozenset[str]] = {
+    "iu": frozenset({"neg", "abs", "square", "relu", "step", "one_minus", "add", "sub", "mul",
+                     "maximum", "minimum", "gt", "ge", "lt", "le", "eq", "ne", "where"}),
+    "b": frozenset({"abs", "relu", "step", "add", "mul", "maximum", "minimum", "gt", "ge", "lt",
+                    "le", "eq", "ne", "where"}),
+    "c": frozenset({"neg", "exp", "log", "sqrt", "square", "reciprocal", "tanh", "add", "sub",
+                    "mul", "div", "eq", "ne", "where"}),
+}
+# reductions a generated kernel computes exactly for integer, bool and complex inputs
+EXACT_REDUCTIONS = frozenset({"sum", "prod", "max", "min", "mean"})
+_REAL = ("float32", "float64")
+
+
+def _kind(dtype: str) -> str:
+    k = np.dtype(dtype).kind
+    return "iu" if k in "iu" else k
+
+
+def generates(instrs, tail, epilogue, dtype: str, in_dtypes: list[str]) -> bool:
+    """Whether ``render`` makes an exact kernel for this program and these dtypes."""
+    if dtype in _REAL and all(d in _REAL for d in in_dtypes):
+        return True  # the float kernels (fast math and all)
+    if epilogue or any(np.dtype(d).kind == "f" and d not in _REAL for d in (dtype, *in_dtypes)):
+        return False  # no float16 in numba
+    if tail is not None:
+        # a lone reduction over an integer, bool or complex input (its numpy result dtype)
+        return not instrs and tail in EXACT_REDUCTIONS and np.dtype(in_dtypes[0]).kind in "biuc"
+    allowed = EXACT_OPS.get(_kind(dtype), frozenset())
+    for ins in instrs:
+        if ins.op not in allowed:
+            return False
+        for j, (kind, v) in enumerate(ins.args):
+            if kind == "in" and in_dtypes[v] != dtype and not (ins.op == "where" and j == 0):
+                return False
+    return True
+
+
+def _np(dtype: str) -> str:
+    """numpy's scalar type name for a dtype in generated source."""
+    return "bool_" if dtype == "bool" else dtype
+
 
 @dataclass(frozen=True)
 class KernelSource:
@@ -57,8 +103,8 @@ class KernelSource:
 def kernel_signature(dtype: str, out_ndim: int, in_dtypes: list[str], rank: int) -> object:
     """``void(out, a0.., d0..)``: C-contiguous arrays (inputs read-only), int64 sizes."""
     arr = nbtypes.Array
-    ins = [arr(getattr(nbtypes, np.dtype(d).name), rank, "C", readonly=True) for d in in_dtypes]
-    out = arr(getattr(nbtypes, np.dtype(dtype).name), out_ndim, "C")
+    ins = [arr(numba.from_dtype(np.dtype(d)), rank, "C", readonly=True) for d in in_dtypes]
+    out = arr(numba.from_dtype(np.dtype(dtype)), out_ndim, "C")
     return nbtypes.void(out, *ins, *([nbtypes.int64] * rank))
 
 
@@ -86,7 +132,7 @@ class _Consts:
                 if np.isfinite(v)
                 else ("np.inf" if v > 0 else "-np.inf")
             )
-            out.append(f"{name} = np.{self.dtype}({lit})")
+            out.append(f"{name} = np.{_np(self.dtype)}({lit})")
         return out
 
 
@@ -98,6 +144,12 @@ def _op_expr(op: str, args: list[str], consts: _Consts, fast: bool, dtype: str) 
     names = {"x": args[0]} if row.arity == 1 else {"a": args[0], "b": args[1]}
     expr = _FLOAT_LIT.sub(lambda m: consts(float(m.group(1))), row.numba)
     expr = _math_names(expr, fast, dtype)
+    if np.dtype(dtype).kind == "c":
+        expr = re.sub(r"\bmath\.", "cmath.", expr)
+    if dtype not in _REAL:
+        # numba computes small integers in int64 and complex64 math in complex128: convert each
+        # value back so it wraps and rounds as numpy's loop of this dtype does
+        expr = f"np.{_np(dtype)}({expr})"
     return expr.format(**names)
 
 
@@ -176,6 +228,17 @@ def _unravel(vars_: list[str], sizes: list[str], flat: str, ind: str) -> list[st
 _INIT = {"sum": "0.0", "mean": "0.0", "prod": "1.0", "max": "-np.inf", "min": "np.inf"}
 
 
+def _init(op: str, acc_t: str) -> str:
+    """The identity of ``op`` as a scalar of ``acc_t`` in source form."""
+    k = np.dtype(acc_t).kind
+    if op in ("max", "min") and k in "biu":
+        if k == "b":
+            return f"np.bool_({op == 'min'})"
+        info = np.iinfo(acc_t)
+        return f"np.{acc_t}({info.min if op == 'max' else info.max})"
+    return f"np.{_np(acc_t)}({_INIT[op]})"
+
+
 def _combine(op: str, acc: str, v: str) -> str:
     if op in ("sum", "mean"):
         return f"{acc} = {acc} + {v}"
@@ -195,13 +258,15 @@ def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | 
     ``epilogue`` is a row-op tail's elementwise epilogue (applied to each value before it is
     stored).
     """
-    if dtype not in ("float32", "float64"):
-        raise BackendError(f"numba kernels support float32 and float64, not {dtype}")
+    if not generates(instrs, tail, epilogue, dtype, list(in_dtypes or [dtype] * n_inputs)):
+        raise BackendError(f"numba kernels do not compute this program exactly in {dtype} "
+                           f"(inputs {in_dtypes})")
     consts = _Consts(dtype)
     body = _Body(instrs, n_inputs, consts, fast, dtype)
     epi = _Body(epilogue, n_inputs, consts, fast, dtype, "e", True) if epilogue else None
-    # sums accumulate in float64 (rank-1 blocks in the compute dtype first: see partial_pass)
-    acc_dt = "float64"
+    # float sums accumulate in float64 (rank-1 blocks in the compute dtype first: see
+    # partial_pass); integer sums in their (numpy) result dtype, wrapping as numpy's do
+    acc_dt = {"f": "float64", "c": "complex128"}.get(np.dtype(dtype).kind, dtype)
     R = lay.rank
     idx = [f"i{d}" for d in range(R)]
     dnames = [f"d{d}" for d in range(R)]
@@ -296,6 +361,8 @@ def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | 
     code = "\n".join(lines)
     fast_names = [n for n in numba_fastmath.NAMES if f"_{n}(" in code]
     imports = ["import math", "import numpy as np", "from numba import prange"]
+    if "cmath." in code:
+        imports.insert(0, "import cmath")
     if fast_names:
         imports += [f"# numba_fastmath {numba_fastmath.SOURCE_DIGEST}",
                     "from tensorlogic.backends.numba_fastmath import "
@@ -365,8 +432,8 @@ def _reduce(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views
         """Statements leaving the final reduced value of one output element in ``tgt``."""
         loops, depth, vl, v = passes(ind, "acc")
         if not lse:
-            init = _INIT[op]
-            out = [f"{ind}acc = np.{acc_t}({init})", *loops, *vl, depth + _combine(op, "acc", v)]
+            out = [f"{ind}acc = {_init(op, acc_t)}", *loops, *vl,
+                   depth + _combine(op, "acc", v)]
             fin = "acc"
             if op == "mean":
                 fin = f"acc / ({count})"
@@ -408,19 +475,19 @@ def _reduce(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views
         # blocks combine in float64; converting every element to float64 instead costs ~2x in
         # cache. Rows of rank >= 2 layouts have no length bound, so they keep float64.
         blk_t = dtype if (fast and lay.rank == 1 and part_t == "float64") else part_t
+        start = _init(init, blk_t) if init in _INIT else f"np.{blk_t}({init})"
         return [
-            f"    part = np.empty(nb, np.{part_t})",
+            f"    part = np.empty(nb, np.{_np(part_t)})",
             f"    for b in {rng}(nb):",
             *loop,
-            f"        acc = np.{blk_t}({init})",
+            f"        acc = {start}",
             inner, *vl, "            " + comb(what(v)),
             "        part[b] = acc",
         ]
 
     if not lse:
-        init = _INIT[op]
-        lines = head + partial_pass(init, lambda x: _combine(op, "acc", x), acc_t, lambda x: x)
-        lines += [f"    acc = np.{acc_t}({init})", "    for b in range(nb):",
+        lines = head + partial_pass(op, lambda x: _combine(op, "acc", x), acc_t, lambda x: x)
+        lines += [f"    acc = {_init(op, acc_t)}", "    for b in range(nb):",
                   "        " + _combine(op, "acc", "part[b]")]
         fin = f"acc / ({count})" if op == "mean" else "acc"
         return lines + [f"    out[0] = {fin}"]

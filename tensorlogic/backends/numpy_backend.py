@@ -7,22 +7,23 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import SUPPORTED
 from ..errors import BackendError, InputError
 from ..ir import ops
 from . import kernels
-from .base import register_backend
+from .base import Backend, Capabilities, PreparedKernel, register_backend
 
 
-class NumpyBackend:
+class NumpyBackend(Backend):
     """Runs steps with numpy ufuncs (``out=``) and BLAS matmuls."""
 
     name = "numpy"
     xp = np
-    native_array = (
-        np.ndarray
-    )  # C-contiguous inputs of the declared shape skip checks (CompiledPlan)
+    # C-contiguous numpy inputs of the declared shape and dtype skip the checks (CompiledPlan);
+    # every IR dtype runs here
+    capabilities = Capabilities(native_array=np.ndarray, dtypes=frozenset(SUPPORTED))
 
-    def prepare(self, step, node, in_nodes, graph):
+    def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """Kernel for a step; einsum steps get their contraction path here, once."""
         if node.kind == ops.EINSUM:
             return kernels.einsum_kernel(np, node, in_nodes)
@@ -73,7 +74,7 @@ class NumpyBackend:
         return isinstance(x, np.ndarray)
 
     def check_input(self, x: Any, name: str):
-        """Accept numpy arrays (and numpy scalars) of a float dtype."""
+        """Accept numpy arrays (and numpy scalars) of a supported dtype."""
         if isinstance(x, np.generic):
             x = np.asarray(x)
         if not isinstance(x, np.ndarray):
@@ -81,8 +82,9 @@ class NumpyBackend:
                 f"input {name!r}: expected a numpy array, got {type(x).__name__}; "
                 "wrap it with np.asarray(..., dtype=...)"
             )
-        if x.dtype.kind != "f":
-            raise InputError(f"input {name!r}: dtype {x.dtype} is not a float dtype")
+        if x.dtype.name not in SUPPORTED:
+            raise InputError(f"input {name!r}: dtype {x.dtype} is not supported; expected one "
+                             f"of {SUPPORTED}")
         return x
 
     def to_device(self, x):  # noqa: D102

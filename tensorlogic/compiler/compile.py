@@ -13,8 +13,10 @@ from typing import Any
 import numpy as np
 
 from ..backends import get_backend
+from ..backends.base import PreparedKernel, as_prepared
 from ..backends import kernels as generic_kernels
-from ..errors import BackendError, GraphError
+from .. import dtypes
+from ..errors import BackendError, DTypeError, GraphError
 from ..ir import ops
 from ..ir.graph import EinsumGraph
 from ..options import CompileOptions
@@ -45,11 +47,10 @@ def _step_flops(node, in_nodes) -> int:
 _INPLACE_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE, ops.ROWOP, ops.FUSED)
 
 
-def _scratch_buffers(kernel, node, first_id: int) -> list[Buffer]:
-    """Buffers for the temporaries a kernel declares in its ``scratch`` attribute."""
-    specs = getattr(kernel, "scratch", None) or ()
+def _scratch_buffers(kernel: PreparedKernel, node, first_id: int) -> list[Buffer]:
+    """Buffers for the temporaries a kernel declares in ``PreparedKernel.scratch``."""
     out = []
-    for j, spec in enumerate(specs):
+    for j, spec in enumerate(kernel.scratch):
         try:
             shape, dtype = spec
             shape = tuple(int(d) for d in shape)
@@ -66,11 +67,10 @@ def _scratch_buffers(kernel, node, first_id: int) -> list[Buffer]:
     return out
 
 
-def _inplace_positions(kernel, node) -> tuple[int, ...]:
+def _inplace_positions(kernel: PreparedKernel, node) -> tuple[int, ...]:
     if node.kind not in _INPLACE_KINDS:
         return ()
-    pos = getattr(kernel, "inplace", None) or ()
-    return tuple(int(p) for p in pos if 0 <= int(p) < len(node.inputs))
+    return tuple(int(p) for p in kernel.inplace if 0 <= int(p) < len(node.inputs))
 
 
 def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
@@ -85,6 +85,18 @@ def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
             gc.enable()
 
 
+def check_dtypes(graph: EinsumGraph, backend) -> None:
+    """Raise DTypeError naming the first node whose dtype the backend does not run."""
+    declared = [d for d in dtypes.SUPPORTED if d in backend.capabilities.dtypes]
+    for nid in graph.live_nodes():
+        node = graph.node(nid)
+        if node.dtype not in declared:
+            raise DTypeError(
+                f"node {node.name!r} ({node.label}) has dtype {node.dtype}, which the "
+                f"{backend.name} backend does not run; it runs {', '.join(declared)} (the numpy "
+                f"and numba backends run every dtype: {', '.join(dtypes.SUPPORTED)})")
+
+
 def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
     graph = plan.graph.bind(binding) if binding else plan.graph
     t0 = time.perf_counter()
@@ -92,10 +104,8 @@ def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
     order = needed_nodes(optimized)
     nodes = {nid: optimized.node(nid) for nid in order}
     bufs = make_buffers(optimized, order)
-    backend = plan.backend
-    # a backend may take plan options (the cupy backend: codegen path, CUDA graphs)
-    if hasattr(backend, "with_options"):
-        backend = backend.with_options(plan.options)
+    # a backend may build kernels differently per plan (the cupy backend: codegen, CUDA graphs)
+    backend = plan.backend.with_options(plan.options)
     steps: list[Step] = []
     kernels = []
     scratch: list[Buffer] = []
@@ -114,11 +124,13 @@ def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
                     tuple(bufs[i].id for i in node.inputs), b.id, tuple(node.shape), node.dtype,
                     _step_flops(node, in_nodes), int(nbytes), args)
         with hooks.timed("codegen", f"prepare {node.name}", backend=backend.name, kind=node.kind):
-            kernel = backend.prepare(step, node, in_nodes, optimized)
+            kernel = as_prepared(backend.prepare(step, node, in_nodes, optimized),
+                                 f"node {node.name!r}")
         # kernels may report what only they know: einsum FLOPs along the chosen path, the path
-        if hasattr(kernel, "flops") or hasattr(kernel, "info"):
-            step = replace(step, flops=int(getattr(kernel, "flops", step.flops)),
-                           info=getattr(kernel, "info", ""))
+        if kernel.flops is not None or kernel.bytes is not None or kernel.info:
+            step = replace(step, flops=step.flops if kernel.flops is None else int(kernel.flops),
+                           bytes=step.bytes if kernel.bytes is None else int(kernel.bytes),
+                           info=kernel.info)
         extra = _scratch_buffers(kernel, node, len(order) + len(scratch))
         if extra:
             scratch.extend(extra)
@@ -144,13 +156,12 @@ def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
     if limit is not None:
         check_budget(cp, limit, "memory_limit")
     else:
-        free = getattr(backend, "free_memory", None)
-        avail = free() if callable(free) else None
+        avail = backend.free_memory()
         if avail is not None:
             check_budget(cp, int(avail), f"the free memory of the {backend.name} device")
     cp.constants.update({bufs[nid].id: backend.to_device(optimized.constants[nid])
                          for nid in order if nodes[nid].kind == ops.CONSTANT})
-    if hasattr(backend, "plan_runner"):
+    if backend.capabilities.own_runner:
         cp.runner = backend.plan_runner(cp)
     hooks.compile_event("compile", "build plan", t0, time.perf_counter() - t0,
                         steps=len(steps), binding=dict(binding))
@@ -180,13 +191,16 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
         raise GraphError(f"cache must be True or False, got {cache!r}")
     be = get_backend(backend)
     # checked before the graph: a typo in an option fails fast and never reaches the cache key
-    opts = CompileOptions.resolve({**options, "memory_limit": memory_limit}, be.name)
+    opts = CompileOptions.resolve({**options, "memory_limit": memory_limit}, be.name,
+                                  be.capabilities.options)
     graph.validate()
+    check_dtypes(graph, be)
     key = (graph.fingerprint(), be.name, opt_level, opts.key)
     if cache:
         with _cache_lock:
             hit = _cache.get(key)
-            if hit is not None:
+            # a backend registered again under the same name is another backend
+            if hit is not None and hit.backend is be:
                 _cache.move_to_end(key)
                 hooks.compile_event("cache", "plan cache hit", time.perf_counter(), 0.0)
                 return hit

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from ..backends.base import PlanRunner, PreparedKernel
 from ..errors import GraphError, InputError, MemoryBudgetError
 from ..ir.graph import EinsumGraph
 from ..options import CompileOptions
@@ -48,9 +49,6 @@ class Step:
         return bool(self.args.get("_view"))
 
 
-Kernel = Callable[[list, Any], Any]
-
-
 @dataclass
 class ConcretePlan:
     """A plan for concrete shapes: steps, buffers, memory plan, kernels and a tensor pool."""
@@ -59,7 +57,7 @@ class ConcretePlan:
     steps: tuple[Step, ...]
     buffers: tuple[Buffer, ...]
     memory: MemoryPlan
-    kernels: tuple[Kernel, ...]
+    kernels: tuple[PreparedKernel, ...]
     input_ids: dict[str, int]
     output_ids: dict[str, int]
     constants: dict[int, Any]
@@ -68,14 +66,14 @@ class ConcretePlan:
     optimizer_report: Any = None
     pooled: bool = True  # keep arenas across calls (False: a fresh arena per call)
     # a backend's own executor (e.g. CUDA-graph replay); None runs the steps one by one
-    runner: Any = None
+    runner: PlanRunner | None = None
     pool: TensorPool = field(init=False)
     program: list = field(init=False)
 
     def __post_init__(self) -> None:
-        self.pool = TensorPool(self._make_arena, self.memory.peak_bytes, reuse=self.pooled)
+        self.pool = TensorPool(self.new_arena, self.memory.peak_bytes, reuse=self.pooled)
         # scratch buffers travel after the inputs, so observers run the same (fn, ins, out) loop
-        self.program = [(k, s.inputs + s.scratch, s.output)
+        self.program = [(k.fn, s.inputs + s.scratch, s.output)
                         for k, s in zip(self.kernels, self.steps)]
         self.flops = sum(s.flops for s in self.steps)
         # per-call tables, built once (the GPU runner reads them too): where inputs go, which
@@ -93,8 +91,9 @@ class ConcretePlan:
         """Bytes one call needs: the arena (planned peak of intermediates) plus the outputs."""
         return self.memory.peak_bytes + sum(b.nbytes for b in self.buffers if b.role == "output")
 
-    def _make_arena(self) -> Arena:
-        """A buffer table whose intermediates are typed views into one fresh arena."""
+    def new_arena(self) -> Arena:
+        """A buffer table (constants in place) whose intermediates are typed views into one
+        fresh arena of ``memory.peak_bytes``; the pool keeps such tables across calls."""
         env = Arena([None] * len(self.buffers))
         for bid, arr in self.constants.items():
             env[bid] = arr
@@ -189,13 +188,22 @@ class CompiledPlan:
             self._last = self.specialize()
         # fast input binding: a backend that names its native array type takes C-contiguous
         # arrays of that type with the declared shapes and dtypes as they are
-        native = getattr(backend, "native_array", None)
+        native = backend.capabilities.native_array
         self._fast = None if native is None or self.symbols else (native, tuple(
             (name, tuple(node.shape), np.dtype(node.dtype)) for name, node in self._inputs.items()))
         # a backend's runner may offer a direct call for ready inputs (the cupy backend, for
         # plans of one kernel): tried first, it returns None for anything it does not take
-        runner = getattr(self._last, "runner", None)
-        self._direct = getattr(runner, "direct", None)
+        runner = self._last.runner if self._last is not None else None
+        self._direct = runner.direct if runner is not None else None
+
+    def on_backend(self, backend: Any) -> "CompiledPlan":
+        """This plan for another instance of its backend (another device of the same kind).
+
+        The copy shares the graph, opt level and options; its kernels and buffers are built on
+        ``backend`` when it is first specialized (for a graph without symbols: now), so call
+        this with that backend's device current.
+        """
+        return CompiledPlan(self.graph, backend, self.opt_level, self.options, self._build)
 
     # ------------------------------------------------------------------ specialization
     def specialize(self, **sizes: int) -> ConcretePlan:
@@ -340,8 +348,7 @@ class CompiledPlan:
         arrays = {n: hooks.transfer(obs, "h2d", n, be.to_device, x) for n, x in arrays.items()}
         results = cp.run(arrays, out)
         if to_host:
-            sync = getattr(be, "synchronize", None)
-            results = {k: hooks.transfer(obs, "d2h", k, be.to_host, v, sync)
+            results = {k: hooks.transfer(obs, "d2h", k, be.to_host, v, be.synchronize)
                        for k, v in results.items()}
         return results
 

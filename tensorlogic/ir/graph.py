@@ -254,24 +254,20 @@ class EinsumGraph:
         return Tensor(self, nid)
 
     def constant(self, value: Any, name: str | None = None, dtype: object = None) -> "Tensor":
-        """Add a constant tensor (a numpy array or a Python scalar); integers become float32."""
+        """Add a constant tensor (a numpy array or a Python scalar) of its own dtype (numpy's
+        default for Python scalars: int64, float64, complex128, bool) unless ``dtype`` is given."""
+        where = f"constant {name or ''}: "
         try:
-            arr = np.array(value)
+            arr = np.asarray(value)
         except Exception as exc:  # noqa: BLE001 - any conversion failure is a user error
-            raise DTypeError(
-                f"constant {name or ''}: cannot convert {type(value).__name__}"
-            ) from exc
+            raise DTypeError(f"{where}cannot convert {type(value).__name__}") from exc
         if dtype is None:
-            if arr.dtype.kind in "biu":
-                dtype = "float32"
-            elif arr.dtype.kind == "f":
-                dtype = arr.dtype
-            else:
-                raise DTypeError(
-                    f"constant {name or ''}: unsupported dtype {arr.dtype}; expected a float array"
-                )
-        dt = dtypes.normalize(dtype, f"constant {name or ''}: ")
-        arr = np.array(arr, dtype=dt, order="C")  # ascontiguousarray would make 0-d 1-d
+            dt = dtypes.normalize(arr.dtype, where)
+            arr = np.array(arr, dtype=dt, order="C")  # ascontiguousarray would make 0-d 1-d
+        else:
+            dt = dtypes.normalize(dtype, where)
+            arr = (dtypes.scalar_array(value, dt, where) if arr.ndim == 0 and not
+                   isinstance(value, (np.ndarray, np.generic)) else np.array(arr, dt, order="C"))
         arr.setflags(write=False)
         nid = self.add_node(ops.CONSTANT, None, (), name=name, shape=arr.shape, dtype=dt)
         self.constants[nid] = arr
@@ -287,18 +283,29 @@ class EinsumGraph:
         return t
 
     # ------------------------------------------------------------------ ops
-    def _own(self, t: Any, like: "Tensor | None" = None) -> "Tensor":
+    def _own(self, t: Any, like: "str | None" = None) -> "Tensor":
+        """A handle for ``t``: a Tensor of this graph, or a new constant for a number or array.
+
+        ``like`` is the dtype a Python scalar is weak against (NEP 50: ``int8 + 2`` is int8);
+        without it a Python scalar takes numpy's default dtype, as ``np.asarray`` gives it.
+        """
         if isinstance(t, Tensor):
             if t.graph is not self:
                 raise GraphError(f"tensor {t.name!r} belongs to another graph")
             return t
-        if isinstance(t, (int, float, np.number, np.ndarray)) and not isinstance(t, bool):
-            dt = like.dtype if like is not None and np.ndim(t) == 0 else None
-            return self.constant(t, dtype=dt)
+        if isinstance(t, (bool, int, float, complex)):
+            dt = dtypes.scalar_dtype(t, like, "scalar operand: ")
+            return self.constant(dtypes.scalar_array(t, dt, "scalar operand: "))
+        if isinstance(t, (np.generic, np.ndarray)):
+            return self.constant(t)
         raise GraphError(f"expected a Tensor or a number, got {type(t).__name__}")
 
     def einsum(self, spec: str, *operands: "Tensor", name: str | None = None) -> "Tensor":
-        """An einsum over the operands (any spec numpy accepts)."""
+        """An einsum over the operands (any spec numpy accepts).
+
+        Operands that are Python scalars or arrays become constants of numpy's dtype for them
+        (``np.einsum`` converts them with ``np.asarray``, so ``2`` is int64 here).
+        """
         if not operands:
             raise GraphError(f"einsum {spec!r} needs at least one operand")
         ts = [self._own(o) for o in operands]
@@ -314,17 +321,16 @@ class EinsumGraph:
         return Tensor(self, self.add_node(ops.UNARY, op, [x.id], name=name))
 
     def binary(self, op: str, a: Any, b: Any, name: str | None = None) -> "Tensor":
-        """An elementwise binary op with numpy broadcasting; "
-        "Python scalars adopt the tensor dtype."""
+        """An elementwise binary op with numpy broadcasting; Python scalars are weak (NEP 50)."""
         if op not in ops.BINARY_OPS:
             raise GraphError(f"unknown binary op {op!r}; expected one of {ops.BINARY_OPS}")
-        like = a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else None
+        like = _dtype_of(a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else None)
         ta, tb = self._own(a, like), self._own(b, like)
         return Tensor(self, self.add_node(ops.BINARY, op, [ta.id, tb.id], name=name))
 
     def where(self, cond: Any, a: Any, b: Any, name: str | None = None) -> "Tensor":
         """``a`` where ``cond`` is nonzero, else ``b``."""
-        like = next((t for t in (a, b, cond) if isinstance(t, Tensor)), None)
+        like = _dtype_of(next((t for t in (a, b, cond) if isinstance(t, Tensor)), None))
         ts = [self._own(t, like) for t in (cond, a, b)]
         return Tensor(self, self.add_node(ops.WHERE, None, [t.id for t in ts], name=name))
 
@@ -382,7 +388,8 @@ class EinsumGraph:
         return Tensor(self, self.add_node(ops.RESHAPE, None, [x.id], {"shape": target}, name=name))
 
     def cast(self, x: "Tensor", dtype: object, name: str | None = None) -> "Tensor":
-        """Convert to another float dtype."""
+        """Convert to another dtype (numpy's ``astype``: floats to ints truncate toward zero,
+        complex to real keeps the real part, anything to bool tests for nonzero)."""
         x = self._own(x)
         dt = dtypes.normalize(dtype, f"cast of {x.name!r}: ")
         return Tensor(self, self.add_node(ops.CAST, None, [x.id], {"dtype": dt}, name=name))
@@ -542,6 +549,10 @@ class EinsumGraph:
     def __repr__(self) -> str:
         return (f"EinsumGraph({len(self._nodes)} nodes, inputs={list(self.inputs)}, "
                 f"outputs={list(self.outputs)})")
+
+
+def _dtype_of(t: "Tensor | None") -> str | None:
+    return None if t is None else t.dtype
 
 
 def _jsonable(value: Any) -> Any:

@@ -132,11 +132,12 @@ def infer(
                         f"{sorted(map(str, ds))} (shape {s}); expected equal"
                     )
         sizes = einspec.letter_sizes(es, shapes, args["spec"], f"{where}: ")
-        return einspec.output_shape(es, sizes), dtypes.promote(*dts)
+        return einspec.output_shape(es, sizes), dtypes.einsum_result(dts)
     if kind == ops.UNARY:
-        return shapes[0], dts[0]
+        return shapes[0], dtypes.elementwise_result(op, ops.DTYPE[op], dts, f"{where}: ")
     if kind == ops.BINARY:
-        return broadcast(shapes, f"{where} ({op})"), dtypes.promote(*dts)
+        shape = broadcast(shapes, f"{where} ({op})")
+        return shape, dtypes.elementwise_result(op, ops.DTYPE[op], dts, f"{where}: ")
     if kind == ops.WHERE:
         return broadcast(shapes, f"{where} (where)"), dtypes.promote(dts[1], dts[2])
     if kind == ops.REDUCE:
@@ -145,7 +146,7 @@ def infer(
             shape = tuple(1 if i in axes else d for i, d in enumerate(shapes[0]))
         else:
             shape = tuple(d for i, d in enumerate(shapes[0]) if i not in axes)
-        return shape, dts[0]
+        return shape, dtypes.reduction_result(op, dts[0], f"{where}: ")
     if kind == ops.ROWOP:
         normalize_axes(args["axis"], len(shapes[0]), where)
         if op == "layer_norm":
@@ -154,7 +155,7 @@ def infer(
             check_eps(args["eps"], where)
         elif "eps" in args:
             raise GraphError(f"{where}: {op} takes no 'eps' argument")
-        return shapes[0], dts[0]
+        return shapes[0], dtypes.rowop_result(op, dts[0], f"{where}: ")
     if kind == ops.TRANSPOSE:
         perm = tuple(args["perm"])
         if sorted(perm) != list(range(len(shapes[0]))):

@@ -15,6 +15,8 @@ from typing import Callable
 
 import numpy as np
 
+from ..errors import DTypeError
+
 # Node kinds of the graph.
 INPUT = "input"
 CONSTANT = "constant"
@@ -55,7 +57,8 @@ _SQRT_2_OVER_PI = 0.7978845608028654
 
 
 def _relu(x, out):
-    return np.maximum(x, 0, out=out)
+    # a zero of x's own dtype: a Python 0 would make bool inputs compute in int64
+    return np.maximum(x, x.dtype.type(0), out=out)
 
 
 def _sigmoid(x, out):
@@ -81,6 +84,14 @@ def _gelu(x, out):
     np.add(out, 1.0, out=out)
     np.multiply(out, x, out=out)
     return np.multiply(out, 0.5, out=out)
+
+
+def _pow(a, b, out):
+    try:
+        return np.power(a, b, out=out)
+    except ValueError as exc:  # numpy refuses integers to negative integer powers
+        raise DTypeError(f"pow: {exc} (integer base {a.dtype}, exponent {b.dtype}); cast the "
+                         "base to a float dtype") from None
 
 
 def _step(x, out):
@@ -145,7 +156,7 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
         ElementwiseOp("sub", 2, _binary(np.subtract), "({a}-{b})", "({a}-{b})", 1),
         ElementwiseOp("mul", 2, _binary(np.multiply), "({a}*{b})", "({a}*{b})", 1, True),
         ElementwiseOp("div", 2, _binary(np.divide), "({a}/{b})", "({a}/{b})", 1),
-        ElementwiseOp("pow", 2, _binary(np.power), "({a}**{b})", "pow({a}, {b})", 20),
+        ElementwiseOp("pow", 2, _pow, "({a}**{b})", "pow({a}, {b})", 20),
         ElementwiseOp("maximum", 2, _binary(np.maximum), "max({a}, {b})",
                       "fmax({a}, {b})", 1, True),
         ElementwiseOp("minimum", 2, _binary(np.minimum), "min({a}, {b})",
@@ -163,6 +174,26 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
         ElementwiseOp("ne", 2, _cmp(np.not_equal), "(1.0 if {a} != {b} else 0.0)",
                       "({a} != {b} ? ({T})1 : ({T})0)", 1, True),
     ]
+}
+
+# How each elementwise op is typed (dtypes.elementwise_result): (numpy ufunc, mode). "loop":
+# the output of numpy's loop for that ufunc (exp of int8 -> float16, abs of complex -> float,
+# div of ints -> float64); "same": the promoted operand dtype (comparisons give 1/0 in it, so a
+# mask multiplies without a cast; the ufunc still decides which dtypes are accepted); an
+# "-ordered" mode refuses complex. A dtype numpy has no loop for raises DTypeError.
+DTYPE: dict[str, tuple[str, str]] = {
+    "neg": ("negative", "loop"), "abs": ("absolute", "loop"), "exp": ("exp", "loop"),
+    "log": ("log", "loop"), "sqrt": ("sqrt", "loop"), "square": ("square", "loop"),
+    "reciprocal": ("reciprocal", "loop"), "relu": ("maximum", "same-ordered"),
+    "sigmoid": ("tanh", "loop"), "tanh": ("tanh", "loop"), "softplus": ("logaddexp", "loop"),
+    "gelu": ("tanh", "loop"), "step": ("greater", "same-ordered"),
+    "one_minus": ("subtract", "loop"),
+    "add": ("add", "loop"), "sub": ("subtract", "loop"), "mul": ("multiply", "loop"),
+    "div": ("divide", "loop"), "pow": ("power", "loop"),
+    "maximum": ("maximum", "loop-ordered"), "minimum": ("minimum", "loop-ordered"),
+    "gt": ("greater", "same-ordered"), "ge": ("greater_equal", "same-ordered"),
+    "lt": ("less", "same-ordered"), "le": ("less_equal", "same-ordered"),
+    "eq": ("equal", "same"), "ne": ("not_equal", "same"),
 }
 
 UNARY_OPS = tuple(n for n, op in ELEMENTWISE.items() if op.arity == 1)

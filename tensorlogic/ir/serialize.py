@@ -147,6 +147,11 @@ def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") 
                     f"constant {name!r}: array shape {arr.shape} != declared {shape}",
                     w,
                 )
+                _expect(
+                    arr.dtype.name == rec["dtype"],
+                    f"constant {name!r}: array dtype {arr.dtype.name} != declared {rec['dtype']}",
+                    w,
+                )
                 t = g.constant(arr, name=name, dtype=rec["dtype"])
             else:
                 if kind in (ops.UNARY, ops.BINARY, ops.REDUCE, ops.ROWOP):
@@ -214,7 +219,7 @@ def load(path: str | Path) -> EinsumGraph:
 
 
 def load_npz(path: str | Path, where: str = "") -> dict[str, np.ndarray]:
-    """Read an .npz of float arrays without pickle."""
+    """Read an .npz of arrays (any IR dtype) without pickle."""
     try:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}

@@ -7,7 +7,10 @@ Legality is the pure predicate ``is_legal_group``. Groups grow greedily from the
 elementwise node of a chain (its root) towards its producers: a producer joins when it is
 elementwise, has the root's shape and dtype, is not a graph output and all its users are already
 in the group. Same-dtype members mean no rounding step of the unfused graph is skipped; scalar
-constants whose dtype matches everything they meet are inlined as literals.
+constants whose dtype matches everything they meet are inlined as literals. Only float nodes
+over float operands fuse: a fused program computes in one float dtype with float literals,
+while integer, bool and complex ops keep numpy's own loops (wraparound, integer results of
+mixed operands, complex arithmetic) one node at a time.
 
 Epilogues grow from a row op towards its consumers: the earliest node that uses the group's
 values from outside joins while it is elementwise over the row op's shape and dtype and no
@@ -23,6 +26,7 @@ import math
 from types import MappingProxyType
 from typing import Any, Mapping, Sequence
 
+from .. import dtypes
 from ..ir import ops
 from ..ir.fused import FusedBody, FusedOp
 from ..ir.graph import EinsumGraph, Node
@@ -33,6 +37,16 @@ ELEMENTWISE_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE)
 
 def _is_elementwise(node: Node) -> bool:
     return node.kind in ELEMENTWISE_KINDS
+
+
+def _floats_only(g: EinsumGraph, nids) -> bool:
+    """Every node of ``nids`` and each of their operands has a float dtype."""
+    for nid in nids:
+        node = g.node(nid)
+        if node.dtype not in dtypes.FLOATS or any(g.node(i).dtype not in dtypes.FLOATS
+                                                  for i in node.inputs):
+            return False
+    return True
 
 
 def legal_tail(root: Node, tail: Node) -> bool:
@@ -88,6 +102,8 @@ def is_legal_group(g: EinsumGraph, members: frozenset[int], root: int | None,
     index in a topological order of ``g``) bounds the cycle search; computed when not given.
     """
     if len(members) + (tail is not None) + len(epilogue) < 2:
+        return False
+    if not _floats_only(g, [*members, *epilogue, *([tail] if tail is not None else [])]):
         return False
     if position is None:
         position = {n.id: k for k, n in enumerate(g.nodes)}

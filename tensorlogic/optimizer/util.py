@@ -52,7 +52,7 @@ def constant_array(g: EinsumGraph, nid: int) -> np.ndarray | None:
 
 
 def uniform_value(g: EinsumGraph, nid: int) -> float | None:
-    """The single value every element of a constant node has, or None.
+    """The single (real) value every element of a constant node has, or None.
 
     Returns None for non-constants, empty or large constants, and constants with differing
     values. NaN is never uniform (NaN != NaN), which keeps NaN-sensitive rules conservative.
@@ -61,9 +61,9 @@ def uniform_value(g: EinsumGraph, nid: int) -> float | None:
     if arr is None or arr.size == 0 or arr.size > _SCAN_LIMIT:
         return None
     first = arr.flat[0]
-    if not np.all(arr == first):
+    if not np.all(arr == first) or np.iscomplexobj(arr) and first.imag != 0:
         return None
-    return float(first)
+    return float(first.real)
 
 
 def is_identity_matrix(g: EinsumGraph, nid: int) -> bool:

@@ -14,6 +14,8 @@ from typing import Any, Iterable, Iterator, Mapping
 import numpy as np
 
 from ..errors import GraphError, InputError
+from .dask_arrays import is_dask_array, run_dask_arrays
+from .devices import DEPTH, DevicesExecutor, resolve_devices
 from .engine import stream
 from .layout import BatchLayout, batch_layout
 from .progress import Progress
@@ -41,7 +43,7 @@ def _check_plan(plan: Any) -> None:
 def run_batches(plan: Any, batches: Iterable[Mapping[str, Any]], *, prefetch: int = 2,
                 workers: int = 1, ordered: bool = True, progress: bool = True,
                 on_error: str = "raise", client: Any = None, check_finite: bool = False,
-                ) -> Iterator[BatchOutput | BatchFailure]:
+                devices: Any = None) -> Iterator[BatchOutput | BatchFailure]:
     """Run ``plan`` on every batch of ``batches`` (an iterable of input dicts).
 
     Batch k+1 is taken from ``batches`` and prepared (checked; on a GPU backend copied to the
@@ -56,6 +58,10 @@ def run_batches(plan: Any, batches: Iterable[Mapping[str, Any]], *, prefetch: in
             it is yielded as a BatchFailure and the others go on.
         client: a ``dask.distributed.Client``: run the batches on its workers.
         check_finite: reject batches whose inputs hold NaN or inf.
+        devices: run on several GPUs of this process: ``"all"`` or a list of device ids
+            (None: the plan's one device). Each device gets its own feeder thread, streams
+            and plan copy, and takes the next batch when it has room; outputs come back as
+            numpy arrays. ``workers`` is ignored.
 
     Returns:
         An iterator of BatchOutput (a dict of output arrays with ``.index`` and ``.n_items``)
@@ -71,10 +77,16 @@ def run_batches(plan: Any, batches: Iterable[Mapping[str, Any]], *, prefetch: in
                          f"{type(batches).__name__}; for one dict of arrays use run_batched")
     layout = batch_layout(plan)
     total = len(batches) if hasattr(batches, "__len__") else None
-    if client is not None:
+    device_ids = resolve_devices(plan.backend, devices)
+    if device_ids is not None and client is not None:
+        raise InputError("pass devices= (GPUs of this process) or client= (a Dask cluster), "
+                         "not both")
+    if device_ids is not None:
+        executor: Any = DevicesExecutor(plan, device_ids, check_finite)
+    elif client is not None:
         from .dask import DaskExecutor
 
-        executor: Any = DaskExecutor(client, plan, check_finite=check_finite)
+        executor = DaskExecutor(client, plan, check_finite=check_finite)
     else:
         executor = ThreadExecutor(plan, workers, check_finite)
     bar = Progress(progress, total)
@@ -126,23 +138,39 @@ def _output_specs(plan: Any, layout: BatchLayout, sizes: dict[str, int], n: int
             for name, nid in bound.outputs.items()}
 
 
+def _check_client(client: Any) -> None:
+    from distributed import Client
+
+    if not isinstance(client, Client):
+        raise InputError(f"client must be a dask.distributed.Client, got {type(client).__name__}")
+
+
 def _slice(x: Any, axis: int, start: int, stop: int) -> Any:
     return x[(slice(None),) * axis + (slice(start, stop),)]
 
 
 def run_batched(plan: Any, inputs: Mapping[str, Any], batch_size: int | None = None, *,
                 prefetch: int = 2, workers: int = 1, progress: bool = True,
-                check_finite: bool = False, client: Any = None) -> dict[str, np.ndarray]:
+                check_finite: bool = False, client: Any = None, devices: Any = None,
+                store: Any = None) -> dict[str, Any]:
     """Split ``inputs`` along the batch dimension, run the pieces, concatenate the outputs.
 
     The batch dimension is the graph's first symbolic input dimension (e.g. "B"); inputs
-    without it are passed whole to every batch. Results are numpy arrays.
+    without it are passed whole to every batch. Results are numpy arrays, except when an
+    input is a dask array: then each batch is one task that runs where its chunk is (on
+    ``client``'s workers, or the current distributed client's, else dask's local scheduler)
+    and the results are dask arrays, computed when the caller computes or persists them.
 
     Args:
         batch_size: items per batch; None picks the largest size whose planned memory
             (intermediates peak plus outputs, per concurrent batch) fits the plan's
             ``memory_limit`` or half the backend's free memory.
-        prefetch, workers, progress, check_finite, client: as in ``run_batches``.
+        prefetch, workers, progress, check_finite, client, devices: as in ``run_batches``;
+            with ``devices`` each device writes its batches' outputs straight into the
+            preallocated result.
+        store: with dask-array inputs, a zarr store (path, URL or store object) to write the
+            outputs into, each as the array of its name (replacing one of that name), on the
+            workers; the results are then dask arrays read from it.
     """
     _check_plan(plan)
     if not isinstance(inputs, Mapping):
@@ -155,9 +183,26 @@ def run_batched(plan: Any, inputs: Mapping[str, Any], batch_size: int | None = N
     if no_axis:
         raise InputError(f"output(s) {no_axis} have no batch dimension {layout.symbol!r}, so "
                          "batch results cannot be concatenated; call the plan on all items")
+    if any(is_dask_array(x) for x in inputs.values()):
+        if devices is not None:
+            raise InputError("devices= runs numpy inputs on this process's GPUs; for dask "
+                             "arrays use a cluster with one worker per GPU: "
+                             "tl.local_cluster(gpus=N) and client=")
+        if client is not None:
+            _check_client(client)
+        size = None if batch_size is None else _check_int("batch_size", batch_size, 1)
+        return run_dask_arrays(plan, layout, inputs, size, client=client,
+                               check_finite=check_finite, store=store)
+    if store is not None:
+        raise InputError("store= writes the results of dask-array inputs on the workers; with "
+                         "numpy inputs the results are numpy arrays (save them yourself)")
     n = _batch_count(layout, inputs)
     sizes = _other_sizes(plan, layout, inputs)
-    concurrent = 1 if client is not None else _check_int("workers", workers, 1)
+    resolve_devices(plan.backend, devices)  # bad devices fail before anything is allocated
+    if devices is not None:
+        concurrent = DEPTH  # per device: the budget is each device's own memory
+    else:
+        concurrent = 1 if client is not None else _check_int("workers", workers, 1)
     if batch_size is None:
         budget = memory_budget(plan)
         if budget is None:
@@ -171,8 +216,9 @@ def run_batched(plan: Any, inputs: Mapping[str, Any], batch_size: int | None = N
     if specs is not None:
         full = {name: np.empty(shape, dtype) for name, (shape, dtype) in specs.items()}
     # outputs along axis 0 on a host backend are written in place: no concatenation copy
-    direct = [name for name in full if layout.output_axes[name] == 0
-              and client is None and not is_device_backend(plan.backend)]
+    # (on a device backend too with devices=, whose lanes copy results out into them)
+    direct = [name for name in full if layout.output_axes[name] == 0 and client is None
+              and (devices is not None or not is_device_backend(plan.backend))]
 
     def pieces() -> Iterator[Staged]:
         for k in range(n_batches):
@@ -190,13 +236,14 @@ def run_batched(plan: Any, inputs: Mapping[str, Any], batch_size: int | None = N
             return pieces()
 
     results = run_batches(plan, _Sized(), prefetch=prefetch, workers=workers, ordered=False,
-                          progress=progress, client=client, check_finite=check_finite)
+                          progress=progress, client=client, check_finite=check_finite,
+                          devices=devices)
     for res in results:
         lo = res.index * batch_size
         for name, arr in res.items():
             if name in direct:
                 continue
-            arr = plan.backend.to_host(arr) if client is None else arr
+            arr = arr if isinstance(arr, np.ndarray) else plan.backend.to_host(arr)
             axis = layout.output_axes[name]
             if name not in full:
                 shape = list(arr.shape)

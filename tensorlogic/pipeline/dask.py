@@ -16,6 +16,7 @@ import hashlib
 import json
 import threading
 import uuid
+import weakref
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
@@ -27,8 +28,26 @@ _WORKER_PLANS: dict[str, Any] = {}
 _WORKER_LOCK = threading.Lock()
 
 
+_PAYLOADS: "weakref.WeakKeyDictionary[Any, tuple[str, dict[str, Any]]]" = \
+    weakref.WeakKeyDictionary()
+
+
 def plan_payload(plan: Any) -> tuple[str, dict[str, Any]]:
-    """The plan as plain data (graph blob, backend, opt level, options) and its content key."""
+    """The plan as plain data (graph blob, backend, opt level, options) and its content key.
+
+    Made once per plan (a plan's graph is its own copy and never changes): serializing and
+    hashing the constants of a large model takes about a second.
+    """
+    with _WORKER_LOCK:
+        hit = _PAYLOADS.get(plan)
+    if hit is None:
+        hit = _make_payload(plan)
+        with _WORKER_LOCK:
+            _PAYLOADS[plan] = hit
+    return hit
+
+
+def _make_payload(plan: Any) -> tuple[str, dict[str, Any]]:
     from ..ir.serialize import dumps
 
     options = dict(plan.options.given)  # what the caller passed; workers fill the defaults
@@ -174,18 +193,32 @@ class DaskExecutor:
         self._payload_future = None
 
 
-def local_cluster(n_workers: int | None = None, devices: int = 0) -> Any:
-    """A new local Dask cluster of worker processes (one thread each).
+def local_cluster(gpus: int = 0, *, n_workers: int | None = None,
+                  threads_per_worker: int = 1) -> Any:
+    """A new Dask cluster of worker processes on this machine (use it as a context manager).
 
-    With ``devices > 0`` it has one worker per GPU, each started with CUDA_VISIBLE_DEVICES set
-    to its own GPU, so every worker's device backend runs on a different card.
+    With ``gpus=N`` it has one worker per GPU, ids 0 to N-1, each started with
+    CUDA_VISIBLE_DEVICES set to its own card and one thread, so each worker's device backend
+    runs on a different GPU. With ``gpus=0`` it has ``n_workers`` processes (default: one per
+    core) of ``threads_per_worker`` threads. The workers are new processes that import the
+    calling script, so start the cluster under ``if __name__ == "__main__":``.
     """
+    for name, value, low in (("gpus", gpus, 0), ("threads_per_worker", threads_per_worker, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise InputError(f"local_cluster: {name} must be an int >= {low}, got {value!r}")
+    if n_workers is not None and (isinstance(n_workers, bool) or not isinstance(n_workers, int)
+                                  or n_workers < 1):
+        raise InputError(f"local_cluster: n_workers must be an int >= 1, got {n_workers!r}")
+    if gpus and n_workers is not None and n_workers != gpus:
+        raise InputError(f"local_cluster: with gpus={gpus} the cluster has one worker per GPU; "
+                         f"n_workers={n_workers} disagrees (leave it out)")
     from distributed import LocalCluster, Nanny, Scheduler, SpecCluster
 
-    if devices <= 0:
-        return LocalCluster(n_workers=n_workers, threads_per_worker=1, dashboard_address=":0")
+    if gpus == 0:
+        return LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker,
+                            dashboard_address=":0")
     workers = {f"gpu-{i}": {"cls": Nanny, "options": {
-        "nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": str(i)}}} for i in range(devices)}
+        "nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": str(i)}}} for i in range(gpus)}
     scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0"}}
     return SpecCluster(workers=workers, scheduler=scheduler)
 

@@ -28,8 +28,7 @@ def memory_budget(plan: Any) -> int | None:
     limit = plan.options["memory_limit"]
     if limit is not None:
         return int(limit)
-    free = getattr(plan.backend, "free_memory", None)
-    free = free() if callable(free) else None
+    free = plan.backend.free_memory()
     return None if free is None else int(free * FREE_MEMORY_SHARE)
 
 

@@ -33,9 +33,8 @@ class Staged:
 
 
 def is_device_backend(backend: Any) -> bool:
-    """True for a backend whose arrays live on a GPU (its array module is CuPy)."""
-    xp = getattr(backend, "xp", None)
-    return getattr(xp, "__name__", "") == "cupy"
+    """True for a backend whose arrays live on an accelerator (``capabilities.device``)."""
+    return backend.capabilities.device
 
 
 def check_batch(batch: Any, check_finite: bool) -> dict[str, Any]:

@@ -97,8 +97,7 @@ class Peaks:
 
 def _fingerprint(backend: Any) -> str:
     """What the peaks depend on: host, CPU count, numpy, the backend and its device."""
-    dev = getattr(backend, "device_name", None)
-    dev = dev() if callable(dev) else dev
+    dev = backend.device_name
     return "|".join(str(x) for x in (platform.node(), platform.machine(), platform.processor(),
                                        os.cpu_count(), np.__version__, backend.name, dev or "cpu"))
 
@@ -135,7 +134,7 @@ class _Timer:
     """Best-of-N timing of a callable on a backend (synchronizing device backends)."""
 
     def __init__(self, backend: Any) -> None:
-        self.sync: Callable[[], Any] = getattr(backend, "synchronize", None) or (lambda: None)
+        self.sync: Callable[[], Any] = backend.synchronize
 
     def best(self, fn: Callable[[], Any], reps: int, budget: float = 0.5) -> float:
         fn()
@@ -153,6 +152,7 @@ class _Timer:
 
 
 def _is_host(xp: Any) -> bool:
+    # host backends compute with numpy itself; device ones with a numpy-like module (CuPy)
     return xp is np
 
 
@@ -246,15 +246,14 @@ def measure(backend_name: str = "auto") -> Peaks:
     from ..backends import get_backend
 
     backend = get_backend(backend_name)
-    xp = getattr(backend, "xp", np)
+    xp = backend.xp
     timer = _Timer(backend)
     t0 = time.perf_counter()
     bw, bw_details = _bandwidth(xp, timer)
     dtypes = ("float32", "float64") if _is_host(xp) else ("float16", "float32", "float64")
     flops = _matmul_flops(xp, timer, dtypes)
     step, call = _overheads(backend)
-    dev = getattr(backend, "device_name", None)
-    dev = dev() if callable(dev) else dev
+    dev = backend.device_name
     details = dict(bw_details, seconds=round(time.perf_counter() - t0, 3),
                    numpy=np.__version__, cpu_count=os.cpu_count())
     return Peaks(bw, flops, step, call, backend.name, dev or "cpu",

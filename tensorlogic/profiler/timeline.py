@@ -2,8 +2,8 @@
 
 ``with tl.profile() as prof:`` installs a ``Profile`` as the executor's observer
 (``compiler.hooks``). While recording, a plan call stores only raw timestamps, one per step
-(``perf_counter_ns``), or one device event per step on backends that offer
-``backend.event()`` / ``backend.event_seconds(start, end)`` (GPU steps are then timed without a
+(``perf_counter_ns``), or one device event per step on backends with ``capabilities.events``
+(``backend.event()`` / ``backend.event_seconds(start, end)``: GPU steps are then timed without a
 synchronization after every step). Event records are built from the raw data on first access.
 Calls from several threads are recorded on their own tracks.
 """
@@ -96,9 +96,7 @@ class Profile:
                 continue
             be = rec.plan.backend
             if id(be) not in synced:
-                sync = getattr(be, "synchronize", None)
-                if sync is not None:
-                    sync()
+                be.synchronize()
                 synced.add(id(be))
             seconds = be.event_seconds
             e0 = rec.events[0]
@@ -113,12 +111,12 @@ class Profile:
     def run_steps(self, plan: Any, env: list, program: list) -> None:
         """Observer hook: run ``program`` over ``env``, time-stamping every step."""
         backend = plan.backend
-        make_event = getattr(backend, "event", None)
+        make_event = backend.event if backend.capabilities.events else None
         clock = time.perf_counter_ns
         stamps = [clock()]
         rec = _RawCall(plan, threading.get_ident(), threading.current_thread().name, stamps)
         try:
-            if make_event is None or not hasattr(backend, "event_seconds"):
+            if make_event is None:
                 tick = stamps.append
                 for fn, ins, o in program:
                     env[o] = fn([env[i] for i in ins], env[o])
@@ -134,12 +132,13 @@ class Profile:
             rec.host_end = clock()
             if self.record_counters:
                 rec.pool = plan.pool.bytes_held
-                mem = getattr(backend, "memory_in_use", None)
-                if mem is not None:
-                    rec.device_mem = ("in use", float(mem()))
-                elif rec.events is not None and hasattr(backend, "free_memory"):
+                used = backend.memory_in_use()
+                free = backend.free_memory() if used is None and rec.events is not None else None
+                if used is not None:
+                    rec.device_mem = ("in use", float(used))
+                elif free is not None:
                     # a device backend that only knows its free memory (one driver query)
-                    rec.device_mem = ("free", float(backend.free_memory()))
+                    rec.device_mem = ("free", float(free))
             self._raw.append(rec)  # list.append is atomic: calls from many threads are safe
 
     def compile_event(self, category: str, name: str, start: float, seconds: float,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 
 import numpy as np
@@ -198,8 +200,7 @@ def test_bad_scratch_declaration_is_a_backend_error(register):
 
         def prepare(self, step, node, in_nodes, graph):  # noqa: D102
             k = super().prepare(step, node, in_nodes, graph)
-            k.scratch = [("not a shape",)]
-            return k
+            return dataclasses.replace(k, scratch=(("not a shape",),))
 
     register("bad_scratch_test", BadBackend)
     g = tl.EinsumGraph()

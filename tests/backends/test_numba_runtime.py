@@ -28,8 +28,8 @@ _SCRIPT = textwrap.dedent("""
     plan = tl.compile(g, backend="numba", opt_level=0)
     y = plan(x=np.linspace(-1, 1, 1000, dtype=np.float32).reshape(50, 20))["y"]
     d = [s for s in plan.concrete.kernels]
-    print(json.dumps({"hits": sum(sum(k.dispatcher.stats.cache_hits.values()) for k in d),
-                      "misses": sum(sum(k.dispatcher.stats.cache_misses.values()) for k in d),
+    print(json.dumps({"hits": sum(sum(k.impl.stats.cache_hits.values()) for k in d),
+                      "misses": sum(sum(k.impl.stats.cache_misses.values()) for k in d),
                       "dir": str(numba_cache.cache_root()), "sum": float(y.sum())}))
 """)
 
@@ -71,8 +71,8 @@ _EVERY_KIND = textwrap.dedent("""
         for k in want:
             d = np.abs(got[k].astype(np.float64) - want[k]) / (1 + np.abs(want[k]))
             res["err"][f"{want[k].dtype}:{opts}:{k}"] = float(d.max())
-        res["misses"] += sum(sum(k.dispatcher.stats.cache_misses.values())
-                             for k in plan.concrete.kernels if hasattr(k, "dispatcher"))
+        res["misses"] += sum(sum(k.impl.stats.cache_misses.values())
+                             for k in plan.concrete.kernels if k.impl is not None)
     print(json.dumps(res))
 """)
 

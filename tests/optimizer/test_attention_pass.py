@@ -39,7 +39,7 @@ def _build(form: str):
         w = [g.constant(np.random.default_rng(i).standard_normal((H, D, 8)).astype(np.float32))
              for i in range(3)]
         q, k, v = (g.einsum("bsd,hkd->bhsk", x, wi) for wi in w)
-        p = g.softmax(g.einsum("bhqk,bhsk->bhqs", q, k) * (1 / np.sqrt(D)), -1)
+        p = g.softmax(g.einsum("bhqk,bhsk->bhqs", q, k) * float(1 / np.sqrt(D)), -1)
         g.output(g.einsum("bqhk,hkd->bqd", g.einsum("bhqs,bhsk->bqhk", p, v), w[0]), "y")
         return g, False, False
     if form == "bshd":  # torch-like (B, S, H, D) tensors, head axis in the middle

@@ -134,7 +134,7 @@ def test_process_cluster_survives_a_killed_worker(plan, rng):
 
 def test_local_cluster_gives_each_gpu_worker_its_own_device():
     """One worker per GPU, each seeing only its card (checked without GPUs: the environment)."""
-    with tl_dask.local_cluster(devices=2) as cluster, distributed.Client(cluster) as client:
+    with tl.local_cluster(gpus=2) as cluster, distributed.Client(cluster) as client:
         client.wait_for_workers(2, timeout=60)
         seen = client.run(lambda: os.environ.get("CUDA_VISIBLE_DEVICES"))
     assert sorted(seen.values()) == ["0", "1"]

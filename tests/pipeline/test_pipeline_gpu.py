@@ -12,6 +12,7 @@ from pipeline_models import mlp_graph
 
 import tensorlogic as tl
 from tensorlogic.backends import kernels
+from tensorlogic.backends.base import Capabilities
 from tensorlogic.backends.numpy_backend import NumpyBackend
 from tensorlogic.pipeline.staging import DeviceStager, is_device_backend, make_stager
 
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.gpu
 
 class _CupyArrays(NumpyBackend):
     name = "cupy_pipeline_test"
+    capabilities = Capabilities(device=True)
 
     def __init__(self) -> None:
         import cupy

@@ -15,6 +15,7 @@ import numpy as np
 import tensorlogic as tl
 from tensorlogic.backends import base as backend_base
 from tensorlogic.backends import kernels
+from tensorlogic.backends.base import Capabilities, PreparedKernel
 from tensorlogic.backends.numpy_backend import NumpyBackend
 from tensorlogic.errors import BackendError
 from tensorlogic.ir import ops
@@ -64,8 +65,7 @@ class PlainEinsum(NumpyBackend):
                 return np.einsum(spec, *a, out=out, optimize=False)
 
             # report the contraction's FLOPs as every backend's einsum kernel does
-            plain.flops = kernels.einsum_kernel(np, node, in_nodes).flops
-            return plain
+            return PreparedKernel(plain, flops=kernels.einsum_kernel(np, node, in_nodes).flops)
         return super().prepare(step, node, in_nodes, graph)
 
 
@@ -98,6 +98,7 @@ class Events(NumpyBackend):
     """A 'device' timed with events, counting synchronizations."""
 
     name = "tltest_events"
+    capabilities = Capabilities(events=True)
 
     def __init__(self):
         self.syncs = 0

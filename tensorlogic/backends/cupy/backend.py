@@ -15,6 +15,7 @@ from cupy.cuda import driver
 from ...errors import GraphError, InputError
 from ...ir import ops
 from .. import kernels as generic
+from ..base import Backend, Capabilities, PreparedKernel
 from . import cuda_c, launch, pdl, ptx
 from . import cublas
 from .cache import KernelCache
@@ -184,12 +185,17 @@ def _cstrides(shape):
     return tuple(reversed(st))
 
 
-class CupyBackend:
+class CupyBackend(Backend):
     """Runs plans on the current CUDA device through CuPy."""
 
     name = "cupy"
     xp = cupy
-    native_array = cupy.ndarray  # C-contiguous CuPy inputs skip conversion (CompiledPlan)
+    # C-contiguous CuPy inputs skip conversion (CompiledPlan); dtypes: floats only (the
+    # default), since the generated PTX/CUDA C kernels and cuBLAS calls are written and
+    # GPU-tested for them: compile refuses other dtypes with DTypeError
+    capabilities = Capabilities(device=True, events=True, own_runner=True,
+                                options=frozenset({"codegen", "cuda_graph", "pdl"}),
+                                native_array=cupy.ndarray)
 
     def __init__(self, cache_dir=None) -> None:
         dev = cupy.cuda.Device()
@@ -208,6 +214,36 @@ class CupyBackend:
         # contractions call cuBLAS directly (capturable in CUDA graphs); CuPy's matmul otherwise
         blas = cublas.get()
         self.blas_xp = cublas.CublasXp(blas) if blas is not None else cupy
+
+    # several devices (pipeline/devices.py) --------------------------------------
+    _per_device: dict = {}
+
+    def device_count(self) -> int:
+        """Number of GPUs this process can see."""
+        return int(cupy.cuda.runtime.getDeviceCount())
+
+    def on_device(self, device_id: int) -> "CupyBackend":
+        """The backend instance for GPU ``device_id`` (kernels load per device, so each has its
+        own), with this one's plan-independent settings; made once per device."""
+        if device_id == self.device_id:
+            return self
+        inst = CupyBackend._per_device.get(device_id)
+        if inst is None:
+            with cupy.cuda.Device(device_id):
+                inst = CupyBackend(self.cache.root)
+            inst = CupyBackend._per_device.setdefault(device_id, inst)
+        return inst
+
+    def use_device(self):
+        """A context in which this backend's GPU is the current device."""
+        return cupy.cuda.Device(self.device_id)
+
+    def transfers(self):
+        """Pinned staging and streams for one lane of batches on this GPU (call it with the
+        device current)."""
+        from .transfers import CupyTransfers
+
+        return CupyTransfers(self.device_id)
 
     # plan options ---------------------------------------------------------------
     def with_options(self, options: Mapping[str, Any]) -> "CupyBackend":
@@ -235,11 +271,13 @@ class CupyBackend:
         if node.kind == ops.EINSUM:
             return generic.einsum_kernel(self.blas_xp, node, in_nodes)
         if node.kind in GENERATED_KINDS:
-            return GeneratedKernel(self, node, in_nodes, self.codegen)
+            gk = GeneratedKernel(self, node, in_nodes, self.codegen)
+            return PreparedKernel(gk, source=gk.source, impl=gk)
         if node.kind == ops.ATTENTION:
             from .attention_gpu import AttentionKernel
 
-            return AttentionKernel(self, node, in_nodes)
+            ak = AttentionKernel(self, node, in_nodes)
+            return PreparedKernel(ak, flops=ak.flops, info=ak.info, source=ak.source, impl=ak)
         return generic.make_kernel(cupy, node, in_nodes, not step.view)
 
     def plan_runner(self, plan) -> PlanRunner:
@@ -282,8 +320,9 @@ class CupyBackend:
                 raise InputError(
                     f"input {name!r}: expected a CuPy or numpy array (or one with __dlpack__), "
                     f"got {type(x).__name__}")
-        if x.dtype.kind != "f":
-            raise InputError(f"input {name!r}: dtype {x.dtype} is not a float dtype")
+        if x.dtype.name not in self.capabilities.dtypes:
+            raise InputError(f"input {name!r}: dtype {x.dtype} is not supported by the cupy "
+                             f"backend; expected one of {sorted(self.capabilities.dtypes)}")
         return x
 
     def to_device(self, x):

@@ -18,6 +18,7 @@ import numpy as np
 from ...compiler import hooks
 from ...compiler.memory import format_bytes
 from ...errors import MemoryBudgetError
+from ..base import PlanRunner as BasePlanRunner
 from . import pdl
 
 # Cost model for cuda_graph="auto": a Python-side launch costs about this much host time, and
@@ -28,7 +29,7 @@ COPY_BYTES_PER_SECOND = 2.5e12
 _D2D = 3  # cudaMemcpyDeviceToDevice
 
 
-class PlanRunner:
+class PlanRunner(BasePlanRunner):
     """Runs one concrete plan: stream launches, or CUDA-graph replay after a warm-up call."""
 
     def __init__(self, backend, plan, mode: Any) -> None:
@@ -96,10 +97,12 @@ class PlanRunner:
         (about a quarter of a small call's host time). Anything else returns None, and the call
         takes the general path, which also produces the errors.
         """
+        from .backend import GeneratedKernel  # the backend module imports this one
+
         fn, args, name, shape, dtype = self._one
-        launch = getattr(fn, "direct_run", None)
-        if launch is None:
+        if not isinstance(fn, GeneratedKernel) or fn.direct_run is None:
             return None
+        launch = fn.direct_run
         ndarray, empty = cupy.ndarray, cupy.empty
         oom = cupy.cuda.memory.OutOfMemoryError
         slots = tuple((n, c, fn.in_shapes[k], np.dtype(fn.in_dtypes[k]), fn._contig[k])
@@ -221,7 +224,7 @@ class PlanRunner:
                 else:
                     stream.begin_capture(mode=relaxed)
                 # generated kernels launch with PDL while captured, if the plan asks for it
-                pdl.state.active = bool(getattr(self.backend, "pdl", False))
+                pdl.state.active = bool(self.backend.pdl)
                 try:
                     for fn, ins, o in plan.program:
                         env[o] = fn([env[i] for i in ins], env[o])
@@ -235,7 +238,7 @@ class PlanRunner:
             self.fixed_out.clear()
             return False
         self.graph, self.env, self.capture_pool = graph, env, pool
-        pdl_note = ", programmatic dependent launch" if getattr(self.backend, "pdl", False) else ""
+        pdl_note = ", programmatic dependent launch" if self.backend.pdl else ""
         self.status = f"on ({len(plan.steps)} steps replayed as one graph{pdl_note})"
         return True
 

@@ -1,0 +1,134 @@
+"""Host <-> device traffic of one GPU's batch lane: pinned staging and three streams (needs CuPy).
+
+A lane (pipeline/devices.py) moves a batch in three asynchronous phases, each on its own
+stream, so batch k+1's upload and batch k-1's download overlap batch k's kernels:
+``upload`` copies host inputs into pinned memory (on the lane's thread, off the GPU's path) and
+starts the host-to-device copies; ``computing`` runs the plan on the compute stream once the
+upload is in; ``download`` starts the device-to-host copies into pinned memory once the kernels
+are done; ``finish`` waits for them and copies into the caller's arrays. Every method runs on
+the lane's thread with the lane's device current.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import cupy
+import numpy as np
+
+from ...pipeline.hostcopy import copyto
+
+_H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
+
+
+@dataclass
+class Ticket:
+    """A batch in flight: its pinned buffers and device arrays stay alive until ``finish``."""
+
+    event: Any = None
+    host: dict[str, np.ndarray] = field(default_factory=dict)  # pinned views of the outputs
+    keep: list = field(default_factory=list)
+
+
+class CupyTransfers:
+    """Streams and pinned staging of one device; created and used on that device's lane."""
+
+    def __init__(self, device_id: int) -> None:
+        self.device_id = device_id
+        self.h2d = cupy.cuda.Stream(non_blocking=True)
+        self.compute = cupy.cuda.Stream(non_blocking=True)
+        self.d2h = cupy.cuda.Stream(non_blocking=True)
+        self._uploaded: Any = None
+
+    @staticmethod
+    def _pinned(shape: tuple, dtype: np.dtype) -> tuple[np.ndarray, Any]:
+        # from CuPy's pinned pool: after the first batches, a size seen before is a lookup
+        nbytes = max(int(np.prod(shape)) * dtype.itemsize, 1)
+        mem = cupy.cuda.alloc_pinned_memory(nbytes)
+        return np.frombuffer(mem, dtype, int(np.prod(shape))).reshape(shape), mem
+
+    def new_ticket(self) -> Ticket:
+        """An empty record for one batch in flight."""
+        return Ticket()
+
+    def is_device_array(self, x: Any) -> bool:
+        """True for a CuPy array (on any device)."""
+        return isinstance(x, cupy.ndarray)
+
+    def on_this_device(self, x: Any) -> bool:
+        """True for a CuPy array that lives on this lane's device."""
+        return isinstance(x, cupy.ndarray) and x.device.id == self.device_id
+
+    def upload(self, inputs: dict[str, np.ndarray], ticket: Ticket) -> dict[str, Any]:
+        """Device copies of host arrays; the copies are started, not finished."""
+        out: dict[str, Any] = {}
+        sp = self.h2d.ptr
+        for name, x in inputs.items():
+            host, mem = self._pinned(x.shape, x.dtype)
+            copyto(host, x)  # pageable -> pinned, off the GPU's path (on copy threads)
+            with self.h2d:
+                dev = cupy.empty(x.shape, x.dtype)
+            if host.nbytes:
+                cupy.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data, host.nbytes,
+                                              _H2D, sp)
+            ticket.keep += [mem, dev]
+            out[name] = dev
+        self._uploaded = self.h2d.record()
+        return out
+
+    @contextlib.contextmanager
+    def computing(self) -> Iterator[None]:
+        """Launches inside run on the compute stream, after the last upload."""
+        if self._uploaded is not None:
+            self.compute.wait_event(self._uploaded)
+            self._uploaded = None
+        with self.compute:
+            yield
+
+    def download(self, outputs: dict[str, Any], ticket: Ticket) -> None:
+        """Start copying the batch's outputs into pinned memory once its kernels are done."""
+        self.d2h.wait_event(self.compute.record())
+        sp = self.d2h.ptr
+        for name, arr in outputs.items():
+            if not arr.flags.c_contiguous:
+                with self.compute:
+                    arr = cupy.ascontiguousarray(arr)
+                self.d2h.wait_event(self.compute.record())
+            host, mem = self._pinned(arr.shape, arr.dtype)
+            if host.nbytes:
+                cupy.cuda.runtime.memcpyAsync(host.ctypes.data, arr.data.ptr, host.nbytes,
+                                              _D2H, sp)
+            ticket.keep += [mem, arr]
+            ticket.host[name] = host
+        ticket.event = self.d2h.record()
+
+    def abandon(self, ticket: Ticket) -> None:
+        """Drop a batch that failed midway, once nothing queued can still touch its memory."""
+        self.h2d.synchronize()
+        self.compute.synchronize()
+        self.d2h.synchronize()
+        self._uploaded = None
+        ticket.keep.clear()
+        ticket.host.clear()
+
+    def finish(self, ticket: Ticket, dest: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
+        """Wait for the batch's downloads; its outputs as numpy arrays (into ``dest`` where
+        given, else new arrays)."""
+        if ticket.event is not None:
+            ticket.event.synchronize()
+        results = {}
+        for name, host in ticket.host.items():
+            target = dest.get(name) if dest else None
+            if target is None:
+                target = np.empty(host.shape, host.dtype)
+            copyto(target, host)
+            results[name] = target
+        ticket.keep.clear()
+        ticket.host.clear()
+        return results
+
+
+__all__ = ["CupyTransfers", "Ticket"]

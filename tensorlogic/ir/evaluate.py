@@ -1,0 +1,121 @@
+"""Evaluate one node on numpy arrays: the graph's meaning, with no backend involved.
+
+Every node kind (fused nodes included) is computed with textbook numpy in the node's dtype,
+from the op table's numpy column for elementwise ops. The optimizer folds constants with it
+(the IR and the optimizer import nothing from the backends), and a backend may use it as the
+simplest correct kernel of a step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import ops
+from .fused import FusedBody, FusedOp
+
+
+def _elementwise(op: str, args: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
+    if op == "where":
+        c, a, b = args
+        return np.where(c != 0, a, b).astype(dtype, copy=False)
+    row = ops.ELEMENTWISE[op]
+    args = [np.asarray(a).astype(dtype, copy=False) for a in args]
+    out = np.empty(np.broadcast_shapes(*(a.shape for a in args)), dtype)
+    return row.numpy(*args, out=out)
+
+
+def _reduce(op: str, x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    if op == "logsumexp":
+        m = x.max(axis=axes, keepdims=True)
+        # rows that are all -inf (or hold inf/nan) are shifted by 0: the result is -inf/inf/nan
+        m = np.where(np.isfinite(m), m, 0).astype(x.dtype)
+        r = np.log(np.exp(x - m).sum(axis=axes, keepdims=True)) + m
+        return r if keepdims else np.squeeze(r, axis=axes)
+    fn = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}[op]
+    return fn(x, axis=axes, keepdims=keepdims)
+
+
+def _rowop(op: str, x: np.ndarray, axis: int, eps: float) -> np.ndarray:
+    if op == "layer_norm":
+        d = x - x.mean(axis=axis, keepdims=True)
+        return d / np.sqrt((d * d).mean(axis=axis, keepdims=True) + x.dtype.type(eps))
+    z = x - x.max(axis=axis, keepdims=True)
+    if op == "softmax":
+        e = np.exp(z)
+        return e / e.sum(axis=axis, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
+
+
+def _program(instrs: tuple[FusedOp, ...], xs: Sequence[np.ndarray], dtype: np.dtype,
+             tail: np.ndarray | None = None) -> np.ndarray | None:
+    vals: list[np.ndarray] = []
+    for ins in instrs:
+        args = []
+        for kind, v in ins.args:
+            if kind == "in":
+                args.append(xs[v])
+            elif kind == "tmp":
+                args.append(vals[v])
+            elif kind == "tail":
+                args.append(tail)
+            else:  # a constant
+                args.append(np.asarray(v, dtype))
+        vals.append(_elementwise(ins.op, args, dtype))
+    return vals[-1] if vals else None
+
+
+def _fused(node: Any, xs: Sequence[np.ndarray]) -> np.ndarray:
+    body = FusedBody.from_args(node.args["body"])
+    dtype = np.dtype(node.dtype)
+    v = _program(body.instrs, xs, dtype)
+    if v is None:  # an empty prologue: the row op reads input 0
+        v = xs[0].astype(dtype)
+    v = np.broadcast_to(v, body.space)
+    if body.tail in ops.REDUCTIONS:
+        v = _reduce(body.tail, v, body.axes, body.keepdims)
+    elif body.tail in ops.ROW_OPS:
+        v = _rowop(body.tail, v, body.axes[0], body.eps)
+        if body.epilogue:
+            v = _program(body.epilogue, xs, dtype, tail=v)
+    return v
+
+
+def evaluate_node(node: Any, xs: Sequence[np.ndarray],
+                  binding: Mapping[str, int] | None = None) -> np.ndarray:
+    """The value of ``node`` (not an input or constant) from its operands ``xs``.
+
+    Returns a new array of the node's shape and dtype (a transpose or reshape may return a view
+    of an operand). ``binding`` gives the sizes of symbolic dimensions in reshape targets.
+    """
+    kind, op, a = node.kind, node.op, node.args
+    dtype = np.dtype(node.dtype)
+    with np.errstate(all="ignore"):
+        if kind == ops.EINSUM:
+            r = np.einsum(a["spec"], *(x.astype(dtype, copy=False) for x in xs), optimize=True)
+        elif kind in (ops.UNARY, ops.BINARY, ops.WHERE):
+            r = _elementwise("where" if kind == ops.WHERE else op, xs, dtype)
+        elif kind == ops.REDUCE:
+            r = _reduce(op, xs[0], tuple(a["axes"]), bool(a.get("keepdims")))
+        elif kind == ops.ROWOP:
+            r = _rowop(op, xs[0], int(a["axis"]), float(a.get("eps", ops.LAYER_NORM_EPS)))
+        elif kind == ops.TRANSPOSE:
+            r = np.transpose(xs[0], tuple(a["perm"]))
+        elif kind == ops.RESHAPE:
+            binding = binding or {}
+            r = np.reshape(xs[0], tuple(binding.get(d, d) if isinstance(d, str) else d
+                                        for d in a["shape"]))
+        elif kind == ops.CAST:
+            r = xs[0]
+        elif kind == ops.FUSED:
+            r = _fused(node, xs)
+        else:
+            raise ValueError(f"node {node.name!r}: no evaluation rule for node kind {kind!r}")
+    r = np.asarray(r).astype(dtype, copy=False)
+    shape = tuple(binding.get(d, d) if binding and isinstance(d, str) else d for d in node.shape)
+    return r.reshape(shape) if r.shape != shape else r
+
+
+__all__ = ["evaluate_node"]
