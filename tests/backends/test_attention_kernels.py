@@ -132,3 +132,15 @@ def test_threads_split_the_blocks(monkeypatch, rng):
     monkeypatch.setattr(attention_cpu.host_pool, "helper_count", lambda: 3)
     plan = _check("numpy", _graph((3,), 300, 260, 16, 16, "float32", True, (300, 260)), rng)
     assert "4 thread(s)" in str(plan)
+
+
+def test_agreement_harness_bounds_attention():
+    # the public harness derives tolerances from error bounds: attention has its own rule
+    from tensorlogic.testing import agree, bounds
+
+    g = _graph((2,), 40, 50, 16, 8, "float32", True, (40, 50))
+    rep = agree.assert_backends_agree(g, backends=("numpy", "numba"), seed=7)
+    assert rep.tolerances["y"].source == "error bound"
+    b = bounds.analyze(g, {"q": (-1, 1), "k": (-1, 1), "v": (-2, 3), "m": (-1, 0)})
+    out = b[g.outputs["y"]]
+    assert (out.lo, out.hi) == (-2.0, 3.0) and 0 < out.err < 0.05
