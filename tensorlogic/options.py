@@ -89,6 +89,13 @@ def count(v: Any) -> int:
     raise ValueError(v)
 
 
+def function(v: Any) -> Any:
+    """A callable."""
+    if callable(v):
+        return v
+    raise TypeError(v)
+
+
 def optional(kind: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``kind`` or None."""
     return lambda v: None if v is None else kind(v)
@@ -112,6 +119,8 @@ _add("assume_finite", flag, "True or False", False,
      "inputs hold no inf/NaN, so x*0 may fold to 0")
 _add("fuse_attention", flag, "True or False", True,
      "rewrite attention written out with einsums to one attention node (O2)")
+_add("fold_evaluator", optional(function), "a function evaluate(node, arrays) or None", None,
+     "evaluates constant subgraphs when folding (default: tensorlogic.ir.evaluate)")
 # numba
 _add("fast_math", flag, "True or False", True,
      "vectorizable exp/log (2-4 ulp) and reassociated sums", ("numba",))
@@ -225,4 +234,4 @@ class CompileOptions(Mapping[str, Any]):
 
 
 __all__ = ["OPTIONS", "CompileOptions", "Option", "register_option", "flag", "one_of",
-           "positive_int", "count", "optional"]
+           "positive_int", "count", "function", "optional"]

@@ -42,6 +42,8 @@ class Capabilities:
         dtypes: the dtypes its kernels compute in.
         native_array: inputs of exactly this type, C-contiguous with the declared shape and
             dtype, are taken as they are (no checks, no conversion); None: always checked.
+        multi_device: runs on several devices of one process (``device_count``, ``on_device``,
+            ``use_device``, ``transfers``), so the pipeline's ``devices=`` can use them.
     """
 
     device: bool = False
@@ -50,6 +52,7 @@ class Capabilities:
     options: frozenset[str] = frozenset()
     dtypes: frozenset[str] = frozenset({"float16", "float32", "float64"})
     native_array: type | None = None
+    multi_device: bool = False
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,29 @@ class Backend:
 
     #: the device plans run on, for calibration caches and reports
     device_name: str = "cpu"
+
+    # several devices (with ``capabilities.multi_device``; pipeline/devices.py) --------------
+    #: which of the backend's devices this instance runs on
+    device_id: int = 0
+
+    def device_count(self) -> int:
+        """With ``capabilities.multi_device``: how many devices this process can use."""
+        raise BackendError(f"backend {self.name!r} runs on one device")
+
+    def on_device(self, device_id: int) -> Backend:
+        """With ``capabilities.multi_device``: this backend's instance for device ``device_id``."""
+        raise BackendError(f"backend {self.name!r} runs on one device")
+
+    def use_device(self) -> Any:
+        """With ``capabilities.multi_device``: a context making this instance's device current."""
+        raise BackendError(f"backend {self.name!r} runs on one device")
+
+    def transfers(self) -> Any:
+        """With ``capabilities.multi_device``: the host/device traffic of one lane of batches on
+        this device (``new_ticket``, ``is_device_array``, ``on_this_device``, ``upload``,
+        ``computing``, ``download``, ``finish``, ``abandon``; see backends/cupy/transfers.py).
+        Called with the device current."""
+        raise BackendError(f"backend {self.name!r} runs on one device")
 
 
 _factories: dict[str, Callable[[], Backend]] = {}

@@ -183,8 +183,7 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
         if tail == "logsumexp":
             kernels._logsumexp(np, x, red_axes, False, out_block)
         else:
-            red = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min,
-                   "prod": np.prod}[tail]
+            red = getattr(np, ops.REDUCTION_TABLE[tail].numpy)
             red(x, axis=red_axes, out=out_block)
 
     n_in = len(in_nodes)

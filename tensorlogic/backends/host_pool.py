@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 from .. import config
-from ..compiler import fperrors
+from ..runtime import fperrors
 
 _executor: ThreadPoolExecutor | None = None
 _lock = threading.Lock()

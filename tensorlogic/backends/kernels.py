@@ -217,7 +217,7 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
         kd = bool(node.args.get("keepdims"))
         if op == "logsumexp":
             return _logsumexp_kernel(xp, tuple(in_nodes[0].shape), node.dtype, axes, kd)
-        red = {"sum": xp.sum, "mean": xp.mean, "max": xp.max, "min": xp.min, "prod": xp.prod}[op]
+        red = getattr(xp, ops.REDUCTION_TABLE[op].numpy)
         return PreparedKernel(lambda a, out: red(a[0], axis=axes, keepdims=kd, out=out))
     if kind == ops.ROWOP and op == "layer_norm":
         return _layer_norm_kernel(xp, tuple(in_nodes[0].shape), node.dtype, node.args["axis"],
@@ -259,13 +259,3 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
             return out
         return PreparedKernel(cast)
     raise BackendError(f"node {node.name!r}: no kernel for node kind {kind!r}")
-
-
-def elementwise_flops(node, n_elements: int) -> int:
-    """FLOPs of a non-einsum node."""
-    if node.kind in (ops.UNARY, ops.BINARY):
-        return ops.ELEMENTWISE[node.op].flops * n_elements
-    if node.kind == ops.WHERE:
-        return n_elements
-    return 0
-

@@ -225,7 +225,11 @@ def _unravel(vars_: list[str], sizes: list[str], flat: str, ind: str) -> list[st
     return lines
 
 
-_INIT = {"sum": "0.0", "mean": "0.0", "prod": "1.0", "max": "-np.inf", "min": "np.inf"}
+# the reductions of the table, rendered: a partial's start value and how one value joins it
+_INIT = {n: repr(r.identity).replace("inf", "np.inf")
+         for n, r in ops.REDUCTION_TABLE.items() if r.combine}
+_COMBINE = {"add": "{a} = {a} + {b}", "mul": "{a} = {a} * {b}", "max": "{a} = max({a}, {b})",
+            "min": "{a} = min({a}, {b})"}
 
 
 def _init(op: str, acc_t: str) -> str:
@@ -240,11 +244,7 @@ def _init(op: str, acc_t: str) -> str:
 
 
 def _combine(op: str, acc: str, v: str) -> str:
-    if op in ("sum", "mean"):
-        return f"{acc} = {acc} + {v}"
-    if op == "prod":
-        return f"{acc} = {acc} * {v}"
-    return f"{acc} = {op}({acc}, {v})"
+    return _COMBINE[ops.REDUCTION_TABLE[op].combine].format(a=acc, b=v)
 
 
 def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | None,

@@ -55,7 +55,7 @@ class NumpyBackend(Backend):
         return np.empty(shape, dtype)
 
     def alloc_bytes(self, n):  # noqa: D102
-        from ..compiler.pool import host_bytes
+        from ..runtime.pool import host_bytes
 
         return host_bytes(n)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gc
-import math
 import threading
 import time
 from collections import OrderedDict
@@ -14,14 +13,13 @@ import numpy as np
 
 from ..backends import get_backend
 from ..backends.base import PreparedKernel, as_prepared
-from ..backends import kernels as generic_kernels
 from .. import dtypes
 from ..errors import BackendError, DTypeError, GraphError
-from ..ir import ops
+from ..ir import cost, ops
 from ..ir.graph import EinsumGraph
 from ..options import CompileOptions
 from ..optimizer import optimize
-from . import hooks
+from ..runtime import hooks
 from .memory import plan_memory
 from .plan import CompiledPlan, ConcretePlan, Step, check_budget
 from .schedule import Buffer, make_buffers, needed_nodes
@@ -29,18 +27,6 @@ from .schedule import Buffer, make_buffers, needed_nodes
 _CACHE_SIZE = 128
 _cache: OrderedDict[tuple, CompiledPlan] = OrderedDict()
 _cache_lock = threading.Lock()
-
-
-def _step_flops(node, in_nodes) -> int:
-    n = math.prod(node.shape)
-    if node.kind == ops.REDUCE:
-        m = math.prod(in_nodes[0].shape)
-        return m * (10 if node.op == "logsumexp" else 1)
-    if node.kind == ops.ROWOP:
-        return 10 * n
-    if node.kind == ops.FUSED:
-        return int(node.args.get("flops", 0))
-    return generic_kernels.elementwise_flops(node, n)
 
 
 # steps whose kernel may write over an input (when the kernel says which inputs it can alias)
@@ -122,7 +108,7 @@ def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
         nbytes = 0 if is_view else b.nbytes + sum(bufs[i].nbytes for i in node.inputs)
         step = Step(len(steps), nid, node.name, node.kind, node.op, node.label,
                     tuple(bufs[i].id for i in node.inputs), b.id, tuple(node.shape), node.dtype,
-                    _step_flops(node, in_nodes), int(nbytes), args)
+                    cost.node_flops(node, in_nodes), int(nbytes), args)
         with hooks.timed("codegen", f"prepare {node.name}", backend=backend.name, kind=node.kind):
             kernel = as_prepared(backend.prepare(step, node, in_nodes, optimized),
                                  f"node {node.name!r}")

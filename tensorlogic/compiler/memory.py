@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from ..runtime.units import format_bytes
 from .schedule import Buffer
 
 ALIGNMENT = 64  # bytes: a cache line, and what SIMD loads and BLAS like
@@ -61,15 +62,6 @@ class MemoryPlan:
             f"({saved:.0%} saved; {how}, {len(self.offsets)} buffer(s), "
             f"{len(self.inplace)} in place, live lower bound {format_bytes(self.live_bytes)})"
         )
-
-
-def format_bytes(n: float) -> str:
-    """A byte count for people: ``1.5 MiB``."""
-    for unit in ("B", "KiB", "MiB"):
-        if n < 1024:
-            return f"{n:.0f} B" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def _align(n: int, a: int) -> int:

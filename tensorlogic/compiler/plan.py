@@ -17,9 +17,11 @@ from ..backends.base import PlanRunner, PreparedKernel
 from ..errors import GraphError, InputError, MemoryBudgetError
 from ..ir.graph import EinsumGraph
 from ..options import CompileOptions
-from . import fperrors, hooks
-from .memory import MemoryPlan, format_bytes
-from .pool import Arena, TensorPool
+from ..runtime import fperrors, hooks
+from ..runtime.pool import Arena, TensorPool
+from ..runtime.steps import run_program
+from ..runtime.units import format_bytes
+from .memory import MemoryPlan
 from .schedule import Buffer
 
 
@@ -76,6 +78,7 @@ class ConcretePlan:
         self.program = [(k.fn, s.inputs + s.scratch, s.output)
                         for k, s in zip(self.kernels, self.steps)]
         self.flops = sum(s.flops for s in self.steps)
+        self.host = not self.backend.capabilities.device
         # per-call tables, built once (the GPU runner reads them too): where inputs go, which
         # outputs get a fresh array, and which are handed back as copies (inputs or constants)
         self.input_slots = tuple(self.input_ids.items())
@@ -111,9 +114,15 @@ class ConcretePlan:
             return self.runner(self, inputs, out)
         return self.run_steps(inputs, out)
 
-    def run_steps(self, inputs: Mapping[str, Any], out: Mapping[str, Any] | None) -> dict[str, Any]:
-        """Execute step by step (the plain executor that a backend runner may fall back to)."""
-        env = self.pool.acquire()
+    def run_steps(self, inputs: Mapping[str, Any], out: Mapping[str, Any] | None,
+                  env: list | None = None) -> dict[str, Any]:
+        """Execute step by step (the plain executor that a backend runner may fall back to).
+
+        ``env``: a buffer table to run in (from ``new_arena``) instead of one from the pool.
+        """
+        pooled = env is None
+        if pooled:
+            env = self.pool.acquire()
         try:
             for name, bid in self.input_slots:
                 env[bid] = inputs[name]
@@ -126,15 +135,16 @@ class ConcretePlan:
                         arr = backend.empty(shape, dtype)
                 env[bid] = arr
             obs = hooks.active()
-            token = fperrors.quiet()
+            hook = None if obs is None else obs.step_hook(self, env)
+            # host kernels compute log(0) = -inf and overflow without numpy warnings
+            token = fperrors.quiet() if self.host else None
             try:
-                if obs is None:
-                    for fn, ins, o in self.program:
-                        env[o] = fn([env[i] for i in ins], env[o])
-                else:
-                    obs.run_steps(self, env, self.program)
+                run_program(self.program, env, None if hook is None else hook.after_step)
             finally:
-                fperrors.restore(token)
+                if token is not None:
+                    fperrors.restore(token)
+                if hook is not None:
+                    hook.done()
             results: dict[str, Any] = {}
             for name, bid, fresh in self.result_slots:
                 if fresh:
@@ -144,9 +154,10 @@ class ConcretePlan:
                     results[name] = backend.copy(env[bid], arr)
             return results
         finally:
-            # drop the references to this call's inputs, outputs and views before reuse
-            env.reset()
-            self.pool.release(env)
+            if pooled:
+                # drop the references to this call's inputs, outputs and views before reuse
+                env.reset()
+                self.pool.release(env)
 
     def table(self) -> str:
         """The steps as a text table with FLOPs and bytes."""

@@ -21,21 +21,32 @@ def _elementwise(op: str, args: Sequence[np.ndarray], dtype: np.dtype) -> np.nda
     if op == "where":
         c, a, b = args
         return np.where(c != 0, a, b).astype(dtype, copy=False)
-    row = ops.ELEMENTWISE[op]
-    args = [np.asarray(a).astype(dtype, copy=False) for a in args]
+    # numpy's own loop for the operands' dtypes, written into the result dtype (as the numpy
+    # backend runs it: int / int -> float64, abs of complex -> float, comparisons -> 1/0)
+    args = [np.asarray(a) for a in args]
     out = np.empty(np.broadcast_shapes(*(a.shape for a in args)), dtype)
-    return row.numpy(*args, out=out)
+    return ops.ELEMENTWISE[op].numpy(*args, out=out)
 
 
-def _reduce(op: str, x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+def _reduce(op: str, x: np.ndarray, axes: tuple[int, ...], keepdims: bool,
+            dtype: np.dtype) -> np.ndarray:
     if op == "logsumexp":
+        x = x.astype(dtype, copy=False)
         m = x.max(axis=axes, keepdims=True)
         # rows that are all -inf (or hold inf/nan) are shifted by 0: the result is -inf/inf/nan
         m = np.where(np.isfinite(m), m, 0).astype(x.dtype)
         r = np.log(np.exp(x - m).sum(axis=axes, keepdims=True)) + m
         return r if keepdims else np.squeeze(r, axis=axes)
-    fn = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}[op]
-    return fn(x, axis=axes, keepdims=keepdims)
+    shape = tuple(1 if k in axes else d for k, d in enumerate(x.shape)) if keepdims else tuple(
+        d for k, d in enumerate(x.shape) if k not in axes)
+    out = np.empty(shape, dtype)
+    return getattr(np, ops.REDUCTION_TABLE[op].numpy)(x, axis=axes, keepdims=keepdims, out=out)
+
+
+def _cast(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    if x.dtype.kind == "c" and dtype.kind != "c":
+        x = x.real  # a complex-to-real cast keeps the real part
+    return x.astype(dtype, copy=False)
 
 
 def _rowop(op: str, x: np.ndarray, axis: int, eps: float) -> np.ndarray:
@@ -47,6 +58,20 @@ def _rowop(op: str, x: np.ndarray, axis: int, eps: float) -> np.ndarray:
         e = np.exp(z)
         return e / e.sum(axis=axis, keepdims=True)
     return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
+
+
+def _attention(xs: Sequence[np.ndarray], scale: float, causal: bool,
+               dtype: np.dtype) -> np.ndarray:
+    """softmax(scale q k^T + mask) v, computed in float32 at least (16-bit floats widen)."""
+    work = np.promote_types(dtype, np.float32)
+    q, k, v = (x.astype(work, copy=False) for x in xs[:3])
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * work.type(scale)
+    if len(xs) == 4:
+        s = s + xs[3].astype(work, copy=False)
+    if causal:
+        sq, sk = s.shape[-2:]
+        s = np.where(np.arange(sk)[None, :] > np.arange(sq)[:, None], -np.inf, s).astype(work)
+    return np.matmul(_rowop("softmax", s, -1, 0.0), v)
 
 
 def _program(instrs: tuple[FusedOp, ...], xs: Sequence[np.ndarray], dtype: np.dtype,
@@ -75,7 +100,8 @@ def _fused(node: Any, xs: Sequence[np.ndarray]) -> np.ndarray:
         v = xs[0].astype(dtype)
     v = np.broadcast_to(v, body.space)
     if body.tail in ops.REDUCTIONS:
-        v = _reduce(body.tail, v, body.axes, body.keepdims)
+        axes = tuple(a % len(body.space) for a in body.axes)
+        v = _reduce(body.tail, v, axes, body.keepdims, dtype)
     elif body.tail in ops.ROW_OPS:
         v = _rowop(body.tail, v, body.axes[0], body.eps)
         if body.epilogue:
@@ -98,7 +124,8 @@ def evaluate_node(node: Any, xs: Sequence[np.ndarray],
         elif kind in (ops.UNARY, ops.BINARY, ops.WHERE):
             r = _elementwise("where" if kind == ops.WHERE else op, xs, dtype)
         elif kind == ops.REDUCE:
-            r = _reduce(op, xs[0], tuple(a["axes"]), bool(a.get("keepdims")))
+            axes = tuple(k % max(xs[0].ndim, 1) for k in a["axes"])
+            r = _reduce(op, xs[0], axes, bool(a.get("keepdims")), dtype)
         elif kind == ops.ROWOP:
             r = _rowop(op, xs[0], int(a["axis"]), float(a.get("eps", ops.LAYER_NORM_EPS)))
         elif kind == ops.TRANSPOSE:
@@ -108,12 +135,14 @@ def evaluate_node(node: Any, xs: Sequence[np.ndarray],
             r = np.reshape(xs[0], tuple(binding.get(d, d) if isinstance(d, str) else d
                                         for d in a["shape"]))
         elif kind == ops.CAST:
-            r = xs[0]
+            r = _cast(xs[0], dtype)
         elif kind == ops.FUSED:
             r = _fused(node, xs)
+        elif kind == ops.ATTENTION:
+            r = _attention(xs, float(a["scale"]), bool(a["causal"]), dtype)
         else:
             raise ValueError(f"node {node.name!r}: no evaluation rule for node kind {kind!r}")
-    r = np.asarray(r).astype(dtype, copy=False)
+    r = _cast(np.asarray(r), dtype)
     shape = tuple(binding.get(d, d) if binding and isinstance(d, str) else d for d in node.shape)
     return r.reshape(shape) if r.shape != shape else r
 

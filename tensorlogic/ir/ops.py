@@ -199,8 +199,43 @@ DTYPE: dict[str, tuple[str, str]] = {
 UNARY_OPS = tuple(n for n, op in ELEMENTWISE.items() if op.arity == 1)
 BINARY_OPS = tuple(n for n, op in ELEMENTWISE.items() if op.arity == 2)
 
-REDUCTIONS = ("sum", "mean", "max", "min", "prod", "logsumexp")
-ROW_OPS = ("softmax", "log_softmax", "layer_norm")
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """One row of the reduction table.
+
+    ``combine`` is how two partial results merge ("add", "mul", "max", "min"; max and min
+    propagate NaN like numpy), ``identity`` the start value of a partial, ``numpy`` the name of
+    the array-module function that computes it, ``flops`` the FLOPs per input element. A mean is
+    a sum divided by the count. logsumexp has no single combine: it is a max pass, then a sum of
+    exp(x - max), then a log.
+    """
+
+    name: str
+    combine: str | None
+    identity: float
+    numpy: str | None
+    flops: int = 1
+    mean: bool = False
+
+
+REDUCTION_TABLE: dict[str, Reduction] = {r.name: r for r in [
+    Reduction("sum", "add", 0.0, "sum"),
+    Reduction("mean", "add", 0.0, "mean", mean=True),
+    Reduction("max", "max", float("-inf"), "max"),
+    Reduction("min", "min", float("inf"), "min"),
+    Reduction("prod", "mul", 1.0, "prod"),
+    Reduction("logsumexp", None, float("-inf"), None, flops=10),
+]}
+REDUCTIONS = tuple(REDUCTION_TABLE)
+# reductions that one combine computes (every code generator renders these from the table)
+COMBINED_REDUCTIONS = tuple(n for n, r in REDUCTION_TABLE.items() if r.combine is not None)
+
+# row ops over one axis and their FLOPs per element (max or mean, an exp or a square, a sum, a
+# divide)
+ROW_OP_FLOPS: dict[str, int] = {"softmax": 10, "log_softmax": 10, "layer_norm": 10}
+ROW_OPS = tuple(ROW_OP_FLOPS)
 # layer_norm: (x - mean) / sqrt(var + eps) over one axis, biased variance; eps is a node argument
 LAYER_NORM_EPS = 1e-5
 

@@ -2,12 +2,14 @@
 
 Pipelines (each repeated to a fixpoint): O0 runs nothing; O1 runs dce, cse, fold, simplify;
 O2 and O3 add layernorm (hand-written layer normalization to one row op), attention (written-out
-attention to one attention node), merge (einsum merging,
-scalar pulling), contraction (path planning) and fusion.
+attention to one attention node), merge (einsum merging, scalar pulling), contraction (path
+planning) and fusion.
 """
 
-from .base import OptimizerReport, Pass, PassManager, PassResult, optimize, register_pass
-# importing the pass modules registers them, in pipeline order
+from .base import (
+    PIPELINES, OptimizerReport, Pass, PassManager, PassResult, optimize, register_pass,
+)
+# importing the pass modules registers them (their order is PIPELINES')
 from .dce import dce
 from .cse import cse
 from .fold import fold
@@ -19,7 +21,7 @@ from .contraction import contraction
 from .fusion import fusion, is_legal_group
 
 __all__ = [
-    "OptimizerReport", "Pass", "PassManager", "PassResult", "attention", "contraction", "cse",
-    "dce", "fold", "fusion", "is_legal_group", "layernorm", "merge", "optimize", "register_pass",
-    "simplify",
+    "PIPELINES", "OptimizerReport", "Pass", "PassManager", "PassResult", "attention",
+    "contraction", "cse", "dce", "fold", "fusion", "is_legal_group", "layernorm", "merge",
+    "optimize", "register_pass", "simplify",
 ]

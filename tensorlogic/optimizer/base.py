@@ -8,7 +8,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 from .. import config
 from ..errors import GraphError, TensorLogicError
-from ..compiler import hooks
+from ..runtime import hooks
 from ..ir.graph import EinsumGraph
 
 
@@ -68,13 +68,22 @@ class OptimizerReport:
         return "\n".join(lines)
 
 
-# opt level -> names of passes, filled by the pass modules as they register
-PIPELINES: dict[int, list[str]] = {0: [], 1: [], 2: [], 3: []}
+# opt level -> the passes it runs, in order (each pipeline repeats to a fixpoint). O1 cleans up:
+# dead code, duplicate subexpressions, constant subgraphs, algebraic identities. O2 also
+# rewrites hand-written layer norms, merges einsum chains and plans their contraction order
+# before fusion groups what is left into kernels. O3 is O2 until a pass needs autotuning.
+PIPELINES: dict[int, list[str]] = {
+    0: [],
+    1: ["dce", "cse", "fold", "simplify"],
+    2: ["dce", "cse", "fold", "simplify", "layernorm", "merge", "contraction", "fusion"],
+    3: ["dce", "cse", "fold", "simplify", "layernorm", "merge", "contraction", "fusion"],
+}
 PASSES: dict[str, Callable[..., Pass]] = {}
 
 
-def register_pass(name: str, factory: Callable[..., Pass], levels: tuple[int, ...]) -> None:
-    """Make a pass known and add it to the pipelines of the given opt levels.
+def register_pass(name: str, factory: Callable[..., Pass], levels: tuple[int, ...] = ()) -> None:
+    """Make a pass known; a pass from outside the package also names the opt levels whose
+    pipelines it joins (at the end). The built-in passes are placed by ``PIPELINES``.
 
     ``factory(options)`` builds the pass from the compile options (a read-only mapping).
     """
@@ -142,9 +151,11 @@ class FunctionPass:
 
 
 def function_pass(
-    name: str, fn: Callable[[EinsumGraph, Mapping[str, Any]], PassResult], levels: tuple[int, ...]
+    name: str, fn: Callable[[EinsumGraph, Mapping[str, Any]], PassResult],
+    levels: tuple[int, ...] = (),
 ) -> Callable[[EinsumGraph, Mapping[str, Any] | None], PassResult]:
-    """Register ``fn`` as the pass ``name`` at ``levels``; returns a direct caller of it."""
+    """Register ``fn`` as the pass ``name`` (see ``register_pass`` for ``levels``); returns a
+    direct caller of it."""
     register_pass(name, lambda options=None: FunctionPass(name, fn, dict(options or {})), levels)
 
     def run(graph: EinsumGraph, options: Mapping[str, Any] | None = None) -> PassResult:
@@ -160,5 +171,8 @@ def optimize(graph: EinsumGraph, opt_level: int,
     """Run the pipeline of ``opt_level`` over ``graph``; ``options`` are the compile options."""
     if opt_level not in PIPELINES:
         raise GraphError(f"opt_level must be one of {sorted(PIPELINES)}, got {opt_level!r}")
+    missing = [name for name in PIPELINES[opt_level] if name not in PASSES]
+    if missing:
+        raise GraphError(f"opt level {opt_level} runs passes {missing} that are not registered")
     passes = [PASSES[name](dict(options or {})) for name in PIPELINES[opt_level]]
     return PassManager(passes, opt_level).run(graph)

@@ -151,4 +151,4 @@ def _contraction(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
                                 "largest_intermediate": largest})
 
 
-contraction = function_pass("contraction", _contraction, (2, 3))
+contraction = function_pass("contraction", _contraction)

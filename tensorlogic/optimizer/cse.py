@@ -115,4 +115,4 @@ def _cse(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     return PassResult(g, True, {"merged": len(merges)})
 
 
-cse = function_pass("cse", _cse, (1, 2, 3))
+cse = function_pass("cse", _cse)

@@ -21,4 +21,4 @@ def _dce(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     return PassResult(g, True, {"removed": len(dead)})
 
 
-dce = function_pass("dce", _dce, (1, 2, 3))
+dce = function_pass("dce", _dce)

@@ -28,6 +28,7 @@ from typing import Any, Mapping, Sequence
 
 from .. import dtypes
 from ..ir import ops
+from ..ir.cost import fused_flops
 from ..ir.fused import FusedBody, FusedOp
 from ..ir.graph import EinsumGraph, Node
 from .base import PassResult, function_pass
@@ -232,17 +233,6 @@ def _topological(g: EinsumGraph, members: frozenset[int]) -> list[int]:
     return order
 
 
-def fused_flops(body: FusedBody) -> int:
-    """FLOPs of a fused node, counted like the unfused steps it replaces."""
-    n = math.prod(body.space)
-    flops = body.flops_per_element() * n  # prologue and epilogue
-    if body.tail in ops.ROW_OPS:
-        flops += 10 * n
-    elif body.tail is not None:
-        flops += n * (10 if body.tail == "logsumexp" else 1)
-    return flops
-
-
 def _grow(g: EinsumGraph, root: int, taken: set[int]) -> frozenset[int]:
     """The largest group around ``root`` that the greedy rule admits (a worklist walk)."""
     rnode = g.node(root)
@@ -353,4 +343,4 @@ def _fusion(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
                                          "nodes_fused": state["nodes"]})
 
 
-fusion = function_pass("fusion", _fusion, (2, 3))
+fusion = function_pass("fusion", _fusion)

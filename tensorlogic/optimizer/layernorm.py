@@ -168,4 +168,4 @@ def _layernorm(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     return PassResult(g, True, {"layer_norms": found})
 
 
-layernorm = function_pass("layernorm", _layernorm, (2, 3))
+layernorm = function_pass("layernorm", _layernorm)

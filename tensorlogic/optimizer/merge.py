@@ -145,4 +145,4 @@ def _merge(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     return PassResult(g, True, {k: v for k, v in stats.items() if v})
 
 
-merge = function_pass("merge", _merge, (2, 3))
+merge = function_pass("merge", _merge)

@@ -265,4 +265,4 @@ def _simplify(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     return PassResult(g, True, counts)
 
 
-simplify = function_pass("simplify", _simplify, (1, 2, 3))
+simplify = function_pass("simplify", _simplify)

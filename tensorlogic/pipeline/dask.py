@@ -229,7 +229,7 @@ def device_count(backend: Any) -> int:
 
     if not is_device_backend(backend):
         return 0
-    return int(backend.xp.cuda.runtime.getDeviceCount())
+    return int(backend.device_count())
 
 
 __all__ = ["DaskExecutor", "device_count", "local_cluster", "plan_payload", "worker_plan"]

@@ -6,8 +6,9 @@ in one queue and the first lane that has room takes the next one, so a faster or
 device simply takes more. A lane keeps ``DEPTH`` batches in flight: while batch k computes, it
 stages batch k+1 and copies batch k-1's outputs out, into the caller's arrays where given.
 
-A backend offers several devices with ``device_count()``, ``on_device(i)`` (its instance for
-device i), ``use_device()`` (a context making that device current) and ``transfers()``.
+A backend offers several devices by declaring ``capabilities.multi_device`` and implementing
+``device_count()``, ``on_device(i)`` (its instance for device i), ``use_device()`` (a context
+making that device current) and ``transfers()`` (backends/base.py).
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ _STOP = object()
 
 def multi_device(backend: Any) -> bool:
     """True for a backend that can run on several devices."""
-    return all(callable(getattr(backend, m, None))
-               for m in ("device_count", "on_device", "use_device", "transfers"))
+    return bool(backend.capabilities.multi_device)
 
 
 def resolve_devices(backend: Any, devices: Any) -> tuple[int, ...] | None:

@@ -24,6 +24,7 @@ import numpy as np
 
 from .. import config
 from ..errors import TensorLogicError
+from ..runtime.steps import run_program
 
 CACHE_FILE = "calibration.json"
 _FORMAT = 1
@@ -229,8 +230,7 @@ def _overheads(backend: Any) -> tuple[float, float]:
     program = cp.program
 
     def run_long() -> None:
-        for fn, ins, o in program:
-            env[o] = fn([env[i] for i in ins], env[o])
+        run_program(program, env)
 
     samples = [timer.best(run_long, 20, budget=0.05) for _ in range(5)]
     step = statistics.median(samples) / len(program)

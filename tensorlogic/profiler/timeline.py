@@ -1,7 +1,7 @@
 """TimelineProfiler: records every plan step, compile-time work and counters while active.
 
 ``with tl.profile() as prof:`` installs a ``Profile`` as the executor's observer
-(``compiler.hooks``). While recording, a plan call stores only raw timestamps, one per step
+(``runtime.hooks``). While recording, a plan call stores only raw timestamps, one per step
 (``perf_counter_ns``), or one device event per step on backends with ``capabilities.events``
 (``backend.event()`` / ``backend.event_seconds(start, end)``: GPU steps are then timed without a
 synchronization after every step). Event records are built from the raw data on first access.
@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from ..compiler import hooks
+from ..runtime import hooks
 from ..errors import TensorLogicError
 from .events import CallEvent, CounterSample, HostEvent, StepEvent, Track
 
@@ -38,6 +38,40 @@ class _RawCall:
         self.host_end = 0
         self.pool = 0
         self.device_mem: tuple[str, float] | None = None
+
+
+class _CallHook:
+    """One profiled call: a timestamp (or a device event) after every step, then the record."""
+
+    __slots__ = ("after_step", "profile", "rec")
+
+    def __init__(self, profile: Profile, rec: _RawCall) -> None:
+        self.profile, self.rec = profile, rec
+        backend = rec.plan.backend
+        if backend.capabilities.events:
+            # device steps are timed by events on the stream: no synchronization per step
+            make_event, events = backend.event, [backend.event()]
+            rec.events = events
+            mark = events.append
+            self.after_step = lambda k: mark(make_event())
+        else:
+            clock, tick = time.perf_counter_ns, rec.stamps.append
+            self.after_step = lambda k: tick(clock())
+
+    def done(self) -> None:
+        rec = self.rec
+        rec.host_end = time.perf_counter_ns()
+        if self.profile.record_counters:
+            plan, backend = rec.plan, rec.plan.backend
+            rec.pool = plan.pool.bytes_held
+            used = backend.memory_in_use()
+            free = backend.free_memory() if used is None and rec.events is not None else None
+            if used is not None:
+                rec.device_mem = ("in use", float(used))
+            elif free is not None:
+                # a device backend that only knows its free memory (one driver query)
+                rec.device_mem = ("free", float(free))
+        self.profile._raw.append(rec)  # list.append is atomic: calls from many threads are safe
 
 
 class Profile:
@@ -108,38 +142,11 @@ class Profile:
         """True while recording."""
         return self._active
 
-    def run_steps(self, plan: Any, env: list, program: list) -> None:
-        """Observer hook: run ``program`` over ``env``, time-stamping every step."""
-        backend = plan.backend
-        make_event = backend.event if backend.capabilities.events else None
+    def step_hook(self, plan: Any, env: list) -> _CallHook:
+        """Observer hook: time-stamp every step of one call of ``plan``."""
         clock = time.perf_counter_ns
-        stamps = [clock()]
-        rec = _RawCall(plan, threading.get_ident(), threading.current_thread().name, stamps)
-        try:
-            if make_event is None:
-                tick = stamps.append
-                for fn, ins, o in program:
-                    env[o] = fn([env[i] for i in ins], env[o])
-                    tick(clock())
-            else:
-                evs = [make_event()]
-                rec.events = evs
-                mark = evs.append
-                for fn, ins, o in program:
-                    env[o] = fn([env[i] for i in ins], env[o])
-                    mark(make_event())
-        finally:
-            rec.host_end = clock()
-            if self.record_counters:
-                rec.pool = plan.pool.bytes_held
-                used = backend.memory_in_use()
-                free = backend.free_memory() if used is None and rec.events is not None else None
-                if used is not None:
-                    rec.device_mem = ("in use", float(used))
-                elif free is not None:
-                    # a device backend that only knows its free memory (one driver query)
-                    rec.device_mem = ("free", float(free))
-            self._raw.append(rec)  # list.append is atomic: calls from many threads are safe
+        rec = _RawCall(plan, threading.get_ident(), threading.current_thread().name, [clock()])
+        return _CallHook(self, rec)
 
     def compile_event(self, category: str, name: str, start: float, seconds: float,
                       info: dict) -> None:

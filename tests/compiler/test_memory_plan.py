@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tensorlogic as tl
-from tensorlogic.compiler import hooks
+from tensorlogic.runtime import hooks
 from tensorlogic.compiler.memory import ALIGNMENT, lifetimes, plan_memory, roots
 from tensorlogic.compiler.schedule import Buffer
 
@@ -134,7 +134,7 @@ def test_print_shows_peak_and_naive(rng):
 
 # ---------------------------------------------------------------- random graphs
 class AliasChecker:
-    """Runs every step, then checks that buffers live at that step never share memory and that
+    """After every step, checks that buffers live at that step never share memory and that
     the step's value equals the one an unplanned run recorded."""
 
     def __init__(self, reference: list | None):
@@ -142,27 +142,34 @@ class AliasChecker:
         self.values: list = []
         self.checked_pairs = 0
 
-    def run_steps(self, plan, env, program):
+    def step_hook(self, plan, env):
+        self.plan, self.env = plan, env
+        return self
+
+    def done(self):
+        pass
+
+    def after_step(self, k):
+        plan, env = self.plan, self.env
         mem = plan.memory
         root = roots(plan.buffers)
         life = mem.lifetimes
-        for k, (fn, ins, o) in enumerate(program):
-            env[o] = fn([env[i] for i in ins], env[o])
-            self.values.append(np.array(env[o], copy=True))
-            if self.reference is not None:
-                np.testing.assert_allclose(env[o], self.reference[k], rtol=1e-5, atol=1e-6,
-                                           equal_nan=True, err_msg=f"step {k}")
-            live = sorted(r for r, (a, z) in life.items() if a <= k <= z and env[r] is not None)
-            allowed = {(mem.inplace[k], root[o])} if k in mem.inplace else set()
-            for x in range(len(live)):
-                for y in range(x + 1, len(live)):
-                    a, b = live[x], live[y]
-                    if (a, b) in allowed or (b, a) in allowed:
-                        continue
-                    self.checked_pairs += 1
-                    assert not np.shares_memory(env[a], env[b]), (
-                        f"step {k}: live buffers {plan.buffers[a].name} and "
-                        f"{plan.buffers[b].name} share memory")
+        o = plan.steps[k].output
+        self.values.append(np.array(env[o], copy=True))
+        if self.reference is not None:
+            np.testing.assert_allclose(env[o], self.reference[k], rtol=1e-5, atol=1e-6,
+                                       equal_nan=True, err_msg=f"step {k}")
+        live = sorted(r for r, (a, z) in life.items() if a <= k <= z and env[r] is not None)
+        allowed = {(mem.inplace[k], root[o])} if k in mem.inplace else set()
+        for x in range(len(live)):
+            for y in range(x + 1, len(live)):
+                a, b = live[x], live[y]
+                if (a, b) in allowed or (b, a) in allowed:
+                    continue
+                self.checked_pairs += 1
+                assert not np.shares_memory(env[a], env[b]), (
+                    f"step {k}: live buffers {plan.buffers[a].name} and "
+                    f"{plan.buffers[b].name} share memory")
 
     def compile_event(self, *a, **k):
         pass

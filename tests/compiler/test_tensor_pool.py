@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tensorlogic as tl
-from tensorlogic.compiler.pool import Arena, TensorPool
+from tensorlogic.runtime.pool import Arena, TensorPool
 from conftest import run_in_threads
 
 

@@ -249,3 +249,11 @@ def test_any_layout_and_letters_is_found_and_exact(data):
     (att,) = _att(_o2(g))
     assert (len(att.inputs) == 4) is masked
     assert_same_as_o0(g, np.random.default_rng(data.draw(st.integers(0, 2**31))), 2)
+
+
+def test_attention_of_constants_folds(rng):
+    g = tl.EinsumGraph()
+    q, k, v = (g.constant(rng.standard_normal((2, 7, 4)).astype(np.float32)) for _ in range(3))
+    g.output(g.attention(q, k, v, causal=True) + g.input("x", (2, 7, 4)), "y")
+    assert count(optimize(g, 1)[0], ops.ATTENTION) == 0
+    assert_same_as_o0(g, rng, 1)

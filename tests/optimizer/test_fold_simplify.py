@@ -120,3 +120,28 @@ def test_einsum_identity_keeps_a_needed_diagonal(rng):
     g.output(g.einsum("i,ij->ij", x, g.constant(np.eye(4))), name="y")  # diag(x): needs I
     assert not simplify(g).changed
     assert_same_as_o0(g, rng, 2)
+
+
+def test_fold_takes_an_evaluator_from_the_options(rng):
+    from tensorlogic.ir.evaluate import evaluate_node
+
+    seen = []
+
+    def counting(node, arrays):
+        seen.append(node.kind)
+        return evaluate_node(node, arrays)
+
+    g = tl.EinsumGraph()
+    x = g.input("x", (3, 3), "float32")
+    w = g.constant(rng.standard_normal((3, 3)).astype(np.float32))
+    g.output(x + g.softmax(g.exp(w) * 0.5, axis=1), name="y")
+    res = fold(g, {"fold_evaluator": counting})
+    assert res.changed and seen == [ops.UNARY, ops.BINARY, ops.ROWOP]
+    xv = rng.standard_normal((3, 3)).astype(np.float32)
+    e = np.exp(g.constants[w.id]) * 0.5
+    want = xv + np.exp(e - e.max(1, keepdims=True)) / np.exp(e - e.max(1, keepdims=True)).sum(
+        1, keepdims=True)
+    plan = tl.compile(g, backend="numpy", opt_level=1, cache=False, fold_evaluator=counting)
+    np.testing.assert_allclose(plan(x=xv)["y"], want, rtol=1e-5)
+    with pytest.raises(tl.GraphError, match="fold_evaluator"):
+        tl.compile(g, backend="numpy", fold_evaluator="numpy")

@@ -9,6 +9,7 @@ on, and a device can be made slower to check that the faster one takes more batc
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 from collections import Counter
@@ -17,6 +18,7 @@ from typing import ClassVar
 import numpy as np
 
 import tensorlogic as tl
+from tensorlogic.backends.base import as_prepared
 from tensorlogic.backends.numpy_backend import NumpyBackend
 
 NAME = "fake_gpus"
@@ -44,6 +46,7 @@ class FakeGpus(NumpyBackend):
     """``count`` fake devices; ``delay[d]`` seconds are added to each kernel run on device d."""
 
     name = NAME
+    capabilities = dataclasses.replace(NumpyBackend.capabilities, multi_device=True)
     count = 3
     delay: ClassVar[dict[int, float]] = {}
     runs: ClassVar[Counter] = Counter()  # kernel runs per device
@@ -72,7 +75,7 @@ class FakeGpus(NumpyBackend):
         return FakeTransfers(self.device_id)
 
     def prepare(self, step, node, in_nodes, graph):
-        kernel = super().prepare(step, node, in_nodes, graph)
+        kernel = as_prepared(super().prepare(step, node, in_nodes, graph), NAME)
         dev = self.device_id
 
         def run(inputs, out):
@@ -82,10 +85,7 @@ class FakeGpus(NumpyBackend):
                 time.sleep(FakeGpus.delay[dev])
             return kernel(inputs, out)
 
-        for attr in ("scratch", "inplace", "flops", "info"):
-            if hasattr(kernel, attr):
-                setattr(run, attr, getattr(kernel, attr))
-        return run
+        return dataclasses.replace(kernel, fn=run)
 
 
 class FakeTransfers:

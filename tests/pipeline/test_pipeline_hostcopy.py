@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tensorlogic.pipeline import hostcopy
+from tensorlogic.runtime import hostcopy
 
 
 @pytest.mark.parametrize("shape, view", [

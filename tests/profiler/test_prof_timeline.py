@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tensorlogic as tl
-from tensorlogic.compiler import hooks
+from tensorlogic.runtime import hooks
 from tensorlogic.errors import TensorLogicError
 
 from _prof_planted import Events, chain_graph, chain_reference, registered

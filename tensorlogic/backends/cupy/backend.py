@@ -195,7 +195,7 @@ class CupyBackend(Backend):
     # GPU-tested for them: compile refuses other dtypes with DTypeError
     capabilities = Capabilities(device=True, events=True, own_runner=True,
                                 options=frozenset({"codegen", "cuda_graph", "pdl"}),
-                                native_array=cupy.ndarray)
+                                native_array=cupy.ndarray, multi_device=True)
 
     def __init__(self, cache_dir=None) -> None:
         dev = cupy.cuda.Device()

@@ -13,7 +13,7 @@ import time
 import cupy
 from cupy.cuda import function as cufunction
 
-from ...compiler import hooks
+from ...runtime import hooks
 from ...errors import BackendError
 from .cache import KernelCache
 

@@ -29,9 +29,11 @@ template <typename T> __device__ __forceinline__ T tl_min(T a, T b) {
   return (a < b || a != a) ? a : b; }
 """
 
-_COMBINE = {"sum": "({a} + {b})", "mean": "({a} + {b})", "prod": "({a} * {b})",
-            "max": "tl_max({a}, {b})", "min": "tl_min({a}, {b})"}  # NaN wins, like numpy
-_IDENT = {"sum": 0.0, "mean": 0.0, "prod": 1.0, "max": float("-inf"), "min": float("inf")}
+# the reductions of the table (ops.REDUCTION_TABLE), rendered; NaN wins in max/min, like numpy
+_C_COMBINE = {"add": "({a} + {b})", "mul": "({a} * {b})", "max": "tl_max({a}, {b})",
+              "min": "tl_min({a}, {b})"}
+_COMBINE = {n: _C_COMBINE[r.combine] for n, r in ops.REDUCTION_TABLE.items() if r.combine}
+_IDENT = {n: r.identity for n, r in ops.REDUCTION_TABLE.items() if r.combine}
 
 
 def literal(v: float, ct: str) -> str:

@@ -15,9 +15,10 @@ from typing import Any
 import cupy
 import numpy as np
 
-from ...compiler import hooks
-from ...compiler.memory import format_bytes
 from ...errors import MemoryBudgetError
+from ...runtime import hooks
+from ...runtime.steps import run_program
+from ...runtime.units import format_bytes
 from ..base import PlanRunner as BasePlanRunner
 from . import pdl
 
@@ -68,7 +69,7 @@ class PlanRunner(BasePlanRunner):
         # the graph uses, so later allocations never get memory a replay writes to
         self.capture_pool = None
         # a plan without intermediates needs no pooled arena: each call copies this table
-        self._template = None if plan.memory.offsets else plan._make_arena()
+        self._template = None if plan.memory.offsets else plan.new_arena()
         # one kernel from inputs and constants to one fresh output (a softmax, a fused group):
         # its arguments are looked up directly, which saves a third of the Python per call
         self._one = None
@@ -158,9 +159,7 @@ class PlanRunner(BasePlanRunner):
             finally:
                 self._busy.release()
         except cupy.cuda.memory.OutOfMemoryError as exc:
-            need = plan.memory.peak_bytes + sum(
-                b.nbytes for b in plan.buffers if b.role == "output"
-            )
+            need = plan.planned_bytes
             free = self.backend.free_memory()
             raise MemoryBudgetError(
                 f"out of GPU memory running the plan: it plans {need} bytes ({format_bytes(need)}: "
@@ -171,7 +170,8 @@ class PlanRunner(BasePlanRunner):
             ) from exc
 
     def _launches(self, plan, inputs, out):
-        """``plan.run_steps`` without what a GPU plan never needs (numpy error states)."""
+        """Stream launches: the one-kernel shortcut, else the plan's step loop (a plan without
+        intermediates runs in a copy of its buffer table instead of a pooled arena)."""
         if self._one is not None:
             fn, args, name, shape, dtype = self._one
             arr = out.get(name) if out else None
@@ -179,31 +179,10 @@ class PlanRunner(BasePlanRunner):
                 arr = cupy.empty(shape, dtype)
             return {name: fn([inputs[n] if n is not None else c for n, c in args], arr)}
         template = self._template
-        env = plan.pool.acquire() if template is None else template.copy()
-        try:
-            for name, bid in plan.input_slots:
-                env[bid] = inputs[name]
-            for name, bid, shape, dtype in plan.fresh_outputs:
-                arr = out.get(name) if out else None
-                if arr is None:
-                    arr = env[bid]  # two output names on one buffer share the array
-                    if arr is None:
-                        arr = cupy.empty(shape, dtype)
-                env[bid] = arr
-            for fn, ins, o in plan.program:
-                env[o] = fn([env[i] for i in ins], env[o])
-            results = {}
-            for name, bid, fresh in plan.result_slots:
-                results[name] = env[bid] if fresh else self.backend.copy(
-                    env[bid], out.get(name) if out else None)
-            return results
-        finally:
-            if template is None:
-                env.reset()  # drop this call's inputs, outputs and views
-                plan.pool.release(env)
+        return plan.run_steps(inputs, out, None if template is None else template.copy())
 
     def _capture(self, plan, inputs) -> bool:
-        env = plan._make_arena()
+        env = plan.new_arena()
         for name, bid in plan.input_ids.items():
             b = plan.buffers[bid]
             self.fixed_in[name] = env[bid] = cupy.empty(b.shape, b.dtype)
@@ -226,8 +205,7 @@ class PlanRunner(BasePlanRunner):
                 # generated kernels launch with PDL while captured, if the plan asks for it
                 pdl.state.active = bool(self.backend.pdl)
                 try:
-                    for fn, ins, o in plan.program:
-                        env[o] = fn([env[i] for i in ins], env[o])
+                    run_program(plan.program, env)
                 finally:
                     pdl.state.active = False
                     graph = stream.end_capture()

@@ -21,9 +21,9 @@ _PREFIX = {"f32": "%f", "f64": "%fd", "pred": "%p", "u32": "%r", "s32": "%r", "b
            "u64": "%rd", "s64": "%rd", "b64": "%rd", "b16": "%h"}
 _DECL = {"%f": ".f32", "%fd": ".f64", "%p": ".pred", "%r": ".b32", "%rd": ".b64", "%h": ".b16"}
 
-# reduction tails: (combine instruction, identity)
-_COMBINE = {"sum": ("add", 0.0), "mean": ("add", 0.0), "prod": ("mul", 1.0),
-            "max": ("max", float("-inf")), "min": ("min", float("inf"))}
+# reduction tails of the table (ops.REDUCTION_TABLE): (combine instruction, identity); the
+# combine kinds are PTX's own mnemonics
+_COMBINE = {n: (r.combine, r.identity) for n, r in ops.REDUCTION_TABLE.items() if r.combine}
 
 
 class _Regs:

@@ -19,7 +19,7 @@ from typing import Any
 import cupy
 import numpy as np
 
-from ...pipeline.hostcopy import copyto
+from ...runtime.hostcopy import copyto
 
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 
