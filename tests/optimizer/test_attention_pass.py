@@ -257,3 +257,11 @@ def test_attention_of_constants_folds(rng):
     g.output(g.attention(q, k, v, causal=True) + g.input("x", (2, 7, 4)), "y")
     assert count(optimize(g, 1)[0], ops.ATTENTION) == 0
     assert_same_as_o0(g, rng, 1)
+
+
+@pytest.mark.parametrize("form", ["causal_where", "causal_where_inverted", "causal_add"])
+def test_unfused_causal_forms_stay_exact(form, rng):
+    # with the pass off, where -> softmax becomes one fused kernel that writes in place over the
+    # scores: its where must read the scores before overwriting them
+    g, _, _ = _build(form)
+    assert_same_as_o0(g, rng, 2, fuse_attention=False)
