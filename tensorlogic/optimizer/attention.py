@@ -370,4 +370,4 @@ def _attention(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     return PassResult(g, True, {"attentions": found_n})
 
 
-attention = function_pass("attention", _attention, (2, 3))
+attention = function_pass("attention", _attention)

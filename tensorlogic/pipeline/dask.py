@@ -229,7 +229,7 @@ def device_count(backend: Any) -> int:
 
     if not is_device_backend(backend):
         return 0
-    return int(backend.device_count())
+    return int(backend.device_count()) if backend.capabilities.multi_device else 1
 
 
 __all__ = ["DaskExecutor", "device_count", "local_cluster", "plan_payload", "worker_plan"]

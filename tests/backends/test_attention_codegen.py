@@ -16,6 +16,7 @@ CASES = [  # d, dv, dtype, causal, mask
     (96, 80, "float32", False, True), (128, 128, "float32", True, True),
     (64, 64, "float16", True, True), (128, 128, "float16", False, False),
     (17, 5, "float64", True, True), (256, 256, "float32", False, False),
+    (64, 64, "bfloat16", True, False),
 ]
 
 
@@ -35,7 +36,7 @@ def _sources() -> str:
     out = []
     for k, (d, dv, dt, causal, mask) in enumerate(CASES):
         src = attention_c.render(f"att{k}", d, dv, dt, causal, mask)
-        if dt == "float16":
+        if dt in ("float16", "bfloat16"):
             if prelude_seen:
                 src = src.replace(attention_c._PRELUDE, "")
             prelude_seen = True

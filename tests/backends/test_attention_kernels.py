@@ -144,3 +144,9 @@ def test_agreement_harness_bounds_attention():
     b = bounds.analyze(g, {"q": (-1, 1), "k": (-1, 1), "v": (-2, 3), "m": (-1, 0)})
     out = b[g.outputs["y"]]
     assert (out.lo, out.hi) == (-2.0, 3.0) and 0 < out.err < 0.05
+
+
+def test_bfloat16_computes_in_float32_on_the_host(rng, small_blocks):
+    g = _graph((2,), 37, 50, 16, 8, "bfloat16", True, (37, 50))
+    for backend in ("numpy", "numba"):
+        _check(backend, g, rng, tol=1.6e-2)  # a few bfloat16 ulps (eps 2**-7 at 1)

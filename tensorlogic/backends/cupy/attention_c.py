@@ -12,7 +12,7 @@ It keeps the scaled query tile in shared memory and walks the keys in tiles of `
    ``P V`` into its TM x ceil(Dv / 16) accumulator.
 
 Scores never leave the chip: the scratch is the block's shared memory, O(BM * (D + BN)).
-float16 loads and stores convert through inline PTX; arithmetic is float32 (float64 for float64
+float16 and bfloat16 loads and stores convert through inline PTX; arithmetic is float32 (float64 for float64
 inputs) with ``expf``/``exp``, so results match the host kernel within float32 rounding.
 """
 
@@ -21,8 +21,10 @@ from __future__ import annotations
 from ...errors import BackendError
 
 THREADS = 256
-CTYPE = {"float32": "float", "float64": "double", "float16": "unsigned short"}
-COMPUTE = {"float32": "float", "float64": "double", "float16": "float"}
+CTYPE = {"float32": "float", "float64": "double", "float16": "unsigned short",
+         "bfloat16": "unsigned short"}
+COMPUTE = {"float32": "float", "float64": "double", "float16": "float", "bfloat16": "float"}
+_CONV = {"float16": ("tl_h2f", "tl_f2h"), "bfloat16": ("tl_bf2f", "tl_f2bf")}
 MAX_HEAD_DIM = 256
 
 _PRELUDE = r"""
@@ -30,6 +32,10 @@ __device__ __forceinline__ float tl_h2f(unsigned short h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short tl_f2h(float f) {
   unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float tl_bf2f(unsigned short h) {
+  float f; asm("cvt.f32.bf16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned short tl_f2bf(float f) {
+  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 """
 
 
@@ -57,9 +63,9 @@ def render(name: str, d: int, dv: int, dtype: str, causal: bool, has_mask: bool)
                            f"1..{MAX_HEAD_DIM}")
     tm, tn = tiles(dtype)
     t, c = CTYPE[dtype], COMPUTE[dtype]
-    half = dtype == "float16"
-    load = "tl_h2f" if half else f"({c})"
-    store = "tl_f2h" if half else ""
+    half = dtype in _CONV
+    load = _CONV[dtype][0] if half else f"({c})"
+    store = _CONV[dtype][1] if half else ""
     neg_inf = "__longlong_as_double(0xfff0000000000000ULL)" if c == "double" \
         else "__int_as_float(0xff800000)"
     exp = "exp" if c == "double" else "expf"
