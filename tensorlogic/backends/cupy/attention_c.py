@@ -12,8 +12,9 @@ It keeps the scaled query tile in shared memory and walks the keys in tiles of `
    ``P V`` into its TM x ceil(Dv / 16) accumulator.
 
 Scores never leave the chip: the scratch is the block's shared memory, O(BM * (D + BN)).
-float16 and bfloat16 loads and stores convert through inline PTX; arithmetic is float32 (float64 for float64
-inputs) with ``expf``/``exp``, so results match the host kernel within float32 rounding.
+float16 and bfloat16 loads and stores convert through inline PTX; arithmetic is float32 (float64
+for float64 inputs) with ``expf``/``exp``, so results match the host kernel within float32
+rounding.
 """
 
 from __future__ import annotations
