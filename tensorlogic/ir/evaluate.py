@@ -64,6 +64,20 @@ def _rowop(op: str, x: np.ndarray, axis: int, eps: float) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
 
 
+def _attention(xs: Sequence[np.ndarray], scale: float, causal: bool,
+               dtype: np.dtype) -> np.ndarray:
+    """softmax(scale q k^T + mask) v, computed in float32 at least (16-bit floats widen)."""
+    work = np.promote_types(dtype, np.float32)
+    q, k, v = (x.astype(work, copy=False) for x in xs[:3])
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * work.type(scale)
+    if len(xs) == 4:
+        s = s + xs[3].astype(work, copy=False)
+    if causal:
+        sq, sk = s.shape[-2:]
+        s = np.where(np.arange(sk)[None, :] > np.arange(sq)[:, None], -np.inf, s).astype(work)
+    return np.matmul(_rowop("softmax", s, -1, 0.0), v)
+
+
 def _program(instrs: tuple[FusedOp, ...], xs: Sequence[np.ndarray], dtype: np.dtype,
              tail: np.ndarray | None = None) -> np.ndarray | None:
     vals: list[np.ndarray] = []
@@ -128,6 +142,8 @@ def evaluate_node(node: Any, xs: Sequence[np.ndarray],
             r = _cast(xs[0], dtype)
         elif kind == ops.FUSED:
             r = _fused(node, xs)
+        elif kind == ops.ATTENTION:
+            r = _attention(xs, float(a["scale"]), bool(a["causal"]), dtype)
         else:
             raise ValueError(f"node {node.name!r}: no evaluation rule for node kind {kind!r}")
     r = _cast(np.asarray(r), dtype)

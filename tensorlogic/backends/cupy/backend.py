@@ -282,6 +282,11 @@ class CupyBackend(Backend):
         if node.kind in GENERATED_KINDS:
             gk = GeneratedKernel(self, node, in_nodes, self.codegen)
             return PreparedKernel(gk, source=gk.source, impl=gk)
+        if node.kind == ops.ATTENTION:
+            from .attention_gpu import AttentionKernel
+
+            ak = AttentionKernel(self, node, in_nodes)
+            return PreparedKernel(ak, flops=ak.flops, info=ak.info, source=ak.source, impl=ak)
         return generic.make_kernel(cupy, node, in_nodes, not step.view)
 
     def _einsum(self, node, in_nodes):
