@@ -154,7 +154,8 @@ def _inputs_for(cp) -> dict[str, np.ndarray]:
     out = {}
     for name, bid in cp.input_ids.items():
         b = cp.buffers[bid]
-        out[name] = rng.standard_normal(b.shape).astype(b.dtype)
+        # on the plan's own device: a device backend's kernels take only its arrays
+        out[name] = cp.backend.to_device(rng.standard_normal(b.shape).astype(b.dtype))
     return out
 
 
