@@ -181,7 +181,8 @@ def _elementwise_rule(rule: tuple[str, str]):
     def result(*dts: str) -> str:
         promoted = promote(*dts)
         if mode.endswith("ordered") and kind(promoted) == "c":
-            raise _NoLoop("complex numbers have no order; compare abs() or real parts")
+            raise _NoLoop("complex numbers have no order; compare abs() or the real part "
+                          "(a cast to a float dtype)")
         try:
             # numpy runs a binary op on tensors of mixed dtypes in the promoted dtype's loop
             res = ufunc_result(ufunc, (promoted,) * len(dts))

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 import tensorlogic as tl
 from tensorlogic import dtypes
 from tensorlogic.ir import ops
-from tensorlogic.testing.einsum_calls import random_array
+from tensorlogic.testing.einsum_calls import COMPLEX_OPS, int_programs, random_array
 
 DTYPES = dtypes.DTYPES
 CPU = [("numpy", 0), ("numpy", 2), ("numba", 0), ("numba", 2)]
@@ -342,3 +343,47 @@ def test_constant_folding_keeps_integer_semantics():
     for level in (0, 2):
         got = tl.compile(g, backend="numpy", opt_level=level)(x=a)["y"]
         assert got.dtype == np.int8 and np.array_equal(got, want)
+    # a complex constant's abs folds to its modulus, not to abs of its real part
+    g = tl.EinsumGraph()
+    k = g.constant(np.array([3 + 4j, -1j], np.complex64))
+    x = g.input("x", (2,), "float32")
+    g.output(g.abs(k) + x, "y")
+    b = np.array([1, 2], np.float32)
+    for level in (0, 2):
+        got = tl.compile(g, backend="numpy", opt_level=level)(x=b)["y"]
+        assert got.dtype == np.float32 and np.allclose(got, [6, 3])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(prog=int_programs())
+def test_random_integer_programs_match_numpy(prog):
+    rng = np.random.default_rng(13)
+    arrays = [random_array(rng, prog.shape, d) for d in prog.dtypes]
+    want = np.asarray(prog.evaluate(arrays))
+    g = tl.EinsumGraph()
+    ins = [g.input(f"x{k}", prog.shape, d) for k, d in enumerate(prog.dtypes)]
+    g.output(prog.build(g, ins), "y")
+    feeds = {f"x{k}": a for k, a in enumerate(arrays)}
+    for backend, level in (("numpy", 0), ("numba", 2)):
+        got = tl.compile(g, backend=backend, opt_level=level)(feeds)["y"]
+        assert got.dtype == want.dtype, f"{backend} O{level}: {got.dtype} vs {want.dtype}"
+        np.testing.assert_array_equal(got, want, err_msg=f"{backend} O{level}")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(prog=int_programs(max_steps=4, dtypes=dtypes.COMPLEX, ops=COMPLEX_OPS))
+def test_random_complex_programs_match_numpy(prog):
+    rng = np.random.default_rng(14)
+    arrays = [random_array(rng, prog.shape, d) for d in prog.dtypes]
+    want = np.asarray(prog.evaluate(arrays))
+    g = tl.EinsumGraph()
+    ins = [g.input(f"x{k}", prog.shape, d) for k, d in enumerate(prog.dtypes)]
+    g.output(prog.build(g, ins), "y")
+    feeds = {f"x{k}": a for k, a in enumerate(arrays)}
+    tol = 1e-4 if want.dtype == np.complex64 else 1e-12
+    scale = max(1.0, float(np.max(np.abs(want), initial=0.0)))
+    for backend, level in (("numpy", 0), ("numba", 2)):
+        got = tl.compile(g, backend=backend, opt_level=level)(feeds)["y"]
+        assert got.dtype == want.dtype, f"{backend} O{level}: {got.dtype} vs {want.dtype}"
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * scale,
+                                   err_msg=f"{backend} O{level}")

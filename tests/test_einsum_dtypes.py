@@ -140,3 +140,20 @@ def test_complex_contraction_uses_blas_path():
     got = tl.compile(g, backend="numpy")(a=a, b=b)["y"]
     assert got.dtype == np.complex128
     np.testing.assert_allclose(got, a.astype(np.complex128) @ b, rtol=1e-12)
+
+
+def test_lists_and_numpy_scalars_as_operands():
+    # np.einsum reads lists and numpy scalars with np.asarray: so does g.einsum
+    a = np.arange(4, dtype=np.int16)
+    g = tl.EinsumGraph()
+    x = g.input("a", (4,), "int16")
+    g.output(g.einsum("i,i->i", x, [1, 2, 3, 4]), "l")
+    g.output(g.einsum("i,->i", x, np.int8(3)), "s")
+    g.output(g.einsum("i,->i", x, 2.5), "f")
+    g.output(g.einsum("i,->i", x, 1j), "c")
+    for backend in CPU:
+        out = tl.compile(g, backend=backend)(a=a)
+        for name, want in (("l", np.einsum("i,i->i", a, [1, 2, 3, 4])),
+                           ("s", np.einsum("i,->i", a, np.int8(3))),
+                           ("f", np.einsum("i,->i", a, 2.5)), ("c", np.einsum("i,->i", a, 1j))):
+            assert out[name].dtype == want.dtype and np.array_equal(out[name], want), name

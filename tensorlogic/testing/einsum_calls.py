@@ -191,5 +191,99 @@ def einsum_calls(draw, max_operands: int = 4) -> EinsumCall:
     return EinsumCall(spec, tuple(shapes), dts, scalars)
 
 
-__all__ = ["EinsumCall", "corpus", "einsum_calls", "numpy_result", "random_array",
-           "opt_einsum_specs", "NUMPY_STYLE", "accepted"]
+
+
+# ---------------------------------------------------------------- integer/bool op programs
+# ops whose numpy meaning is one ufunc call, so numpy itself is the reference
+INT_UFUNCS = {
+    "neg": "negative", "abs": "absolute", "square": "square", "add": "add", "sub": "subtract",
+    "mul": "multiply", "maximum": "maximum", "minimum": "minimum", "gt": "greater",
+    "ge": "greater_equal", "lt": "less", "le": "less_equal", "eq": "equal", "ne": "not_equal",
+}
+_COMPARE = {"gt", "ge", "lt", "le", "eq", "ne"}
+INT_DTYPES = tuple(d for d in dt.DTYPES if dt.kind(d) in "biu")
+
+
+@dataclass(frozen=True)
+class IntProgram:
+    """Elementwise ops over integer/bool inputs (mixed dtypes, weak Python int scalars),
+    optionally ending in a reduction; exact in numpy, so results compare bit for bit.
+
+    ``steps``: (op, args) with args ("in", k), ("tmp", j) or ("int", value)."""
+
+    shape: tuple[int, ...]
+    dtypes: tuple[str, ...]
+    steps: tuple[tuple[str, tuple], ...]
+    reduce: str | None
+
+    def evaluate(self, arrays: list[np.ndarray]) -> np.ndarray:
+        """numpy's result: each op one ufunc call (comparisons as 1/0 in the promoted dtype)."""
+        vals: list[Any] = []
+        for op, args in self.steps:
+            xs = [arrays[v] if k == "in" else vals[v] if k == "tmp" else v for k, v in args]
+            with np.errstate(all="ignore"):
+                r = getattr(np, INT_UFUNCS[op])(*xs)
+            if op in _COMPARE:
+                r = r.astype(np.result_type(*xs))
+            vals.append(r)
+        res = vals[-1]
+        return getattr(np, self.reduce)(res, axis=-1) if self.reduce else res
+
+    def build(self, g, inputs: list) -> Any:
+        """The same program on graph handles."""
+        vals: list[Any] = []
+        for op, args in self.steps:
+            xs = [inputs[v] if k == "in" else vals[v] if k == "tmp" else v for k, v in args]
+            vals.append(g.unary(op, xs[0]) if len(xs) == 1 else g.binary(op, xs[0], xs[1]))
+        res = vals[-1]
+        return g.reduce(self.reduce, res, axis=-1) if self.reduce else res
+
+
+COMPLEX_OPS = ("neg", "square", "add", "sub", "mul", "eq", "ne")
+
+
+@st.composite
+def int_programs(draw, max_steps: int = 5, dtypes: tuple[str, ...] = INT_DTYPES,
+                 ops: tuple[str, ...] = tuple(sorted(INT_UFUNCS))) -> IntProgram:
+    """Random elementwise programs numpy (and so the graph builder) accepts, over integer and
+    bool inputs by default (exact); ``dtypes=dt.COMPLEX, ops=COMPLEX_OPS`` gives complex ones
+    (compared to their precision)."""
+    shape = tuple(draw(st.lists(st.integers(1, 5), min_size=1, max_size=3)))
+    dts = tuple(draw(st.lists(st.sampled_from(dtypes), min_size=1, max_size=3)))
+    steps: list[tuple[str, tuple]] = []
+    kinds: list[str] = []  # result dtype of each step, to skip ops numpy refuses
+    for j in range(draw(st.integers(1, max_steps))):
+        op = draw(st.sampled_from(ops))
+        arity = 1 if op in ("neg", "abs", "square") else 2
+        refs = [("in", k) for k in range(len(dts))] + [("tmp", i) for i in range(j)]
+        args = [draw(st.sampled_from(refs)) for _ in range(arity)]
+        if arity == 2 and draw(st.integers(0, 3)) == 0:
+            args[draw(st.integers(0, 1))] = ("int", draw(st.integers(-3, 3)))
+        arg_dts = [dts[v] if k == "in" else kinds[v] if k == "tmp" else None for k, v in args]
+        tensor_dts = [d for d in arg_dts if d is not None]
+        if not tensor_dts:
+            continue
+        try:
+            res = _numpy_dtype(op, args, arg_dts)
+        except (TypeError, OverflowError):
+            continue
+        steps.append((op, tuple(args)))
+        kinds.append(res)
+    if not steps:
+        steps, kinds = [("add", (("in", 0), ("in", 0)))], [_numpy_dtype(
+            "add", [("in", 0), ("in", 0)], [dts[0], dts[0]])]
+    ordered = all(dt.kind(d) != "c" for d in dts)
+    reduce = draw(st.sampled_from((None, "sum", "prod", "max", "min") if ordered else
+                                  (None, "sum", "prod")))
+    return IntProgram(shape, dts, tuple(steps), reduce)
+
+
+def _numpy_dtype(op: str, args, arg_dts) -> str:
+    xs = [np.ones(1, d) if d is not None else v for (_, v), d in zip(args, arg_dts)]
+    with np.errstate(all="ignore"):
+        r = getattr(np, INT_UFUNCS[op])(*xs)
+    return (np.result_type(*xs) if op in _COMPARE else r.dtype).name
+
+
+__all__ = ["COMPLEX_OPS", "EinsumCall", "IntProgram", "NUMPY_STYLE", "accepted", "corpus",
+           "einsum_calls", "int_programs", "numpy_result", "opt_einsum_specs", "random_array"]
