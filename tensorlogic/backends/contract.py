@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 import opt_einsum
 
-from ..ir.spec import EinsumSpec
+from ..ir.spec import EinsumSpec, ascii_spec
 
 
 def choose_path_strategy(n_operands: int) -> str:
@@ -124,7 +124,7 @@ def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], sizes: 
         return term, None
     sq_shape = tuple(shape[k] for k in kept)
     has_repeat = len(set(squeezed)) != len(squeezed)
-    spec = f"{squeezed}->{target}"
+    spec = ascii_spec(f"{squeezed}->{target}")  # numpy's and CuPy's einsum read only letters
     sum_axes = tuple(k for k, c in enumerate(squeezed) if c not in target)
     t_shape = tuple(sizes[c] for c in target)
     k_out = scr.add(t_shape, dtype) if (has_repeat or sum_axes) else -1
