@@ -8,11 +8,12 @@ The path lives in the einsum node's args, so every backend that runs einsums thr
 * ``path_info``: ``{"strategy", "flops", "largest_intermediate", "naive_flops"}`` for display
   (``print(plan)`` shows it beside the step) and for the optimizer report.
 
-Strategy by network size: opt_einsum's ``optimal`` for up to 5 operands, ``dp`` up to 16,
-``greedy`` above, and cotengra's hyper-optimizer from 20 operands when the ``large`` extra is
-installed. The compile option ``path_memory_limit`` (bytes; defaults to ``memory_limit``) caps
-the largest intermediate: the path search respects it, and a network that cannot be contracted
-under it raises MemoryBudgetError.
+Strategy by network size and cost (``path_search``): opt_einsum's ``optimal`` for up to 5
+operands, ``dp`` up to 16, ``greedy`` above; a network whose estimated call time repays a search
+also gets cotengra's hyper-optimizer (the ``large`` extra) with a time budget proportional to its
+cost, and paths of large networks are cached on disk. The compile option ``path_memory_limit``
+(bytes; defaults to ``memory_limit``) caps the largest intermediate: the path search respects
+it, and a network that cannot be contracted under it raises MemoryBudgetError.
 """
 
 from __future__ import annotations
@@ -23,46 +24,18 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 import numpy as np
-import opt_einsum
 
 from ..backends import contract
 from ..errors import MemoryBudgetError
 from ..ir import ops, spec as einspec
 from ..ir.graph import EinsumGraph, Node
+from . import path_search
 from .base import PassResult, function_pass
-
-COTENGRA_MIN_OPERANDS = 20
-
-
-def _cotengra_path(
-    terms: list[str], output: str, sizes: dict[str, int]
-) -> list[tuple[int, ...]] | None:
-    """A path from cotengra's hyper-optimizer, or None when cotengra is not installed."""
-    try:
-        import cotengra
-    except ImportError:
-        return None
-    inputs = [tuple(t) for t in terms]
-    opt = cotengra.HyperOptimizer(methods=["greedy"], max_repeats=32, max_time=2.0,
-                                  minimize="flops", parallel=False, progbar=False)
-    tree = opt.search(inputs, tuple(output), sizes)
-    return [tuple(p) for p in tree.get_path()]
-
 
 def choose_path(terms: list[str], output: str, sizes: dict[str, int],
                 memory_limit: int | None = None) -> tuple[list[tuple[int, ...]], str]:
     """(path, strategy name) for a network of letter terms; ``memory_limit`` in elements."""
-    n = len(terms)
-    if n >= COTENGRA_MIN_OPERANDS and memory_limit is None:
-        path = _cotengra_path(terms, output, sizes)
-        if path is not None:
-            return path, "cotengra"
-    strategy = contract.choose_path_strategy(n)
-    shapes = [tuple(sizes[c] for c in t) for t in terms]
-    eq = ",".join(terms) + "->" + output
-    path, _ = opt_einsum.contract_path(eq, *shapes, shapes=True, optimize=strategy,
-                                       memory_limit=memory_limit)
-    return [tuple(int(i) for i in p) for p in path], strategy
+    return path_search.find_path(terms, output, sizes, memory_limit)
 
 
 # Networks of up to this many operands have every pairwise order compared (3 orders for three
