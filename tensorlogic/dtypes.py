@@ -22,6 +22,7 @@ import functools
 import warnings
 from typing import Sequence
 
+import ml_dtypes
 import numpy as np
 
 from .errors import DTypeError
@@ -31,16 +32,27 @@ DTYPES: tuple[str, ...] = (
     "bool",
     "int8", "int16", "int32", "int64",
     "uint8", "uint16", "uint32", "uint64",
-    "float16", "float32", "float64",
+    "float16", "bfloat16", "float32", "float64",
     "complex64", "complex128",
 )
 SUPPORTED = DTYPES
-FLOATS: tuple[str, ...] = tuple(d for d in DTYPES if np.dtype(d).kind == "f")
+# bfloat16 (ml_dtypes) has numpy kind 'V'; it is a float everywhere here
+FLOATS: tuple[str, ...] = tuple(d for d in DTYPES if np.dtype(d).kind == "f" or d == "bfloat16")
+# 16-bit floats: stored in 16 bits, computed and summed in float32, each result rounded once
+HALF: tuple[str, ...] = ("float16", "bfloat16")
+bfloat16 = np.dtype(ml_dtypes.bfloat16)
 INTEGERS: tuple[str, ...] = tuple(d for d in DTYPES if np.dtype(d).kind in "iu")
 COMPLEX: tuple[str, ...] = tuple(d for d in DTYPES if np.dtype(d).kind == "c")
 
-# Promotions numpy does not know (dtypes from extension packages); symmetric.
-EXTRA_PROMOTIONS: dict[tuple[str, str], str] = {}
+# Promotions numpy does not know (dtypes from extension packages); symmetric. bfloat16 sits
+# where float16 sits (numpy's rules: ints it holds exactly keep it, wider ints widen it), and
+# with float16 gives float32, as JAX places it (neither holds the other).
+EXTRA_PROMOTIONS: dict[tuple[str, str], str] = {
+    ("bfloat16", "float16"): "float32",
+    ("bfloat16", "int16"): "float32", ("bfloat16", "uint16"): "float32",
+    ("bfloat16", "int32"): "float64", ("bfloat16", "uint32"): "float64",
+    ("bfloat16", "int64"): "float64", ("bfloat16", "uint64"): "float64",
+}
 # Dtypes numpy has no arithmetic loops for: ops resolve in this wider dtype.
 COMPUTE_IN: dict[str, str] = {}
 
@@ -64,7 +76,16 @@ PROMOTION: dict[tuple[str, str], str] = _build_table()
 
 def kind(dtype: str) -> str:
     """numpy's kind letter: 'b' bool, 'i' signed, 'u' unsigned, 'f' float, 'c' complex."""
-    return np.dtype(dtype).kind
+    return "f" if dtype == "bfloat16" else np.dtype(dtype).kind
+
+
+def is_float(dtype: object) -> bool:
+    """Whether an array dtype is one of the floating dtypes (bfloat16 included, whose numpy
+    kind is 'V')."""
+    try:
+        return np.dtype(dtype).name in FLOATS  # type: ignore[arg-type]
+    except TypeError:
+        return False
 
 
 def normalize(dtype: object, where: str = "") -> str:
@@ -127,15 +148,20 @@ def scalar_array(value: object, dtype: str, where: str = "") -> np.ndarray:
 
 
 def accumulation(dtype: str) -> str:
-    """Dtype used for sums over many floats: float16 accumulates in float32."""
-    return "float32" if dtype == "float16" else dtype
+    """Dtype used for sums over many floats: 16-bit floats accumulate in float32."""
+    return "float32" if dtype in HALF else dtype
+
+
+def compute(dtype: str) -> str:
+    """Dtype the arithmetic of a result of ``dtype`` runs in (16-bit floats: float32)."""
+    return "float32" if dtype in HALF else dtype
 
 
 def eps(dtype: str) -> float:
     """Machine epsilon of a float or complex dtype (0 for exact integer and bool dtypes)."""
     if kind(dtype) in "biu":
         return 0.0
-    return float(np.finfo(dtype).eps)
+    return float(ml_dtypes.finfo(dtype).eps)
 
 
 def _compute(dtype: str) -> str:

@@ -117,6 +117,11 @@ _add("path_memory_limit", optional(positive_int), _BYTES, None,
      "largest intermediate a contraction path may build (default: memory_limit)")
 _add("assume_finite", flag, "True or False", False,
      "inputs hold no inf/NaN, so x*0 may fold to 0")
+_add("precision", one_of(None, "float32", "fp32", "bf16", "bfloat16", "fp16", "float16"),
+     "None, 'float32', 'bf16' or 'fp16'", None,
+     "run a float32 graph in a 16-bit dtype, float32 at the boundary (optimizer.precision)")
+_add("matmul_precision", one_of("highest", "tf32"), "'highest' or 'tf32'", "highest",
+     "float32 contractions: exact, or TF32 tensor cores where the backend has them (GPU)")
 _add("fold_evaluator", optional(function), "a function evaluate(node, arrays) or None", None,
      "evaluates constant subgraphs when folding (default: tensorlogic.ir.evaluate)")
 # numba

@@ -43,7 +43,9 @@ def assert_same(got: np.ndarray, want: np.ndarray, what: str) -> None:
 
 def test_corpus_covers_every_dtype_and_style():
     dts = {d for c in CORPUS for d in c.dtypes}
-    assert dts == set(tl.dtypes.DTYPES)
+    # numpy's einsum has no bfloat16 loops to compare with: bfloat16 contractions are checked
+    # against float64 references in tests/backends/test_half_precision.py
+    assert dts == set(tl.dtypes.DTYPES) - {"bfloat16"}
     specs = {c.spec for c in CORPUS}
     assert set(opt_einsum_specs()) <= specs  # every opt_einsum test case is in
     assert any("..." in s for s in specs) and any(s.startswith(",") for s in specs)

@@ -58,6 +58,8 @@ class EinsumPlan:
     largest_intermediate: int = 0  # elements of the largest pairwise result along the path
     scratch: list[tuple[tuple[int, ...], str]] = field(default_factory=list)
     copied: int = 0  # operand elements copied along the path (layouts that are not BLAS views)
+    sums_outside_matmul: bool = False  # sums or diagonals not done by a matmul (see _Scratch)
+    gemms: list[tuple[int, int, int, int]] = field(default_factory=list)  # (batch, m, n, k)
 
 
 class _Scratch:
@@ -68,6 +70,10 @@ class _Scratch:
         # elements of matmul operands that get copied: into scratch here, or inside matmul
         # when a view has no unit stride in its matrix dims (numpy then cannot hand it to BLAS)
         self.copied = 0
+        # sums outside matmul (an operand's own sums or diagonals, a full inner product): a
+        # 16-bit einsum with these is widened to float32 first, so they too accumulate in it
+        self.sums = False
+        self.gemms: list[tuple[int, int, int, int]] = []  # (batch, m, n, k) of each matmul
 
     def add(self, shape: tuple[int, ...], dtype: str) -> int:
         self.specs.append((tuple(int(s) for s in shape), np.dtype(dtype).name))
@@ -107,6 +113,20 @@ def _group_layout(term: str, groups: list[list[str]]) -> bool:
     return term == "".join("".join(g) for g in groups)
 
 
+def _first_layout(term: str, first: list[list[str]], second: list[list[str]]) -> bool:
+    """Whether an operand goes to matmul grouped as ``first`` (else as ``second``): the layout
+    that is a view of its memory; when both need a copy, the one that keeps the operand's
+    innermost letter innermost, so the copy reads and writes contiguous runs (a transposing
+    copy with a long stride on its inner axis ran several times slower on a GPU)."""
+    if _group_layout(term, first):
+        return True
+    if _group_layout(term, second):
+        return False
+    flat = "".join("".join(g) for g in second)
+    return not (flat and term and flat[-1] == term[-1]
+                and "".join("".join(g) for g in first)[-1:] != term[-1])
+
+
 def _broadcast_kept_axes(term: str, shape: tuple[int, ...], sizes: dict[str, int]) -> list[int]:
     """Axes to keep: size-1 dimensions that broadcast against a larger size are dropped."""
     return [k for k, (c, d) in enumerate(zip(term, shape)) if not (d == 1 and sizes[c] != 1)]
@@ -128,6 +148,7 @@ def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], sizes: 
     sum_axes = tuple(k for k, c in enumerate(squeezed) if c not in target)
     t_shape = tuple(sizes[c] for c in target)
     k_out = scr.add(t_shape, dtype) if (has_repeat or sum_axes) else -1
+    scr.sums = scr.sums or has_repeat or bool(sum_axes)
 
     def prep(xp, x, scratch):
         if squeezed != term:
@@ -210,6 +231,7 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
 
     if not (batch or left or right) and a == b:
         # a full inner product of two operands laid out alike: one BLAS dot
+        scr.sums = True
         def dot(xp, A, B, out, scratch):
             if out is None:
                 out = _take(xp, scratch, k_res, res_shape, rdt)
@@ -219,8 +241,8 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
         return result, rdt, dot, flops
 
     # choose per operand the matrix layout that is a view of its memory
-    a_lc = _group_layout(a, [batch, left, contr]) or not _group_layout(a, [batch, contr, left])
-    b_cr = _group_layout(b, [batch, contr, right]) or not _group_layout(b, [batch, right, contr])
+    a_lc = _first_layout(a, [batch, left, contr], [batch, contr, left])
+    b_cr = _first_layout(b, [batch, contr, right], [batch, right, contr])
     order_a = batch + (left + contr if a_lc else contr + left)
     order_b = batch + (contr + right if b_cr else right + contr)
     perm_a = [a.index(c) for c in order_a]
@@ -238,6 +260,7 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
         scr.copied += nb * nc * nr
     squeeze = nb == 1
     mm_shape = (nl, nr) if squeeze else (nb, nl, nr)
+    scr.gemms.append((nb, nl, nr, nc))
 
     matmul = _int_matmul(squeeze) if np.dtype(rdt).kind in "iu" else None
 
@@ -338,7 +361,8 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             out[...] = x
             return out
 
-        return EinsumPlan(run_single, flops, [(0,)], f"{es}", 0, scr.specs)
+        return EinsumPlan(run_single, flops, [(0,)], f"{es}", 0, scr.specs,
+                          sums_outside_matmul=scr.sums, gemms=scr.gemms)
 
     path, info = contraction_path(terms, es.output, sizes, strategy)
     program = []
@@ -386,7 +410,7 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             return out
 
         return EinsumPlan(run_pair, flops, path, f"{es} path={path}", largest, scr.specs,
-                          scr.copied)
+                          scr.copied, scr.sums, scr.gemms)
 
     def run(xp, arrays, out, scratch=None):
         ops_ = [a if p is None else p(xp, a, scratch) for a, p in zip(arrays, preps)]
@@ -407,4 +431,5 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         return out
 
     desc = f"{es} path={path}"
-    return EinsumPlan(run, flops, path, desc, largest, scr.specs, scr.copied)
+    return EinsumPlan(run, flops, path, desc, largest, scr.specs, scr.copied, scr.sums,
+                      scr.gemms)

@@ -55,9 +55,11 @@ def einsum_kernel(xp, node, in_nodes) -> PreparedKernel:
         def kernel(args, out):
             return run(xp, args, out)
 
+    # impl: the contraction plan (its GEMMs, whether it sums outside matmul) for backends that
+    # choose a precision path by it
     return PreparedKernel(
         kernel, flops=plan.flops, info=path_note(node, plan) if len(in_nodes) > 2 else "",
-        scratch=tuple(plan.scratch) + tuple((shape, node.dtype) for _, shape in wide))
+        scratch=tuple(plan.scratch) + tuple((shape, node.dtype) for _, shape in wide), impl=plan)
 
 
 def path_note(node, plan) -> str:

@@ -25,7 +25,7 @@ from .. import dtypes
 from ..errors import BackendError
 from ..ir import ops
 from ..ir.fused import FusedBody, FusedOp
-from . import kernels, numba_cache, numba_threads
+from . import kernels, numba_cache, numba_threads, widen
 from .numba_codegen import generates, render
 from .numba_layout import make_layout
 from .base import Capabilities, PreparedKernel
@@ -90,12 +90,15 @@ class NumbaBackend(NumpyBackend):
     def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """A generated kernel for elementwise/reduction/row-op/fused steps; BLAS for einsum."""
         opts = step.args.get("_options") or {}
+        if widen.needs_widening(node, in_nodes):  # 16-bit floats: the float32 kernel, widened
+            return widen.widened(np, lambda n, ins: self.prepare(step, n, ins, graph),
+                                 node, in_nodes)
         if node.kind == ops.EINSUM:
             return kernels.einsum_kernel(np, node, in_nodes)
         body = _body_of(node, in_nodes)
         dts = [n.dtype for n in in_nodes]
         if body is None or not generates(body.instrs, body.tail, body.epilogue, node.dtype, dts):
-            # layout ops, casts, float16 and the integer/complex ops numba would compute
+            # layout ops, casts and the integer/complex ops numba would compute
             # differently from numpy (see numba_codegen.EXACT_OPS) run numpy's kernels
             return NumpyBackend.prepare(self, step, node, in_nodes, graph)
         fast = opts.get("fast_math")

@@ -10,7 +10,7 @@ import numpy as np
 from ..dtypes import SUPPORTED
 from ..errors import BackendError, InputError
 from ..ir import ops
-from . import kernels
+from . import kernels, widen
 from .base import Backend, Capabilities, PreparedKernel, register_backend
 
 
@@ -25,6 +25,9 @@ class NumpyBackend(Backend):
 
     def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """Kernel for a step; einsum steps get their contraction path here, once."""
+        if widen.needs_widening(node, in_nodes):  # 16-bit floats compute in float32
+            return widen.widened(np, lambda n, ins: self.prepare(step, n, ins, graph),
+                                 node, in_nodes)
         if node.kind == ops.EINSUM:
             return kernels.einsum_kernel(np, node, in_nodes)
         if node.kind == ops.FUSED:

@@ -18,7 +18,7 @@ from ..errors import BackendError, DTypeError, GraphError
 from ..ir import cost, ops
 from ..ir.graph import EinsumGraph
 from ..options import CompileOptions
-from ..optimizer import optimize
+from ..optimizer import optimize, precision
 from ..runtime import hooks
 from .memory import plan_memory
 from .plan import CompiledPlan, ConcretePlan, Step, check_budget
@@ -86,6 +86,7 @@ def check_dtypes(graph: EinsumGraph, backend) -> None:
 def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
     graph = plan.graph.bind(binding) if binding else plan.graph
     t0 = time.perf_counter()
+    graph = precision.apply_policy(graph, plan.options["precision"])
     optimized, report = optimize(graph, plan.opt_level, plan.options)
     order = needed_nodes(optimized)
     nodes = {nid: optimized.node(nid) for nid in order}
@@ -168,6 +169,11 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
     plus outputs; without it the backend's free memory is the limit) raises MemoryBudgetError
     before anything is allocated; ``pool=False`` builds fresh buffers on every call instead of
     reusing pooled arenas; ``reuse_memory=False`` gives every intermediate its own memory.
+
+    Precision options: ``precision="bf16"`` (or ``"fp16"``) computes a float32 graph in that
+    16-bit dtype with float32 inputs and outputs (see ``optimizer.precision``);
+    ``matmul_precision="tf32"`` lets GPU float32 contractions use TF32 tensor cores (default
+    ``"highest"``: exact float32; CPU backends accept it and stay exact).
     """
     if not isinstance(graph, EinsumGraph):
         raise GraphError(f"compile() expects an EinsumGraph, got {type(graph).__name__}")

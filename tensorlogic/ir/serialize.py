@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .. import dtypes
 from ..errors import SerializationError, TensorLogicError
 from . import ops
 from .graph import EinsumGraph
@@ -141,6 +142,8 @@ def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") 
                 key = f"c{rec['id']}"
                 _expect(key in arrays, f"constant {name!r} has no array {key!r} in the .npz", w)
                 arr = arrays[key]
+                if arr.dtype.kind == "V" and arr.dtype.itemsize == 2 and rec["dtype"] == "bfloat16":
+                    arr = arr.view(dtypes.bfloat16)  # .npz keeps bfloat16 as raw 2-byte records
                 _expect(
                     list(arr.shape) == shape,
                     f"constant {name!r}: array shape {arr.shape} != declared {shape}",

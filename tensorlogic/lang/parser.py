@@ -29,7 +29,7 @@ FUNCTIONS: dict[str, tuple[int, ...]] = {
     "log": (1,), "sqrt": (1,), "softplus": (1,), "abs": (1,), "gelu": (1,),
     "softmax": (1,), "log_softmax": (1,),
 }
-DTYPES = ("float32", "float64", "float16")
+DTYPES = ("float32", "float64", "float16", "bfloat16")
 _CMP_TOKENS = {"=": "=", "==": "=", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 
 

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from .. import dtypes
 from ..errors import InputError
 
 
@@ -44,7 +45,7 @@ def check_batch(batch: Any, check_finite: bool) -> dict[str, Any]:
     inputs = dict(batch)
     if check_finite:
         for name, x in inputs.items():
-            if isinstance(x, np.ndarray) and x.dtype.kind == "f" and not np.isfinite(x).all():
+            if isinstance(x, np.ndarray) and dtypes.is_float(x.dtype) and not np.isfinite(x).all():
                 raise InputError(f"input {name!r} contains NaN or inf (check_finite=True)")
     return inputs
 

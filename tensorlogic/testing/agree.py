@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from .. import backends as _backends
+from .. import dtypes
 from ..compiler.compile import compile as _compile
 from ..ir import ops
 from . import bounds as _bounds
@@ -113,7 +114,7 @@ def derive_tolerances(graph, sizes: Mapping[str, int], ranges: Mapping[str, tupl
     tols: dict[str, Tolerance] = {}
     for name, nid in g.outputs.items():
         b = bnds[nid]
-        eps = float(np.finfo(g.node(nid).dtype).eps)
+        eps = dtypes.eps(g.node(nid).dtype)
         if b.finite and not b.problem:
             tols[name] = Tolerance(4 * eps, SAFETY * b.err + eps * 1e-3, "error bound")
         else:

@@ -18,6 +18,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from .. import dtypes
 from ..ir import ops, spec as einspec
 from ..ir.fused import FusedBody
 
@@ -51,7 +52,7 @@ class Bound:
 
 
 def _eps(dtype: str) -> float:
-    return float(np.finfo(dtype).eps)
+    return dtypes.eps(dtype)
 
 
 def _sum_growth(k: int) -> float:

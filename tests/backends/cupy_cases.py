@@ -14,6 +14,11 @@ TAIL_LAYOUTS = (((64, 1000), (1,)), ((300, 5, 7), (1,)), ((40, 30, 20), (0, 2)),
                 ((50, 999), (1,)), ((4, 50000), (1,)))
 
 
+# gelu(x + bias): a bias broadcast over leading axes, read with vector loads along the rows
+BIAS_GELU = S.Program((FusedOp("add", (("in", 0), ("in", 1))), FusedOp("gelu", (("tmp", 0),))),
+                      ("tmp", 1), (4, 64, 256))
+
+
 def contiguous_spec(prog: S.Program, dtype: str, shapes, in_dtypes=None) -> S.KernelSpec:
     """A spec over C-contiguous inputs."""
     in_dtypes = in_dtypes or [dtype] * len(shapes)
@@ -77,6 +82,7 @@ def all_cases():
                           FusedOp("where", (("in", 2), ("tmp", 0), ("const", 1.5)))),
                          ("tmp", 1), (8, 9, 10))
         cases.append((f"ew_bcast_{dt}", contiguous_spec(prog, dt, [(8, 1, 10), (9, 1), ()])))
+        cases.append((f"ew_bias_{dt}", contiguous_spec(BIAS_GELU, dt, [(4, 64, 256), (256,)])))
         for tail in ops.REDUCTIONS + ops.ROW_OPS:
             for j, (space, axes) in enumerate(TAIL_LAYOUTS):
                 if tail in ops.ROW_OPS and len(axes) > 1:
@@ -89,7 +95,33 @@ def all_cases():
     prog = op_program("add", (1000,))
     cases.append(("ew_add_mixed", contiguous_spec(prog, "float32", [(1000,), (1000,)],
                                                   ["float16", "float32"])))
-    return cases + epilogue_cases()
+    return cases + half_cases() + epilogue_cases()
+
+
+def half_cases():
+    """bfloat16 storage with float32 math: every op, every tail, epilogues, and the casts
+    (the conversions to and from every other dtype, float64 ones included)."""
+    cases = []
+    for op, row in ops.ELEMENTWISE.items():
+        prog = op_program(op, (1000, 37))
+        cases.append((f"ew_{op}_bf16", contiguous_spec(prog, "bfloat16", [(1000, 37)] * row.arity)))
+    for tail in ops.REDUCTIONS + ops.ROW_OPS:
+        for j, (space, axes) in enumerate(TAIL_LAYOUTS):
+            if tail in ops.ROW_OPS and len(axes) > 1:
+                continue
+            prog = S.Program((FusedOp("tanh", (("in", 0),)),), ("tmp", 0), space, tail, axes)
+            cases.append((f"{tail}_{j}_bf16", contiguous_spec(prog, "bfloat16", [space])))
+        if tail in ops.ROW_OPS:
+            prog = epilogue_program(tail, (64, 1024), 1)
+            cases.append((f"{tail}_epi_bf16",
+                          contiguous_spec(prog, "bfloat16", epilogue_shapes((64, 1024), 1))))
+    cases.append(("ew_bias_bf16", contiguous_spec(BIAS_GELU, "bfloat16", [(4, 64, 256), (256,)])))
+    cast = S.Program((), ("in", 0), (1000,))
+    for src in ("float16", "bfloat16", "float32", "float64"):
+        for dst in ("float16", "bfloat16", "float32", "float64"):
+            if src != dst and "bfloat16" in (src, dst):
+                cases.append((f"cast_{src}_{dst}", contiguous_spec(cast, dst, [(1000,)], [src])))
+    return cases
 
 
 def epilogue_reference(tail: str, x, gamma, r, axis: int, prologue: bool = True,

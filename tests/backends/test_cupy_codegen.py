@@ -84,7 +84,7 @@ def test_cuda_c_compiles_with_nvcc(tmp_path):
     srcs += [
         cuda_c.render(spec, name + "_v", prelude=False, vector=True)
         for name, spec in all_cases()
-        if spec.family in ("row", "split") and ptx.vector_width(spec)
+        if cuda_c.vectorizes(spec)
     ]
     f = tmp_path / "all.cu"
     f.write_text("\n".join(srcs))

@@ -23,6 +23,10 @@ CPU_TIME_BOX_S = 200.0
 SLOW_SHARE = 0.5
 GPU_GRAPHS = 500
 GPU_TIME_BOX_S = 300.0
+# 16-bit graphs (bfloat16, float16; their tolerances follow the dtype's epsilon)
+HALF = ("bfloat16", "float16")
+HALF_GRAPHS = 300
+HALF_TIME_BOX_S = 60.0
 OPT_LEVELS = (0, 1, 2, 3)
 
 
@@ -35,7 +39,8 @@ def fuzz_seed(request) -> int:
     return value
 
 
-def _fuzz(backends: tuple[str, ...], n_graphs: int, time_box: float, run_seed: int) -> dict:
+def _fuzz(backends: tuple[str, ...], n_graphs: int, time_box: float, run_seed: int,
+          dtypes: tuple[str, ...] = ("float32", "float64")) -> dict:
     """Check up to ``n_graphs`` graphs. Backends other than numpy (whose kernels are compiled
     per graph, so each costs far more) share the first ``SLOW_SHARE`` of the time box; after that
     the remaining graphs still run on numpy at every opt level."""
@@ -47,7 +52,7 @@ def _fuzz(backends: tuple[str, ...], n_graphs: int, time_box: float, run_seed: i
     @seed(run_seed)
     @settings(max_examples=n_graphs, deadline=None, database=None, derandomize=False,
               suppress_health_check=list(HealthCheck), print_blob=True)
-    @given(case=graph_cases(), input_seed=st.integers(0, 2**32 - 1))
+    @given(case=graph_cases(dtypes=dtypes), input_seed=st.integers(0, 2**32 - 1))
     def check(case, input_seed):
         now = time.monotonic()
         if now > deadline:
@@ -94,3 +99,19 @@ def test_differential_fuzz_gpu(fuzz_seed):
     stats = _fuzz(("cupy",), GPU_GRAPHS, GPU_TIME_BOX_S, fuzz_seed)
     _report(stats, GPU_GRAPHS, ("cupy",), fuzz_seed)
     assert stats["checked"] >= GPU_GRAPHS // 4
+
+
+def test_differential_fuzz_half_cpu(fuzz_seed):
+    backends = tuple(b for b in tl.available_backends() if b in ("numpy", "numba"))
+    stats = _fuzz(backends, HALF_GRAPHS, HALF_TIME_BOX_S, fuzz_seed, HALF)
+    _report(stats, HALF_GRAPHS, backends, fuzz_seed)
+    assert stats["checked"] >= HALF_GRAPHS // 4
+
+
+@pytest.mark.gpu
+def test_differential_fuzz_half_gpu(fuzz_seed):
+    if "cupy" not in tl.backends.registered_backends():
+        pytest.skip("the cupy backend is not registered in this build")
+    stats = _fuzz(("cupy",), GPU_GRAPHS // 10, GPU_TIME_BOX_S / 10, fuzz_seed, HALF)
+    _report(stats, GPU_GRAPHS // 10, ("cupy",), fuzz_seed)
+    assert stats["checked"] >= GPU_GRAPHS // 40

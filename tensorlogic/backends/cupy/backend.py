@@ -12,9 +12,10 @@ import cupy
 import numpy as np
 from cupy.cuda import driver
 
+from ... import dtypes
 from ...errors import GraphError, InputError
 from ...ir import ops
-from .. import kernels as generic
+from .. import kernels as generic, widen
 from ..base import Backend, Capabilities, PreparedKernel
 from . import cuda_c, launch, pdl, ptx
 from . import cublas
@@ -23,7 +24,7 @@ from .compiler import KernelCompiler
 from .graphs import PlanRunner
 from .spec import ITEMSIZE, finish_program, make_spec, program_of
 
-GENERATED_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE, ops.REDUCE, ops.ROWOP, ops.FUSED)
+GENERATED_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE, ops.REDUCE, ops.ROWOP, ops.FUSED, ops.CAST)
 _launch = driver.launchKernel
 _pdl_state = pdl.state
 _current_stream = cupy.cuda.get_current_stream
@@ -63,8 +64,8 @@ class _SpecKernel:
         self.spec = spec
         comp, sms, arch = backend.compiler, backend.sm_count, int(backend.arch)
         n_args = spec.n_inputs + 1
-        # the CUDA C path vectorizes row and split kernels only
-        vec_ok = codegen == "ptx" or spec.family in ("row", "split")
+        # the CUDA C path vectorizes float32/float64 row and split kernels only
+        vec_ok = codegen == "ptx" or cuda_c.vectorizes(spec)
         var = launch.variants(spec, sms, backend.pdl, vector=vec_ok)
         fns = []
         for v in var:
@@ -81,8 +82,7 @@ class _SpecKernel:
                        if len(var) > 1 else None)
         # pointers that a vector variant reads or writes 16 bytes at a time: 0 is the output
         if spec.family == "ew":
-            self.aligned = [0] + [k + 1 for k in range(spec.n_inputs)
-                                  if spec.input_mode(k) == "full"]
+            self.aligned = [0] + [k + 1 for k in ptx.vector_inputs(spec)]
         else:
             gr = spec.groups[1]
             self.aligned = [k + 1 for k in range(spec.n_inputs) if gr and gr[0].strides[k] == 1]
@@ -190,12 +190,13 @@ class CupyBackend(Backend):
 
     name = "cupy"
     xp = cupy
-    # C-contiguous CuPy inputs skip conversion (CompiledPlan); dtypes: floats only (the
-    # default), since the generated PTX/CUDA C kernels and cuBLAS calls are written and
-    # GPU-tested for them: compile refuses other dtypes with DTypeError
+    # C-contiguous CuPy inputs skip conversion (CompiledPlan); dtypes: the floats, bfloat16
+    # included (CuPy's own), since the generated PTX/CUDA C kernels and cuBLAS calls are written
+    # and GPU-tested for them: compile refuses other dtypes with DTypeError
     capabilities = Capabilities(device=True, events=True, own_runner=True,
                                 options=frozenset({"codegen", "cuda_graph", "pdl"}),
-                                native_array=cupy.ndarray, multi_device=True)
+                                dtypes=frozenset(dtypes.FLOATS), native_array=cupy.ndarray,
+                                multi_device=True)
 
     def __init__(self, cache_dir=None) -> None:
         dev = cupy.cuda.Device()
@@ -211,6 +212,7 @@ class CupyBackend(Backend):
         self.codegen = "ptx"
         self.cuda_graph: Any = "auto"
         self.pdl = False  # programmatic dependent launch inside captured graphs (sm 90+)
+        self.tf32 = False  # float32 contractions on the tensor cores in TF32 (matmul_precision)
         # contractions call cuBLAS directly (capturable in CUDA graphs); CuPy's matmul otherwise
         blas = cublas.get()
         self.blas_xp = cublas.CublasXp(blas) if blas is not None else cupy
@@ -255,25 +257,44 @@ class CupyBackend(Backend):
         codegen = options.get("codegen", "ptx")
         graph = options.get("cuda_graph", "auto")
         use_pdl = options.get("pdl", False)
+        precision = options.get("matmul_precision", "highest")
         if use_pdl and int(self.arch) < 90:
             raise GraphError(f"pdl=True needs compute capability 9.0 or later; this device "
                              f"({self.device_name}) has {self.arch[:-1]}.{self.arch[-1]}")
-        if codegen == self.codegen and graph == self.cuda_graph and use_pdl == self.pdl:
+        tf32 = precision == "tf32"
+        if (codegen == self.codegen and graph == self.cuda_graph and use_pdl == self.pdl
+                and tf32 == self.tf32):
             return self
         view = object.__new__(CupyBackend)
         view.__dict__.update(self.__dict__)
-        view.codegen, view.cuda_graph, view.pdl = codegen, graph, use_pdl
+        view.codegen, view.cuda_graph, view.pdl, view.tf32 = codegen, graph, use_pdl, tf32
+        blas = cublas.get()
+        if blas is not None:
+            view.blas_xp = cublas.CublasXp(blas, tf32=tf32)
         return view
 
     def prepare(self, step, node, in_nodes, graph):
         """Kernel for a step: cuBLAS for einsums, a generated kernel for elementwise groups,
         reductions and row ops, CuPy's own operations for layout changes and casts."""
         if node.kind == ops.EINSUM:
-            return generic.einsum_kernel(self.blas_xp, node, in_nodes)
+            return self._einsum(node, in_nodes)
         if node.kind in GENERATED_KINDS:
             gk = GeneratedKernel(self, node, in_nodes, self.codegen)
             return PreparedKernel(gk, source=gk.source, impl=gk)
         return generic.make_kernel(cupy, node, in_nodes, not step.view)
+
+    def _einsum(self, node, in_nodes):
+        """cuBLAS for contractions. 16-bit einsums whose sums all happen inside GEMMs run as
+        they are (tensor cores, float32 accumulation); one with other sums (an operand's own
+        sums or diagonals), or mixing dtypes, is widened to float32 and its result rounded once."""
+        xp = self.blas_xp
+        kernel = generic.einsum_kernel(xp, node, in_nodes)
+        if not widen.needs_widening(node, in_nodes):
+            return kernel
+        if not kernel.impl.sums_outside_matmul and all(n.dtype == node.dtype for n in in_nodes):
+            return kernel
+        return widen.widened(cupy, lambda n, ins: generic.einsum_kernel(xp, n, ins), node,
+                             in_nodes)
 
     def plan_runner(self, plan) -> PlanRunner:
         """The executor of a concrete plan: CUDA graph replay or stream launches."""

@@ -6,8 +6,12 @@ allocated while capturing). This module loads the libcublas that CuPy itself loa
 handle per thread pointed at the current CuPy stream with a workspace per stream, and runs the
 contraction engine's matrix products as strided-batched GEMMs. Operands already laid out as
 (batched) row- or column-major matrices go to cuBLAS as they are (a transposed operand is a
-transpose flag, not a copy, unlike ``cupy.matmul``); anything else, and dtypes other than float32
-and float64, fall back to ``cupy.matmul``.
+transpose flag, not a copy, unlike ``cupy.matmul``); anything else falls back to ``cupy.matmul``.
+
+float16 and bfloat16 products run as ``cublasGemmStridedBatchedEx`` with float32 accumulation
+(``CUBLAS_COMPUTE_32F``: tensor cores, one rounding of each result); float32 products with
+``tf32=True`` use ``CUBLAS_COMPUTE_32F_FAST_TF32`` (operands rounded to TF32 on the tensor cores,
+float32 accumulation), as torch's ``set_float32_matmul_precision("high")``.
 """
 
 from __future__ import annotations
@@ -20,8 +24,12 @@ import cupy
 
 from ...errors import BackendError
 
-WORKSPACE_BYTES = 8 << 20
+WORKSPACE_BYTES = 32 << 20  # cuBLAS asks for up to 32 MiB on Hopper for its fastest kernels
 _OP_N, _OP_T = 0, 1
+# cudaDataType_t and cublasComputeType_t values (library_types.h, cublas_api.h)
+_CUDA_R = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}
+_COMPUTE_32F, _COMPUTE_32F_FAST_TF32 = 68, 77
+_GEMM_DEFAULT = -1
 
 
 def _find_library() -> ctypes.CDLL | None:
@@ -70,6 +78,12 @@ class Cublas:
             self._gemm[dtype] = (fn, one, zero, ctypes.addressof(one), ctypes.addressof(zero))
         for fn in (self._create, self._set_stream, self._set_workspace):
             fn.restype = ctypes.c_int
+        # the mixed-precision entry point: 16-bit storage (and TF32) with float32 accumulation
+        self._gemm_ex = lib.cublasGemmStridedBatchedEx
+        self._gemm_ex.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i,
+                                  ll, i, i, i]
+        self._gemm_ex.restype = ctypes.c_int
+        self._one32, self._zero32 = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self._local = threading.local()
         self._workspaces: dict[tuple[int, int], Any] = {}
         self._lock = threading.Lock()
@@ -96,20 +110,54 @@ class Cublas:
             loc.stream = stream
         return h
 
-    def matmul(self, a, b, out=None):
-        """``cupy.matmul(a, b, out=out)`` for 2-D or equally batched 3-D operands."""
+    def matmul(self, a, b, out=None, tf32: bool = False):
+        """``cupy.matmul(a, b, out=out)`` for 2-D or equally batched 3-D operands; ``tf32``
+        lets float32 products run on the tensor cores in TF32."""
         call = self._plan(a, b, out)
+        if call is None and a.dtype == b.dtype and a.dtype.name in _HALF_NAMES:
+            return self._half_fallback(a, b, out)
         if call is None:
             return cupy.matmul(a, b, out=out)
         c, args = call
-        fn = self._gemm[c.dtype.name][0]
+        name = c.dtype.name
+        if name in _HALF_NAMES or (tf32 and name == "float32"):
+            self._gemm_ex_call(args, name, tf32)
+            return c
+        fn = self._gemm[name][0]
         _check(fn(self._handle(), *args), "cublas<t>gemmStridedBatched")
         return c
+
+    def _half_fallback(self, a, b, out):
+        """A 16-bit product cuBLAS can't take as laid out: contiguous copies (and a fresh result
+        when ``out`` can't be written directly), so it still accumulates in float32."""
+        a2, b2 = cupy.ascontiguousarray(a), cupy.ascontiguousarray(b)
+        call = self._plan(a2, b2, None)
+        if call is None:  # empty operands or shapes no GEMM takes: widen, as host backends do
+            res = cupy.matmul(a2.astype(cupy.float32), b2.astype(cupy.float32)).astype(a.dtype)
+        else:
+            res, args = call
+            self._gemm_ex_call(args, res.dtype.name, False)
+        if out is None:
+            return res
+        out[...] = res
+        return out
+
+    def _gemm_ex_call(self, args, name: str, tf32: bool) -> None:
+        """The same GEMM through cublasGemmStridedBatchedEx, float32 accumulation."""
+        (opa, opb, n, m, k, _one, b_ptr, ldb, stride_b, a_ptr, lda, stride_a, _zero, c_ptr,
+         ldc, stride_c, nb) = args
+        dt = _CUDA_R[name]
+        compute = _COMPUTE_32F_FAST_TF32 if name == "float32" else _COMPUTE_32F
+        _check(self._gemm_ex(self._handle(), opa, opb, n, m, k, ctypes.addressof(self._one32),
+                             b_ptr, dt, ldb, stride_b, a_ptr, dt, lda, stride_a,
+                             ctypes.addressof(self._zero32), c_ptr, dt, ldc, stride_c, nb,
+                             compute, _GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
 
     def _plan(self, a, b, out):
         """(result, GEMM arguments after the handle), or None when cuBLAS can't take it as is."""
         dt = a.dtype
-        if dt != b.dtype or dt.name not in self._gemm or a.ndim != b.ndim or a.ndim not in (2, 3):
+        if (dt != b.dtype or (dt.name not in self._gemm and dt.name not in _HALF_NAMES)
+                or a.ndim != b.ndim or a.ndim not in (2, 3)):
             return None
         if a.ndim == 3:
             nb = a.shape[0]
@@ -140,10 +188,13 @@ class Cublas:
             c = out
         stride_a = sa[0] if a.ndim == 3 else 0
         stride_b = sb[0] if a.ndim == 3 else 0
-        _fn, _one, _zero, one, zero = self._gemm[dt.name]
+        _fn, _one, _zero, one, zero = self._gemm.get(dt.name, self._gemm["float32"])
         args = (opa[0], opb[0], n, m, k, one, b.data.ptr, opa[1], stride_b,
                 a.data.ptr, opb[1], stride_a, zero, c.data.ptr, n, m * n, nb)
         return c, args
+
+
+_HALF_NAMES = ("float16", "bfloat16")
 
 
 def _cublas_op(r: int, c: int, s0: int, s1: int) -> tuple[int, int] | None:
@@ -199,10 +250,16 @@ def get() -> Cublas | None:
 
 
 class CublasXp:
-    """The array module the contraction engine runs on: CuPy, with matmul on direct cuBLAS."""
+    """The array module the contraction engine runs on: CuPy, with matmul on direct cuBLAS
+    (``tf32``: float32 products on the tensor cores in TF32)."""
 
-    def __init__(self, blas: Cublas) -> None:
-        self.matmul = blas.matmul
+    def __init__(self, blas: Cublas, tf32: bool = False) -> None:
+        self.blas = blas
+        self.tf32 = tf32
+        if tf32:
+            self.matmul = lambda a, b, out=None: blas.matmul(a, b, out=out, tf32=True)
+        else:
+            self.matmul = blas.matmul
 
     def __getattr__(self, name: str):
         return getattr(cupy, name)

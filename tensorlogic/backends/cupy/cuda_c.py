@@ -2,7 +2,7 @@
 
 Op semantics come from the op table's CUDA C column; the kernel skeletons (grid-stride loops,
 block-per-row reductions with warp shuffles) mirror ``ptx`` so the two paths cross-check each
-other. The source needs no headers: float16 moves through inline PTX conversions.
+other. The source needs no headers: float16 and bfloat16 move through inline PTX conversions.
 """
 
 from __future__ import annotations
@@ -14,7 +14,10 @@ from ...errors import BackendError
 from ...ir import ops
 from .spec import SPLIT_THREADS, KernelSpec, RowLayout, row_block, row_layout, row_width
 
-CTYPE = {"float32": "float", "float64": "double", "float16": "unsigned short"}
+CTYPE = {"float32": "float", "float64": "double", "float16": "unsigned short",
+         "bfloat16": "unsigned short"}
+# 16-bit storage: (load conversion to float, store conversion from float)
+_HALF_CONV = {"float16": ("tl_h2f", "tl_f2h"), "bfloat16": ("tl_bf2f", "tl_f2bf")}
 VTYPE = {("float", 4): "float4", ("double", 2): "double2"}
 _LANES = "xyzw"
 
@@ -23,6 +26,10 @@ __device__ __forceinline__ float tl_h2f(unsigned short h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short tl_f2h(float f) {
   unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float tl_bf2f(unsigned short h) {
+  float f; asm("cvt.f32.bf16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned short tl_f2bf(float f) {
+  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 template <typename T> __device__ __forceinline__ T tl_max(T a, T b) {
   return (a > b || a != a) ? a : b; }
 template <typename T> __device__ __forceinline__ T tl_min(T a, T b) {
@@ -63,14 +70,15 @@ class _Src:
     def load(self, k: int, off: str | None) -> str:
         dt = self.spec.in_dtypes[k]
         e = f"in{k}[{off or 0}]"
-        if dt == "float16":
-            return f"tl_h2f({e})"
+        if dt in _HALF_CONV:  # float, then the compute type (a no-op cast for float)
+            return f"(({self.ct}){_HALF_CONV[dt][0]}({e}))"
         return e if CTYPE[dt] == self.ct else f"(({self.ct}){e})"
 
     def store_expr(self, v: str) -> str:
-        return (
-            f"tl_f2h({v})" if self.spec.dtype == "float16" else f"(({CTYPE[self.spec.dtype]}){v})"
-        )
+        dt = self.spec.dtype
+        if dt in _HALF_CONV:  # 16-bit results always compute in float
+            return f"{_HALF_CONV[dt][1]}({v})"
+        return f"(({CTYPE[dt]}){v})"
 
     def program(self, offs: Sequence[str | None], depth: int,
                 given: dict[int, str] | None = None, tail: str | None = None) -> str:
@@ -446,6 +454,18 @@ def _col(s: _Src) -> None:
     s.emit("}")
 
 
+def vectorizes(spec: KernelSpec) -> bool:
+    """Whether this renderer has a 16-byte vector form of the spec (row and split kernels of
+    float32/float64; 16-bit rows vectorize on the PTX path only)."""
+    if spec.family not in ("row", "split"):
+        return False
+    w = row_width(spec)
+    if w == 1 or (spec.family == "row" and row_layout(spec, w) is None):
+        return False
+    return spec.dtype in ("float32", "float64") and all(
+        dt in ("float32", "float64") for dt in spec.in_dtypes)
+
+
 def render(spec: KernelSpec, name: str, prelude: bool = True, vector: bool = False,
            pdl: str = "") -> str:
     """CUDA C source of one ``extern "C"`` kernel ``name`` (``prelude``: with its helpers;
@@ -462,7 +482,7 @@ def render(spec: KernelSpec, name: str, prelude: bool = True, vector: bool = Fal
     params = [f"{out_t}* __restrict__ out"] + [
         f"const {CTYPE[dt]}* __restrict__ in{k}" for k, dt in enumerate(spec.in_dtypes)]
     width = row_width(spec) if vector else 1
-    if vector and (width == 1 or spec.family not in ("row", "split")):
+    if vector and not vectorizes(spec):
         raise BackendError(f"kernel {name}: this spec cannot use vector loads")
     bounds = 0  # threads per block the kernel is launched with (0: not fixed by the spec)
     if spec.family == "ew":

@@ -16,7 +16,10 @@ from . import ptx_math
 from .spec import ITEMSIZE, SPLIT_THREADS, KernelSpec, RowLayout, row_block, row_layout, row_width
 
 PTX_VERSION = "8.0"
-PTYPE = {"float32": "f32", "float64": "f64", "float16": "f16"}
+PTYPE = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16"}
+# 16-bit floats move through .b16 registers and are converted to and from the compute type
+_HALF_PT = ("f16", "bf16")
+_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64}
 _PREFIX = {"f32": "%f", "f64": "%fd", "pred": "%p", "u32": "%r", "s32": "%r", "b32": "%r",
            "u64": "%rd", "s64": "%rd", "b64": "%rd", "b16": "%h"}
 _DECL = {"%f": ".f32", "%fd": ".f64", "%p": ".pred", "%r": ".b32", "%rd": ".b64", "%h": ".b16"}
@@ -117,10 +120,18 @@ class _Kernel:
             v = self.new(self.ct)
             self.emit(f"ld.global.nc.{pt} {v}, [{addr}];")
             return v
-        raw = self.new("b16" if pt == "f16" else pt)
-        self.emit(f"ld.global.nc.{'b16' if pt == 'f16' else pt} {raw}, [{addr}];")
+        raw = self.new("b16" if pt in _HALF_PT else pt)
+        self.emit(f"ld.global.nc.{'b16' if pt in _HALF_PT else pt} {raw}, [{addr}];")
+        return self.convert(raw, pt)
+
+    def convert(self, raw: str, pt: str) -> str:
+        """A value of PTX type ``pt`` converted to the compute type."""
+        if pt == "bf16" and self.ct == "f64":  # cvt.f64.bf16 needs sm_90: widen through f32
+            mid = self.new("f32")
+            self.emit(f"cvt.f32.bf16 {mid}, {raw};")
+            raw, pt = mid, "f32"
         v = self.new(self.ct)
-        rnd = ".rn" if ITEMSIZE[dtype] > ITEMSIZE[self.spec.compute] else ""
+        rnd = ".rn" if _BITS[pt] > _BITS[self.ct] else ""
         self.emit(f"cvt{rnd}.{self.ct}.{pt} {v}, {raw};")
         return v
 
@@ -131,9 +142,41 @@ class _Kernel:
         if pt == self.ct:
             self.emit(f"st.global.{pt} [{addr}], {v};")
             return
-        raw = self.new("b16" if pt == "f16" else pt)
+        raw = self.new("b16" if pt in _HALF_PT else pt)
         self.emit(f"cvt.rn.{pt}.{self.ct} {raw}, {v};",
-                  f"st.global.{'b16' if pt == 'f16' else pt} [{addr}], {raw};")
+                  f"st.global.{'b16' if pt in _HALF_PT else pt} [{addr}], {raw};")
+
+    def vload(self, addr: str, dtype: str, w: int) -> list[str]:
+        """``w`` consecutive elements (16 bytes at ``addr``) in compute-type registers; 16-bit
+        values come as 32-bit words of two (the lower half is the first element)."""
+        pt = PTYPE[dtype]
+        if pt == self.ct:
+            regs = [self.new(self.ct) for _ in range(w)]
+            self.emit(f"ld.global.nc.v{w}.{pt} {{{', '.join(regs)}}}, [{addr}];")
+            return regs
+        words = [self.new("b32") for _ in range(w // 2)]
+        self.emit(f"ld.global.nc.v{w // 2}.b32 {{{', '.join(words)}}}, [{addr}];")
+        out = []
+        for r in words:
+            lo, hi = self.new("b16"), self.new("b16")
+            self.emit(f"mov.b32 {{{lo}, {hi}}}, {r};")
+            out += [self.convert(lo, pt), self.convert(hi, pt)]
+        return out
+
+    def vstore(self, addr: str, values: Sequence[str]) -> None:
+        """Store compute-type ``values`` as consecutive elements of the output (16 bytes)."""
+        pt = PTYPE[self.spec.dtype]
+        if pt == self.ct:
+            self.emit(f"st.global.v{len(values)}.{pt} [{addr}], {{{', '.join(values)}}};")
+            return
+        words = []
+        for lo, hi in zip(values[0::2], values[1::2]):
+            h = [self.new("b16"), self.new("b16")]
+            r = self.new("b32")
+            self.emit(f"cvt.rn.{pt}.{self.ct} {h[0]}, {lo};",
+                      f"cvt.rn.{pt}.{self.ct} {h[1]}, {hi};", f"mov.b32 {r}, {{{h[0]}, {h[1]}}};")
+            words.append(r)
+        self.emit(f"st.global.v{len(words)}.b32 [{addr}], {{{', '.join(words)}}};")
 
     def address(self, ptr: str, off: str | None, size: int) -> str:
         if off is None:  # a broadcast scalar: element 0
@@ -291,14 +334,33 @@ def vector_width(spec: KernelSpec) -> int:
         if w == 1 or (spec.family == "row" and row_layout(spec, w) is None):
             return 0
         return w
-    if spec.family != "ew" or spec.dtype == "float16":
+    if spec.family != "ew":
         return 0
     size = ITEMSIZE[spec.dtype]
+    w = 16 // size
     for k, dt in enumerate(spec.in_dtypes):
         mode = spec.input_mode(k)
-        if mode == "strided" or (mode == "full" and ITEMSIZE[dt] != size):
+        if mode == "scalar":
+            continue
+        if ITEMSIZE[dt] != size or (mode == "strided" and not _row_vector(spec, k, w)):
             return 0
-    return 16 // size
+    return w
+
+
+def _row_vector(spec: KernelSpec, k: int, w: int) -> bool:
+    """Whether strided input k is read in runs of ``w`` along the innermost dimension (a bias
+    broadcast over leading axes): unit inner stride, inner size and outer strides multiples of w,
+    so every vector of ``w`` output points reads ``w`` consecutive, aligned elements."""
+    (group,) = spec.groups
+    if not group or group[-1].strides[k] != 1 or group[-1].size % w:
+        return False
+    return all(d.strides[k] % w == 0 for d in group[:-1])
+
+
+def vector_inputs(spec: KernelSpec) -> list[int]:
+    """Inputs an elementwise vector kernel reads 16 bytes at a time (their pointers must be
+    16-byte aligned): the full ones and the row vectors of ``_row_vector``."""
+    return [j for j in range(spec.n_inputs) if spec.input_mode(j) != "scalar"]
 
 
 def _ew(k: _Kernel, ptrs: list[str], vector: bool) -> None:
@@ -318,7 +380,6 @@ def _ew(k: _Kernel, ptrs: list[str], vector: bool) -> None:
                f"@{p} bra {loop};", f"{end}:", "ret;")
         return
     w = vector_width(spec)
-    pt = PTYPE[spec.dtype]
     nv = n // w
     # scalar (broadcast) operands are loop invariant: load them once
     zero = k.new(it)
@@ -330,17 +391,21 @@ def _ew(k: _Kernel, ptrs: list[str], vector: bool) -> None:
     k.emit(f"setp.ge.{it} {p}, {idx}, {nv};", f"@{p} bra {tail};", f"{loop}:")
     lanes: dict[int, list[str]] = {}
     for j in full:
-        addr = k.address(ins[j], idx, 16)
-        regs = [k.new(k.ct) for _ in range(w)]
-        k.emit(f"ld.global.nc.v{w}.{pt} {{{', '.join(regs)}}}, [{addr}];")
-        lanes[j] = regs
+        lanes[j] = k.vload(k.address(ins[j], idx, 16), spec.in_dtypes[j], w)
+    rows = [j for j in range(spec.n_inputs) if spec.input_mode(j) == "strided"]
+    if rows:  # row vectors: offsets of the vector's first point (w consecutive elements on)
+        e = k.new(it)
+        k.emit(f"mul.lo.{it} {e}, {idx}, {w};")
+        offs = k.offsets(spec.groups[0], e)
+        for j in rows:
+            dt = spec.in_dtypes[j]
+            lanes[j] = k.vload(k.address(ins[j], offs[j], ITEMSIZE[dt]), dt, w)
     results = []
     for lane in range(w):
-        given = {**pre, **{j: lanes[j][lane] for j in full}}
+        given = {**pre, **{j: v[lane] for j, v in lanes.items()}}
         results.append(k.program(ins, [None] * spec.n_inputs, given))
-    addr = k.address(out, idx, 16)
-    k.emit(f"st.global.v{w}.{pt} [{addr}], {{{', '.join(results)}}};",
-           f"add.{it} {idx}, {idx}, {step};", f"setp.lt.{it} {p}, {idx}, {nv};",
+    k.vstore(k.address(out, idx, 16), results)
+    k.emit(f"add.{it} {idx}, {idx}, {step};", f"setp.lt.{it} {p}, {idx}, {nv};",
            f"@{p} bra {loop};", f"{tail}:")
     # the last n % w elements: one per thread of the first block
     if n % w:
@@ -605,7 +670,6 @@ class _RowValues:
             if tails is None:
                 return [k.program(self.ins, offs)]
             return [k.program(self.ins, offs, tail=tails[0])]
-        pt = PTYPE[spec.dtype]
         used = spec.prologue_inputs() if tails is None else spec.epilogue_inputs()
         lanes: dict[int, list[str]] = {}
         for j in sorted(used):
@@ -617,9 +681,7 @@ class _RowValues:
             else:
                 k.emit(f"mad.lo.{k.it} {e}, {c}, {w}, {self.base[j]};")
             addr = k.address(self.ins[j], e, ITEMSIZE[spec.in_dtypes[j]])
-            regs = [k.new(k.ct) for _ in range(w)]
-            k.emit(f"ld.global.nc.v{w}.{pt} {{{', '.join(regs)}}}, [{addr}];")
-            lanes[j] = regs
+            lanes[j] = k.vload(addr, spec.in_dtypes[j], w)
         n = spec.n_inputs
         pre = self.pre if tails is None else self.epre
         return [k.program(self.ins, [None] * n, {**pre, **{j: r[lane] for j, r in lanes.items()}},
@@ -680,8 +742,7 @@ def _row_reg(k: _Kernel, ptrs: list[str], smem: str, lay: RowLayout) -> None:
             if w == 1:
                 k.store(out, o, vs[0])
             else:
-                addr = k.address(out, o, 16)
-                k.emit(f"st.global.v{w}.{PTYPE[spec.dtype]} [{addr}], {{{', '.join(vs)}}};")
+                k.vstore(k.address(out, o, 16), vs)
             k.emit(f"{skip}:")
 
     def mapv(values: list[list[str]], f) -> list[list[str]]:

@@ -32,14 +32,16 @@ from ...ir import ops
 from ...ir.fused import FusedBody, FusedOp
 
 # PTX / C types of each storage dtype, and the type the arithmetic runs in.
-COMPUTE = {"float16": "float32", "float32": "float32", "float64": "float64"}
-ITEMSIZE = {"float16": 2, "float32": 4, "float64": 8}
+COMPUTE = {"float16": "float32", "bfloat16": "float32", "float32": "float32",
+           "float64": "float64"}
+ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+HALF = ("float16", "bfloat16")  # stored in 16 bits, computed in float32, rounded at the store
 
 # Below this many elements per row a block per row wastes threads: use a thread per row.
 ROW_FAMILY_MIN = 64
 # Register-held rows: at most this many values per lane with a warp per row (blocks of 128
 # threads), half as many with a block per row (up to 1024 threads: 64 registers a thread).
-ROW_REG_MAX = {"float16": 32, "float32": 32, "float64": 16}
+ROW_REG_MAX = {"float16": 32, "bfloat16": 32, "float32": 32, "float64": 16}
 # Reductions a ``split`` kernel can stage (combine partials with the same operation).
 SPLIT_TAILS = ("sum", "mean", "max", "min", "prod")
 SPLIT_THREADS = 256
@@ -86,7 +88,7 @@ class KernelSpec:
 
     @property
     def compute(self) -> str:
-        """The dtype the arithmetic runs in (float16 computes in float32)."""
+        """The dtype the arithmetic runs in (16-bit floats compute in float32)."""
         return COMPUTE[self.dtype]
 
     @property
@@ -179,9 +181,11 @@ class Program:
 
 
 def program_of(node, in_nodes) -> Program:
-    """The program a UNARY, BINARY, WHERE, REDUCE, ROWOP or FUSED node computes."""
+    """The program a UNARY, BINARY, WHERE, REDUCE, ROWOP, CAST or FUSED node computes."""
     kind = node.kind
     shape = tuple(int(d) for d in node.shape)
+    if kind == ops.CAST:  # no instruction: load, convert to the compute type, round at the store
+        return Program((), ("in", 0), shape)
     if kind == ops.UNARY:
         return Program((FusedOp(node.op, (("in", 0),)),), ("tmp", 0), shape)
     if kind == ops.BINARY:
@@ -310,7 +314,7 @@ class RowLayout:
 
 def row_width(spec: KernelSpec) -> int:
     """Elements per 16-byte access along a row, or 1 when some operand or the output can't."""
-    if spec.family not in ("row", "split") or spec.dtype == "float16":
+    if spec.family not in ("row", "split"):
         return 1
     size = ITEMSIZE[spec.dtype]
     if any(ITEMSIZE[dt] != size for dt in spec.in_dtypes):
@@ -337,7 +341,10 @@ def row_layout(spec: KernelSpec, width: int) -> RowLayout | None:
     chunks = -(-total // 32)
     if chunks <= 8 and chunks * width <= cap:
         return RowLayout(32, 4, width, chunks)
-    threads = min(1024, max(64, _pow2_at_least(-(-total // 4))))
+    # about 4 chunks a thread; more threads where that would hold more than cap // 2 values
+    # (16-bit rows: 8 values a chunk)
+    need = max(-(-total // 4), -(-total * width // (cap // 2)))
+    threads = min(1024, max(64, _pow2_at_least(need)))
     chunks = -(-total // threads)
     if chunks * width > cap // 2:
         return None

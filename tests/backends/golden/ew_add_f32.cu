@@ -3,6 +3,10 @@ __device__ __forceinline__ float tl_h2f(unsigned short h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short tl_f2h(float f) {
   unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+__device__ __forceinline__ float tl_bf2f(unsigned short h) {
+  float f; asm("cvt.f32.bf16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
+__device__ __forceinline__ unsigned short tl_f2bf(float f) {
+  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 template <typename T> __device__ __forceinline__ T tl_max(T a, T b) {
   return (a > b || a != a) ? a : b; }
 template <typename T> __device__ __forceinline__ T tl_min(T a, T b) {
