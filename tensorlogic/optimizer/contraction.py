@@ -25,7 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..backends import contract
+from ..backends import contract, slicing
 from ..errors import MemoryBudgetError
 from ..ir import ops, spec as einspec
 from ..ir.graph import EinsumGraph, Node
@@ -74,6 +74,31 @@ def _layout_tiebreak(es, shapes, sizes, plan, path, limit):
     return best, best_path
 
 
+# a path planned under the memory limit is kept over slicing the unlimited one while it costs at
+# most this many times the unlimited path's FLOPs
+LIMITED_PATH_SLACK = 2.0
+
+
+def _under_limit(es, shapes, sizes, terms, plan, path, strategy, limit, dtype):
+    """(plan, path, strategy, sliced letters) whose intermediates fit ``limit`` elements: a path
+    searched under the limit when it costs little more, else the unlimited path sliced
+    (cotengra), else the limited path (the caller raises if it still does not fit)."""
+    try:
+        lpath, lstrategy = choose_path(terms, es.output, sizes, limit)
+    except RuntimeError:  # opt_einsum's dp finds no path under the limit
+        lpath, lstrategy = path, strategy
+    lplan = contract.plan_einsum(es, shapes, sizes, lpath)
+    fits = lplan.largest_intermediate <= limit
+    if fits and lplan.flops <= LIMITED_PATH_SLACK * plan.flops:
+        return lplan, lpath, lstrategy, []
+    sliced = slicing.choose_slices(terms, es.output, sizes, path, limit)
+    if sliced:
+        splan = slicing.plan_sliced(es, shapes, sizes, path, sliced, dtype)
+        if splan.largest_intermediate <= limit and (not fits or splan.flops < lplan.flops):
+            return splan, path, strategy + "+sliced", sliced
+    return lplan, lpath, lstrategy, []
+
+
 def plan_node(g: EinsumGraph, node: Node, memory_limit_bytes: int | None) -> Node:
     """The einsum record with its planned path and path statistics in its args."""
     in_nodes = [g.node(i) for i in node.inputs]
@@ -83,9 +108,13 @@ def plan_node(g: EinsumGraph, node: Node, memory_limit_bytes: int | None) -> Nod
     terms = contract.prepared_terms(es, shapes, sizes)
     itemsize = np.dtype(node.dtype).itemsize
     limit = None if memory_limit_bytes is None else max(1, int(memory_limit_bytes) // itemsize)
-    path, strategy = choose_path(terms, es.output, sizes, limit)
+    path, strategy = choose_path(terms, es.output, sizes)
     plan = contract.plan_einsum(es, shapes, sizes, path)
-    if len(terms) <= TIEBREAK_MAX_OPERANDS and plan.copied:
+    slices: list[str] = []
+    if limit is not None and plan.largest_intermediate > limit:
+        plan, path, strategy, slices = _under_limit(es, shapes, sizes, terms, plan, path,
+                                                    strategy, limit, node.dtype)
+    if len(terms) <= TIEBREAK_MAX_OPERANDS and plan.copied and not slices:
         plan, path = _layout_tiebreak(es, shapes, sizes, plan, path, limit)
     if limit is not None and plan.largest_intermediate > limit:
         raise MemoryBudgetError(
@@ -97,7 +126,13 @@ def plan_node(g: EinsumGraph, node: Node, memory_limit_bytes: int | None) -> Nod
     naive = math.prod(sizes.values()) * len(terms)
     info = {"strategy": strategy, "flops": int(plan.flops),
             "largest_intermediate": int(plan.largest_intermediate), "naive_flops": int(naive)}
-    args = {**node.args, "path_strategy": [list(p) for p in path], "path_info": info}
+    extra = {}
+    if slices:
+        n_slices = math.prod(int(sizes[c]) for c in slices)
+        info.update(slices="".join(slices), n_slices=n_slices)
+        extra["path_slices"] = slices
+    base = {k: v for k, v in node.args.items() if k != "path_slices"}
+    args = {**base, "path_strategy": [list(p) for p in path], "path_info": info, **extra}
     return replace(node, args=MappingProxyType(args))
 
 
