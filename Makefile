@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # CPU extras only: the cuda13 extra needs a GPU machine
-EXTRAS ?= test,dask,plot,large,bench
+EXTRAS ?= test,dask,plot,large,bench,pandas
 
 .PHONY: demo test venv install install-test bench clean
 

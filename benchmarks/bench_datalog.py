@@ -1,215 +1,274 @@
-"""Datalog benchmark: tensorlogic vs pyDatalog and clingo on the same programs, same run.
+"""Datalog benchmark: tensorlogic against DuckDB (recursive CTE) and clingo, end to end.
 
-Transitive closure on random graphs (500 / 1000 / 2000 nodes, average out-degree 2 and 8) and
-same-generation on a random tree. Each system computes the full least model and reports the
-number of derived tuples, which must agree. Peers run in a child process with a time limit; a
-peer that is not installed is skipped. Writes benchmarks/results/bench_datalog.json.
+Workloads (``datalog_workloads.py``, seeded): ancestors on a random tree and transitive closure
+on a random graph (the two-rule closure), same-generation on a random tree, and Andersen's
+points-to analysis (non-linear; DuckDB runs it as a semi-naive loop of SQL statements, since a
+recursive CTE may read the recursive relation only once). Every engine runs in its own fresh
+process, round-robin (one run of each engine per repeat, so a busy minute on a shared machine
+slows all alike), from the facts as numpy arrays in memory to the result; imports are not
+timed. Two results are timed separately: ``arrays`` (tensorlogic: ``evaluate(...,
+as_relations=True)`` and the output's decoded ``columns``; DuckDB: ``fetchnumpy``) and ``sets``
+(a Python set of tuples; clingo: the shown atoms of its model). All engines must agree on the
+tuple count. Peak memory is the child's maximum resident set size. Writes
+benchmarks/results/bench_datalog.json.
 
-``tensorlogic s`` is ``evaluate`` end to end (relations decoded into Python sets of tuples, as
-the peers hand back their answers); ``fixpoint s`` is the same evaluation up to the dense
-relations, without building Python tuples; ``rounds`` shows each recursive round's kind
-(s sparse, d dense, x a sparse attempt over budget then dense).
-
-    python benchmarks/bench_datalog.py [--quick] [--backend auto] [--sizes 500,1000]
-        [--rounds auto|dense|sparse] [--peers clingo,pyDatalog|none]
+    python benchmarks/bench_datalog.py [--cases ancestors:10000,closure:1000,...]
+        [--engines tensorlogic,duckdb,clingo] [--modes arrays,sets] [--repeat 3]
+        [--timeout 300] [--representation auto|dense|sparse] [--backend auto|cupy]
+        [--name bench_datalog]
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
+import functools
+import json
+import os
 import platform
-import random
+import resource
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import write_results  # noqa: E402
+from _common import write_results
+from datalog_workloads import WORKLOADS
 
-TC = "path(X, Y) :- edge(X, Y).\npath(X, Z) :- path(X, Y), edge(Y, Z)."
-SG = ("sg(X, X) :- node(X).\n"
-      "sg(X, Y) :- par(X, XP), sg(XP, YP), par(Y, YP).")
+DEFAULT_CASES = ("ancestors:10000,ancestors:100000,closure:1000,closure:2000,ancestors:1000000,"
+                 "closure:5000,samegen:20000,pointsto:100000")
+#: engines that cannot return arrays run in the sets mode only
+SETS_ONLY = {"clingo"}
 
+# ---------------------------------------------------------------------- DuckDB programs
+_DUCK = {
+    "ancestors": "WITH RECURSIVE p(x, y) AS (SELECT c0, c1 FROM e UNION SELECT p.x, e.c1 FROM p "
+                 "JOIN e ON p.y = e.c0) SELECT x, y FROM p",
+    "samegen": "WITH RECURSIVE sg(x, y) AS (SELECT c0, c0 FROM node UNION SELECT a.c0, b.c0 "
+               "FROM sg JOIN par a ON a.c1 = sg.x JOIN par b ON b.c1 = sg.y) SELECT x, y FROM sg",
+}
+_DUCK["closure"] = _DUCK["ancestors"]
 
-def tc_case(n: int, degree: int, seed: int = 0) -> dict:
-    r = random.Random(seed)
-    edges = sorted({(r.randrange(n), r.randrange(n)) for _ in range(n * degree)})
-    return {"name": f"tc n={n} deg={degree}", "kind": "tc", "facts": {"edge": edges},
-            "out": "path"}
-
-
-def sg_case(n: int, seed: int = 0) -> dict:
-    r = random.Random(seed)
-    # a random tree of bounded fan-out, so that generations are wide but not a star
-    par = [(i, r.randrange(max(0, i // 4), i)) for i in range(1, n)]
-    nodes = [(i,) for i in range(n)]
-    return {"name": f"sg tree n={n}", "kind": "sg", "facts": {"par": par, "node": nodes},
-            "out": "sg"}
-
-
-# ---------------------------------------------------------------------- systems
-def run_tensorlogic(case: dict, backend: str, rounds: str = "auto") -> int:
-    from tensorlogic.datalog import evaluate
-
-    rules = TC if case["kind"] == "tc" else SG
-    return len(evaluate(rules, case["facts"], backend=backend, rounds=rounds)[case["out"]])
-
-
-def run_fixpoint(case: dict, backend: str, rounds: str = "auto") -> tuple[float, str]:
-    """Seconds to the dense relations (no Python tuples), and the kinds of the rounds."""
-    from tensorlogic.lang.analysis import normalize_facts
-    from tensorlogic.lang.fixpoint import Options, evaluate_rules
-    from tensorlogic.lang.parser import parse_rules
-
-    t0 = time.perf_counter()
-    rules = parse_rules(TC if case["kind"] == "tc" else SG)
-    _, _, ev = evaluate_rules(rules, normalize_facts(case["facts"]),
-                              Options(backend=backend, rounds=rounds))
-    return time.perf_counter() - t0, "".join(ev.round_kinds.values())
+# Andersen, semi-naive: each rule once per pt atom read as the delta d, the others read pt
+_PT_ROUND = """
+CREATE OR REPLACE TEMP TABLE cand AS
+  SELECT a.c0 AS p, d.o FROM assign a JOIN d ON a.c1 = d.p
+  UNION SELECT l.c0, t.o FROM load l JOIN d ON l.c1 = d.p JOIN pt t ON d.o = t.p
+  UNION SELECT l.c0, d.o FROM load l JOIN pt t ON l.c1 = t.p JOIN d ON t.o = d.p
+  UNION SELECT d.o, t.o FROM store s JOIN d ON s.c0 = d.p JOIN pt t ON s.c1 = t.p
+  UNION SELECT t.o, d.o FROM store s JOIN pt t ON s.c0 = t.p JOIN d ON s.c1 = d.p;
+CREATE OR REPLACE TEMP TABLE d AS SELECT * FROM cand EXCEPT SELECT * FROM pt;
+INSERT INTO pt SELECT * FROM d;
+"""
 
 
-def run_clingo(case: dict) -> int:
+def _duckdb(workload: str, facts: dict, mode: str) -> int:
+    import duckdb
+    import pandas as pd
+
+    con = duckdb.connect()
+    for name, cols in facts.items():
+        con.register(name, pd.DataFrame({f"c{i}": c for i, c in enumerate(cols)}))
+    if workload == "pointsto":
+        con.execute("CREATE TEMP TABLE pt AS SELECT DISTINCT c0 AS p, c1 AS o FROM addr")
+        con.execute("CREATE TEMP TABLE d AS SELECT * FROM pt")
+        while con.execute("SELECT count(*) FROM d").fetchone()[0]:
+            con.execute(_PT_ROUND)
+        q = "SELECT p, o FROM pt"
+    else:
+        q = _DUCK[workload]
+    if mode == "arrays":
+        res = con.execute(q).fetchnumpy()
+        return len(next(iter(res.values())))
+    return len(set(con.execute(q).fetchall()))
+
+
+def _clingo_text(program: str, facts: dict) -> str:
+    lines = []
+    for name, cols in facts.items():
+        rows = np.stack(cols, axis=1) if len(cols) > 1 else cols[0][:, None]
+        fmt = name + "(" + ",".join(["{}"] * rows.shape[1]) + ")."
+        lines.extend(fmt.format(*r) for r in rows.tolist())
+    return "\n".join(lines) + "\n" + program + "\n"
+
+
+def _clingo(workload: str, facts: dict, mode: str) -> int:
     import clingo
 
-    rules = TC if case["kind"] == "tc" else SG
-    lines = [f"{p}({','.join(map(str, row))})." for p, rows in case["facts"].items()
-             for row in rows]
-    prog = "\n".join(lines) + "\n" + rules + f"\n#show {case['out']}/2.\n"
+    program, out, _ = WORKLOADS[workload]
     ctl = clingo.Control(["--warn=none"])
-    ctl.add("base", [], prog)
+    ctl.add("base", [], _clingo_text(program, facts) + f"#show {out}/2.\n")
     ctl.ground([("base", [])])
-    count = []
-    ctl.solve(on_model=lambda m: count.append(len(m.symbols(shown=True))))
-    return count[-1]
+    got: list = []
+    ctl.solve(on_model=lambda m: got.append(
+        {tuple(a.number for a in s.arguments) for s in m.symbols(shown=True)}))
+    return len(got[-1])
 
 
-def run_pydatalog(case: dict) -> int:
-    from pyDatalog import pyDatalog
+def _tensorlogic(workload: str, facts: dict, mode: str, representation: str,
+                 backend: str) -> int:
+    from tensorlogic.datalog import evaluate
 
-    pyDatalog.clear()
-    for p, rows in case["facts"].items():
-        for row in rows:
-            pyDatalog.assert_fact(p, *row)
-    if case["kind"] == "tc":
-        pyDatalog.load("path(X, Y) <= edge(X, Y)\npath(X, Z) <= path(X, Y) & edge(Y, Z)")
-        ans = pyDatalog.ask("path(X, Y)")
+    program, out, _ = WORKLOADS[workload]
+    rel = evaluate(program, facts, as_relations=True, representation=representation,
+                   backend=backend)[out]
+    if mode == "arrays":
+        return len(rel.columns[0])
+    return len(rel.to_set())
+
+
+def child(args: argparse.Namespace) -> None:
+    """One timed run in this (fresh) process; prints a JSON line."""
+    data = np.load(args.data)
+    facts: dict[str, tuple] = {}
+    for key in sorted(data.files):
+        name, _, _ = key.rpartition("__")
+        facts.setdefault(name, [])
+        facts[name].append(data[key])  # type: ignore[attr-defined]
+    facts = {k: tuple(v) for k, v in facts.items()}
+    # imports before the clock starts, for every engine alike
+    if args.child == "tensorlogic":
+        import tensorlogic.datalog  # noqa: F401
+        fn = functools.partial(_tensorlogic, args.workload, facts, args.mode,
+                               args.representation, args.backend)
+    elif args.child == "duckdb":
+        import duckdb  # noqa: F401
+        import pandas  # noqa: F401
+        fn = functools.partial(_duckdb, args.workload, facts, args.mode)
     else:
-        pyDatalog.load("sg(X, X) <= node(X)\nsg(X, Y) <= par(X, XP) & sg(XP, YP) & par(Y, YP)")
-        ans = pyDatalog.ask("sg(X, Y)")
-    return len(ans.answers) if ans else 0
+        import clingo  # noqa: F401
+        fn = functools.partial(_clingo, args.workload, facts, args.mode)
+    t0 = time.perf_counter()
+    n = fn()
+    secs = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"seconds": secs, "tuples": n, "peak_bytes": peak}))
 
 
-PEERS = {"clingo": ("clingo", run_clingo), "pyDatalog": ("pyDatalog", run_pydatalog)}
-
-
-def _child(fn, case, q):
+def run_child(engine: str, workload: str, data: str, mode: str, timeout: float,
+              representation: str, backend: str) -> dict:
+    cmd = [sys.executable, __file__, "--child", engine, "--workload", workload, "--data", data,
+           "--mode", mode, "--representation", representation, "--backend", backend]
     try:
-        t0 = time.perf_counter()
-        n = fn(case)
-        q.put(("ok", time.perf_counter() - t0, n))
-    except Exception as exc:  # noqa: BLE001 - report any peer failure as a skip
-        q.put(("error", 0.0, f"{type(exc).__name__}: {exc}"))
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout"}
+    if p.returncode != 0:
+        return {"status": "error", "error": p.stderr.strip().splitlines()[-1:]}
+    return {"status": "ok", **json.loads(p.stdout.strip().splitlines()[-1])}
 
 
-def time_peer(fn, case: dict, timeout: float) -> tuple[str, float, object]:
-    """One timed run in a child process (fresh interpreter state), killed after ``timeout``."""
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=_child, args=(fn, case, q))
-    p.start()
-    p.join(timeout)
-    if p.is_alive():
-        p.kill()
-        p.join()
-        return "timeout", timeout, None
-    return q.get() if not q.empty() else ("error", 0.0, "child died")
-
-
-def available(module: str) -> str | None:
-    try:
-        mod = __import__(module)
-        return str(getattr(mod, "__version__", "installed"))
-    except ImportError:
-        return None
+def versions() -> dict:
+    out = {"python": platform.python_version(), "numpy": np.__version__}
+    for mod in ("tensorlogic", "duckdb", "clingo", "pandas"):
+        try:
+            m = __import__(mod)
+            out[mod] = str(getattr(m, "__version__", "installed"))
+        except ImportError:
+            out[mod] = "not installed"
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, one repeat")
-    ap.add_argument("--backend", default="auto")
-    ap.add_argument("--sizes", help="comma-separated node counts for transitive closure")
-    ap.add_argument("--timeout", type=float, help="seconds a peer may take per case")
-    ap.add_argument("--repeat", type=int)
-    ap.add_argument("--rounds", default="auto", choices=("auto", "dense", "sparse"),
-                    help="kind of recursive rounds for tensorlogic")
-    ap.add_argument("--peers", default=",".join(PEERS),
-                    help="comma-separated peers to run, or 'none'")
+    ap.add_argument("--cases", default=DEFAULT_CASES,
+                    help="comma-separated workload:size (workloads: " + ", ".join(WORKLOADS) + ")")
+    ap.add_argument("--engines", default="tensorlogic,duckdb,clingo")
+    ap.add_argument("--modes", default="arrays,sets")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--clingo-max", type=int, default=3_000_000,
+                    help="skip clingo where DuckDB's tuple count exceeds this")
+    ap.add_argument("--representation", default="auto", choices=("auto", "dense", "sparse"))
+    ap.add_argument("--name", default="bench_datalog", help="results/<name>.json")
+    ap.add_argument("--backend", default="auto", help="tensorlogic backend (cupy: dense strata "
+                    "on the GPU while they fit)")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--workload", help=argparse.SUPPRESS)
+    ap.add_argument("--data", help=argparse.SUPPRESS)
+    ap.add_argument("--mode", default="arrays", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    peers = {} if args.peers == "none" else {p: PEERS[p] for p in args.peers.split(",")}
-    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else (
-        [300, 500] if args.quick else [500, 1000, 2000])
-    repeat = args.repeat or (1 if args.quick else 3)
-    timeout = args.timeout or (60.0 if args.quick else 300.0)
-    cases = [tc_case(n, d) for n in sizes for d in (2, 8)]
-    cases.append(sg_case(sizes[-1]))
-
-    import numpy as np
-
-    import tensorlogic as tl
-
-    versions = {"tensorlogic": tl.__version__, "numpy": np.__version__,
-                "python": platform.python_version()}
-    for peer, (module, _) in peers.items():
-        versions[peer] = available(module) or "not installed"
+    if args.child:
+        child(args)
+        return 0
+    engines = args.engines.split(",")
+    modes = args.modes.split(",")
     rows = []
-    print(f"{'case':<18} {'tuples':>8} {'tensorlogic s':>13} {'fixpoint s':>10} " +
-          " ".join(f"{p + ' s':>13} {'x':>6}" for p in peers) + "  rounds")
-    for case in cases:
-        run_tensorlogic(case, args.backend, args.rounds)  # warm up: imports, first compile
-        times, fix = [], []
-        for _ in range(repeat):
-            t0 = time.perf_counter()
-            count = run_tensorlogic(case, args.backend, args.rounds)
-            times.append(time.perf_counter() - t0)
-            secs, kinds = run_fixpoint(case, args.backend, args.rounds)
-            fix.append(secs)
-        ours = statistics.median(times)
-        row = {"case": case["name"], "tuples": count, "tensorlogic_s": ours,
-               "fixpoint_s": statistics.median(fix), "rounds": kinds, "peers": {}}
-        for peer, (_module, fn) in peers.items():
-            if versions[peer] == "not installed":
-                row["peers"][peer] = {"status": "skipped (not installed)"}
-                continue
-            status, secs, n = time_peer(fn, case, timeout)
-            entry: dict = {"status": status, "seconds": secs}
-            if status == "ok":
-                entry["tuples"] = n
-                entry["speedup"] = secs / ours
-                if n != count:
-                    entry["status"] = f"mismatch: {n} tuples vs ours {count}"
-            elif status == "error":
-                entry["error"] = n
-            row["peers"][peer] = entry
-        rows.append(row)
-        cells = []
-        for peer in peers:
-            e = row["peers"][peer]
-            if e["status"] == "ok":
-                cells.append(f"{e['seconds']:>13.3f} {e['speedup']:>6.1f}")
-            else:
-                cells.append(f"{e['status'][:20]:>20}")
-        print(f"{case['name']:<18} {count:>8} {ours:>13.3f} {row['fixpoint_s']:>10.3f} " +
-              " ".join(cells) + f"  {kinds}", flush=True)
-    extra = {"backend": args.backend, "rounds": args.rounds, "repeat": repeat,
-             "quick": args.quick,
-             "peer_versions": versions,
-             "note": "x = peer seconds / tensorlogic seconds (median of repeats for tensorlogic, "
-                     "one run in a fresh process for each peer)"}
-    out = write_results("bench_datalog", rows, extra, peers=tuple(peers))
+    tmp = tempfile.mkdtemp(prefix="bench_datalog_")
+    print(f"load average at start: {os.getloadavg()}")
+    for case in args.cases.split(","):
+        workload, size = case.split(":")
+        _, _, gen = WORKLOADS[workload]
+        facts = gen(int(size))
+        path = os.path.join(tmp, f"{workload}_{size}.npz")
+        np.savez(path, **{f"{name}__{i}": c for name, cols in facts.items()
+                          for i, c in enumerate(cols)})
+        for mode in modes:
+            runs: dict[str, list[dict]] = {e: [] for e in engines
+                                           if mode == "sets" or e not in SETS_ONLY}
+            load0 = os.getloadavg()[0]
+            for _ in range(args.repeat):
+                for e, done in runs.items():
+                    if e == "clingo" and rows and _too_big(rows, case, args.clingo_max):
+                        done.append({"status": f"skipped (over {args.clingo_max} tuples)"})
+                        continue
+                    if done and done[-1]["status"] != "ok":
+                        done.append(done[-1])  # timed out or failed once: do not retry
+                        continue
+                    done.append(run_child(e, workload, path, mode, args.timeout,
+                                          args.representation, args.backend))
+            row = {"case": f"{workload} n={size}", "workload": workload, "size": int(size),
+                   "mode": mode, "load_avg": [load0, os.getloadavg()[0]], "engines": {}}
+            for e, rs in runs.items():
+                ok = [r for r in rs if r["status"] == "ok"]
+                if len(ok) == len(rs):
+                    row["engines"][e] = {
+                        "status": "ok", "seconds": statistics.median(r["seconds"] for r in ok),
+                        "all_seconds": [r["seconds"] for r in ok], "tuples": ok[0]["tuples"],
+                        "peak_bytes": max(r["peak_bytes"] for r in ok)}
+                else:
+                    row["engines"][e] = next(r for r in rs if r["status"] != "ok")
+            ours = row["engines"].get("tensorlogic", {})
+            counts = {e: v["tuples"] for e, v in row["engines"].items() if v["status"] == "ok"}
+            row["agree"] = len(set(counts.values())) <= 1
+            for e, v in row["engines"].items():
+                if e != "tensorlogic" and v["status"] == "ok" and ours.get("status") == "ok":
+                    v["ratio"] = v["seconds"] / ours["seconds"]  # >1: tensorlogic faster
+            rows.append(row)
+            _print(row)
+    extra = {"engines": engines, "modes": modes, "repeat": args.repeat, "backend": args.backend,
+             "representation": args.representation, "peer_versions": versions(),
+             "note": "ratio = peer seconds / tensorlogic seconds (medians; each run a fresh "
+                     "process, engines round-robin); load_avg = 1-minute load before/after"}
+    out = write_results(args.name, rows, extra, peers=tuple(e for e in engines
+                                                                   if e != "tensorlogic"))
     print(f"wrote {out}")
     return 0
+
+
+def _too_big(rows: list[dict], case: str, limit: int) -> bool:
+    """Whether an earlier mode of this case found more than ``limit`` tuples."""
+    name = case.replace(":", " n=")
+    return any(r["case"] == name and r["engines"].get(e, {}).get("tuples", 0) > limit
+               for r in rows for e in ("duckdb", "tensorlogic"))
+
+
+def _print(row: dict) -> None:
+    cells = []
+    for e, v in row["engines"].items():
+        if v["status"] == "ok":
+            extra = f" x{v['ratio']:.2f}" if "ratio" in v else ""
+            cells.append(f"{e} {v['seconds']:.3f}s {v['peak_bytes'] / 2**20:.0f}MB{extra}")
+        else:
+            cells.append(f"{e} {v['status']}")
+    tuples = next((v["tuples"] for v in row["engines"].values() if v["status"] == "ok"), "?")
+    flag = "" if row["agree"] else "  COUNTS DISAGREE"
+    print(f"{row['case']:<22} {row['mode']:<6} {tuples:>10}  " + " | ".join(cells) +
+          f"  load {row['load_avg'][0]:.1f}-{row['load_avg'][1]:.1f}{flag}", flush=True)
 
 
 if __name__ == "__main__":

@@ -41,13 +41,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
         out = _run_batched(plan, inputs, args)
     else:
         out = plan(inputs, to_host=True)
-    if args.out:
-        np.savez(args.out, **out)
+    written = _write_outputs(args.out, out) if args.out else None
     for name, arr in out.items():
         print(f"{name}: shape={arr.shape} dtype={arr.dtype} sum={float(np.sum(arr)):.6g}")
-    if args.out:
-        print(f"wrote {args.out}")
+    if written:
+        print(f"wrote {written}")
     return 0
+
+
+def _write_outputs(out: str, arrays: dict[str, np.ndarray]) -> Path:
+    """Write arrays by name into OUT.npz (".npz" added when missing, as numpy does) atomically:
+    a failing run leaves an existing file as it was, and no name can clash with a keyword."""
+    from .ir.safe_io import write_npz
+
+    path = Path(out)
+    if path.suffix != ".npz":
+        path = path.with_name(path.name + ".npz")
+    write_npz(path, {k: np.asarray(v) for k, v in arrays.items()}, f"--out {str(path)!r}")
+    return path
 
 
 # ---- batched runs (pipeline): --batch-size, --workers, --dask [ADDRESS]
@@ -81,10 +92,14 @@ def _load_facts(path: str | None) -> dict[str, list[tuple]]:
         return {}
     import json
 
+    from .ir.safe_io import read_bounded
+    from .ir.serialize import MAX_FILE_BYTES
+
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise TensorLogicError(f"{path}: cannot read facts JSON: {exc}") from exc
+        raw = json.loads(read_bounded(path, MAX_FILE_BYTES, f"facts file {path!r}"))
+    except (ValueError, RecursionError, MemoryError) as exc:  # UnicodeDecodeError is a ValueError
+        raise TensorLogicError(f"{path}: cannot read facts JSON: {type(exc).__name__}: "
+                               f"{exc}") from exc
     if not isinstance(raw, dict) or not all(isinstance(v, list) for v in raw.values()):
         raise TensorLogicError(f"{path}: expected an object mapping predicate names to lists of "
                                "argument lists, e.g. {\"edge\": [[1, 2], [2, 3]]}")
@@ -119,8 +134,7 @@ def _run_program(args: argparse.Namespace, target: Path) -> int:
         print(f"{name}: shape={arr.shape} dtype={arr.dtype}")
         print("  " + np.array2string(arr, precision=4, threshold=64).replace("\n", "\n  "))
     if args.out and tensors:
-        np.savez(args.out, **tensors)
-        print(f"wrote {args.out}")
+        print(f"wrote {_write_outputs(args.out, tensors)}")
     return 0
 
 

@@ -12,14 +12,20 @@ number and a string). Facts are ground atoms in the text or Python tuples in ``f
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from .errors import ProgramError
-from .lang.analysis import normalize_facts
+from .lang.facts import normalize_facts
 from .lang.fixpoint import (
-    DEFAULT_MAX_ITERATIONS, DEFAULT_MEMORY_BUDGET, Options, decode_all, evaluate_rules,
+    DEFAULT_MAX_ITERATIONS,
+    DEFAULT_MEMORY_BUDGET,
+    Options,
+    Relations,
+    decode_all,
+    evaluate_rules,
 )
 from .lang.parser import parse_rules
+from .lang.relation import Relation
 
 
 def _rules_text(rules: str | Iterable[str]) -> str:
@@ -41,13 +47,15 @@ def evaluate(rules: str | Iterable[str], facts: Mapping[str, Iterable] | None = 
              backend: str = "auto", semantics: str = "boolean",
              max_iterations: int = DEFAULT_MAX_ITERATIONS,
              memory_budget: int = DEFAULT_MEMORY_BUDGET,
-             rounds: str = "auto") -> dict[str, set[tuple]]:
+             rounds: str = "auto", representation: str = "auto",
+             as_relations: bool = False) -> dict[str, set[tuple]] | dict[str, Relation]:
     """Evaluate Datalog ``rules`` over ``facts`` to a fixpoint.
 
     Args:
         rules: program text, or a list of rule strings (joined by new lines).
-        facts: ``{predicate: iterable of tuples}``; with a mapping ``{tuple: weight}`` instead of
-            an iterable, weights in [0, 1] for the fuzzy and probabilistic semantics.
+        facts: ``{predicate: facts}``, the facts an iterable of tuples, a mapping
+            ``{tuple: weight}`` (weights in [0, 1] for the fuzzy and probabilistic semantics),
+            an N x arity numpy array, a tuple of numpy columns or a pandas DataFrame.
         backend: a registered backend name or ``"auto"``.
         semantics: ``"boolean"`` (default), ``"fuzzy"`` or ``"probabilistic"``; a tuple is in
             the result when its value is above zero.
@@ -57,6 +65,10 @@ def evaluate(rules: str | Iterable[str], facts: Mapping[str, Iterable] | None = 
             arrays while the new tuples are few, the compiled dense step otherwise, chosen round
             by round), ``"dense"`` or ``"sparse"`` (but dense for a round whose candidate rows
             would not fit ``memory_budget``). All three give the same relations.
+        representation: ``"auto"`` (per stratum: dense 0/1 tensors when every relation it
+            touches has at most ``DENSE_CELLS`` cells, sorted columns of symbol ids otherwise),
+            ``"dense"`` or ``"sparse"``. Programs with arithmetic always run sparse.
+        as_relations: return ``{name: Relation}`` (arrays, decoded lazily) instead of sets.
 
     Returns:
         Every predicate mentioned by the rules or the facts, mapped to its set of tuples (a dict
@@ -69,9 +81,11 @@ def evaluate(rules: str | Iterable[str], facts: Mapping[str, Iterable] | None = 
     """
     parsed = parse_rules(_rules_text(rules))
     opts = Options(backend=backend, semantics=semantics, max_iterations=max_iterations,
-                   memory_budget=memory_budget, rounds=rounds)
-    an, dense, _ = evaluate_rules(parsed, normalize_facts(facts), opts)
-    return decode_all(an, dense)
+                   memory_budget=memory_budget, rounds=rounds, representation=representation)
+    an, rels, _ = evaluate_rules(parsed, normalize_facts(facts), opts)
+    if as_relations:
+        return Relations(rels)
+    return decode_all(an, rels)
 
 
-__all__ = ["evaluate"]
+__all__ = ["Relation", "evaluate"]

@@ -40,46 +40,81 @@ def build_demo_graph(batch: int = 64, seq: int = 128, width: int = 256, heads: i
 
 
 def numpy_reference(g: EinsumGraph, x: np.ndarray) -> np.ndarray:
-    """The demo model written directly in numpy."""
+    """The demo model as a numpy user writes it: matmul and ``einsum(..., optimize=True)``."""
     c = {g.node(i).name: a for i, a in g.constants.items()}
     h = x @ c["w1"] + c["b1"]
     h = 0.5 * h * (1 + np.tanh(0.7978845608028654 * (h + 0.044715 * h**3)))
-    q, k, v = (np.einsum("bsi,ihd->bhsd", h, c[n]) for n in ("wq", "wk", "wv"))
-    s = np.einsum("bhqd,bhkd->bhqk", q, k) * q.shape[-1] ** -0.5
+    q, k, v = (np.einsum("bsi,ihd->bhsd", h, c[n], optimize=True) for n in ("wq", "wk", "wv"))
+    s = np.einsum("bhqd,bhkd->bhqk", q, k, optimize=True) * q.shape[-1] ** -0.5
     s = np.exp(s - s.max(-1, keepdims=True))
     s /= s.sum(-1, keepdims=True)
-    ctx = np.einsum("bhqk,bhkd->bqhd", s, v)
+    ctx = np.einsum("bhqk,bhkd->bqhd", s, v, optimize=True)
     return ctx.reshape(h.shape) + h
 
 
+def torch_reference(g: EinsumGraph):
+    """The demo model in PyTorch (eager, no autograd), or None when torch is not installed."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    c = {g.node(i).name: torch.from_numpy(np.array(a)) for i, a in g.constants.items()}
+
+    def model(x):
+        h = torch.nn.functional.gelu(x @ c["w1"] + c["b1"], approximate="tanh")
+        q, k, v = (torch.einsum("bsi,ihd->bhsd", h, c[n]) for n in ("wq", "wk", "wv"))
+        p = torch.softmax(q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5, dim=-1)
+        return (p @ v).transpose(1, 2).reshape(h.shape) + h
+
+    def run(x: np.ndarray) -> np.ndarray:
+        with torch.no_grad():
+            return model(torch.from_numpy(x)).numpy()
+    return run
+
+
+def _median_ms(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return float(np.median(times)) * 1e3
+
+
 def run_demo(backend: str = "auto", opt_level: int = 2, repeat: int = 20) -> int:
-    """Build, compile, run and check the demo model; print the plan and timings."""
+    """Build, compile, run and check the demo model; print the plan and timings against numpy
+    (``einsum(..., optimize=True)``) and, when installed, PyTorch."""
     g, inputs = build_demo_graph()
+    x = inputs["x"]
     t0 = time.perf_counter()
     plan = compile_graph(g, backend=backend, opt_level=opt_level)
     out = plan(inputs, to_host=True)
     t_first = time.perf_counter() - t0
-    ref = numpy_reference(g, inputs["x"])
+    ref = numpy_reference(g, x)
     err = float(np.max(np.abs(out["y"] - ref)) / (np.max(np.abs(ref)) + 1e-30))
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
+
+    def ours():
         plan(inputs)
         plan.backend.synchronize()
-        times.append(time.perf_counter() - t)
-    t_np = []
-    for _ in range(max(3, repeat // 4)):
-        t = time.perf_counter()
-        numpy_reference(g, inputs["x"])
-        t_np.append(time.perf_counter() - t)
+
+    ours()
+    t_ours = _median_ms(ours, repeat)
+    t_np = _median_ms(lambda: numpy_reference(g, x), max(3, repeat // 2))
     print(plan)
     print()
-    print(f"backend: {plan.backend.name}   input x: {inputs['x'].shape} float32")
+    print(f"backend: {plan.backend.name}   input x: {x.shape} float32")
     print(f"compile + first call: {t_first * 1e3:.1f} ms")
-    print(
-        f"median call: {np.median(times) * 1e3:.2f} ms  "
-        f" plain numpy: {np.median(t_np) * 1e3:.2f} ms"
-    )
+    print(f"median call: {t_ours:.2f} ms   numpy (einsum optimize=True): {t_np:.2f} ms "
+          f"({t_np / t_ours:.2f}x)")
+    torch_run = torch_reference(g)
+    if torch_run is None:
+        print("torch: not installed (pip install 'tensorlogic[peers]' to compare)")
+    else:
+        t_err = float(np.max(np.abs(torch_run(x) - ref)) / (np.max(np.abs(ref)) + 1e-30))
+        torch_run(x)
+        t_torch = _median_ms(lambda: torch_run(x), max(3, repeat // 2))
+        print(f"torch eager: {t_torch:.2f} ms ({t_torch / t_ours:.2f}x; same process, run after "
+              f"ours; max relative difference {t_err:.1e})")
     ok = err < 1e-4
-    print(f"max relative error vs plain numpy: {err:.2e}  ->  {'OK' if ok else 'MISMATCH'}")
+    print(f"max relative error vs numpy: {err:.2e}  ->  {'OK' if ok else 'MISMATCH'}")
     return 0 if ok else 1

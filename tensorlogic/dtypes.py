@@ -90,6 +90,8 @@ def is_float(dtype: object) -> bool:
 
 def normalize(dtype: object, where: str = "") -> str:
     """Return the canonical name of a supported dtype, or raise DTypeError."""
+    if dtype is None:  # numpy reads None as float64; a missing dtype is an error here
+        raise DTypeError(f"{where}dtype None is not a dtype; expected one of {SUPPORTED}")
     try:
         name = np.dtype(dtype).name  # type: ignore[arg-type]
     except TypeError as exc:

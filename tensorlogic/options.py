@@ -124,6 +124,47 @@ _add("matmul_precision", one_of("highest", "tf32"), "'highest' or 'tf32'", "high
      "float32 contractions: exact, or TF32 tensor cores where the backend has them (GPU)")
 _add("fold_evaluator", optional(function), "a function evaluate(node, arrays) or None", None,
      "evaluates constant subgraphs when folding (default: tensorlogic.ir.evaluate)")
+# O3 autotuning (compiler/autotune.py) and the optimizer's pipeline
+def _seconds(v: Any) -> float:
+    if isinstance(v, numbers.Real) and not isinstance(v, bool) and float(v) >= 0:
+        return float(v)
+    raise ValueError(v)
+
+
+def _names(v: Any) -> tuple[str, ...]:
+    items = (v,) if isinstance(v, str) else v
+    if not isinstance(items, (list, tuple, set, frozenset)) or not all(
+            isinstance(x, str) for x in items):
+        raise TypeError(v)
+    return tuple(items)
+
+
+#: optimizer pass names, filled in by ``optimizer.base.register_pass`` (options sit below the
+#: optimizer, so the optimizer tells them its names)
+PASS_NAMES: set[str] = set()
+
+
+def _pass_names(v: Any) -> tuple[str, ...]:
+    names = _names(v)
+    if any(n not in PASS_NAMES for n in names):
+        raise ValueError(v)
+    return names
+
+
+_add("skip_passes", _pass_names, "a list of optimizer pass names (tensorlogic.optimizer.base."
+     "PASSES)", (), "passes left out of the opt level's pipeline")
+_add("autotune_budget", _seconds, "a number of seconds >= 0", 10.0,
+     "O3: seconds the autotuner may spend per plan, compile time included")
+_add("autotune_cache", flag, "True or False", True,
+     "O3: keep the autotuner's decision on disk under TL_CACHE_DIR/autotune")
+_add("autotune_timer", optional(function), "None or a callable timer(label, run) -> seconds",
+     None, "O3: replaces the measurement of each candidate (deterministic tests)")
+_add("autotune_backends", optional(_names), "None or a list of backend names", None,
+     "O3: backends to choose from (default: the compiled one; auto on a CPU: numba and numpy)")
+# numpy and numba
+_add("threads", one_of("pool", "blas"), "'pool' or 'blas'", "pool",
+     "CPU threads: GEMMs split over our threads with single-threaded BLAS (pool) or BLAS's own "
+     "threads (blas)", ("numpy", "numba"))
 # numba
 _add("fast_math", flag, "True or False", True,
      "vectorizable exp/log (2-4 ulp) and reassociated sums", ("numba",))

@@ -15,6 +15,24 @@ def test_demo_runs_and_checks_itself(capsys):
     assert cli.main(["demo", "--repeat", "2", "--backend", "numpy"]) == 0
     out = capsys.readouterr().out
     assert "OK" in out and "CompiledPlan" in out and "median call" in out
+    # compared with what a user would otherwise run: numpy's optimized einsum, torch if present
+    assert "numpy (einsum optimize=True)" in out
+    assert "torch eager:" in out or "torch: not installed" in out
+
+
+def test_demo_without_torch(capsys, monkeypatch):
+    import builtins
+
+    real = builtins.__import__
+
+    def no_torch(name, *args, **kwargs):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("no torch here")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    assert cli.main(["demo", "--repeat", "2", "--backend", "numpy"]) == 0
+    assert "torch: not installed" in capsys.readouterr().out
 
 
 def test_run_saved_graph(tmp_path, capsys):

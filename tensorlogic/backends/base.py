@@ -73,6 +73,8 @@ class PreparedKernel:
         info: a note for ``print(plan)`` (the contraction path, the code path).
         source: generated source text, for inspection.
         impl: the backend's own object behind ``fn`` (a numba dispatcher, a CUDA kernel).
+        threads: host threads the kernel runs on (the profiler's "runs on 1 of N threads"
+            advice reads it); 0: not known or not a host kernel.
     """
 
     fn: Kernel
@@ -83,6 +85,7 @@ class PreparedKernel:
     info: str = ""
     source: str = ""
     impl: Any = None
+    threads: int = 0
 
     def __call__(self, inputs: list, out: Any) -> Any:
         return self.fn(inputs, out)
@@ -186,6 +189,11 @@ class Backend:
         """Move a validated input to the backend's memory (host backends: as it is)."""
         return x
 
+    def input_copy_bytes(self, x: Any) -> int:
+        """Bytes of the private copy the backend makes of a validated input (a strided view
+        made contiguous); ``memory_limit`` counts them. The default: none."""
+        return 0
+
     def to_host(self, x: Any) -> Any:
         """A numpy array of a backend array (host backends: as it is)."""
         return x
@@ -285,7 +293,15 @@ def get_backend(name: str) -> Backend:
     with _lock:
         inst = _instances.get(name)
         if inst is None:
-            inst = _factories[name]()  # may raise BackendError: not available here
+            try:
+                inst = _factories[name]()  # may raise BackendError: not available here
+            except BackendError:
+                raise
+            except Exception as exc:
+                # reported as this backend being unavailable, so that available_backends()
+                # and backend="auto" go on with the others
+                raise BackendError(f"backend {name!r} failed to start: {type(exc).__name__}: "
+                                   f"{exc}") from exc
             if not isinstance(inst, Backend):
                 raise BackendError(
                     f"the factory of backend {name!r} returned {type(inst).__name__}; it must "

@@ -193,12 +193,13 @@ def _regroup(xp, X, perm, shp, k, dtype, scratch):
 
 
 def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str | None,
-          dts: tuple[str, str], scr: _Scratch):
+          dts: tuple[str, str], scr: _Scratch, matmul: Callable | None = None):
     """Plan one pairwise contraction.
 
     Returns (result_term, result_dtype, fn(xp, A, B, out, scratch) -> C, flops). With
     ``out_order`` set the result is the einsum's output and lands in ``out``; otherwise it goes
-    into a scratch buffer.
+    into a scratch buffer. ``matmul(A, B, out)`` replaces ``xp.matmul`` for products written
+    into a C-contiguous buffer (the CPU backends' split GEMM).
     """
     batch = [c for c in a if c in b and c in keep]
     contr = [c for c in a if c in b and c not in keep]
@@ -278,7 +279,7 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
     mm_shape = (nl, nr) if squeeze else (nb, nl, nr)
     scr.gemms.append((nb, nl, nr, nc))
 
-    matmul = _int_matmul(squeeze) if np.dtype(rdt).kind in "iu" else None
+    int_mm = _int_matmul(squeeze) if np.dtype(rdt).kind in "iu" else None
 
     def mm(xp, A, B, out, scratch):
         A2 = _regroup(xp, A, perm_a, shp_a, k_a, da, scratch)
@@ -289,15 +290,16 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
             B2 = B2.swapaxes(1, 2)
         if squeeze:
             A2, B2 = A2[0], B2[0]
-        mul = matmul if matmul is not None and xp is np else xp.matmul
+        mmul = (matmul if matmul is not None
+                else int_mm if int_mm is not None and xp is np else xp.matmul)
         if out is None:
             C = _take(xp, scratch, k_res, res_shape, rdt)
-            mul(A2, B2, out=C.reshape(mm_shape))
+            mmul(A2, B2, out=C.reshape(mm_shape))
             return C
         if out.flags.c_contiguous:
-            mul(A2, B2, out=out.reshape(mm_shape))
+            mmul(A2, B2, out=out.reshape(mm_shape))
             return out
-        out[...] = mul(A2, B2).reshape(res_shape)
+        out[...] = mmul(A2, B2).reshape(res_shape)
         return out
 
     return result, rdt, (_swapped(mm) if swap else mm), flops
@@ -355,10 +357,12 @@ def _prepare_all(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str,
 
 
 def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
-                strategy: Any = None, dtypes: list[str] | None = None) -> EinsumPlan:
+                strategy: Any = None, dtypes: list[str] | None = None,
+                matmul: Callable | None = None) -> EinsumPlan:
     """Compile an einsum with concrete shapes (and operand dtypes) into a pairwise-matmul program.
 
-    ``strategy`` is an opt_einsum strategy name or an explicit path over ``prepared_terms``.
+    ``strategy`` is an opt_einsum strategy name or an explicit path over ``prepared_terms``;
+    ``matmul(A, B, out)``, if given, computes the products (see ``_pair``).
     """
     n = len(es.inputs)
     dts = [np.dtype(d).name for d in dtypes] if dtypes is not None else ["float64"] * n
@@ -402,7 +406,7 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             rest = set().union(*[set(t) for t in picked[j + 2:]]) if not last_pair else set()
             res, res_dt, fn, f = _pair(acc, other, keep | rest, sizes,
                                        es.output if final and last_pair else None,
-                                       (acc_dt, picked_dt[j + 1]), scr)
+                                       (acc_dt, picked_dt[j + 1]), scr, matmul)
             pair_fns.append(fn)
             flops += f
             largest = max(largest, math.prod(sizes[c] for c in res))

@@ -91,6 +91,10 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
     body = FusedBody.from_args(node.args["body"])
     body.validate(len(in_nodes), f"fused node {node.name!r}")
     space = tuple(int(d) for d in body.space)
+    if body.tail in ops.REDUCTIONS:
+        empty = kernels.empty_reduction_kernel(body.tail, space, tuple(body.axes))
+        if empty is not None:
+            return empty
     r = len(space)
     dtype = np.dtype(node.dtype)
     tail = body.tail
@@ -250,7 +254,8 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
         late = body.epilogue_inputs()
         inplace = tuple(k for k, d in enumerate(in_dims) if d == space and k not in late
                         and np.dtype(in_nodes[k].dtype) == dtype)
-    return PreparedKernel(kernel, scratch=scratch_specs, inplace=inplace, info=describe(body))
+    return PreparedKernel(kernel, scratch=scratch_specs, inplace=inplace, info=describe(body),
+                          threads=workers)
 
 
 def describe(body: FusedBody) -> str:

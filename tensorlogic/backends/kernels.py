@@ -15,14 +15,19 @@ Each maker returns a ``PreparedKernel`` (backends.base) whose fields the compile
 
 from __future__ import annotations
 
+import math
+
 from ..errors import BackendError
 from ..ir import ops, spec as einspec
 from . import contract, slicing
 from .base import PreparedKernel
 
 
-def einsum_kernel(xp, node, in_nodes) -> PreparedKernel:
-    """Kernel for an einsum node; it carries its FLOPs, scratch and (for 3+ operands) its path."""
+def einsum_kernel(xp, node, in_nodes, matmul=None) -> PreparedKernel:
+    """Kernel for an einsum node; it carries its FLOPs, scratch and (for 3+ operands) its path.
+
+    ``matmul(A, B, out)`` replaces ``xp.matmul`` for its products (``contract.plan_einsum``).
+    """
     shapes = [tuple(n.shape) for n in in_nodes]
     es = einspec.parse(node.args["spec"], [len(s) for s in shapes])
     sizes = einspec.letter_sizes(es, shapes)
@@ -32,9 +37,10 @@ def einsum_kernel(xp, node, in_nodes) -> PreparedKernel:
     dts = [node.dtype if w else n.dtype for n, w in zip(in_nodes, widen)]
     if node.args.get("path_slices"):
         plan = slicing.plan_sliced(es, shapes, sizes, node.args["path_strategy"],
-                                   list(node.args["path_slices"]), node.dtype, dts)
+                                   list(node.args["path_slices"]), node.dtype, dts, matmul)
     else:
-        plan = contract.plan_einsum(es, shapes, sizes, node.args.get("path_strategy"), dts)
+        plan = contract.plan_einsum(es, shapes, sizes, node.args.get("path_strategy"), dts,
+                                    matmul)
     run = plan.run
     n = len(in_nodes)
     k_plan = len(plan.scratch)
@@ -84,6 +90,26 @@ def _arg(xp, a: list, k: int, shape: tuple, dtype: str):
 
 def _keep_shape(shape: tuple, axes: tuple[int, ...]) -> tuple:
     return tuple(1 if k in axes else d for k, d in enumerate(shape))
+
+
+# what a reduction over zero elements gives, as numpy defines it (mean: nan, without numpy's
+# "Mean of empty slice" warning); max and min have none and are refused by shape inference
+EMPTY_REDUCTION = {"sum": 0.0, "mean": float("nan"), "prod": 1.0, "logsumexp": float("-inf")}
+
+
+def empty_reduction_kernel(op: str, shape: tuple, axes: tuple[int, ...]
+                           ) -> PreparedKernel | None:
+    """A kernel filling ``out`` with the value of ``op`` over zero elements, when the reduced
+    axes of ``shape`` hold none; else None."""
+    if op not in EMPTY_REDUCTION or math.prod(int(shape[a]) for a in axes) != 0:
+        return None
+    value = EMPTY_REDUCTION[op]
+
+    def fill(a, out):
+        out[...] = value
+        return out
+
+    return PreparedKernel(fill, info=f"[{op} over an empty axis]")
 
 
 def _logsumexp(xp, x, axes, keepdims, out):
@@ -223,6 +249,9 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
     if kind == ops.REDUCE:
         axes = tuple(node.args["axes"])
         kd = bool(node.args.get("keepdims"))
+        empty = empty_reduction_kernel(op, tuple(in_nodes[0].shape), axes)
+        if empty is not None:
+            return empty
         if op == "logsumexp":
             return _logsumexp_kernel(xp, tuple(in_nodes[0].shape), node.dtype, axes, kd)
         red = getattr(xp, ops.REDUCTION_TABLE[op].numpy)

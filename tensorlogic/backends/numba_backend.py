@@ -25,11 +25,12 @@ from .. import dtypes
 from ..errors import BackendError
 from ..ir import ops
 from ..ir.fused import FusedBody, FusedOp
-from . import kernels, numba_cache, numba_threads, widen
+from . import numba_cache, numba_threads, widen
+from .inputs import strided_copy_bytes
 from .numba_codegen import generates, render
 from .numba_layout import make_layout
 from .base import Capabilities, PreparedKernel
-from .numpy_backend import NumpyBackend
+from .numpy_backend import NumpyBackend, thread_mode
 
 # Below this many points a serial kernel wins. With OpenMP workers that sleep between kernels
 # (the passive wait policy, see config.gomp_environment) a parallel kernel pays a wake-up of
@@ -80,9 +81,13 @@ def _call(fn: Any, out: np.ndarray, oshape: tuple[int, ...], ins: list, dims: tu
 class NumbaBackend(NumpyBackend):
     """Generated, parallel numba kernels; memory and input handling are the numpy backend's."""
 
+    # kernels copy strided inputs (``_contiguous``); memory_limit counts those copies
+    input_copy_bytes = staticmethod(strided_copy_bytes)
+
     name = "numba"
     capabilities = Capabilities(native_array=np.ndarray, dtypes=frozenset(dtypes.SUPPORTED),
-                                options=frozenset({"fast_math", "parallel_threshold"}))
+                                own_runner=True,
+                                options=frozenset({"fast_math", "parallel_threshold", "threads"}))
 
     def __init__(self) -> None:
         numba_threads.configure()
@@ -93,8 +98,8 @@ class NumbaBackend(NumpyBackend):
         if widen.needs_widening(node, in_nodes):  # 16-bit floats: the float32 kernel, widened
             return widen.widened(np, lambda n, ins: self.prepare(step, n, ins, graph),
                                  node, in_nodes)
-        if node.kind == ops.EINSUM:
-            return kernels.einsum_kernel(np, node, in_nodes)
+        if node.kind == ops.EINSUM:  # BLAS, split over the helper threads in the "pool" mode
+            return self.einsum_kernel(node, in_nodes, thread_mode(step))
         body = _body_of(node, in_nodes)
         dts = [n.dtype for n in in_nodes]
         if body is None or not generates(body.instrs, body.tail, body.epilogue, node.dtype, dts):
@@ -107,8 +112,13 @@ class NumbaBackend(NumpyBackend):
         threshold = PARALLEL_THRESHOLD if threshold is None else int(threshold)
         if body.instrs or body.epilogue:  # lone REDUCE/ROWOP nodes: tails over their input
             body.validate(len(in_nodes), f"node {node.name!r}")
-        return self.kernel_for(body, [tuple(n.shape) for n in in_nodes], node.dtype, fast,
-                               threshold, node.name, dts)
+        try:
+            return self.kernel_for(body, [tuple(n.shape) for n in in_nodes], node.dtype, fast,
+                                   threshold, node.name, dts)
+        except (MemoryError, RecursionError):
+            # compiling ran out of memory or stack (fusion bounds kernels, but a hand-made
+            # fused node may be huge): numpy's kernel computes the same without compiling
+            return NumpyBackend.prepare(self, step, node, in_nodes, graph)
 
     def kernel_for(self, body: FusedBody, in_shapes: list[tuple[int, ...]], dtype: str,
                    fast: bool = True, threshold: int = PARALLEL_THRESHOLD, where: str = "kernel",
@@ -143,4 +153,5 @@ class NumbaBackend(NumpyBackend):
                 return out
 
         info = f"numba {'parallel' if parallel else 'serial'}{' fast' if fast else ''}"
-        return PreparedKernel(kernel, info=info, source=src.text, impl=fn)
+        return PreparedKernel(kernel, info=info, source=src.text, impl=fn,
+                              threads=numba_threads.thread_count() if parallel else 1)

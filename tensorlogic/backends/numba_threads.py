@@ -110,3 +110,8 @@ def launch_lock() -> Iterator[None]:
             yield
     else:
         yield
+
+
+def thread_count() -> int:
+    """Threads a parallel numba kernel runs on."""
+    return int(numba.get_num_threads())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -10,8 +11,56 @@ import numpy as np
 from ..dtypes import SUPPORTED
 from ..errors import BackendError, InputError
 from ..ir import ops
-from . import kernels, widen
-from .base import Backend, Capabilities, PreparedKernel, register_backend
+from ..ir.fused import FusedBody, FusedOp
+from . import cpu_threads, host_pool, kernels, widen
+from .base import Backend, Capabilities, PlanRunner, PreparedKernel, register_backend
+from .inputs import plain_host_array
+
+_FLOATS = ("float32", "float64")
+
+
+class _AsFused:
+    """A lone elementwise or row-op node seen as a one-op fused node (name, dtype, body)."""
+
+    def __init__(self, node, body: FusedBody) -> None:
+        self.name, self.dtype, self.args = node.name, node.dtype, {"body": body.to_args()}
+
+
+def single_op_body(node, in_nodes) -> FusedBody | None:
+    """A lone elementwise, where or row-op node as a fused program (None for other kinds)."""
+    ins = tuple(("in", k) for k in range(len(in_nodes)))
+    if node.kind in (ops.UNARY, ops.BINARY):
+        return FusedBody((FusedOp(node.op, ins),), tuple(node.shape))
+    if node.kind == ops.WHERE:
+        return FusedBody((FusedOp("where", ins),), tuple(node.shape))
+    if node.kind == ops.ROWOP:
+        return FusedBody((), tuple(node.shape), node.op, (int(node.args["axis"]),),
+                         eps=float(node.args.get("eps", ops.LAYER_NORM_EPS)))
+    return None
+
+
+def thread_mode(step) -> str:
+    """The plan's thread mode (compile option ``threads``, see ``cpu_threads``)."""
+    return cpu_threads.check_mode((step.args.get("_options") or {}).get("threads"))
+
+
+def calls_blas(steps) -> bool:
+    """Whether a plan of these steps makes BLAS calls (an einsum of two or more operands)."""
+    return any(s.kind == ops.EINSUM and len(s.inputs) >= 2 for s in steps)
+
+
+class PoolRunner(PlanRunner):
+    """Runs a plan's steps with BLAS on one thread (the "pool" thread mode, ``cpu_threads``)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    def __call__(self, plan, inputs, out):
+        with cpu_threads.single_threaded_blas():
+            return plan.run_steps(inputs, out)
+
+    def __str__(self) -> str:
+        return cpu_threads.describe(self.mode)
 
 
 class NumpyBackend(Backend):
@@ -20,29 +69,68 @@ class NumpyBackend(Backend):
     name = "numpy"
     xp = np
     # C-contiguous numpy inputs of the declared shape and dtype skip the checks (CompiledPlan);
-    # every IR dtype runs here
-    capabilities = Capabilities(native_array=np.ndarray, dtypes=frozenset(SUPPORTED))
+    # every IR dtype runs here; the runner of a "pool"-mode plan limits BLAS to one thread
+    # around each call
+    capabilities = Capabilities(native_array=np.ndarray, dtypes=frozenset(SUPPORTED),
+                                own_runner=True, options=frozenset({"threads"}))
 
     def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
-        """Kernel for a step; einsum steps get their contraction path here, once."""
+        """Kernel for a step; einsum steps get their contraction path here, once.
+
+        In the "pool" thread mode (default) GEMMs are split over the helper threads and every
+        large elementwise, row-op and fused step runs its blocks on them too; in the "blas"
+        mode GEMMs use BLAS's threads and, in plans that call BLAS, the other steps stay on the
+        calling thread (BLAS's spinning workers would fight them for the cores).
+        """
         if widen.needs_widening(node, in_nodes):  # 16-bit floats compute in float32
             return widen.widened(np, lambda n, ins: self.prepare(step, n, ins, graph),
                                  node, in_nodes)
+        mode = thread_mode(step)
         if node.kind == ops.EINSUM:
-            return kernels.einsum_kernel(np, node, in_nodes)
-        if node.kind == ops.FUSED:
-            from .fused_numpy import fused_kernel
+            return self.einsum_kernel(node, in_nodes, mode)
+        kernel = self._host_kernel(step, node, in_nodes, graph, mode)
+        # plain ufunc kernels run on the calling thread
+        return kernel if kernel.threads else replace(kernel, threads=1)
 
-            return fused_kernel(node, in_nodes, threads=not self._calls_blas(graph))
+    def _host_kernel(self, step, node, in_nodes, graph, mode: str) -> PreparedKernel:
+        from .fused_numpy import PARALLEL_MIN_ELEMENTS, fused_kernel
+
+        threads = mode == "pool" or not self._calls_blas(graph)
+        if node.kind == ops.FUSED:
+            return fused_kernel(node, in_nodes, threads=threads)
+        body = single_op_body(node, in_nodes) if threads else None
+        if (body is not None and math.prod(node.shape) >= PARALLEL_MIN_ELEMENTS
+                and node.dtype in _FLOATS and all(n.dtype in _FLOATS for n in in_nodes)):
+            # a large lone step runs as a one-op fused kernel: the same ufunc calls per block,
+            # spread over the threads
+            return fused_kernel(_AsFused(node, body), in_nodes, threads=True)
         # a step that is not a view writes its result into ``out`` (outputs, strided reshapes)
         return kernels.make_kernel(np, node, in_nodes, not step.view)
+
+    @staticmethod
+    def einsum_kernel(node, in_nodes, mode: str) -> PreparedKernel:
+        """An einsum kernel whose products run as the thread mode says."""
+        mm = cpu_threads.parallel_matmul if mode == "pool" else None
+        kernel = kernels.einsum_kernel(np, node, in_nodes, mm)
+        if mode == "pool":
+            split = (kernel.flops or 0) >= cpu_threads.MIN_SPLIT_FLOPS
+            return replace(kernel, threads=host_pool.helper_count() + 1 if split else 1)
+        return replace(kernel, threads=cpu_threads.blas_threads())
+
+    def plan_runner(self, plan) -> PlanRunner | None:
+        """A runner that limits BLAS to one thread around the call ("pool" mode plans that
+        call BLAS); None keeps the plain step loop."""
+        if not plan.steps or not calls_blas(plan.steps):
+            return None
+        mode = thread_mode(plan.steps[0])
+        return PoolRunner(mode) if mode == "pool" else None
 
     def _calls_blas(self, graph) -> bool:
         """Whether a plan of ``graph`` makes BLAS calls (an einsum of two or more operands).
 
-        OpenBLAS's workers spin for about 0.1 s after each call; a fused kernel's helper thread
-        then fights them for the second core, and measured slower than one thread (MLP block:
-        +4%). Such plans keep their fused kernels on the calling thread.
+        OpenBLAS's workers spin for about 0.1 s after each call; in the "blas" thread mode a
+        fused kernel's helper thread then fights them for the second core, and measured slower
+        than one thread (MLP block: +4%), so such plans keep those kernels on the calling thread.
         """
         memo = self._blas_memo
         if memo is not None and memo[0] is graph:
@@ -80,6 +168,7 @@ class NumpyBackend(Backend):
         """Accept numpy arrays (and numpy scalars) of a supported dtype."""
         if isinstance(x, np.generic):
             x = np.asarray(x)
+        x = plain_host_array(x, name)
         if not isinstance(x, np.ndarray):
             raise InputError(
                 f"input {name!r}: expected a numpy array, got {type(x).__name__}; "

@@ -60,12 +60,22 @@ def _inplace_positions(kernel: PreparedKernel, node) -> tuple[int, ...]:
 
 
 def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
+    if plan.opt_level == 3:
+        from .autotune import autotune
+
+        return autotune(plan, binding, _build_variant)
+    return _build_variant(plan, binding, plan.opt_level, plan.options, plan.backend)
+
+
+def _build_variant(plan: CompiledPlan, binding: dict[str, int], opt_level: int,
+                   options: CompileOptions, backend: Any) -> ConcretePlan:
+    """The concrete plan of ``plan``'s graph at ``opt_level`` with ``options`` on ``backend``."""
     # compiling allocates many small objects that all stay alive, so CPython's cyclic collector
     # only adds pauses here (a 1000-node graph: 75-97 ms with it, 74-83 ms without)
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return _build_plan(plan, binding)
+        return _build_plan(plan.graph, binding, opt_level, options, backend)
     finally:
         if collecting:
             gc.enable()
@@ -83,16 +93,17 @@ def check_dtypes(graph: EinsumGraph, backend) -> None:
                 f"and numba backends run every dtype: {', '.join(dtypes.SUPPORTED)})")
 
 
-def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
-    graph = plan.graph.bind(binding) if binding else plan.graph
+def _build_plan(graph: EinsumGraph, binding: dict[str, int], opt_level: int,
+                options: CompileOptions, backend: Any) -> ConcretePlan:
+    graph = graph.bind(binding) if binding else graph
     t0 = time.perf_counter()
-    graph = precision.apply_policy(graph, plan.options["precision"])
-    optimized, report = optimize(graph, plan.opt_level, plan.options)
+    graph = precision.apply_policy(graph, options["precision"])
+    optimized, report = optimize(graph, opt_level, options)
     order = needed_nodes(optimized)
     nodes = {nid: optimized.node(nid) for nid in order}
     bufs = make_buffers(optimized, order)
     # a backend may build kernels differently per plan (the cupy backend: codegen, CUDA graphs)
-    backend = plan.backend.with_options(plan.options)
+    backend = backend.with_options(options)
     steps: list[Step] = []
     kernels = []
     scratch: list[Buffer] = []
@@ -105,7 +116,7 @@ def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
         b = bufs[nid]
         is_view = b.view_of is not None
         args = {"_is_output": b.role == "output", "_view": is_view,
-                "_options": plan.options}  # backends read their compile options here
+                "_options": options}  # backends read their compile options here
         nbytes = 0 if is_view else b.nbytes + sum(bufs[i].nbytes for i in node.inputs)
         step = Step(len(steps), nid, node.name, node.kind, node.op, node.label,
                     tuple(bufs[i].id for i in node.inputs), b.id, tuple(node.shape), node.dtype,
@@ -114,10 +125,10 @@ def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
             kernel = as_prepared(backend.prepare(step, node, in_nodes, optimized),
                                  f"node {node.name!r}")
         # kernels may report what only they know: einsum FLOPs along the chosen path, the path
-        if kernel.flops is not None or kernel.bytes is not None or kernel.info:
+        if kernel.flops is not None or kernel.bytes is not None or kernel.info or kernel.threads:
             step = replace(step, flops=step.flops if kernel.flops is None else int(kernel.flops),
                            bytes=step.bytes if kernel.bytes is None else int(kernel.bytes),
-                           info=kernel.info)
+                           info=kernel.info, threads=int(kernel.threads))
         extra = _scratch_buffers(kernel, node, len(order) + len(scratch))
         if extra:
             scratch.extend(extra)
@@ -129,17 +140,17 @@ def _build_plan(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
         steps.append(step)
     buffers = tuple(bufs[nid] for nid in order) + tuple(scratch)
     memory = plan_memory(buffers, [(s.inputs, s.output, s.scratch) for s in steps], inplace_ok,
-                         reuse=plan.options["reuse_memory"])
+                         reuse=options["reuse_memory"])
     cp = ConcretePlan(
         graph=optimized, steps=tuple(steps), buffers=buffers, memory=memory,
         kernels=tuple(kernels),
         input_ids={name: bufs[nid].id for name, nid in optimized.inputs.items() if nid in bufs},
         output_ids={name: bufs[nid].id for name, nid in optimized.outputs.items()},
         constants={}, backend=backend, binding=dict(binding), optimizer_report=report,
-        pooled=plan.options["pool"],
+        pooled=options["pool"],
     )
     # the budget is checked before anything is allocated (constants moved, arenas built)
-    limit = plan.options["memory_limit"]
+    limit = options["memory_limit"]
     if limit is not None:
         check_budget(cp, limit, "memory_limit")
     else:
@@ -174,6 +185,11 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
     16-bit dtype with float32 inputs and outputs (see ``optimizer.precision``);
     ``matmul_precision="tf32"`` lets GPU float32 contractions use TF32 tensor cores (default
     ``"highest"``: exact float32; CPU backends accept it and stay exact).
+
+    CPU threads: ``threads`` ("pool", the default, or "blas"; ``backends/cpu_threads.py``).
+    O3 autotunes (``compiler/autotune.py``): ``autotune_budget`` (seconds per plan, default
+    10), ``autotune_cache``, ``autotune_timer``, ``autotune_backends``; ``skip_passes`` leaves
+    optimizer passes out at any level.
     """
     if not isinstance(graph, EinsumGraph):
         raise GraphError(f"compile() expects an EinsumGraph, got {type(graph).__name__}")
@@ -182,6 +198,10 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
     if type(cache) is not bool:
         raise GraphError(f"cache must be True or False, got {cache!r}")
     be = get_backend(backend)
+    if opt_level == 3 and options.get("autotune_backends") is None:
+        from .autotune import candidate_backends
+
+        options = {**options, "autotune_backends": candidate_backends(backend, be)}
     # checked before the graph: a typo in an option fails fast and never reaches the cache key
     opts = CompileOptions.resolve({**options, "memory_limit": memory_limit}, be.name,
                                   be.capabilities.options)

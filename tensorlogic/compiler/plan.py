@@ -8,12 +8,14 @@ graph is specialized at compile time.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from ..backends.base import PlanRunner, PreparedKernel
+from ..backends.inputs import check_out_array, check_out_overlap
 from ..errors import GraphError, InputError, MemoryBudgetError
 from ..ir.graph import EinsumGraph
 from ..options import CompileOptions
@@ -44,6 +46,7 @@ class Step:
     args: Mapping[str, Any] = field(default_factory=dict)
     info: str = ""  # backend notes, e.g. the contraction path
     scratch: tuple[int, ...] = ()  # arena buffers passed after the inputs (kernel.scratch)
+    threads: int = 0  # host threads the kernel runs on (PreparedKernel.threads; 0: not known)
 
     @property
     def view(self) -> bool:
@@ -69,6 +72,7 @@ class ConcretePlan:
     pooled: bool = True  # keep arenas across calls (False: a fresh arena per call)
     # a backend's own executor (e.g. CUDA-graph replay); None runs the steps one by one
     runner: PlanRunner | None = None
+    autotune: Any = None  # the O3 autotuner's report (compiler/autotune.py)
     pool: TensorPool = field(init=False)
     program: list = field(init=False)
 
@@ -180,6 +184,9 @@ class CompiledPlan:
     NaN/inf inputs), ``to_host`` (return numpy arrays from a device backend).
     """
 
+    # concrete plans kept for graphs with symbolic dims, least recently used dropped first
+    max_specializations: int = 16
+
     def __init__(self, graph: EinsumGraph, backend: Any, opt_level: int,
                  options: CompileOptions | Mapping[str, Any],
                  build: Callable[["CompiledPlan", dict[str, int]], ConcretePlan]) -> None:
@@ -190,7 +197,7 @@ class CompiledPlan:
             options = CompileOptions.resolve(options, backend.name)
         self.options: CompileOptions = options
         self._build = build
-        self._specs: dict[tuple, ConcretePlan] = {}
+        self._specs: OrderedDict[tuple, ConcretePlan] = OrderedDict()
         self._last: ConcretePlan | None = None
         self._lock = threading.Lock()
         self._inputs = {name: graph.node(nid) for name, nid in graph.inputs.items()}
@@ -222,14 +229,28 @@ class CompiledPlan:
         missing = [s for s in self.symbols if s not in sizes]
         if missing:
             raise InputError(f"sizes for symbolic dimension(s) {missing} are needed to specialize")
+        for s in self.symbols:  # sizes from arrays are ints already; a user's are checked
+            v = sizes[s]
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise InputError(f"size of symbolic dimension {s!r} must be an int >= 0, "
+                                 f"got {v!r}")
         key = tuple(int(sizes[s]) for s in self.symbols)
-        cp = self._specs.get(key)
+        specs = self._specs
+        cp = specs.get(key)
         if cp is None:
             with self._lock:
-                cp = self._specs.get(key)
+                cp = specs.get(key)
                 if cp is None:
                     cp = self._build(self, dict(zip(self.symbols, key)))
-                    self._specs[key] = cp
+                    specs[key] = cp
+                    # a bounded LRU: every batch size would otherwise keep its plan and arena
+                    while len(specs) > max(1, self.max_specializations):
+                        specs.popitem(last=False)
+        else:
+            try:
+                specs.move_to_end(key)
+            except KeyError:  # evicted by another thread just now; it is still usable
+                pass
         self._last = cp
         return cp
 
@@ -344,8 +365,10 @@ class CompiledPlan:
                 if not self.backend.all_finite(x):
                     raise InputError(f"input {name!r} contains NaN or inf (check_finite=True)")
         cp = self.specialize(**sizes) if self.symbols and not fast else self._last
-        if out:
-            self._check_out(cp, out)
+        if not fast and self.options.get("memory_limit") is not None:
+            self._check_input_copies(cp, arrays)
+        if out is not None:
+            self._check_out(cp, out, arrays)
         obs = hooks.active()
         if obs is None:
             if not fast:
@@ -376,7 +399,11 @@ class CompiledPlan:
                 return None
         return kwargs
 
-    def _check_out(self, cp: ConcretePlan, out: Mapping[str, Any]) -> None:
+    def _check_out(self, cp: ConcretePlan, out: Any, inputs: Mapping[str, Any]) -> None:
+        if not isinstance(out, Mapping):
+            raise InputError(
+                f"out must be a dict of output name -> array, got {type(out).__name__}")
+        native = self.backend.capabilities.native_array
         for name, arr in out.items():
             if name not in cp.output_ids:
                 raise InputError(f"out: unknown output {name!r}; outputs are {list(cp.output_ids)}")
@@ -391,8 +418,27 @@ class CompiledPlan:
                     f"dtype {b.dtype}, got {type(arr).__name__} {getattr(arr, 'shape', '')} "
                     f"{getattr(arr, 'dtype', '')}"
                 )
+            if native is not None:
+                check_out_array(arr, name, native)
             if not getattr(arr, "flags", None) or not arr.flags.c_contiguous:
                 raise InputError(f"out[{name!r}]: the array must be C-contiguous")
+        check_out_overlap(dict(out), dict(inputs))
+
+    def _check_input_copies(self, cp: ConcretePlan, arrays: Mapping[str, Any]) -> None:
+        """Count the private copies a backend makes of strided inputs against memory_limit: a
+        broadcast (stride-0) view of a few bytes can stand for gigabytes once copied."""
+        limit = self.options["memory_limit"]
+        extra = {name: self.backend.input_copy_bytes(x) for name, x in arrays.items()}
+        total = sum(extra.values())
+        if total and cp.planned_bytes + total > limit:
+            worst = max(extra, key=extra.__getitem__)
+            raise MemoryBudgetError(
+                f"input {worst!r} is not C-contiguous (shape {tuple(arrays[worst].shape)}, "
+                f"strides {getattr(arrays[worst], 'strides', '?')}): the {self.backend.name} "
+                f"backend copies such inputs, {format_bytes(total)} in all, which with the "
+                f"plan's {format_bytes(cp.planned_bytes)} exceeds memory_limit "
+                f"({format_bytes(limit)}); pass contiguous arrays or raise memory_limit",
+                planned_bytes=cp.planned_bytes + total, limit=limit)
 
     def check_budget(self, limit: int | None) -> None:
         """Raise MemoryBudgetError if the current concrete plan's peak exceeds ``limit`` bytes."""
@@ -418,14 +464,20 @@ class CompiledPlan:
         lines.append(str(cp.memory))
         if cp.runner is not None:
             lines.append(str(cp.runner))
+        if cp.autotune is not None:
+            lines.append(str(cp.autotune))
         if cp.optimizer_report is not None:
             lines.append(str(cp.optimizer_report))
         return "\n".join(lines)
 
     def release_memory(self) -> None:
-        """Free the idle arenas of every concrete plan (they are rebuilt on the next call)."""
-        for cp in list(self._specs.values()) + ([self._last] if self._last else []):
-            cp.pool.clear()
+        """Free the idle arenas of every concrete plan (they are rebuilt on the next call) and
+        drop the cached specializations of a graph with symbolic dims (rebuilt when needed)."""
+        with self._lock:
+            if self.symbols:
+                self._specs.clear()
+            for cp in [self._last] if self._last else []:
+                cp.pool.clear()
 
     def __repr__(self) -> str:
         return (f"<CompiledPlan backend={self.backend.name} opt_level={self.opt_level} "

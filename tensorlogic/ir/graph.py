@@ -7,18 +7,21 @@ added, so a bad graph fails at the line that built it.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Iterator, Mapping, Sequence
 
+import ml_dtypes
 import networkx as nx
 import numpy as np
 
 from .. import dtypes
 from ..errors import DTypeError, GraphError, ShapeError, SpecError
-from . import infer, ops
+from . import infer, node_check, ops
 from . import spec as einspec
 
 Dim = int | str
@@ -65,6 +68,41 @@ def _check_dim(d: Any, where: str) -> Dim:
     raise ShapeError(f"{where}: dimension {d!r} must be a non-negative int, None or a symbol name")
 
 
+def _atomic(method):
+    """A builder method that leaves the graph as it was when it raises."""
+    @functools.wraps(method)
+    def wrapper(self, *args, **kwargs):
+        with self._transaction():
+            return method(self, *args, **kwargs)
+    return wrapper
+
+
+def _check_kinds(src: np.ndarray, dt: str, label: str) -> None:
+    """Refuse data the requested dtype cannot hold at all (checked before any cast)."""
+    sk, dk = _kind(src.dtype), dtypes.kind(dt)
+    if sk not in "biufc":  # strings, objects, dates, records
+        raise DTypeError(f"{label}: cannot store {src.dtype} data as {dt}; expected numbers")
+    if sk == "c" and dk != "c":
+        raise DTypeError(f"{label}: complex data cannot be stored as {dt} (the imaginary part "
+                         "would be dropped); take .real explicitly")
+
+
+def _check_values(src: np.ndarray, dst: np.ndarray, label: str) -> None:
+    """Refuse a cast that changed values: no silent truncation, wraparound or overflow."""
+    sk, dk = _kind(src.dtype), _kind(dst.dtype)
+    if dk in "biu" and not np.array_equal(src, dst):
+        raise DTypeError(f"{label}: values are not exactly representable as {dst.dtype} "
+                         "(fractions, NaN or out of range)")
+    if sk in "fc" and dk in "fc" and not np.array_equal(np.isfinite(src), np.isfinite(dst)):
+        raise DTypeError(f"{label}: values overflow {dst.dtype} (largest finite "
+                         f"{float(ml_dtypes.finfo(dst.dtype).max):.4g}); give a wider dtype")
+
+
+def _kind(dt: np.dtype) -> str:
+    """numpy's kind letter, with bfloat16 (kind 'V' in ml_dtypes) counted as a float."""
+    return "f" if dt == dtypes.bfloat16 else dt.kind
+
+
 class EinsumGraph:
     """A graph of einsum, elementwise, reduction and layout operations."""
 
@@ -76,6 +114,7 @@ class EinsumGraph:
         self.outputs: dict[str, int] = {}
         self.constants: dict[int, np.ndarray] = {}
         self._next = 0
+        self._in_transaction = False
 
     # ------------------------------------------------------------------ structure
     @property
@@ -177,27 +216,83 @@ class EinsumGraph:
     ) -> int:
         """Add a node, inferring its shape and dtype (given explicitly only for fused nodes).
 
-        Nothing is changed if inference fails.
+        The record is checked first (arity, op, every argument's type), so nothing is coerced or
+        dropped silently; nothing is changed if a check or inference fails.
         """
+        if args is not None and not isinstance(args, Mapping):
+            raise GraphError(f"add_node: args must be a mapping, got {type(args).__name__}")
         args = dict(args or {})
-        if kind not in ops.NODE_KINDS:
+        if not isinstance(kind, str) or kind not in ops.NODE_KINDS:
             raise GraphError(f"unknown node kind {kind!r}; expected one of {ops.NODE_KINDS}")
+        if kind in (ops.INPUT, ops.CONSTANT):
+            raise GraphError(f"add_node cannot make a {kind} node; use g.{kind}(...)")
+        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
+            raise GraphError(f"{kind} node: inputs must be a sequence of node ids, got {inputs!r}")
+        inputs = [int(i) if node_check.is_int(i) else i for i in inputs]
         for i in inputs:
-            if i not in self._nodes:
+            if isinstance(i, bool) or not isinstance(i, int) or i not in self._nodes:
                 raise GraphError(f"{kind} node refers to unknown input node id {i!r}")
-        nm = self._unique_name(name, op or kind)
-        where = f"node {nm!r} ({kind}{':' + op if op else ''})"
+        nm = self._unique_name(name, op if isinstance(op, str) else kind)
+        where = f"node {nm!r} ({kind}{':' + op if isinstance(op, str) else ''})"
+        node_check.check(kind, op, inputs, args, where)
+        if kind == ops.FUSED:
+            shape, dtype = self._fused_result(inputs, args, shape, dtype, where)
+        else:
+            inferred = infer.infer(kind, op, [self._nodes[i] for i in inputs], args, where)
+            if (shape is not None and tuple(shape) != tuple(inferred[0])) or (
+                    dtype is not None and dtype != inferred[1]):
+                raise GraphError(f"{where}: given shape/dtype {shape}/{dtype} but the inputs give "
+                                 f"{inferred[0]}/{inferred[1]}")
+            shape, dtype = inferred
+        return self._insert(kind, op, inputs, args, nm, shape, dtype)
+
+    def _fused_result(self, inputs, args, shape, dtype, where):
+        from .fused import FusedBody
+
+        try:
+            body = FusedBody.from_args(args["body"])
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            raise GraphError(
+                f"{where}: malformed fused body ({type(exc).__name__}: {exc})") from exc
+        body.validate(len(inputs), where)
         if shape is None or dtype is None:
-            shape, dtype = infer.infer(kind, op, [self._nodes[i] for i in inputs], args, where)
+            raise GraphError(f"{where}: a fused node needs its shape and dtype given")
+        dims = tuple(_check_dim(d, where) for d in shape)
+        return dims, dtypes.normalize(dtype, f"{where}: ")
+
+    def _insert(self, kind, op, inputs, args, name, shape, dtype) -> int:
         nid = self._next
         self._next += 1
-        node = Node(nid, kind, op, tuple(inputs), tuple(shape), dtype, nm, _freeze(args))
+        node = Node(nid, kind, op, tuple(inputs), tuple(shape), dtype, name, _freeze(args))
         self._nodes[nid] = node
-        self._names[nm] = nid
+        self._names[name] = nid
         self._g.add_node(nid)
         for i in inputs:
             self._g.add_edge(i, nid)
         return nid
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """Undo every node added inside the block if it raises (constants made for operands too)."""
+        if self._in_transaction:
+            yield
+            return
+        mark = self._next
+        self._in_transaction = True
+        try:
+            yield
+        except BaseException:
+            for nid in [i for i in self._nodes if i >= mark]:
+                node = self._nodes.pop(nid)
+                self._names.pop(node.name, None)
+                self._g.remove_node(nid)
+                self.constants.pop(nid, None)
+                if self.inputs.get(node.name) == nid:
+                    del self.inputs[node.name]
+            self._next = mark
+            raise
+        finally:
+            self._in_transaction = False
 
     def replace_node(self, node_id: int, new: Node) -> None:
         """Swap the record of ``node_id`` (same id), rewiring its input edges."""
@@ -250,7 +345,7 @@ class EinsumGraph:
             f"{name}_{k}" if d is None else _check_dim(d, where) for k, d in enumerate(shape)
         )
         dt = dtypes.normalize(dtype, f"{where}: ")
-        nid = self.add_node(ops.INPUT, None, (), name=name, shape=dims, dtype=dt)
+        nid = self._insert(ops.INPUT, None, (), {}, self._unique_name(name, name), dims, dt)
         self.inputs[name] = nid
         return Tensor(self, nid)
 
@@ -267,16 +362,26 @@ class EinsumGraph:
             arr = np.array(arr, dtype=dt, order="C")  # ascontiguousarray would make 0-d 1-d
         else:
             dt = dtypes.normalize(dtype, where)
-            arr = (dtypes.scalar_array(value, dt, where) if arr.ndim == 0 and not
-                   isinstance(value, (np.ndarray, np.generic)) else np.array(arr, dt, order="C"))
+            label = f"constant {name!r}" if name else "a constant operand"
+            _check_kinds(arr, dt, label)
+            scalar = arr.ndim == 0 and not isinstance(value, (np.ndarray, np.generic))
+            with np.errstate(over="ignore", invalid="ignore"):
+                cast = (dtypes.scalar_array(value, dt, where) if scalar
+                        else np.array(arr, dt, order="C"))
+            _check_values(arr, cast, label)
+            arr = cast
         arr.setflags(write=False)
-        nid = self.add_node(ops.CONSTANT, None, (), name=name, shape=arr.shape, dtype=dt)
+        nid = self._insert(ops.CONSTANT, None, (), {}, self._unique_name(name, "constant"),
+                           arr.shape, dt)
         self.constants[nid] = arr
         return Tensor(self, nid)
 
+    @_atomic
     def output(self, t: "Tensor", name: str | None = None) -> "Tensor":
         """Mark ``t`` as a graph output under ``name`` (its node name by default)."""
         t = self._own(t)
+        if name is not None and (not isinstance(name, str) or not name):
+            raise GraphError(f"output name must be a non-empty string, got {name!r}")
         nm = name or self._nodes[t.id].name
         if nm in self.outputs and self.outputs[nm] != t.id:
             raise GraphError(f"an output named {nm!r} already exists")
@@ -296,11 +401,12 @@ class EinsumGraph:
             return t
         if isinstance(t, (bool, int, float, complex)):
             dt = dtypes.scalar_dtype(t, like, "scalar operand: ")
-            return self.constant(dtypes.scalar_array(t, dt, "scalar operand: "))
-        if isinstance(t, (np.generic, np.ndarray, list, tuple)):
-            return self.constant(t)  # numpy arrays, and lists as np.asarray reads them (strong)
+            return self.constant(t, dtype=dt)  # checked: a value the dtype cannot hold fails
+        if isinstance(t, (np.generic, np.ndarray)):
+            return self.constant(t)
         raise GraphError(f"expected a Tensor or a number, got {type(t).__name__}")
 
+    @_atomic
     def einsum(self, spec: Any, *operands: Any, name: str | None = None) -> "Tensor":
         """An einsum over the operands (any spec numpy accepts, opt_einsum's extended symbols,
         or numpy's interleaved form ``g.einsum(a, [0, 1], b, [1, 2], [0, 2])``).
@@ -322,6 +428,7 @@ class EinsumGraph:
             self, self.add_node(ops.EINSUM, None, [t.id for t in ts], {"spec": spec}, name=name)
         )
 
+    @_atomic
     def unary(self, op: str, x: "Tensor", name: str | None = None) -> "Tensor":
         """An elementwise unary op from the op table."""
         if op not in ops.UNARY_OPS:
@@ -329,6 +436,7 @@ class EinsumGraph:
         x = self._own(x)
         return Tensor(self, self.add_node(ops.UNARY, op, [x.id], name=name))
 
+    @_atomic
     def binary(self, op: str, a: Any, b: Any, name: str | None = None) -> "Tensor":
         """An elementwise binary op with numpy broadcasting; Python scalars are weak (NEP 50)."""
         if op not in ops.BINARY_OPS:
@@ -337,12 +445,14 @@ class EinsumGraph:
         ta, tb = self._own(a, like), self._own(b, like)
         return Tensor(self, self.add_node(ops.BINARY, op, [ta.id, tb.id], name=name))
 
+    @_atomic
     def where(self, cond: Any, a: Any, b: Any, name: str | None = None) -> "Tensor":
         """``a`` where ``cond`` is nonzero, else ``b``."""
         like = _dtype_of(next((t for t in (a, b, cond) if isinstance(t, Tensor)), None))
         ts = [self._own(t, like) for t in (cond, a, b)]
         return Tensor(self, self.add_node(ops.WHERE, None, [t.id for t in ts], name=name))
 
+    @_atomic
     def reduce(
         self, op: str, x: "Tensor", axis=None, keepdims: bool = False, name=None
     ) -> "Tensor":
@@ -351,9 +461,13 @@ class EinsumGraph:
             raise GraphError(f"unknown reduction {op!r}; expected one of {ops.REDUCTIONS}")
         x = self._own(x)
         axes = infer.normalize_axes(axis, len(x.shape), f"{op} of {x.name!r}")
+        if not isinstance(keepdims, (bool, np.bool_)):
+            raise GraphError(
+                f"{op} of {x.name!r}: keepdims must be True or False, got {keepdims!r}")
         args = {"axes": list(axes), "keepdims": bool(keepdims)}
         return Tensor(self, self.add_node(ops.REDUCE, op, [x.id], args, name=name))
 
+    @_atomic
     def _rowop(self, op: str, x: "Tensor", axis: int, name: str | None,
                extra: Mapping[str, Any] | None = None) -> "Tensor":
         x = self._own(x)
@@ -382,20 +496,31 @@ class EinsumGraph:
         """
         return self._rowop("layer_norm", x, axis, name, {"eps": infer.check_eps(eps, "layer_norm")})
 
+    @_atomic
     def transpose(self, x: "Tensor", perm: Sequence[int] | None = None, name=None) -> "Tensor":
         """Permute axes (reverse them by default)."""
         x = self._own(x)
-        perm = list(range(len(x.shape)))[::-1] if perm is None else [int(p) for p in perm]
+        where = f"transpose of {x.name!r}"
+        perm = (list(range(len(x.shape)))[::-1] if perm is None
+                else node_check.int_list(perm, "perm", where))
         return Tensor(self, self.add_node(ops.TRANSPOSE, None, [x.id], {"perm": perm}, name=name))
 
+    @_atomic
     def reshape(self, x: "Tensor", shape: Sequence[Dim], name: str | None = None) -> "Tensor":
         """Reshape (C order); one -1 allowed; symbol names allowed."""
         x = self._own(x)
+        if isinstance(shape, np.ndarray) and shape.ndim == 1:
+            shape = shape.tolist()
         if not isinstance(shape, (tuple, list)):
             shape = (shape,)
+        bad = [d for d in shape if not (isinstance(d, str) or node_check.is_int(d))]
+        if bad:
+            raise ShapeError(f"reshape of {x.name!r}: invalid reshape dimension {bad[0]!r} in "
+                             f"{tuple(shape)}; expected integers or symbol names")
         target = [d if isinstance(d, str) else int(d) for d in shape]
         return Tensor(self, self.add_node(ops.RESHAPE, None, [x.id], {"shape": target}, name=name))
 
+    @_atomic
     def cast(self, x: "Tensor", dtype: object, name: str | None = None) -> "Tensor":
         """Convert to another dtype (numpy's ``astype``: floats to ints truncate toward zero,
         complex to real keeps the real part, anything to bool tests for nonzero)."""

@@ -53,8 +53,9 @@ def normalize_axes(axes, rank: int, where: str) -> tuple[int, ...]:
         axes = (axes,)  # one axis; a non-integer is reported below
     result = []
     for a in axes:
-        if not isinstance(a, int) or isinstance(a, bool):
+        if not isinstance(a, (int, np.integer)) or isinstance(a, (bool, np.bool_)):
             raise GraphError(f"{where}: axis {a!r} is not an integer")
+        a = int(a)
         if not -rank <= a < rank:
             raise ShapeError(f"{where}: axis {a} is out of range for a tensor of rank {rank}")
         result.append(a % rank)
@@ -104,6 +105,19 @@ def reshape_target(shape: Shape, newshape: Sequence[Dim], where: str) -> Shape:
     return tuple(newshape)
 
 
+# reductions and row ops with no value over an empty axis (numpy has no identity for max/min);
+# sum, mean, prod and logsumexp follow numpy there (0, nan, 1, -inf)
+NO_IDENTITY = ("max", "min", "softmax", "log_softmax")
+
+
+def _refuse_empty(op: str, shape: Shape, axes: Sequence[int], where: str) -> None:
+    """Symbolic sizes are checked again when the plan binds them (at call time)."""
+    empty = [a for a in axes if shape[a] == 0]
+    if empty:
+        raise ShapeError(f"{where}: {op} over axis {empty[0]} of shape {tuple(shape)}, which is "
+                         f"empty; {op} has no value over zero elements (expected a size >= 1)")
+
+
 _KNOWN_OPS = {ops.UNARY: ops.UNARY_OPS, ops.BINARY: ops.BINARY_OPS, ops.REDUCE: ops.REDUCTIONS,
               ops.ROWOP: ops.ROW_OPS}
 _OP_WORD = {ops.UNARY: "unary op", ops.BINARY: "binary op", ops.REDUCE: "reduction",
@@ -142,13 +156,17 @@ def infer(
         return broadcast(shapes, f"{where} (where)"), dtypes.promote(dts[1], dts[2])
     if kind == ops.REDUCE:
         axes = normalize_axes(args["axes"], len(shapes[0]), where)
+        if op in NO_IDENTITY:
+            _refuse_empty(op, shapes[0], axes, where)
         if args.get("keepdims"):
             shape = tuple(1 if i in axes else d for i, d in enumerate(shapes[0]))
         else:
             shape = tuple(d for i, d in enumerate(shapes[0]) if i not in axes)
         return shape, dtypes.reduction_result(op, dts[0], f"{where}: ")
     if kind == ops.ROWOP:
-        normalize_axes(args["axis"], len(shapes[0]), where)
+        axes = normalize_axes(args["axis"], len(shapes[0]), where)
+        if op in NO_IDENTITY:
+            _refuse_empty(op, shapes[0], axes, where)
         if op == "layer_norm":
             if "eps" not in args:
                 raise GraphError(f"{where}: layer_norm needs an 'eps' argument")

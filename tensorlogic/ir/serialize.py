@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import SerializationError, TensorLogicError
-from . import ops
+from . import ops, safe_io
 from .graph import EinsumGraph
 
 FORMAT = "tensorlogic-graph"
@@ -77,17 +78,80 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+_OP_KINDS = (ops.UNARY, ops.BINARY, ops.REDUCE, ops.ROWOP)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_args(kind: str, args: dict, w: str) -> None:
+    """Each argument's JSON type, exactly: no truthy strings, no floats where ints belong."""
+    def int_list(key: str) -> None:
+        v = args[key]
+        _expect(isinstance(v, list) and all(_is_int(a) for a in v),
+                f"argument {key!r} must be a list of integers, got {v!r}", w)
+
+    if kind == ops.EINSUM:
+        _expect(isinstance(args["spec"], str), "argument 'spec' must be a string", w)
+    elif kind == ops.REDUCE:
+        int_list("axes")
+        _expect(isinstance(args.get("keepdims", False), bool),
+                f"argument 'keepdims' must be true or false, got {args.get('keepdims')!r}", w)
+    elif kind == ops.ROWOP:
+        _expect(_is_int(args["axis"]),
+                f"argument 'axis' must be an integer, got {args['axis']!r}", w)
+        if "eps" in args:
+            _expect(_is_number(args["eps"]),
+                    f"argument 'eps' must be a number, got {args['eps']!r}", w)
+    elif kind == ops.TRANSPOSE:
+        int_list("perm")
+    elif kind == ops.RESHAPE:
+        v = args["shape"]
+        _expect(isinstance(v, list) and len(v) <= MAX_RANK
+                and all(_is_int(d) or (isinstance(d, str) and d.isidentifier()) for d in v),
+                f"argument 'shape' must be a list of at most {MAX_RANK} integers or symbol names, "
+                f"got {v!r}", w)
+    elif kind == ops.CAST:
+        _expect(isinstance(args["dtype"], str),
+                f"argument 'dtype' must be a string, got {args['dtype']!r}", w)
+
+
+def constant_keys(doc: Any) -> list[str]:
+    """The npz member names of the constants a graph document declares (nothing else is read)."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
+        return []
+    return [f"c{rec['id']}" for rec in doc["nodes"][:MAX_NODES]
+            if isinstance(rec, dict) and rec.get("kind") == ops.CONSTANT and _is_int(rec.get("id"))]
+
+
 def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") -> EinsumGraph:
     """Rebuild a graph from ``to_dict`` output, validating every field."""
-    _expect(
-        isinstance(doc, dict),
-        f"expected a JSON object at top level, got {type(doc).__name__}",
-        where,
-    )
+    try:
+        return _from_dict(doc, arrays, where)
+    except SerializationError:
+        raise
+    except TensorLogicError as exc:
+        raise SerializationError(f"{where}: {exc}") from exc
+    except RecursionError as exc:
+        raise SerializationError(f"{where}: nested too deeply") from exc
+    except MemoryError as exc:
+        raise SerializationError(f"{where}: does not fit in memory") from exc
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, OverflowError) as exc:
+        # a safety net: every field is checked above, but a malformed document must never leak
+        # a raw exception
+        raise SerializationError(f"{where}: malformed graph ({type(exc).__name__}: {exc})") from exc
+
+
+def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> EinsumGraph:
+    _expect(isinstance(doc, dict),
+            f"expected a JSON object at top level, got {type(doc).__name__}", where)
     unknown = set(doc) - _TOP_FIELDS
-    _expect(not unknown, f"unknown top-level field(s) {sorted(unknown)}", where)
-    _expect(doc.get("format") == FORMAT, f"'format' must be {FORMAT!r}", where)
-    _expect(doc.get("version") == VERSION, f"unsupported 'version' {doc.get('version')!r}", where)
+    _expect(not unknown, f"unknown top-level field(s) {sorted(map(str, unknown))}", where)
+    _expect(isinstance(doc.get("format"), str) and doc["format"] == FORMAT,
+            f"'format' must be {FORMAT!r}", where)
+    _expect(_is_int(doc.get("version")) and doc["version"] == VERSION,
+            f"unsupported 'version' {doc.get('version')!r}", where)
     nodes = doc.get("nodes")
     _expect(isinstance(nodes, list), "'nodes' must be a list", where)
     _expect(len(nodes) <= MAX_NODES, f"{len(nodes)} nodes exceed the limit of {MAX_NODES}", where)
@@ -105,7 +169,10 @@ def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") 
         kind, op, name = rec["kind"], rec.get("op"), rec["name"]
         _expect(isinstance(kind, str) and kind in ops.NODE_KINDS and kind != ops.FUSED,
                 f"unknown node kind {kind!r}", w)
-        _expect(op is None or isinstance(op, str), "'op' must be a string or null", w)
+        if kind in _OP_KINDS:
+            _expect(isinstance(op, str), f"a {kind} node needs an 'op' string, got {op!r}", w)
+        else:
+            _expect(op is None, f"a {kind} node takes no 'op', got {op!r}", w)
         _expect(isinstance(name, str) and 0 < len(name) <= 256, "'name' must be a short string", w)
         _expect(_is_int(rec["id"]) and rec["id"] not in id_map, "'id' must be a new integer", w)
         inputs = rec["inputs"]
@@ -124,48 +191,42 @@ def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") 
         _expect(n_elem <= MAX_ELEMENTS, f"declared shape {shape} has {n_elem} elements, over the "
                 f"limit of {MAX_ELEMENTS}", w)
         _expect(isinstance(rec["dtype"], str), "'dtype' must be a string", w)
-        args = rec.get("args") or {}
+        args = rec.get("args")
+        args = {} if args is None else args
         _expect(isinstance(args, dict), "'args' must be an object", w)
         allowed = _ARG_FIELDS.get(kind, set())
-        _expect(
-            set(args) <= allowed, f"unknown argument(s) {sorted(set(args) - allowed)} for {kind}", w
-        )
-        _expect(
-            set(args) >= (allowed - _OPTIONAL_ARGS),
-            f"missing argument(s) {sorted(allowed - set(args))} for {kind}",
-            w,
-        )
+        _expect(set(args) <= allowed,
+                f"unknown argument(s) {sorted(set(args) - allowed)} for {kind}", w)
+        _expect(set(args) >= (allowed - _OPTIONAL_ARGS),
+                f"missing argument(s) {sorted(allowed - set(args))} for {kind}", w)
+        _check_args(kind, args, w)
         try:
             if kind == ops.INPUT:
+                _expect(not inputs, "an input node takes no inputs", w)
                 t = g.input(name, shape, rec["dtype"])
             elif kind == ops.CONSTANT:
+                _expect(not inputs, "a constant node takes no inputs", w)
                 key = f"c{rec['id']}"
                 _expect(key in arrays, f"constant {name!r} has no array {key!r} in the .npz", w)
                 arr = arrays[key]
-                if arr.dtype.kind == "V" and arr.dtype.itemsize == 2 and rec["dtype"] == "bfloat16":
+                if (arr.dtype.kind == "V" and arr.dtype.itemsize == 2
+                        and rec["dtype"] == "bfloat16"):
                     arr = arr.view(dtypes.bfloat16)  # .npz keeps bfloat16 as raw 2-byte records
-                _expect(
-                    list(arr.shape) == shape,
-                    f"constant {name!r}: array shape {arr.shape} != declared {shape}",
-                    w,
-                )
-                _expect(
-                    arr.dtype.name == rec["dtype"],
-                    f"constant {name!r}: array dtype {arr.dtype.name} != declared {rec['dtype']}",
-                    w,
-                )
-                t = g.constant(arr, name=name, dtype=rec["dtype"])
+                _expect(list(arr.shape) == shape,
+                        f"constant {name!r}: array shape {arr.shape} != declared {shape}", w)
+                declared = dtypes.normalize(rec["dtype"], f"constant {name!r}: ")
+                # exact round trip: a stored dtype other than the declared one is refused
+                _expect(arr.dtype == np.dtype(declared),
+                        f"constant {name!r}: stored dtype {arr.dtype} differs from the declared "
+                        f"{declared!r}", w)
+                t = g.constant(arr, name=name, dtype=declared)
             else:
-                if kind in (ops.UNARY, ops.BINARY, ops.REDUCE, ops.ROWOP):
-                    _expect(isinstance(op, str), f"{kind} node needs an 'op'", w)
                 nid = g.add_node(kind, op, [id_map[i] for i in inputs], args, name=name)
                 t = g.tensor(nid)
         except SerializationError:
             raise
         except TensorLogicError as exc:
             raise SerializationError(f"{w}: {exc}") from exc
-        except (TypeError, ValueError, KeyError) as exc:
-            raise SerializationError(f"{w}: malformed node ({type(exc).__name__}: {exc})") from exc
         node = t.node
         _expect(list(node.shape) == shape or kind in (ops.INPUT,),
                 f"declared shape {shape} but inputs give {list(node.shape)}", w)
@@ -178,6 +239,7 @@ def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") 
     for name, i in doc["inputs"].items():
         _expect(_is_int(i) and i in id_map and g.node(id_map[i]).name == name,
                 f"input {name!r} does not match an input node", where)
+    _expect(len(doc["inputs"]) == len(g.inputs), "'inputs' does not list every input node", where)
     _expect(bool(doc["outputs"]), "the graph declares no outputs", where)
     for name, i in doc["outputs"].items():
         _expect(isinstance(name, str) and _is_int(i) and i in id_map,
@@ -186,50 +248,100 @@ def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") 
     return g
 
 
-def save(g: EinsumGraph, path: str | Path) -> None:
-    """Write ``path`` (JSON) and, if the graph has constants, ``path`` with suffix .npz."""
-    path = Path(path)
-    doc, arrays = to_dict(g)
-    path.write_text(json.dumps(doc, indent=1))
+# marks an .npz written by ``save``, so that ``save`` never overwrites an unrelated archive
+_MARKER = "__tensorlogic_constants__"
+
+
+def _as_path(path: Any) -> Path:
+    if not isinstance(path, (str, os.PathLike)):
+        raise SerializationError(f"a graph file path must be a str or path, got "
+                                 f"{type(path).__name__}")
+    return Path(path)
+
+
+def _constants_path(path: Path) -> Path:
     npz = path.with_suffix(".npz")
-    if arrays:
-        np.savez(npz, **arrays)
-    elif npz.exists():
-        npz.unlink()
+    if npz == path:
+        raise SerializationError(
+            f"graph file {path.name!r}: a graph is saved as JSON with its constants in an .npz "
+            "beside it; give a path ending in .json, not .npz")
+    return npz
 
 
-def load(path: str | Path) -> EinsumGraph:
-    """Read a graph written by ``save``; raise SerializationError on anything malformed."""
-    path = Path(path)
-    where = f"graph file {path.name!r}"
+def save(g: EinsumGraph, path: str | Path) -> None:
+    """Write ``path`` (JSON) and, if the graph has constants, ``path`` with suffix .npz.
+
+    Both files are written atomically. An existing .npz beside ``path`` is replaced only if an
+    earlier ``save`` wrote it; a graph without constants leaves any .npz alone.
+    """
+    path = _as_path(path)
+    npz = _constants_path(path)
+    doc, arrays = to_dict(g)
+    text = json.dumps(doc, indent=1).encode()
+    json_where = f"graph file {path.name!r}"
+    if not arrays:
+        with safe_io.atomic_write(path, json_where) as f:
+            f.write(text)
+        return
+    npz_where = f"constants file {npz.name!r}"
+    if npz.exists():
+        _expect(_written_by_save(npz), "exists and was not written by EinsumGraph.save; "
+                "refusing to overwrite it (move it or save the graph under another name)",
+                npz_where)
+    # both files are complete before either replaces its old version (the JSON first)
+    with safe_io.atomic_write(npz, npz_where) as fz:
+        safe_io.write_npz_to(fz, {_MARKER: np.frombuffer(FORMAT.encode(), np.uint8), **arrays},
+                             npz_where)
+        with safe_io.atomic_write(path, json_where) as f:
+            f.write(text)
+
+
+def _written_by_save(npz: Path) -> bool:
+    """Whether ``save`` wrote this archive: it holds our marker, or (an archive written before
+    the marker existed) only constants named c<id>."""
     try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise SerializationError(f"{where}: cannot read ({exc.strerror})") from exc
-    _expect(size <= MAX_FILE_BYTES, f"{size} bytes exceed the limit of {MAX_FILE_BYTES}", where)
+        with safe_io.NpzReader(npz, budget=1 << 20) as z:
+            names = z.names
+    except SerializationError:
+        return False
+    return _MARKER in names or (bool(names) and all(
+        n[:1] == "c" and n[1:].isdigit() for n in names))
+
+
+def _parse_json(data: bytes, where: str) -> Any:
     try:
-        doc = json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SerializationError(f"{where}: not valid JSON ({exc})") from exc
+        return json.loads(data)
     except RecursionError as exc:
         raise SerializationError(f"{where}: JSON nested too deeply") from exc
+    except MemoryError as exc:
+        raise SerializationError(f"{where}: JSON does not fit in memory") from exc
+    except (ValueError, UnicodeDecodeError) as exc:
+        # ValueError also covers Python's limit on digits in an integer literal
+        raise SerializationError(f"{where}: not valid JSON ({exc})") from exc
+
+
+def load(path: str | Path, memory_limit: int | None = None) -> EinsumGraph:
+    """Read a graph written by ``save``; raise SerializationError on anything malformed.
+
+    Only the constants the graph declares are read from the .npz, each checked against
+    ``memory_limit`` (default: half the free host memory) before it is inflated.
+    """
+    path = _as_path(path)
+    where = f"graph file {path.name!r}"
+    doc = _parse_json(safe_io.read_bounded(path, MAX_FILE_BYTES, where), where)
     arrays: dict[str, np.ndarray] = {}
+    keys = constant_keys(doc)
     npz = path.with_suffix(".npz")
-    if npz.exists():
-        arrays = load_npz(npz, where)
+    if keys and npz != path and npz.exists():
+        arrays = safe_io.read_npz(npz, keys, f"{where}: constants file {npz.name!r}",
+                                  memory_limit, MAX_ELEMENTS)
     return from_dict(doc, arrays, where)
 
 
-def load_npz(path: str | Path, where: str = "") -> dict[str, np.ndarray]:
-    """Read an .npz of arrays (any IR dtype) without pickle."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError, KeyError) as exc:
-        name = Path(path).name if isinstance(path, (str, Path)) else "an in-memory archive"
-        raise SerializationError(
-            f"{where or name}: cannot read arrays from {name!r} ({exc})"
-        ) from exc
+def load_npz(path: str | Path | bytes, where: str = "",
+             memory_limit: int | None = None) -> dict[str, np.ndarray]:
+    """Read every array of an .npz without pickle, bounded by ``memory_limit`` (see ``load``)."""
+    return safe_io.read_npz(path, None, where, memory_limit)
 
 
 def dumps(g: EinsumGraph) -> bytes:
@@ -240,15 +352,16 @@ def dumps(g: EinsumGraph) -> bytes:
     return buf.getvalue()
 
 
-def loads(blob: bytes) -> EinsumGraph:
+def loads(blob: bytes, memory_limit: int | None = None) -> EinsumGraph:
     """Inverse of ``dumps``."""
-    arrays = load_npz(io.BytesIO(blob), "graph blob")
-    if "__graph__" not in arrays:
-        raise SerializationError("graph blob: no graph record inside")
-    try:
-        doc = json.loads(arrays.pop("__graph__").tobytes().decode())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SerializationError(f"graph blob: the graph record is not valid JSON ({exc})") from exc
-    except RecursionError as exc:
-        raise SerializationError("graph blob: JSON nested too deeply") from exc
+    if not isinstance(blob, (bytes, bytearray)):
+        raise SerializationError(f"graph blob: expected bytes, got {type(blob).__name__}")
+    with safe_io.NpzReader(bytes(blob), "graph blob", memory_limit, MAX_ELEMENTS) as z:
+        if "__graph__" not in z:
+            raise SerializationError("graph blob: no graph record inside")
+        record = z.read("__graph__")
+        if record.dtype != np.uint8 or record.ndim != 1 or record.size > MAX_FILE_BYTES:
+            raise SerializationError("graph blob: the graph record is not a bounded byte string")
+        doc = _parse_json(record.tobytes(), "graph blob: the graph record")
+        arrays = {k: z.read(k) for k in constant_keys(doc) if k in z}
     return from_dict(doc, arrays, "graph blob")

@@ -11,13 +11,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Any
 
 import networkx as nx
+import numpy as np
 
 from ..errors import ProgramError
-from .ast import Atom, Comparison, Const, Literal, Pos, Rule, Scalar, Var, where
+from .ast import (
+    Arith,
+    Atom,
+    Comparison,
+    Const,
+    Literal,
+    Pos,
+    Rule,
+    Scalar,
+    Var,
+    term_vars,
+    where,
+)
+from .symbols import Symbols, sorted_unique
 
 Key = tuple  # ("pos", pred, i) for an argument position or ("var", rule_no, name)
 
@@ -41,49 +56,15 @@ def check_constant(value: object, what: str) -> Scalar:
                         "int or float (not NaN)")
 
 
-def normalize_facts(facts: Mapping[str, Iterable] | None) -> dict[str, dict[tuple, float]]:
-    """Python facts as ``{pred: {tuple: weight}}``; a mapping value gives weights per tuple."""
-    out: dict[str, dict[tuple, float]] = {}
-    if facts is None:
-        return out
-    if not isinstance(facts, Mapping):
-        raise program_error("invalid_fact", f"facts must map predicate names to iterables of "
-                            f"tuples, got {type(facts).__name__}")
-    for pred, rows in facts.items():
-        if not isinstance(pred, str) or not pred:
-            raise program_error("invalid_fact", f"predicate name {pred!r} must be a non-empty str")
-        weights = rows if isinstance(rows, Mapping) else None
-        table: dict[tuple, float] = {}
-        try:
-            items = list(weights.items()) if weights is not None else [(r, 1.0) for r in rows]
-        except TypeError as exc:
-            raise program_error("invalid_fact", f"facts of {pred!r} must be an iterable of "
-                                f"tuples, got {type(rows).__name__}") from exc
-        for row, w in items:
-            if not isinstance(row, (tuple, list)):
-                raise program_error("invalid_fact", f"fact {row!r} of {pred!r} must be a tuple "
-                                    "of constants")
-            tup = tuple(check_constant(v, f"fact {tuple(row)!r} of {pred!r}") for v in row)
-            try:
-                wv = float(w)
-            except (TypeError, ValueError) as exc:
-                raise program_error("invalid_fact", f"weight {w!r} of fact {tup!r} of {pred!r} "
-                                    "must be a number") from exc
-            if not 0.0 <= wv <= 1.0:
-                raise program_error("invalid_fact", f"weight {wv} of fact {tup!r} of {pred!r} "
-                                    "must lie in [0, 1]")
-            table[tup] = max(table.get(tup, 0.0), wv)
-        out[pred] = table
-    return out
-
-
 def atoms_of(rule: Rule) -> list[Atom]:
     """Head and body atoms of a rule."""
     return [rule.head] + [b.atom for b in rule.body if isinstance(b, Literal)]
 
 
-def check_arities(rules: list[Rule], facts: Mapping[str, Mapping[tuple, float]]) -> dict[str, int]:
-    """The arity of every predicate mentioned; raises arity_mismatch on a disagreement."""
+def check_arities(rules: list[Rule], facts: Mapping[str, Any]) -> dict[str, int]:
+    """The arity of every predicate mentioned; raises arity_mismatch on a disagreement.
+
+    ``facts`` maps predicates to FactTables (arity -1: no rows, arity unknown)."""
     arity: dict[str, int] = {}
     origin: dict[str, str] = {}
     for rule in rules:
@@ -96,19 +77,54 @@ def check_arities(rules: list[Rule], facts: Mapping[str, Mapping[tuple, float]])
                 arity[atom.pred] = atom.arity
                 origin[atom.pred] = f"its use at {atom.pos}" if atom.pos.line else "another use"
     for pred, table in facts.items():
-        for row in table:
-            if pred in arity and arity[pred] != len(row):
-                raise program_error(
-                    "arity_mismatch", f"fact {row!r} of {pred!r} has {len(row)} argument(s) but "
-                    f"{origin[pred]} has {arity[pred]}")
-            if pred not in arity:
-                arity[pred] = len(row)
-                origin[pred] = f"fact {row!r}"
+        if table.arity < 0:
+            continue
+        if pred in arity and arity[pred] != table.arity:
+            row = tuple(c[0] for c in table.cols) if table.n else ()
+            raise program_error(
+                "arity_mismatch", f"fact {row!r} of {pred!r} has {table.arity} argument(s) but "
+                f"{origin[pred]} has {arity[pred]}")
+        if pred not in arity:
+            arity[pred] = table.arity
+            origin[pred] = "its facts"
+    for pred in facts:
+        arity.setdefault(pred, 0)
     return arity
 
 
+def desugar(rule: Rule, start: int = 0) -> Rule:
+    """Arithmetic in atoms moved into comparisons: ``p(X+1) :- ...`` becomes
+    ``p(V) :- ..., V = X+1`` with a fresh variable V (named so that no program can clash)."""
+    extra: list[Comparison] = []
+
+    def fresh(t):
+        if not isinstance(t, Arith):
+            return t
+        v = Var(f"#{start + len(extra)}", t.pos)
+        extra.append(Comparison("=", v, t, t.pos))
+        return v
+
+    head = Atom(rule.head.pred, tuple(fresh(t) for t in rule.head.args), rule.head.pos)
+    body = []
+    for b in rule.body:
+        if isinstance(b, Literal) and any(isinstance(t, Arith) for t in b.atom.args):
+            a = b.atom
+            b = Literal(Atom(a.pred, tuple(fresh(t) for t in a.args), a.pos), b.negated)
+        body.append(b)
+    if not extra:
+        return rule
+    return Rule(head, tuple(body) + tuple(extra), rule.pos)
+
+
+def has_arithmetic(rules: Iterable[Rule]) -> bool:
+    """Whether any comparison of ``rules`` computes (their domains then grow while they run)."""
+    return any(isinstance(t, Arith) for r in rules for b in r.body if isinstance(b, Comparison)
+               for t in (b.left, b.right))
+
+
 def bound_variables(rule: Rule) -> set[str]:
-    """Variables bound by positive atoms, closed under ``X = c`` and ``X = Y`` (Y bound)."""
+    """Variables bound by positive atoms, closed under ``X = term`` (the term's variables
+    bound)."""
     bound = {v.name for b in rule.body if isinstance(b, Literal) and not b.negated
              for v in b.atom.variables()}
     changed = True
@@ -118,8 +134,8 @@ def bound_variables(rule: Rule) -> set[str]:
             if not isinstance(b, Comparison) or b.op != "=":
                 continue
             for x, y in ((b.left, b.right), (b.right, b.left)):
-                if isinstance(x, Var) and x.name not in bound and (
-                        isinstance(y, Const) or y.name in bound):
+                if isinstance(x, Var) and x.name not in bound and all(
+                        v.name in bound for v in term_vars(y)):
                     bound.add(x.name)
                     changed = True
     return bound
@@ -132,23 +148,30 @@ def check_safety(rule: Rule) -> None:
         if v.anonymous:
             raise program_error("unbound_variable", f"anonymous variable '_' in the head of a "
                                 f"rule for {rule.head.pred!r}", v.pos)
-        if v.name not in bound:
+        if v.name not in bound and not v.name.startswith("#"):  # "#": see its comparison
             kind = "fact" if not rule.body else "rule"
             raise program_error("unbound_variable", f"variable {v.name!r} in the head of a {kind} "
                                 f"for {rule.head.pred!r} is not bound by a positive body atom",
                                 v.pos)
     for b in rule.body:
-        terms = b.atom.args if isinstance(b, Literal) and b.negated else (
-            (b.left, b.right) if isinstance(b, Comparison) else ())
+        if isinstance(b, Literal) and not b.negated:
+            for t in b.atom.args:
+                for v in term_vars(t) if isinstance(t, Arith) else ():
+                    if v.anonymous:
+                        raise program_error("unbound_variable", "anonymous variable '_' in an "
+                                            "arithmetic term", v.pos)
+            continue
+        terms = b.atom.args if isinstance(b, Literal) else (b.left, b.right)
         for t in terms:
-            if isinstance(t, Var) and not t.anonymous and t.name not in bound:
-                what = "negated atom" if isinstance(b, Literal) else "comparison"
-                raise program_error("unbound_variable", f"variable {t.name!r} in a {what} of a "
-                                    f"rule for {rule.head.pred!r} is not bound by a positive "
-                                    "body atom", t.pos)
-            if isinstance(b, Comparison) and isinstance(t, Var) and t.anonymous:
-                raise program_error("unbound_variable", "anonymous variable '_' in a comparison",
-                                    t.pos)
+            for v in term_vars(t):
+                if isinstance(b, Comparison) and v.anonymous:
+                    raise program_error("unbound_variable", "anonymous variable '_' in a "
+                                        "comparison", v.pos)
+                if not v.anonymous and v.name not in bound and not v.name.startswith("#"):
+                    what = "negated atom" if isinstance(b, Literal) else "comparison"
+                    raise program_error("unbound_variable", f"variable {v.name!r} in a {what} of a "
+                                        f"rule for {rule.head.pred!r} is not bound by a positive "
+                                        "body atom", v.pos)
 
 
 @dataclass
@@ -206,34 +229,52 @@ class _UnionFind:
             self.parent[max(ra, rb, key=repr)] = min(ra, rb, key=repr)
 
 
-def _sort_key(v: Scalar) -> tuple:
-    # numbers first in numeric order, then strings; equal-valued int/float collapse as in Python
-    return (1, v, "") if isinstance(v, str) else (0, v, type(v).__name__)
+class _PerDomain:
+    """A list-like view that builds one entry per domain on first use."""
+
+    def __init__(self, make) -> None:
+        self._make = make
+        self._cache: dict[int, Any] = {}
+
+    def __getitem__(self, d: int):
+        if d not in self._cache:
+            self._cache[d] = self._make(d)
+        return self._cache[d]
 
 
 @dataclass
 class Domains:
-    """Symbol tables: each argument position's domain, its sorted constants and their indices."""
+    """Symbol tables: each argument position's domain, its constants' ids (sorted, so in the
+    canonical order of the values) and, built on first use, their values and indices."""
 
     of_position: dict[tuple[str, int], int] = field(default_factory=dict)
-    values: list[list[Scalar]] = field(default_factory=list)
-    index: list[dict[Scalar, int]] = field(default_factory=list)
     of_var: dict[tuple[int, str], int] = field(default_factory=dict)
+    ids: list[np.ndarray] = field(default_factory=list)
+    symbols: Symbols | None = None
+
+    def __post_init__(self) -> None:
+        self.values = _PerDomain(lambda d: self.symbols.decode(self.ids[d]).tolist())
+        self.index = _PerDomain(lambda d: {v: i for i, v in enumerate(self.values[d])})
 
     def size(self, d: int) -> int:
         """Dense size of domain ``d`` (at least 1 so that no tensor has a zero dimension)."""
-        return max(1, len(self.values[d]))
+        return max(1, len(self.ids[d]))
 
     def shape(self, pred: str, arity: int) -> tuple[int, ...]:
         """Dense shape of a relation."""
         return tuple(self.size(self.of_position[(pred, i)]) for i in range(arity))
 
+    def position_ids(self, pred: str, i: int) -> np.ndarray:
+        """The sorted symbol ids of the domain of argument ``i`` of ``pred``."""
+        return self.ids[self.of_position[(pred, i)]]
 
-def build_domains(rules: list[Rule], facts: Mapping[str, Mapping[tuple, float]],
-                  arity: Mapping[str, int]) -> Domains:
-    """Unify argument positions through rule variables and collect each domain's constants."""
+
+def build_domains(rules: list[Rule], fact_ids: Mapping[str, list[np.ndarray]],
+                  arity: Mapping[str, int], symbols: Symbols) -> Domains:
+    """Unify argument positions through rule variables and collect each domain's constants
+    (``fact_ids``: each predicate's facts as columns of symbol ids)."""
     uf = _UnionFind()
-    consts: list[tuple[Key, Scalar]] = []
+    consts: list[tuple[Key, object]] = []
     for pred, n in arity.items():
         for i in range(n):
             uf.find(("pos", pred, i))
@@ -243,7 +284,7 @@ def build_domains(rules: list[Rule], facts: Mapping[str, Mapping[tuple, float]],
                 key = ("pos", atom.pred, i)
                 if isinstance(t, Var):
                     uf.union(("var", r, t.name), key)
-                else:
+                elif isinstance(t, Const):
                     consts.append((key, t.value))
         for b in rule.body:
             if isinstance(b, Comparison):
@@ -255,25 +296,23 @@ def build_domains(rules: list[Rule], facts: Mapping[str, Mapping[tuple, float]],
                         if isinstance(x, Var) and isinstance(y, Const):
                             consts.append((("var", r, x.name), y.value))
                 for x in (lt, rt):
-                    if isinstance(x, Var):
-                        uf.find(("var", r, x.name))
-    for pred, table in facts.items():
-        for row in table:
-            for i, v in enumerate(row):
-                consts.append((("pos", pred, i), v))
+                    for v in term_vars(x):
+                        uf.find(("var", r, v.name))
     roots: dict[Key, int] = {}
-    dom = Domains()
+    dom = Domains(symbols=symbols)
     for k in sorted(uf.parent, key=repr):
         root = uf.find(k)
         if root not in roots:
             roots[root] = len(roots)
-            dom.values.append([])
-    seen: list[dict[Scalar, None]] = [{} for _ in roots]
+    parts: list[list[np.ndarray]] = [[] for _ in roots]
     for key, v in consts:
-        seen[roots[uf.find(key)]].setdefault(v)
-    for d, vals in enumerate(seen):
-        dom.values[d] = sorted(vals, key=_sort_key)
-        dom.index.append({v: i for i, v in enumerate(dom.values[d])})
+        i = symbols.encode_value(v)
+        if i >= 0:
+            parts[roots[uf.find(key)]].append(np.array([i], np.int64))
+    for pred, cols in fact_ids.items():
+        for i, c in enumerate(cols):
+            parts[roots[uf.find(("pos", pred, i))]].append(c)
+    dom.ids = [sorted_unique(np.concatenate(p)) if p else np.zeros(0, np.int64) for p in parts]
     for k in uf.parent:
         if k[0] == "pos":
             dom.of_position[(k[1], k[2])] = roots[uf.find(k)]

@@ -48,7 +48,26 @@ class Const:
     pos: Pos = NOWHERE
 
 
-Term = Union[Var, Const]
+@dataclass(frozen=True)
+class Arith:
+    """An arithmetic term ``left op right`` with op one of ``+ - * / %``."""
+
+    op: str
+    left: Term
+    right: Term
+    pos: Pos = NOWHERE
+
+
+Term = Union[Var, Const, Arith]
+
+
+def term_vars(t: Term) -> list[Var]:
+    """The variables of a term, in order."""
+    if isinstance(t, Var):
+        return [t]
+    if isinstance(t, Arith):
+        return term_vars(t.left) + term_vars(t.right)
+    return []
 
 
 @dataclass(frozen=True)
@@ -66,7 +85,7 @@ class Atom:
 
     def variables(self) -> list[Var]:
         """The variables in argument order (with repeats)."""
-        return [a for a in self.args if isinstance(a, Var)]
+        return [v for a in self.args for v in term_vars(a)]
 
 
 @dataclass(frozen=True)
@@ -82,7 +101,7 @@ COMPARISONS = ("=", "!=", "<", "<=", ">", ">=")
 
 @dataclass(frozen=True)
 class Comparison:
-    """A built-in comparison ``left op right`` between variables or constants."""
+    """A built-in comparison ``left op right`` between terms (variables, constants, arithmetic)."""
 
     op: str
     left: Term
@@ -135,7 +154,7 @@ class Call:
     """A nonlinearity applied elementwise: ``relu(...)``, ``sig(x, T)``, ``softmax(...)``."""
 
     func: str
-    args: tuple["Expr", ...]
+    args: tuple[Expr, ...]
     pos: Pos = NOWHERE
 
 
@@ -144,8 +163,8 @@ class BinOp:
     """``left op right`` with op one of ``+ - * /``; ``*`` (or juxtaposition) is a join."""
 
     op: str
-    left: "Expr"
-    right: "Expr"
+    left: Expr
+    right: Expr
     pos: Pos = NOWHERE
 
 
@@ -153,7 +172,7 @@ class BinOp:
 class Neg:
     """Unary minus."""
 
-    operand: "Expr"
+    operand: Expr
     pos: Pos = NOWHERE
 
 

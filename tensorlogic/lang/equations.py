@@ -11,7 +11,7 @@ concrete shapes of the data, so that every index has a size.
 from __future__ import annotations
 
 import string
-from typing import Mapping
+from collections.abc import Mapping
 
 import networkx as nx
 import numpy as np
@@ -69,6 +69,15 @@ class EquationBuilder:
         self.env = dict(env)
         self.sizes: dict[str, int] = {}
         self.projection = "sum"
+        self.lhs_order: tuple[str, ...] = ()
+
+    def _layout(self, idx) -> tuple[str, ...]:
+        """Indices in the order of the left side (others after them, as they appear), so
+        intermediates are laid out like the result: row ops over its last index run along
+        contiguous rows and no transpose is left at the end."""
+        rank = {n: k for k, n in enumerate(self.lhs_order)}
+        names = tuple(dict.fromkeys(idx))
+        return tuple(sorted(names, key=lambda n: (rank.get(n, len(rank)), names.index(n))))
 
     # ------------------------------------------------------------------ helpers
     def _letters(self, *groups: tuple[str, ...]) -> dict[str, str]:
@@ -128,7 +137,7 @@ class EquationBuilder:
         if e.op == "*":
             return self.product(_factors(e), keep)
         left, right = self.expr(e.left, keep), self.expr(e.right, keep)
-        order = tuple(dict.fromkeys(left[1] + right[1]))
+        order = self._layout(left[1] + right[1])
         a, b = self.align(left, order), self.align(right, order)
         op = {"+": "add", "-": "sub", "/": "div"}[e.op]
         return self.g.binary(op, a, b), order
@@ -160,7 +169,7 @@ class EquationBuilder:
         union = tuple(dict.fromkeys(n for _, idx in vals for n in idx))
         L = self._letters(union)
         full = self.projection != "sum"
-        out = union if full else tuple(n for n in union if n in keep)
+        out = self._layout(union if full else tuple(n for n in union if n in keep))
         spec = ",".join("".join(L[n] for n in idx) for _, idx in vals) + "->" + \
             "".join(L[n] for n in out)
         t = self.g.einsum(spec, *[t for t, _ in vals])
@@ -193,6 +202,7 @@ class EquationBuilder:
         if len(projections) > 1:
             raise program_error("parse_error", f"equations for {lhs.name!r} mix projections "
                                 f"{sorted(projections)}", eqs[1].pos)
+        self.lhs_order = names
         marked = [i.name for i in lhs.indices if i.marked]
         self.softmax_index = marked[0] if marked else None
         self.projection = eqs[0].projection

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -36,6 +36,9 @@ def _compare(op: str, a: Scalar, b: Scalar) -> bool:
     if isinstance(a, str) != isinstance(b, str):
         return False  # numbers and strings are not ordered against each other
     return {"<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge}[op](a, b)
+
+
+_ORDER = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}
 
 
 class RuleBuilder:
@@ -70,14 +73,33 @@ class RuleBuilder:
         """The identity over domain ``d``."""
         return self._const(("eye", d), lambda: np.eye(self.dom.size(d)))
 
+    def _order_keys(self, d: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per domain value: its rank in the canonical order, and whether it is a string."""
+        sym = self.dom.symbols
+        ids = self.dom.ids[d]
+        return sym.rank()[ids], sym.is_str()[ids]
+
     def cmp_matrix(self, op: str, d: int) -> Tensor:
-        """``M[i, j] = values[i] op values[j]`` over domain ``d``."""
+        """``M[i, j] = values[i] op values[j]`` over domain ``d`` (vectorized; the memory budget
+        is checked before anything quadratic is allocated)."""
+        n = self.dom.size(d)
+        if 4 * n * n > self.budget:
+            raise ProgramError(
+                f"a comparison over a domain of {n} constants needs a dense {n} x {n} matrix: "
+                f"{4 * n * n} bytes, over the memory budget of {self.budget} bytes (the sparse "
+                "representation compares without one)", code="memory_budget")
+
         def make() -> np.ndarray:
-            vals, n = self.dom.values[d], self.dom.size(d)
             m = np.zeros((n, n))
-            for i, a in enumerate(vals):
-                for j, b in enumerate(vals):
-                    m[i, j] = _compare(op, a, b)
+            r, is_str = self._order_keys(d)
+            k = len(r)
+            if op == "=":
+                m[:k, :k] = r[:, None] == r[None, :]
+            elif op == "!=":
+                m[:k, :k] = r[:, None] != r[None, :]
+            else:
+                m[:k, :k] = (is_str[:, None] == is_str[None, :]) & _ORDER[op](r[:, None],
+                                                                             r[None, :])
             return m
         return self._const(("cmp2", op, d), make)
 
@@ -85,8 +107,14 @@ class RuleBuilder:
         """``v[i] = values[i] op value`` (or ``value op values[i]``) over domain ``d``."""
         def make() -> np.ndarray:
             v = np.zeros(self.dom.size(d))
-            for i, a in enumerate(self.dom.values[d]):
-                v[i] = _compare(op, value, a) if const_left else _compare(op, a, value)
+            r, is_str = self._order_keys(d)
+            c = self.dom.symbols.encode_value(value)  # rule constants are in the table
+            rc, sc = self.dom.symbols.rank()[c], isinstance(value, str)
+            if op in ("=", "!="):
+                v[:len(r)] = (r == rc) if op == "=" else (r != rc)
+            else:
+                a, b = (rc, r) if const_left else (r, rc)
+                v[:len(r)] = (is_str == sc) & _ORDER[op](a, b)
             return v
         return self._const(("cmp1", op, d, type(value).__name__, value, const_left), make)
 

@@ -2,7 +2,8 @@
 
 Newlines are tokens (a tensor equation ends at the end of its line) except inside brackets and
 parentheses, where a statement may continue on the next line. Comments start with ``#``, ``//``
-or ``%`` and run to the end of the line.
+or ``%`` and run to the end of the line; a ``%`` right after an operand on the same line (a
+name, a number, a string or ``)``) is the modulo operator instead.
 """
 
 from __future__ import annotations
@@ -51,6 +52,11 @@ def tokenize(text: str) -> list[Token]:
             line, line_start, i = line + 1, i + 1, i + 1
             continue
         if ch in " \t\r\f\v":
+            i += 1
+            continue
+        if ch == "%" and tokens and tokens[-1].kind in ("IDENT", "NUMBER", "STRING", ")") \
+                and tokens[-1].pos.line == line:
+            tokens.append(Token("%", "%", None, pos))
             i += 1
             continue
         if ch in "#%" or text.startswith("//", i):

@@ -18,8 +18,24 @@ from __future__ import annotations
 
 from ..errors import ProgramError
 from .ast import (
-    Atom, BinOp, Call, Comparison, Const, Declaration, Equation, Expr, Index,
-    Literal, Neg, Number, ProgramAST, Ref, Rule, Term, Var,
+    Arith,
+    Atom,
+    BinOp,
+    Call,
+    Comparison,
+    Const,
+    Declaration,
+    Equation,
+    Expr,
+    Index,
+    Literal,
+    Neg,
+    Number,
+    ProgramAST,
+    Ref,
+    Rule,
+    Term,
+    Var,
 )
 from .lexer import Token, parse_error, tokenize
 
@@ -30,6 +46,7 @@ FUNCTIONS: dict[str, tuple[int, ...]] = {
     "softmax": (1,), "log_softmax": (1,),
 }
 DTYPES = ("float32", "float64", "float16", "bfloat16")
+_ARITH_TOKENS = ("+", "-", "*", "/", "%")
 _CMP_TOKENS = {"=": "=", "==": "=", "!=": "!=", "<": "<", "<=": "<=", ">": ">", ">=": ">="}
 
 
@@ -100,6 +117,7 @@ class _Parser:
             self.statement(ast)
 
     def statement(self, ast: ProgramAST) -> None:
+        self.operators = 0
         start = self.tok
         if start.kind == "?-":  # a query: recorded; every relation is computed anyway
             self.next()
@@ -171,6 +189,39 @@ class _Parser:
         return Atom(name.text, tuple(args), name.pos)
 
     def term(self) -> Term:
+        """An additive term: products joined by ``+`` / ``-`` (left-associative)."""
+        self.depth += 1
+        try:
+            if self.depth > MAX_NESTING:
+                raise self.error(f"term nested more than {MAX_NESTING} levels deep")
+            left = self._product_term()
+            while self.tok.kind in ("+", "-"):
+                op = self._operator()
+                left = Arith(op.kind, left, self._product_term(), op.pos)
+            return left
+        finally:
+            self.depth -= 1
+
+    def _product_term(self) -> Term:
+        left = self._unary_term()
+        while self.tok.kind in ("*", "/", "%"):
+            op = self._operator()
+            left = Arith(op.kind, left, self._unary_term(), op.pos)
+        return left
+
+    def _unary_term(self) -> Term:
+        t = self.tok
+        if t.kind == "-" and self.peek().kind != "NUMBER":
+            self.next()
+            return Arith("-", Const(0, t.pos), self._unary_term(), t.pos)
+        if t.kind == "(":
+            self.next()
+            inner = self.term()
+            self.expect(")", "')' closing the term")
+            return inner
+        return self.simple_term()
+
+    def simple_term(self) -> Term:
         t = self.tok
         if t.kind == "IDENT":
             self.next()
@@ -206,7 +257,8 @@ class _Parser:
         if t.kind in ("!", "\\+") and self.peek().kind == "IDENT":
             self.next()
             return Literal(self.atom(), True)
-        if t.kind == "IDENT" and self.peek().kind not in _CMP_TOKENS:
+        if t.kind == "IDENT" and self.peek().kind not in _CMP_TOKENS and \
+                self.peek().kind not in _ARITH_TOKENS:
             return Literal(self.atom(), False)
         left = self.term()
         op = self.tok

@@ -7,19 +7,23 @@ fixpoint), then the tensor equations as one compiled graph that may read the rel
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 import numpy as np
 
 from ..compiler.compile import compile as compile_graph
-from ..errors import ProgramError, UnknownPredicateError
+from ..errors import ProgramError, SerializationError, UnknownPredicateError
 from ..ir.graph import EinsumGraph
-from .analysis import normalize_facts, program_error
+from .analysis import program_error
 from .ast import ProgramAST, Rule
 from .equations import build_equations, refs_of
+from .facts import normalize_facts
 from .fixpoint import Analysis, Options, decode_all, evaluate_rules
 from .parser import parse_ast
+from .relation import Relation
 
 
 class Program:
@@ -28,7 +32,7 @@ class Program:
     def __init__(self, ast: ProgramAST, source: str = "<string>") -> None:
         self.ast = ast
         self.source = source
-        self._last: tuple[Analysis, dict[str, np.ndarray]] | None = None
+        self._last: tuple[Analysis, dict[str, Relation]] | None = None
         lhs = {eq.lhs.name for eq in ast.equations}
         preds = {a.pred for r in ast.rules for a in [r.head] + [
             b.atom for b in r.body if hasattr(b, "atom")]}
@@ -69,28 +73,51 @@ class Program:
     # ------------------------------------------------------------------ running
     def run(self, backend: str = "auto", *, facts: Mapping[str, Iterable] | None = None,
             semantics: str = "boolean", opt_level: int = 2, max_iterations: int | None = None,
-            memory_budget: int | None = None, **data: Any) -> dict[str, np.ndarray]:
-        """Evaluate the program; returns every relation and equation result as a numpy array.
+            memory_budget: int | None = None, representation: str = "auto",
+            **data: Any) -> dict[str, Any]:
+        """Evaluate the program; returns every relation and equation result.
+
+        A relation comes back as a dense numpy array (over ``symbols(name)``) when its dense
+        form fits ``memory_budget``, else as a ``Relation`` (columns of values); use
+        ``relation(name)`` for a ``Relation`` always.
 
         Args:
             backend: backend name or ``"auto"``.
-            facts: extra facts, ``{predicate: iterable of tuples}`` (or ``{tuple: weight}``).
+            facts: extra facts, ``{predicate: facts}`` in any form ``evaluate`` takes.
             semantics: ``"boolean"``, ``"fuzzy"`` or ``"probabilistic"`` for the rules.
-            data: arrays for the tensors the equations read (declared or not).
+            representation: ``"auto"``, ``"dense"`` or ``"sparse"`` (see ``evaluate``).
+            data: arrays for the tensors the equations read (declared or not); a relation of
+                the rules given by keyword with anything but a numpy array (a list of tuples,
+                a DataFrame, ...) is taken as its facts.
         """
-        opts = Options(backend=backend, semantics=semantics, opt_level=opt_level)
+        opts = Options(backend=backend, semantics=semantics, opt_level=opt_level,
+                       representation=representation)
         if max_iterations is not None:
             opts.max_iterations = max_iterations
         if memory_budget is not None:
             opts.memory_budget = memory_budget
-        an, dense, _ = evaluate_rules(self.ast.rules, normalize_facts(facts), opts)
-        self._last = (an, dense)
-        out: dict[str, np.ndarray] = dict(dense)
+        data = dict(data)
+        given = dict(facts) if facts is not None else {}
+        rel_names = set(self.relations)
+        for name in [k for k in data if k in rel_names and not isinstance(data[k], np.ndarray)]:
+            if name in given:
+                raise ProgramError(f"facts of {name!r} given twice: by keyword and in facts=",
+                                   code="invalid_fact")
+            given[name] = data.pop(name)
+        an, rels, _ = evaluate_rules(self.ast.rules, normalize_facts(given), opts)
+        out: dict[str, Any] = {}
+        dense: dict[str, np.ndarray] = {}
+        for name, r in rels.items():
+            if 4 * math.prod(max(1, len(d)) for d in r._domains) <= opts.memory_budget:
+                dense[name] = out[name] = r.to_dense()
+            else:
+                out[name] = r
         if self.ast.equations:
             out.update(self._run_equations(dense, data, opts))
         elif data:
             raise ProgramError(f"data {sorted(data)} given but the program has no tensor "
                                "equations", code="missing_data")
+        self._last = (an, rels)  # only a run that succeeded replaces what query() reads
         return out
 
     def _run_equations(self, dense: Mapping[str, np.ndarray], data: Mapping[str, Any],
@@ -139,18 +166,23 @@ class Program:
                                 d.pos)
 
     # ------------------------------------------------------------------ reading results
-    def query(self, relation: str, **run_kwargs: Any) -> set[tuple]:
-        """The tuples of ``relation`` (running the program first if it has not run, or if
+    def relation(self, name: str, **run_kwargs: Any) -> Relation:
+        """``name`` as a Relation (running the program first if it has not run, or if
         ``run_kwargs`` are given); an unknown relation raises ``unknown_predicate``."""
         if self._last is None or run_kwargs:
             self.run(**run_kwargs)
         assert self._last is not None
-        an, dense = self._last
-        if relation not in an.predicates:
+        an, rels = self._last
+        if name not in an.predicates:
             known = ", ".join(an.predicates) or "none"
-            raise UnknownPredicateError(f"unknown relation {relation!r}; the program's relations "
-                                        f"are: {known}", relation=relation)
-        return an.decode(relation, dense[relation])
+            raise UnknownPredicateError(f"unknown relation {name!r}; the program's relations "
+                                        f"are: {known}", relation=name)
+        return rels[name]
+
+    def query(self, relation: str, **run_kwargs: Any) -> set[tuple]:
+        """The tuples of ``relation`` as a set (running the program first if it has not run, or
+        if ``run_kwargs`` are given); an unknown relation raises ``unknown_predicate``."""
+        return self.relation(relation, **run_kwargs).to_set()
 
     def relations_as_sets(self) -> dict[str, set[tuple]]:
         """Every relation of the last run as a set of tuples (running first if needed)."""
@@ -178,10 +210,15 @@ def parse(text: str, source: str = "<string>") -> Program:
 
 def load_program(path: str | Path) -> Program:
     """Read and parse a ``.tl`` file."""
+    from ..ir.safe_io import read_bounded
+    from ..ir.serialize import MAX_FILE_BYTES
+
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ProgramError(f"cannot read program {str(p)!r}: {exc.strerror}",
-                           code="io_error") from exc
+        text = read_bounded(p, MAX_FILE_BYTES, f"program {p.name!r}").decode("utf-8")
+    except SerializationError as exc:
+        raise ProgramError(f"cannot read program {str(p)!r}: {exc}", code="io_error") from exc
+    except UnicodeDecodeError as exc:
+        raise ProgramError(f"cannot read program {str(p)!r}: not UTF-8 text ({exc.reason} at "
+                           f"byte {exc.start})", code="io_error") from exc
     return parse(text, p.name)

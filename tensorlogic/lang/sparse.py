@@ -18,8 +18,8 @@ FLOPs; a sparse round that overruns its budget stops and the round is run densel
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 import numpy as np
 
@@ -49,11 +49,11 @@ class Table:
     m: int
     cols: dict[str, np.ndarray]
 
-    def take(self, keep: np.ndarray) -> "Table":
+    def take(self, keep: np.ndarray) -> Table:
         """The rows where the boolean mask ``keep`` is true."""
         return Table(int(np.count_nonzero(keep)), {v: c[keep] for v, c in self.cols.items()})
 
-    def empty(self) -> "Table":
+    def empty(self) -> Table:
         """No rows, the same columns."""
         return Table(0, {v: c[:0] for v, c in self.cols.items()})
 

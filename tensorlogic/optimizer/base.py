@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
-from .. import config
+from .. import config, options as compile_options
 from ..errors import GraphError, TensorLogicError
 from ..runtime import hooks
 from ..ir.graph import EinsumGraph
@@ -88,6 +88,7 @@ def register_pass(name: str, factory: Callable[..., Pass], levels: tuple[int, ..
     ``factory(options)`` builds the pass from the compile options (a read-only mapping).
     """
     PASSES[name] = factory
+    compile_options.PASS_NAMES.add(name)  # so skip_passes= is checked by name
     for lvl in levels:
         if name not in PIPELINES[lvl]:
             PIPELINES[lvl].append(name)
@@ -174,5 +175,8 @@ def optimize(graph: EinsumGraph, opt_level: int,
     missing = [name for name in PIPELINES[opt_level] if name not in PASSES]
     if missing:
         raise GraphError(f"opt level {opt_level} runs passes {missing} that are not registered")
-    passes = [PASSES[name](dict(options or {})) for name in PIPELINES[opt_level]]
+    # ``skip_passes`` drops named passes from the pipeline (the O3 autotuner's variants)
+    skip = set((options or {}).get("skip_passes") or ())
+    passes = [PASSES[name](dict(options or {})) for name in PIPELINES[opt_level]
+              if name not in skip]
     return PassManager(passes, opt_level).run(graph)

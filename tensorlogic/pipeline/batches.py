@@ -17,7 +17,7 @@ from ..errors import GraphError, InputError
 from .dask_arrays import is_dask_array, run_dask_arrays
 from .devices import DEPTH, DevicesExecutor, resolve_devices
 from .engine import stream
-from .layout import BatchLayout, batch_layout
+from .layout import BatchLayout, batch_layout, repeated_batch_axes
 from .progress import Progress
 from .results import BatchFailure, BatchOutput
 from .sizing import memory_budget, pick_batch_size
@@ -179,6 +179,11 @@ def run_batched(plan: Any, inputs: Mapping[str, Any], batch_size: int | None = N
     if layout.symbol is None:
         raise InputError("run_batched needs a graph whose inputs have a symbolic batch "
                          "dimension, e.g. g.input('x', shape=('B', 64)); use plan(...) instead")
+    twice = repeated_batch_axes(plan, layout.symbol)
+    if twice:
+        raise InputError(f"{', '.join(twice)} hold the batch dimension {layout.symbol!r} more "
+                         "than once, so they cannot be split or concatenated along one axis; "
+                         "call the plan on all items (or run_batches on your own batches)")
     no_axis = [n for n in plan.graph.outputs if n not in layout.output_axes]
     if no_axis:
         raise InputError(f"output(s) {no_axis} have no batch dimension {layout.symbol!r}, so "

@@ -20,6 +20,8 @@ import weakref
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
+import numpy as np
+
 from ..errors import InputError
 from .results import BatchFailure, BatchOutput, batch_error
 from .staging import check_batch
@@ -139,6 +141,11 @@ class DaskExecutor:
         fut: Future = Future()
         try:
             inputs = check_batch(getattr(batch, "inputs", batch), self.check_finite)
+            if not hasattr(batch, "inputs"):
+                # a rerun resends the inputs later: keep them safe from a source that refills
+                # one buffer for every batch (run_batched's slices are ours and stay as they are)
+                inputs = {k: v.copy() if isinstance(v, np.ndarray) else v
+                          for k, v in inputs.items()}
         except Exception as exc:  # noqa: BLE001 - reported as this batch's failure
             fut.set_result(BatchFailure(index, batch_error(index, exc), n_items))
             return fut

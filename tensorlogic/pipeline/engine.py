@@ -56,7 +56,10 @@ def stream(executor: Executor, source: Iterable[Any], layout: BatchLayout, *, pr
                     batch = next(it)
                 except StopIteration:
                     break
-                n_items = layout.count(getattr(batch, "inputs", batch))
+                try:
+                    n_items = layout.count(getattr(batch, "inputs", batch))
+                except Exception:  # noqa: BLE001 - a broken batch object fails as that batch
+                    n_items = 0
                 try:
                     fut = executor.submit(n, batch, n_items)
                 except Exception as exc:  # noqa: BLE001 - e.g. the cluster went away

@@ -25,9 +25,12 @@ class BatchLayout:
         if not isinstance(batch, Mapping):
             return 0
         for name, axis in self.input_axes.items():
-            shape = getattr(batch.get(name), "shape", None)
-            if shape is not None and len(shape) > axis:
-                return int(shape[axis])
+            try:
+                shape = getattr(batch.get(name), "shape", None)
+                if shape is not None and len(shape) > axis:
+                    return int(shape[axis])
+            except Exception:  # noqa: BLE001 - a broken array object: the batch fails when it runs
+                return 0
         return 0
 
 
@@ -55,4 +58,17 @@ def batch_layout(plan: Any, symbol: str | None = None) -> BatchLayout:
     return BatchLayout(symbol, ins, outs)
 
 
-__all__ = ["BatchLayout", "batch_layout"]
+def repeated_batch_axes(plan: Any, symbol: str) -> list[str]:
+    """Inputs and outputs whose shape holds the batch symbol more than once (e.g. ("B", "B")):
+    splitting or concatenating along one of those axes would be wrong."""
+    graph = plan.graph
+    found = []
+    for what, table in (("input", graph.inputs), ("output", graph.outputs)):
+        for name, nid in table.items():
+            shape = tuple(graph.node(nid).shape)
+            if shape.count(symbol) > 1:
+                found.append(f"{what} {name!r} {shape}")
+    return found
+
+
+__all__ = ["BatchLayout", "batch_layout", "repeated_batch_axes"]

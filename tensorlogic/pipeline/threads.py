@@ -5,6 +5,8 @@ from __future__ import annotations
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import numpy as np
+
 from .results import BatchFailure, BatchOutput, batch_error
 from .staging import Staged, check_batch, make_stager
 
@@ -18,9 +20,11 @@ class ThreadExecutor:
         self.check_finite = check_finite
         self.stager = make_stager(plan.backend)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="tensorlogic-batch")
+        self._read_ahead = True
 
     def window(self, prefetch: int) -> int:
         """Batches being computed plus ``prefetch`` prepared ahead."""
+        self._read_ahead = self.workers + prefetch > 1
         return self.workers + prefetch
 
     def submit(self, index: int, batch: Any, n_items: int) -> Future:
@@ -29,7 +33,14 @@ class ThreadExecutor:
             if isinstance(batch, Staged):  # run_batched hands over slices with output buffers
                 staged = self.stager.stage(check_batch(batch.inputs, self.check_finite), batch.out)
             else:
-                staged = self.stager.stage(check_batch(batch, self.check_finite), None)
+                inputs = check_batch(batch, self.check_finite)
+                if self._read_ahead and not self.stager.device:
+                    # the source runs on while this batch waits: a generator that refills one
+                    # buffer for every batch would change it under us, so keep a private copy
+                    # (a device stager copies into pinned memory here already)
+                    inputs = {k: v.copy() if isinstance(v, np.ndarray) else v
+                              for k, v in inputs.items()}
+                staged = self.stager.stage(inputs, None)
         except Exception as exc:  # noqa: BLE001 - reported as this batch's failure
             fut: Future = Future()
             fut.set_result(BatchFailure(index, batch_error(index, exc), n_items))

@@ -30,6 +30,8 @@ THRESHOLDS: dict[str, float] = {
     "einsum_share": 0.25,  # a batched contraction under this fraction of its roofline
     "einsum_min_share": 0.02,
     "threads_min_share": 0.1,  # of step time lost by steps stalled behind BLAS threads
+    "one_thread_roof_share": 0.5,  # a memory-bound step on one thread under this share of roof
+    "one_thread_min_share": 0.05,  # ... when it takes at least this share of step time
 }
 MAX_NAMES = 6
 
@@ -61,43 +63,97 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
+def _chains(steps) -> list[list[int]]:
+    """Runs of elementwise steps connected by data flow (each feeding another of the run),
+    whatever their order in the schedule: the groups the fusion pass would merge."""
+    producer = {s.output: k for k, s in enumerate(steps) if s.kind in ELEMENTWISE_KINDS}
+    parent = list(range(len(steps)))
+
+    def find(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    for k, s in enumerate(steps):
+        if s.kind not in ELEMENTWISE_KINDS:
+            continue
+        for b in s.inputs:
+            j = producer.get(b)
+            if j is not None:
+                parent[find(j)] = find(k)
+    groups: dict[int, list[int]] = {}
+    for k, s in enumerate(steps):
+        if s.kind in ELEMENTWISE_KINDS:
+            groups.setdefault(find(k), []).append(k)
+    return [g for g in groups.values() if len(g) >= 2]
+
+
 def unfused_chain(ctx: Context) -> list[Advice]:
-    """Consecutive elementwise steps, each feeding the next, that run as separate kernels."""
+    """Elementwise steps feeding each other that run as separate kernels.
+
+    Below O2 every such run is named (the fusion pass would merge it for free; small steps
+    there cost their fixed overhead each), whatever its share of the time, so the advice does
+    not depend on noisy timings; at O2 only runs worth ``chain_min_share`` of the time are.
+    """
     out = []
     for p, stats in ctx.by_plan().items():
         plan = ctx.plans[p]
         steps = plan.steps
         level = getattr(plan.optimizer_report, "opt_level", None)
-        chain: list[int] = []
-
-        def flush() -> None:
-            if len(chain) >= ctx.t["chain_min_steps"]:
-                share = sum(stats[k].share_of_time for k in chain if k in stats)
-                secs = sum(stats[k].total_seconds for k in chain if k in stats)
-                if share >= ctx.t["chain_min_share"]:
-                    names = [steps[k].name for k in chain]
-                    if level is not None and level < 2:
-                        fix = (f"compile with opt_level=2 so the fusion pass merges it into one "
-                               f"kernel (this plan was compiled at opt_level={level})")
-                    else:
-                        fix = ("it stayed unfused at this opt level: run it on a backend with "
-                               "fused kernels (numba, cupy) so it reads and writes memory once")
-                    out.append(Advice(
-                        "unfused-chain",
-                        f"unfused elementwise chain of {len(chain)} steps ({_names(names)}) takes "
-                        f"{_pct(share)} of step time, one pass over memory per op: {fix}",
-                        tuple(names), secs, share))
-            chain.clear()
-
-        for k, s in enumerate(steps):
-            elementwise = s.kind in ELEMENTWISE_KINDS
-            if elementwise and chain and steps[chain[-1]].output in s.inputs:
-                chain.append(k)
+        below_o2 = level is not None and level < 2
+        for chain in _chains(steps):
+            share = sum(stats[k].share_of_time for k in chain if k in stats)
+            secs = sum(stats[k].total_seconds for k in chain if k in stats)
+            if not below_o2 and share < ctx.t["chain_min_share"]:
                 continue
-            flush()
-            if elementwise:
-                chain.append(k)
-        flush()
+            names = [steps[k].name for k in chain]
+            small = sum(1 for k in chain if k in stats and stats[k].bound == "overhead")
+            cost = (f", {small} of them overhead-bound (each pays the fixed per-step cost)"
+                    if small else "")
+            if below_o2:
+                fix = (f"compile with opt_level=2 so the fusion pass merges it into one "
+                       f"kernel (this plan was compiled at opt_level={level})")
+            else:
+                fix = ("it stayed unfused at this opt level: run it on a backend with "
+                       "fused kernels (numba, cupy) so it reads and writes memory once")
+            out.append(Advice(
+                "unfused-chain",
+                f"unfused elementwise chain of {len(chain)} steps ({_names(names)}) takes "
+                f"{_pct(share)} of step time{cost}, one pass over memory per op: {fix}",
+                tuple(names), secs, share))
+    return out
+
+
+def one_thread(ctx: Context) -> list[Advice]:
+    """Memory-bound steps far below the roofline that run on one thread of several.
+
+    The bandwidth roof is measured with every thread streaming, which one thread cannot reach.
+    """
+    cores = ctx.report.threads.cores if ctx.report.threads else 1
+    if cores <= 1:
+        return []
+    out = []
+    for s in ctx.report.steps:
+        step = ctx.plans[s.plan].steps[s.index]
+        if step.threads != 1 or s.bound != "memory" or s.kind == ops.EINSUM:
+            continue
+        if s.share_of_peak >= ctx.t["one_thread_roof_share"] or \
+                s.share_of_time < ctx.t["one_thread_min_share"]:
+            continue
+        bw = ctx.report.peaks[s.backend].bandwidth / 1e9
+        if s.backend in NUMBA_BACKENDS:
+            fix = ("its iteration space is below the numba backend's parallel_threshold: "
+                   "compile with a lower parallel_threshold=, or batch more work per call")
+        else:
+            fix = ("compile with threads='pool' (the default: every step may use every core), "
+                   "at opt_level=2 so it joins a fused kernel, or on the numba backend")
+        out.append(Advice(
+            "one-thread",
+            f"{s.name} ({s.label}) runs on 1 of {cores} threads: {s.gbps:.2f} GB/s, "
+            f"{_pct(s.share_of_peak)} of its roofline ({bw:.1f} GB/s with all threads), "
+            f"{_pct(s.share_of_time)} of step time while the other cores sit idle: {fix}",
+            (s.name,), s.total_seconds, s.share_of_time))
     return out
 
 
@@ -246,6 +302,7 @@ RULES: dict[str, Callable[[Context], list[Advice]]] = {
     "overhead-bound": overhead_bound,
     "host-device-copies": transfers_dominate,
     "thread-pools": thread_pools,
+    "one-thread": one_thread,
     "below-roofline": below_roofline,
 }
 
@@ -271,9 +328,10 @@ def run_rules(report: BottleneckReport, plans: list[Any], transfers: list[Any],
             found = below_roofline(ctx, einsum_named)
         else:
             found = RULES[name](ctx)
-        if name == "batched-einsum":
+        if name in ("batched-einsum", "one-thread"):
+            # a step these rules explain is not named again as merely "below the roofline"
             named = {a.nodes[0] for a in found}
-            einsum_named = {(s.plan, s.index) for s in report.steps if s.name in named}
+            einsum_named |= {(s.plan, s.index) for s in report.steps if s.name in named}
         out.extend(found)
     out.sort(key=lambda a: -a.seconds)
     return out

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
 import tensorlogic as tl
+from tensorlogic.ir import ops
 
 from numba_cases import fused_graph, random_inputs, reference, tol
 
@@ -143,6 +146,42 @@ def test_sizes_property(m, n, seed):
 
 
 def test_bad_fused_program_raises_graph_error():
-    g = fused_graph([(4,)], "float32", [("nope", [("in", 0)])], (4,))
-    with pytest.raises(tl.TensorLogicError, match="unknown op 'nope'"):
-        tl.compile(g, backend="numba", opt_level=0)
+    # the body is checked when the node is added, before any backend sees it
+    with pytest.raises(tl.GraphError, match="unknown op 'nope'"):
+        fused_graph([(4,)], "float32", [("nope", [("in", 0)])], (4,))
+
+
+def test_long_chain_is_split_into_bounded_kernels():
+    # a 200-op elementwise chain: one fused kernel per MAX_GROUP_OPS ops at most, so each
+    # numba compile stays bounded and the whole compile linear in the chain's length
+    from tensorlogic.optimizer.fusion import MAX_GROUP_OPS
+
+    g = tl.EinsumGraph()
+    x = g.input("x", (16, 8))
+    h = x
+    for k in range(200):
+        h = g.tanh(h) if k % 3 == 0 else h * (0.5 + 0.05 * (k % 5)) if k % 3 == 1 else h + x
+    g.output(h, "y")
+    plan = tl.compile(g, backend="numba", opt_level=2)
+    fused = [n for n in plan.optimized_graph.nodes if n.kind == ops.FUSED]
+    sizes = [len(n.args["body"]["instrs"]) for n in fused]
+    assert max(sizes) <= MAX_GROUP_OPS and len(fused) == math.ceil(200 / MAX_GROUP_OPS)
+    v = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32)
+    ref = tl.compile(g, backend="numpy", opt_level=0)(x=v)["y"]
+    np.testing.assert_allclose(plan(x=v)["y"], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_kernel_that_cannot_compile_for_memory_falls_back_to_numpy(monkeypatch):
+    from tensorlogic.backends import numba_cache
+
+    def out_of_memory(*a, **k):
+        raise MemoryError
+
+    monkeypatch.setattr(numba_cache, "load", out_of_memory)
+    g = tl.EinsumGraph()
+    x = g.input("x", (8, 4))
+    g.output(g.sum(g.tanh(x) * 2.0 + x, axis=1), "y")
+    plan = tl.compile(g, backend="numba", opt_level=2, cache=False)
+    v = np.random.default_rng(5).standard_normal((8, 4)).astype(np.float32)
+    np.testing.assert_allclose(plan(x=v)["y"], (np.tanh(v) * 2 + v).sum(axis=1), rtol=1e-5)
+    assert "numba parallel" not in str(plan) and "numba serial" not in str(plan)

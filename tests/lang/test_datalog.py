@@ -10,12 +10,11 @@ from hypothesis import strategies as st
 
 import tensorlogic as tl
 from tensorlogic.datalog import evaluate
-from tensorlogic.lang.analysis import normalize_facts
+from tensorlogic.lang.facts import normalize_facts
 from tensorlogic.lang.fixpoint import Options, decode_all, evaluate_rules
 from tensorlogic.lang.parser import parse_rules
 
 from . import reference
-
 
 ROUNDS = ("auto", "dense", "sparse")
 
@@ -44,9 +43,14 @@ def check(text: str, facts: dict | None = None, **kw) -> dict[str, set]:
     for p in want:
         assert got[p] == want[p], p
     for rounds in ("dense", "sparse"):
-        other = run_rounds(text, facts, rounds, **kw)
+        other = run_rounds(text, facts, rounds, representation="dense", **kw)
         for p in want:
             assert other[p] == want[p], (rounds, p)
+    # sparse relations throughout, and mixed: dense for relations of at most 4 cells
+    for opts in ({"representation": "sparse"}, {"dense_cells": 4}):
+        other = run_rounds(text, facts, "auto", **opts, **kw)
+        for p in want:
+            assert other[p] == want[p], (opts, p)
     return got
 
 
@@ -245,9 +249,14 @@ def test_error_positions_name_the_atom():
 def test_memory_budget_names_the_relation():
     with pytest.raises(tl.ProgramError) as info:
         evaluate("p(X, Y) :- q(X), q(Y).", {"q": [(i,) for i in range(100)]},
-                 memory_budget=10_000)
+                 memory_budget=10_000, representation="dense")
     assert info.value.code == "memory_budget"
     assert "'p'" in str(info.value) and "(100, 100)" in str(info.value)
+    # the sparse form refuses the 10,000-row cross product too, naming the rule
+    with pytest.raises(tl.ProgramError) as info:
+        evaluate("p(X, Y) :- q(X), q(Y).", {"q": [(i,) for i in range(100)]},
+                 memory_budget=10_000)
+    assert info.value.code == "memory_budget" and "'p'" in str(info.value)
 
 
 def test_max_iterations():
@@ -259,13 +268,13 @@ def test_max_iterations():
 def test_fuzzy_and_probabilistic():
     facts = {"edge": {(1, 2): 0.5, (2, 3): 0.5, (1, 3): 0.2}}
     assert evaluate(TC, facts, semantics="fuzzy")["path"] == {(1, 2), (2, 3), (1, 3)}
-    from tensorlogic.lang.analysis import normalize_facts
+    from tensorlogic.lang.facts import normalize_facts
     from tensorlogic.lang.fixpoint import Options, evaluate_rules
     for sem, want in (("fuzzy", 0.25), ("probabilistic", 1 - (1 - 0.2) * (1 - 0.25))):
         an, dense, _ = evaluate_rules(parse_rules(TC), normalize_facts(facts),
                                       Options(semantics=sem))
         idx = an.domains.index[an.domains.of_position[("path", 0)]]
-        assert dense["path"][idx[1], idx[3]] == pytest.approx(want, rel=1e-5)
+        assert dense["path"].to_dense()[idx[1], idx[3]] == pytest.approx(want, rel=1e-5)
 
 
 # ---------------------------------------------------------------------- random programs
@@ -349,7 +358,8 @@ def test_bodies_of_comparisons_only():
 def _kinds(text: str, facts: dict, **kw) -> str:
     """Check every mode against the reference; the round kinds of the "auto" run with ``kw``."""
     check(text, facts)
-    an, dense, ev = evaluate_rules(parse_rules(text), normalize_facts(facts), Options(**kw))
+    an, dense, ev = evaluate_rules(parse_rules(text), normalize_facts(facts),
+                                   Options(representation="dense", **kw))
     want = reference.evaluate(parse_rules(text), {p: set(map(tuple, r)) for p, r in
                                                   facts.items()})
     got = decode_all(an, dense)
@@ -453,14 +463,15 @@ def test_sparse_rounds_constants_nullary_heads_and_ordering(monkeypatch):
     facts = {"e": random_graph(8, 20, 3) + [(2, 1), (3, 1)]}
     check(text, facts)
     monkeypatch.setattr(sparse, "STARTS_LIMIT", 0)  # search sorted keys instead of a table
-    for p, rows in run_rounds(text, facts, "sparse").items():
-        assert rows == run_rounds(text, facts, "dense")[p]
+    for p, rows in run_rounds(text, facts, "sparse", representation="dense").items():
+        assert rows == run_rounds(text, facts, "dense", representation="dense")[p]
 
 
 def test_sparse_round_too_large_for_memory_runs_dense():
     n = 20
     edges = [(i, j) for i in range(n) for j in range(n)]
     an, dense, ev = evaluate_rules(parse_rules(TC), normalize_facts({"edge": edges}),
-                                   Options(rounds="sparse", memory_budget=128 * 1000))
+                                   Options(rounds="sparse", memory_budget=128 * 1000,
+                                           representation="dense"))
     assert ev.round_kinds[("path",)].startswith("x")  # 8000 candidate rows > 1000 allowed
     assert len(decode_all(an, dense)["path"]) == n * n

@@ -10,9 +10,9 @@ import pytest
 
 import tensorlogic as tl
 from tensorlogic.cli import main
+from tensorlogic.lang.parser import parse_rules
 
 from . import reference
-from tensorlogic.lang.parser import parse_rules
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 TOL = {"rtol": 1e-5, "atol": 1e-5}

@@ -46,7 +46,9 @@ class FakeGpus(NumpyBackend):
     """``count`` fake devices; ``delay[d]`` seconds are added to each kernel run on device d."""
 
     name = NAME
-    capabilities = dataclasses.replace(NumpyBackend.capabilities, multi_device=True)
+    # the numpy backend's compile options (threads) are registered for "numpy" by name
+    capabilities = dataclasses.replace(NumpyBackend.capabilities, multi_device=True,
+                                       options=frozenset())
     count = 3
     delay: ClassVar[dict[int, float]] = {}
     runs: ClassVar[Counter] = Counter()  # kernel runs per device

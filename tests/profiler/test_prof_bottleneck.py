@@ -261,3 +261,64 @@ def test_roofline_properties(flops, nbytes, bw, pf, ovh):
         assert nbytes / bw > flops / pf
     # float64 falls back to the float32 roof when only float32 was measured
     assert roofline(flops, nbytes, "float64", pk) == r
+
+
+def _interleaved_branches(n: int):
+    """Two elementwise chains built alternately (a1, b1, a2, b2, ...) after a large matmul: the
+    schedule interleaves them, and the matmul takes almost all the time."""
+    g = tl.EinsumGraph()
+    x = g.input("x", (n, n), "float32")
+    m = g.einsum("ij,jk->ik", x, x)
+    a, b = m * 2.0, m + 1.0
+    a2, b2 = g.tanh(a), g.exp(b * 0.01)
+    g.output(a2 - 1.0, name="ya")
+    g.output(b2 * 3.0, name="yb")
+    return g
+
+
+def test_o0_chains_are_named_however_the_schedule_interleaves_them(rng):
+    plan = tl.compile(_interleaved_branches(256), backend="numpy", opt_level=0, cache=False)
+    x = rng.standard_normal((256, 256)).astype(np.float32)
+    for _ in range(3):  # the same advice every time, whatever the timings
+        prof, _ = _profile(plan, {"x": x})
+        chains = [a for a in prof.bottlenecks(PEAKS, threads=CALM).advice
+                  if a.rule == "unfused-chain"]
+        named = sorted(tuple(sorted(a.nodes)) for a in chains)
+        kinds = {s.name: s.kind for s in plan.steps}
+        assert len(chains) == 2
+        assert all(kinds[n] in (ops.UNARY, ops.BINARY) for c in named for n in c)
+        assert sorted(len(c) for c in named) == [3, 4]
+        assert all("opt_level=2" in a.message for a in chains)
+
+
+def test_one_thread_step_is_named_with_the_thread_count(rng, monkeypatch):
+    from tensorlogic.backends import fused_numpy
+
+    monkeypatch.setattr(fused_numpy, "PARALLEL_MIN_ELEMENTS", 1 << 30)  # every step on 1 thread
+    g = tl.EinsumGraph()
+    x = g.input("x", (512, 512), "float32")
+    g.output(g.tanh(g.exp(x * 0.5) + 1.0), name="y")
+    plan = tl.compile(g, backend="numpy", opt_level=2, cache=False)
+    assert all(s.threads == 1 for s in plan.steps)
+    prof, _ = _profile(plan, {"x": rng.standard_normal((512, 512)).astype(np.float32)})
+    fast = tl.Peaks(bandwidth=1e13, flops={"float32": 1e15}, step_overhead=1e-9)
+    rep = prof.bottlenecks(fast, threads=ThreadInfo(blas=1, numba=0, cores=16))
+    (adv,) = [a for a in rep.advice if a.rule == "one-thread"]
+    assert "runs on 1 of 16 threads" in adv.message and adv.nodes == (plan.steps[0].name,)
+    assert "below-roofline" not in _rules(rep)  # named once, by the rule that explains it
+
+
+def test_one_thread_silent_when_the_step_uses_every_thread(rng, monkeypatch):
+    from tensorlogic.backends import fused_numpy, host_pool
+
+    monkeypatch.setattr(fused_numpy, "PARALLEL_MIN_ELEMENTS", 1)
+    monkeypatch.setattr(host_pool, "helper_count", lambda: 1)
+    g = tl.EinsumGraph()
+    x = g.input("x", (512, 512), "float32")
+    g.output(g.tanh(g.exp(x * 0.5) + 1.0), name="y")
+    plan = tl.compile(g, backend="numpy", opt_level=2, cache=False)
+    assert plan.steps[0].threads == 2
+    prof, _ = _profile(plan, {"x": rng.standard_normal((512, 512)).astype(np.float32)})
+    fast = tl.Peaks(bandwidth=1e13, flops={"float32": 1e15}, step_overhead=1e-9)
+    rep = prof.bottlenecks(fast, threads=ThreadInfo(blas=1, numba=0, cores=2))
+    assert "one-thread" not in _rules(rep)

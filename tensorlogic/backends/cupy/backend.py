@@ -17,6 +17,7 @@ from ...errors import GraphError, InputError
 from ...ir import ops
 from .. import kernels as generic, widen
 from ..base import Backend, Capabilities, PreparedKernel
+from ..inputs import plain_host_array, strided_copy_bytes
 from . import cuda_c, launch, pdl, ptx
 from . import cublas
 from .cache import KernelCache
@@ -325,6 +326,7 @@ class CupyBackend(Backend):
         """Accept CuPy arrays, numpy arrays and anything with ``__dlpack__``, of a float dtype."""
         if isinstance(x, np.generic):
             x = np.asarray(x)
+        x = plain_host_array(x, name)
         if not isinstance(x, (cupy.ndarray, np.ndarray)):
             if hasattr(x, "__dlpack__"):
                 try:
@@ -340,6 +342,10 @@ class CupyBackend(Backend):
             raise InputError(f"input {name!r}: dtype {x.dtype} is not supported by the cupy "
                              f"backend; expected one of {sorted(self.capabilities.dtypes)}")
         return x
+
+    # strided inputs (a broadcast view stands for its full size) are copied contiguous onto the
+    # device; memory_limit counts those copies
+    input_copy_bytes = staticmethod(strided_copy_bytes)
 
     def to_device(self, x):
         """numpy arrays are copied in; CuPy arrays are used as they are (made contiguous if not)."""

@@ -1,0 +1,147 @@
+"""One thread pool for a CPU plan: GEMMs split over our helper threads, BLAS on one thread.
+
+numpy's OpenBLAS (a pthreads build) keeps its own workers, which spin for about 0.1 s after
+each call. In a plan that alternates GEMMs with elementwise and row-op kernels, those spinning
+workers fight the kernels' threads (ours, or numba's OpenMP pool) for the cores, so either the
+kernels stay on one thread or both sides slow down. In the "pool" thread mode a plan call
+instead runs with BLAS limited to one thread (``single_threaded_blas``, set and restored
+around the call through threadpoolctl's library handles), and every large matmul is cut into
+blocks along its batch, row or column axis that the caller and the shared helper pool
+(``host_pool``) compute with single-threaded BLAS calls. Every step of the plan then runs on the
+same threads, which sleep between steps instead of spinning, as torch's one intra-op pool does.
+
+The "blas" mode keeps OpenBLAS's own threads for GEMMs (and, on the numpy backend, fused
+kernels on the calling thread); the O3 autotuner times both on the real shapes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+
+from . import host_pool
+
+THREAD_MODES = ("pool", "blas")
+DEFAULT_MODE = "pool"
+
+# Below this many FLOPs a matmul runs on the calling thread: waking helpers (tens of us) costs
+# more than splitting saves (a 64x256x256 product is 8 MFLOP, ~0.1 ms on one core).
+MIN_SPLIT_FLOPS = 4_000_000
+# Blocks along a row/column axis are multiples of this many elements (full SIMD tiles of the
+# GEMM micro-kernels, so no block gets a ragged edge in the middle of the output).
+ALIGN = 16
+
+_lock = threading.Lock()
+_depth = 0
+_saved: list[tuple[object, int]] = []
+_controllers: list | None = None
+
+
+def check_mode(mode: object) -> str:
+    """The thread mode named by the ``threads`` compile option (default "pool")."""
+    from ..errors import BackendError
+
+    if mode is None:
+        return DEFAULT_MODE
+    if mode not in THREAD_MODES:
+        raise BackendError(f"compile option threads={mode!r}: expected one of {THREAD_MODES}")
+    return str(mode)
+
+
+def _blas_controllers() -> list:
+    """threadpoolctl's handles of the BLAS libraries loaded when the first plan runs (found
+    once: numpy's, which runs every GEMM of a plan; a BLAS loaded later is not ours to limit)."""
+    global _controllers
+    if _controllers is None:
+        from threadpoolctl import ThreadpoolController
+
+        _controllers = list(ThreadpoolController().select(user_api="blas").lib_controllers)
+    return _controllers
+
+
+@contextlib.contextmanager
+def single_threaded_blas() -> Iterator[None]:
+    """BLAS on one thread while any plan call of the "pool" mode runs (nested and concurrent
+    calls share one setting; the last to leave restores the previous thread counts)."""
+    global _depth
+    with _lock:
+        if _depth == 0:
+            _saved.clear()
+            for c in _blas_controllers():
+                n = c.get_num_threads()
+                if n != 1:
+                    _saved.append((c, n))
+                    c.set_num_threads(1)
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                for c, n in _saved:
+                    c.set_num_threads(n)
+                _saved.clear()
+
+
+def blas_threads() -> int:
+    """Threads BLAS uses now (the largest count among the libraries found)."""
+    return max((c.get_num_threads() or 1 for c in _blas_controllers()), default=1)
+
+
+def _cuts(n: int, parts: int, align: int) -> list[int]:
+    """Boundaries of ``parts`` near-equal blocks of ``range(n)``, aligned where n allows."""
+    step = -(-n // parts)
+    if n >= parts * align:
+        step = -(-step // align) * align
+    return list(range(0, n, step)) + [n]
+
+
+def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``np.matmul(A, B, out=out)`` split over the caller and the helper pool.
+
+    A is (nb, m, k) or (m, k), B (nb, k, n) or (k, n), ``out`` C-contiguous. The split goes
+    along the batch axis when it has a block per thread, else along the longer of m and n (a
+    column block keeps B's slab and the output's columns together; a row block reuses all of
+    B). Each block is one single-threaded BLAS call into its slice of ``out``.
+    """
+    threads = host_pool.helper_count() + 1
+    k = A.shape[-1]
+    m, n = A.shape[-2], B.shape[-1]
+    nb = A.shape[0] if A.ndim == 3 else 1
+    if threads == 1 or 2 * nb * m * n * k < MIN_SPLIT_FLOPS:
+        return np.matmul(A, B, out=out)
+    if nb >= threads:
+        cuts = _cuts(nb, threads, 1)
+
+        def work(i: int, _worker: int) -> None:
+            s = slice(cuts[i], cuts[i + 1])
+            np.matmul(A[s], B[s], out=out[s])
+    elif m >= n:
+        cuts = _cuts(m, threads, ALIGN)
+
+        def work(i: int, _worker: int) -> None:
+            s = slice(cuts[i], cuts[i + 1])
+            np.matmul(A[..., s, :], B, out=out[..., s, :])
+    else:
+        cuts = _cuts(n, threads, ALIGN)
+
+        def work(i: int, _worker: int) -> None:
+            s = slice(cuts[i], cuts[i + 1])
+            np.matmul(A, B[..., s], out=out[..., s])
+    blocks = len(cuts) - 1
+    host_pool.run_blocks(work, blocks, min(threads - 1, blocks - 1))
+    return out
+
+
+def describe(mode: str) -> str:
+    """The line print(plan) shows about a CPU plan's threads."""
+    threads = host_pool.helper_count() + 1
+    if mode == "pool":
+        return (f"threads: pool ({threads} threads for every step; GEMMs split into "
+                f"single-threaded BLAS blocks)")
+    return f"threads: blas (GEMMs on BLAS's own threads; {threads} threads for other steps)"
+

@@ -1,0 +1,375 @@
+"""Sparse relations: sorted, deduplicated columns of int64 symbol ids (and weights).
+
+A row of ids packs into one int64 key when ``arity * bits`` fits in 62 bits (``bits`` = width
+of the largest symbol id); set operations (deduplication, difference, membership, the join
+index) are then sorts and binary searches over int64 keys. Wider rows (e.g. arity 4 over ten
+million constants) are ranked column by column: two columns are packed, the packed values are
+replaced by their dense ranks, and the next column is packed onto the rank, so any arity works.
+
+Why sorted columns rather than a sparse-matrix library: Datalog needs joins of any arity,
+negation (set difference), constants and repeated variables, which sorted int64 keys give
+uniformly; measured on the 2-vCPU development machine, they also beat python-graphblas
+(any-pair ``mxm`` masked by the complement) and scipy.sparse (CSR products) on the semi-naive
+ancestors workload, and stay within 1.5x of scipy's products on dense-ish closures (see
+benchmarks/RESULTS.md, "bench_datalog").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .symbols import search, sorted_unique
+
+#: bits of one packed key
+KEY_BITS = 62
+#: a join index over at most this many key values is a table of row starts (O(1) lookups)
+STARTS_BITS = 22
+#: a recursive relation whose keys span at most this many bits keeps a bitmap of its tuples
+#: (one byte per possible tuple) for the semi-naive difference
+BITMAP_BITS = 26
+#: otherwise a filter of this many bits over hashed keys answers "surely new" for most
+#: candidates without a binary search in the sorted chunks
+FILTER_BITS = 25
+
+
+def _hash(keys: np.ndarray) -> np.ndarray:
+    """Fibonacci hashing of int64 keys onto FILTER_BITS bits."""
+    with np.errstate(over="ignore"):
+        h = keys.view(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+    return (h >> np.uint64(64 - FILTER_BITS)).astype(np.intp)
+
+
+def pack(cols: list[np.ndarray], bits: int) -> np.ndarray | None:
+    """Rows of ids as int64 keys in lexicographic order, or None when they do not fit."""
+    if len(cols) * bits > KEY_BITS:
+        return None
+    if len(cols) == 1:
+        return cols[0]
+    k = cols[0] << bits
+    for c in cols[1:-1]:
+        k |= c
+        k <<= bits
+    k |= cols[-1]
+    return k
+
+
+def unpack(keys: np.ndarray, arity: int, bits: int) -> list[np.ndarray]:
+    """The columns of packed keys."""
+    if arity == 1:
+        return [keys]
+    mask = (1 << bits) - 1
+    return [(keys >> (bits * (arity - 1 - i))) & mask for i in range(arity)]
+
+
+def _ranks(k: np.ndarray) -> tuple[np.ndarray, int]:
+    """Dense ranks of ``k`` (equal values, equal ranks; order kept) and their count."""
+    order = np.argsort(k)
+    s = k[order]
+    step = np.empty(len(s), np.int64)
+    if len(s):
+        step[0] = 0
+        np.not_equal(s[1:], s[:-1], out=step[1:])
+    r = np.cumsum(step)
+    out = np.empty(len(k), np.int64)
+    out[order] = r
+    return out, int(r[-1]) + 1 if len(r) else 0
+
+
+def joint_keys(tables: list[list[np.ndarray]], bits: int) -> list[np.ndarray]:
+    """int64 keys of the rows of several tables (same arity >= 1), comparable across tables
+    and ordered lexicographically."""
+    packed = [pack(t, bits) for t in tables]
+    if all(p is not None for p in packed):
+        return packed  # type: ignore[return-value]
+    lens = [len(t[0]) for t in tables]
+    cols = [np.concatenate([t[i] for t in tables]) for i in range(len(tables[0]))]
+    k, width = cols[0], bits
+    for c in cols[1:]:
+        if width + bits > KEY_BITS:
+            k, n = _ranks(k)
+            width = max(1, (n - 1).bit_length())
+        k = (k << bits) | c
+        width += bits
+    return np.split(k, np.cumsum(lens)[:-1])
+
+
+def member(sorted_keys: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Index of each ``q`` in ``sorted_keys`` or -1."""
+    if len(sorted_keys) == 0:
+        return np.full(len(q), -1, np.int64)
+    i = search(sorted_keys, q)
+    i[i == len(sorted_keys)] = 0
+    return np.where(sorted_keys[i] == q, i, -1)
+
+
+def group(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order, starts): ``keys[order]`` sorted; ``starts`` the first position of each value."""
+    order = np.argsort(keys)
+    s = keys[order]
+    if len(s) == 0:
+        return order, np.zeros(0, np.intp)
+    first = np.empty(len(s), bool)
+    first[0] = True
+    np.not_equal(s[1:], s[:-1], out=first[1:])
+    return order, np.flatnonzero(first)
+
+
+def combine(w: np.ndarray, starts: np.ndarray, sem: str) -> np.ndarray:
+    """Weights of the rows of each group (``w`` in group order) combined under ``sem``:
+    fuzzy max, probabilistic noisy-or."""
+    if len(w) == 0:
+        return w
+    if sem == "fuzzy":
+        return np.maximum.reduceat(w, starts)
+    with np.errstate(divide="ignore"):
+        miss = np.add.reduceat(np.log1p(-np.minimum(w, 1.0)), starts)
+    return -np.expm1(miss)
+
+
+class Rel:
+    """A relation: ``n`` distinct rows as ``arity`` columns of ids in lexicographic order,
+    with weights (float64) under the fuzzy and probabilistic semantics, else None."""
+
+    __slots__ = ("_cols", "_index", "_keys", "arity", "n", "w")
+
+    def __init__(self, arity: int, n: int, cols: list[np.ndarray] | None,
+                 w: np.ndarray | None = None, keys: tuple[int, np.ndarray] | None = None) -> None:
+        self.arity = arity
+        self.n = n
+        self._cols = cols
+        self.w = w
+        self._keys: tuple[int, np.ndarray | None] | None = keys
+        self._index: dict[tuple, tuple] = {}
+
+    @classmethod
+    def from_keys(cls, arity: int, keys: np.ndarray, bits: int) -> Rel:
+        """A Boolean relation from sorted distinct packed keys (columns unpacked on use)."""
+        return cls(arity, len(keys), None, None, (bits, keys))
+
+    @property
+    def cols(self) -> list[np.ndarray]:
+        """One id column per argument."""
+        if self._cols is None:
+            bits, keys = self._keys  # type: ignore[misc]
+            self._cols = unpack(keys, self.arity, bits)
+        return self._cols
+
+    @classmethod
+    def empty(cls, arity: int, weighted: bool) -> Rel:
+        """No rows."""
+        return cls(arity, 0, [np.zeros(0, np.int64) for _ in range(arity)],
+                   np.zeros(0) if weighted else None)
+
+    @classmethod
+    def build(cls, cols: list[np.ndarray], n: int, w: np.ndarray | None, bits: int,
+              sem: str = "boolean") -> Rel:
+        """The distinct rows of ``cols`` (``n`` rows; weights of repeats combined by ``sem``);
+        rows of weight 0 are dropped."""
+        if w is not None:
+            keep = w > 0
+            if not keep.all():
+                cols = [c[keep] for c in cols]
+                w = w[keep]
+                n = len(w)
+        if not cols:  # nullary: the empty tuple, or nothing
+            if n == 0:
+                return cls(0, 0, [], None if w is None else np.zeros(0))
+            ww = None if w is None else combine(w, np.zeros(1, np.intp), sem)
+            return cls(0, 1, [], ww)
+        keys = joint_keys([cols], bits)[0]
+        if w is None:
+            p = pack(cols, bits)
+            if p is not None:
+                return cls.from_keys(len(cols), sorted_unique(keys), bits)
+        order, starts = group(keys)
+        pick = order[starts]
+        out = cls(len(cols), len(pick), [c[pick] for c in cols])
+        if w is not None:
+            out.w = combine(w[order], starts, sem)
+        return out
+
+    def keys(self, bits: int) -> np.ndarray | None:
+        """Sorted packed keys of the rows (None when they do not fit)."""
+        if self._keys is None or self._keys[0] != bits:
+            self._keys = (bits, pack(self.cols, bits) if self.arity else None)
+        return self._keys[1]
+
+    def find_rows(self, other: Rel, bits: int) -> np.ndarray:
+        """Row index in this relation of each row of ``other`` (same arity) or -1."""
+        mine, theirs = self.keys(bits), other.keys(bits) if other.arity else None
+        if mine is not None and theirs is not None:
+            return member(mine, theirs)
+        return self.find(other.cols, bits)
+
+    def find(self, cols: list[np.ndarray], bits: int) -> np.ndarray:
+        """Row index of each probe row (columns ``cols``, all positions) or -1."""
+        if self.arity == 0:
+            m = len(cols[0]) if cols else 1
+            return np.zeros(m, np.int64) if self.n else np.full(m, -1, np.int64)
+        mine = self.keys(bits)
+        if mine is not None:
+            return member(mine, pack(cols, bits))
+        a, b = joint_keys([self.cols, cols], bits)
+        return member(a, b)  # a is sorted: ranks keep the lexicographic order
+
+    def index(self, positions: tuple[int, ...], bits: int):
+        """A join index on ``positions``: ("starts", starts, perm) for small key spaces,
+        ("sorted", keys, perm) otherwise; None when the keys do not pack."""
+        ix = self._index.get((positions, bits))
+        if ix is None:
+            sub = [self.cols[i] for i in positions]
+            k = pack(sub, bits)
+            if k is None:
+                return None
+            if positions == tuple(range(len(positions))):
+                perm, sk = None, k  # rows are sorted on a prefix already
+            else:
+                perm = np.argsort(k)
+                sk = k[perm]
+            if len(positions) * bits <= STARTS_BITS:
+                ix = ("starts", np.searchsorted(sk, np.arange((1 << (len(positions) * bits)) + 1)),
+                      perm)
+            else:
+                ix = ("sorted", sk, perm)
+            self._index[(positions, bits)] = ix
+        return ix
+
+    def rows(self):
+        """Every row as a tuple of ids (for tests and small relations)."""
+        return list(zip(*(c.tolist() for c in self.cols))) if self.arity else [()] * self.n
+
+
+def difference(a: Rel, b: Rel, bits: int) -> Rel:
+    """The rows of ``a`` not in ``b`` (Boolean relations)."""
+    if a.arity == 0:
+        return Rel(0, 0 if b.n else a.n, [])
+    if a.n == 0 or b.n == 0:
+        return a
+    keep = b.find_rows(a, bits) < 0
+    if keep.all():
+        return a
+    ka = a.keys(bits)
+    if ka is not None:
+        return Rel.from_keys(a.arity, ka[keep], bits)
+    return Rel(a.arity, int(np.count_nonzero(keep)), [c[keep] for c in a.cols])
+
+
+def merge_sorted(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two sorted arrays of disjoint values as one sorted array: the stable sort (timsort)
+    finds the two runs and merges them in one pass."""
+    out = np.concatenate([a, b])
+    out.sort(kind="stable")
+    return out
+
+
+def union(a: Rel, b: Rel, bits: int) -> Rel:
+    """The rows of two disjoint Boolean relations, sorted."""
+    if b.n == 0:
+        return a
+    if a.n == 0:
+        return b
+    if a.arity == 0:
+        return Rel(0, 1, [])
+    ka, kb = a.keys(bits), b.keys(bits)
+    if ka is not None and kb is not None:
+        return Rel.from_keys(a.arity, merge_sorted(ka, kb), bits)
+    cols = [np.concatenate([x, y]) for x, y in zip(a.cols, b.cols)]
+    order = np.argsort(joint_keys([cols], bits)[0])
+    return Rel(a.arity, len(order), [c[order] for c in cols])
+
+
+class Known:
+    """The tuples of one recursive relation found so far, for semi-naive rounds: a bitmap over
+    the packed keys when the key space is small (membership is one load per tuple), else a few
+    sorted chunks (each round's new tuples merged into the last chunk while that one is not
+    much larger, so a round costs about its own size)."""
+
+    def __init__(self, start: Rel, bits: int, budget: int) -> None:
+        self.arity = start.arity
+        self.bits = bits
+        space = self.arity * bits
+        self.bitmap = None
+        if 0 < self.arity and space <= BITMAP_BITS and (1 << space) <= budget // 4:
+            self.bitmap = np.zeros(1 << space, bool)
+            self.bitmap[start.keys(bits)] = True
+        self.chunks = [start]
+        self._whole: Rel | None = start
+        self.filter = None
+        if self.bitmap is None and self.arity and pack([np.zeros(1, np.int64)] * self.arity,
+                                                       bits) is not None:
+            self.filter = np.zeros(1 << FILTER_BITS, bool)
+            self.filter[_hash(start.keys(bits))] = True
+
+    def add(self, cand: list[tuple[list[np.ndarray], int, object]]) -> Rel:
+        """The distinct candidate rows (``(columns, count, _)`` parts) not known yet; they
+        become known."""
+        parts = [p for p in cand if p[1]]
+        if self.arity == 0:
+            if parts and self.whole().n == 0:
+                self.chunks = [Rel(0, 1, [])]
+                self._whole = self.chunks[0]
+                return Rel(0, 1, [])
+            return Rel(0, 0, [])
+        if not parts:
+            return Rel.empty(self.arity, False)
+        if self.bitmap is not None:
+            keys = np.concatenate([pack(p[0], self.bits) for p in parts])
+            keys = keys[~self.bitmap[keys]]
+            if len(keys) * 8 > len(self.bitmap):  # many: read them back from a bitmap
+                mark = np.zeros(len(self.bitmap), bool)
+                mark[keys] = True
+                keys = np.flatnonzero(mark)
+            else:
+                keys = sorted_unique(keys)
+            self.bitmap[keys] = True
+            new = Rel.from_keys(self.arity, keys, self.bits)
+            if len(keys):
+                self._whole = None
+            return new
+        cols = [np.concatenate([p[0][i] for p in parts]) for i in range(self.arity)]
+        new = Rel.build(cols, len(cols[0]), None, self.bits)
+        if self.filter is not None and new.n:
+            k = new.keys(self.bits)
+            h = _hash(k)
+            maybe = np.flatnonzero(self.filter[h])
+            if len(maybe):
+                seen = np.zeros(len(maybe), bool)
+                for c in self.chunks:
+                    seen |= member(c.keys(self.bits), k[maybe]) >= 0
+                if seen.any():
+                    keep = np.ones(len(k), bool)
+                    keep[maybe[seen]] = False
+                    k, h = k[keep], h[keep]
+                    new = Rel.from_keys(self.arity, k, self.bits)
+            self.filter[h] = True
+        else:
+            for c in self.chunks:
+                new = difference(new, c, self.bits)
+        if new.n:
+            self._whole = None
+            self.chunks.append(new)
+            # with a filter, chunks are searched only for the few candidates it cannot clear,
+            # so they are merged only when a rule reads the whole relation (or at the end)
+            while self.filter is None and len(self.chunks) > 1 and \
+                    self.chunks[-2].n <= 4 * self.chunks[-1].n:
+                last = self.chunks.pop()
+                self.chunks[-1] = union(self.chunks[-1], last, self.bits)
+        return new
+
+    def whole(self) -> Rel:
+        """Every tuple known, as one sorted relation."""
+        if self._whole is None:
+            if self.bitmap is not None:
+                self._whole = Rel.from_keys(self.arity, np.flatnonzero(self.bitmap), self.bits)
+            elif len(self.chunks) > 2 and self.chunks[0].keys(self.bits) is not None:
+                k = np.concatenate([c.keys(self.bits) for c in self.chunks])
+                k.sort()
+                self._whole = Rel.from_keys(self.arity, k, self.bits)
+                self.chunks = [self._whole]
+            else:
+                merged = self.chunks[0]
+                for c in self.chunks[1:]:
+                    merged = union(merged, c, self.bits)
+                self.chunks = [merged]
+                self._whole = merged
+        return self._whole

@@ -1,0 +1,399 @@
+"""Rules over sparse relations: binding tables extended atom by atom, with no loop per tuple.
+
+A rule runs as a *binding table* (one column of symbol ids per bound variable, plus a weight
+column under the fuzzy and probabilistic semantics). It starts from one atom (in a semi-naive
+round, the atom read as the delta) and is extended item by item: a positive atom sharing
+variables with the table joins through a sorted index of its relation (``relset.Rel.index``);
+an atom whose variables are all bound, a negated atom and a comparison filter rows; ``X = term``
+binds a column, computing arithmetic vectorized and adding new numbers to the symbol table.
+Variables that nothing later needs are dropped (and the rows deduplicated) as soon as possible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ProgramError
+from .ast import Arith, Comparison, Const, Literal, Rule, Var, term_vars, where
+from .relset import Rel, combine, group, joint_keys, pack, search
+from .symbols import INT, STR, Symbols
+
+#: bytes one binding-table row costs per column at the peak of a join (ids, gathers, keys)
+ROW_BYTES = 32
+
+_ORDER = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}
+
+
+@dataclass
+class Table:
+    """``m`` rows of bindings: one id column per bound variable, weights or None."""
+
+    m: int
+    cols: dict[str, np.ndarray]
+    w: np.ndarray | None
+
+    def take(self, idx: np.ndarray) -> Table:
+        """The rows selected by a boolean mask or an index array."""
+        cols = {v: c[idx] for v, c in self.cols.items()}
+        w = None if self.w is None else self.w[idx]
+        m = int(np.count_nonzero(idx)) if idx.dtype == bool else len(idx)
+        return Table(m, cols, w)
+
+
+class Context:
+    """What rules read while they run: symbols, semantics, key width, memory budget."""
+
+    def __init__(self, symbols: Symbols, sem: str, budget: int) -> None:
+        self.sym = symbols
+        self.sem = sem
+        self.weighted = sem != "boolean"
+        self.budget = budget
+        self.bits = 1
+        self.refresh()
+
+    def refresh(self) -> bool:
+        """Update the key width to the symbol table's size; True if it changed."""
+        bits = max(1, (len(self.sym) - 1).bit_length())
+        changed = bits != self.bits
+        self.bits = bits
+        return changed
+
+    def charge(self, rule: Rule, rows: int, ncols: int) -> None:
+        """Refuse a binding table whose rows would not fit the memory budget."""
+        need = rows * max(ncols, 1) * ROW_BYTES
+        if need > self.budget:
+            raise ProgramError(
+                f"the rule for {rule.head.pred!r}{where(rule.pos)} would build {rows} binding "
+                f"rows ({need} bytes), over the memory budget of {self.budget} bytes",
+                code="memory_budget")
+
+
+def _named(lit: Literal) -> list[str]:
+    return list(dict.fromkeys(a.name for a in lit.atom.args
+                              if isinstance(a, Var) and not a.anonymous))
+
+
+def _vars_of(item) -> set[str]:
+    if isinstance(item, Literal):
+        return set(_named(item))
+    return {v.name for t in (item.left, item.right) for v in term_vars(t)}
+
+
+# ---------------------------------------------------------------------- atom views
+def atom_view(ctx: Context, lit: Literal, rel: Rel) -> Rel:
+    """The relation as seen by an atom: rows matching its constants and repeated variables,
+    projected onto its distinct named variables (in order of first appearance)."""
+    atom = lit.atom
+    keep = None
+    first: dict[str, int] = {}
+    for i, a in enumerate(atom.args):
+        if isinstance(a, Const):
+            cid = ctx.sym.encode_value(a.value)
+            m = rel.cols[i] == cid
+        elif a.anonymous or a.name not in first:
+            if not a.anonymous:
+                first[a.name] = i
+            continue
+        else:
+            m = rel.cols[i] == rel.cols[first[a.name]]
+        keep = m if keep is None else keep & m
+    pos = list(first.values())
+    if keep is None and pos == list(range(rel.arity)):
+        return rel
+    cols = [c if keep is None else c[keep] for c in (rel.cols[i] for i in pos)]
+    w = rel.w if keep is None or rel.w is None else rel.w[keep]
+    n = len(cols[0]) if cols else (rel.n if keep is None else int(np.count_nonzero(keep)))
+    if not cols:
+        return Rel.build([], min(n, 1) if w is None else n, w, ctx.bits, ctx.sem)
+    if pos == sorted(pos) and len(pos) == rel.arity:
+        return Rel(len(pos), n, cols, w)  # a filtered sorted relation stays sorted and distinct
+    return Rel.build(cols, n, w, ctx.bits, ctx.sem)
+
+
+# ---------------------------------------------------------------------- arithmetic
+@dataclass
+class Num:
+    """Numeric values of a term per row: ints where ``is_int``, floats elsewhere; rows where
+    the term is undefined (a string operand, a division by zero) have ``ok`` False."""
+
+    is_int: np.ndarray
+    ival: np.ndarray
+    fval: np.ndarray
+    ok: np.ndarray
+
+
+def _num(ctx: Context, t, table: Table) -> Num:
+    m = table.m
+    if isinstance(t, Const):
+        v = t.value
+        if isinstance(v, str):
+            z = np.zeros(m, bool)
+            return Num(z, np.zeros(m, np.int64), np.zeros(m), z)
+        is_int = isinstance(v, int)
+        return Num(np.full(m, is_int), np.full(m, int(v) if is_int else 0, np.int64),
+                   np.full(m, float(v)), np.ones(m, bool))
+    if isinstance(t, Var):
+        ids = table.cols[t.name]
+        k = ctx.sym.kind[ids]
+        return Num(k == INT, ctx.sym.ival[ids], ctx.sym.fval[ids], k != STR)
+    a, b = _num(ctx, t.left, table), _num(ctx, t.right, table)
+    is_int = a.is_int & b.is_int
+    ok = a.ok & b.ok
+    with np.errstate(all="ignore"):
+        if t.op in "+-*":
+            f = {"+": np.add, "-": np.subtract, "*": np.multiply}[t.op]
+            return Num(is_int, f(a.ival, b.ival), f(a.fval, b.fval), ok)
+        zero = np.where(is_int, b.ival == 0, b.fval == 0)
+        ok = ok & ~zero
+        bi = np.where(b.ival == 0, 1, b.ival)
+        q = (np.abs(a.ival) // np.abs(bi)) * np.sign(a.ival) * np.sign(bi)  # toward zero
+        if t.op == "/":
+            return Num(is_int, q, np.where(is_int, q, a.fval / np.where(zero, 1, b.fval)), ok)
+        r = a.ival - bi * q
+        return Num(is_int, r, np.where(is_int, r, np.fmod(a.fval, np.where(zero, 1, b.fval))),
+                   ok)
+
+
+def _compare_num(op: str, a: Num, b: Num) -> np.ndarray:
+    both_int = a.is_int & b.is_int
+    if op in ("=", "!="):
+        eq = np.where(both_int, a.ival == b.ival, a.fval == b.fval)
+        return eq if op == "=" else ~eq
+    f = _ORDER[op]
+    return np.where(both_int, f(a.ival, b.ival), f(a.fval, b.fval))
+
+
+# ---------------------------------------------------------------------- one rule
+class SparseRule:
+    """One rule (or one semi-naive variant: body item ``seed`` read as the delta), planned once
+    and run over sparse relations."""
+
+    def __init__(self, rule: Rule, seed: int | None = None) -> None:
+        self.rule = rule
+        self.seed = seed
+        self.never = False
+        self.ops: list[tuple] = []
+        self._plan()
+
+    def _plan(self) -> None:
+        rule = self.rule
+        body = list(enumerate(rule.body))
+        head_vars = {v.name for v in rule.head.variables()}
+        bound: set[str] = set()
+        rest = list(body)
+        if self.seed is not None:
+            first = rule.body[self.seed]
+            rest = [(k, it) for k, it in body if k != self.seed]
+            self.ops.append(("scan", self.seed, first))
+            bound |= set(_named(first))
+        while rest:
+            pick = None
+            for k, item in rest:  # filters first
+                if _vars_of(item) <= bound and not (isinstance(item, Comparison) and
+                                                     item.op == "=" and self._binds(item, bound)):
+                    pick = (k, item)
+                    break
+            if pick is None:
+                for k, item in rest:
+                    if isinstance(item, Comparison) and item.op == "=" and self._binds(item,
+                                                                                       bound):
+                        pick = (k, item)
+                        break
+            if pick is None:
+                best = None
+                for k, item in rest:
+                    if isinstance(item, Literal) and not item.negated:
+                        shared = len(set(_named(item)) & bound)
+                        if best is None or shared > best[0]:
+                            best = (shared, (k, item))
+                pick = best[1] if best else None
+            if pick is None:  # unreachable for a safe rule
+                raise AssertionError(f"no evaluable body item left in {rule}")
+            rest.remove(pick)
+            k, item = pick
+            if isinstance(item, Comparison):
+                lt, rt = item.left, item.right
+                if isinstance(lt, Const) and isinstance(rt, Const):
+                    from .joins import _compare
+                    if not _compare(item.op, lt.value, rt.value):
+                        self.never = True
+                    continue
+                if item.op == "=" and self._binds(item, bound):
+                    x, other = (lt, rt) if isinstance(lt, Var) and lt.name not in bound else (
+                        rt, lt)
+                    self.ops.append(("bind", x.name, other))
+                    bound.add(x.name)
+                else:
+                    self.ops.append(("cmp", item))
+            elif item.negated:
+                self.ops.append(("neg", k, item))
+            else:
+                names = _named(item)
+                b = [v for v in names if v in bound]
+                self.ops.append(("join", k, item, b, [v for v in names if v not in bound]))
+                bound |= set(names)
+            needed = head_vars.union(*(_vars_of(i) for _, i in rest))
+            gone = sorted(bound - needed)
+            if gone:
+                # the last drop leaves deduplication to the head's relation
+                self.ops.append(("drop", gone, bool(rest)))
+                bound -= set(gone)
+
+    @staticmethod
+    def _binds(c: Comparison, bound: set[str]) -> bool:
+        for x, y in ((c.left, c.right), (c.right, c.left)):
+            if isinstance(x, Var) and x.name not in bound and all(
+                    v.name in bound for v in term_vars(y)):
+                return True
+        return False
+
+    # ------------------------------------------------------------------ running
+    def run(self, ctx: Context, source: Callable[[str, int], Rel]
+            ) -> tuple[list[np.ndarray], int, np.ndarray | None]:
+        """The head rows derived (columns, count, weights), possibly repeated."""
+        head = self.rule.head
+        t = Table(1, {}, np.ones(1) if ctx.weighted else None)
+        if not self.never:
+            for op in self.ops:
+                t = getattr(self, "_" + op[0])(ctx, t, source, *op[1:])
+                if t.m == 0:
+                    break
+        else:
+            t = t.take(np.zeros(0, np.intp))
+        if t.m == 0:
+            return [np.zeros(0, np.int64) for _ in head.args], 0, None
+        cols = []
+        for a in head.args:
+            if isinstance(a, Var):
+                cols.append(t.cols[a.name])
+            else:
+                cols.append(np.full(t.m, ctx.sym.encode_value(a.value), np.int64))
+        return cols, t.m, t.w
+
+    def _scan(self, ctx, t: Table, source, k: int, lit: Literal) -> Table:
+        return self._join(ctx, t, source, k, lit, [], _named(lit))
+
+    def _join(self, ctx, t: Table, source, k: int, lit: Literal, b: list[str],
+              free: list[str]) -> Table:
+        view = atom_view(ctx, lit, source(lit.atom.pred, k))
+        names = _named(lit)
+        if not free:  # every variable bound: a semi-join
+            if view.arity == 0:
+                if view.n == 0:
+                    return t.take(np.zeros(0, np.intp))
+                return t if view.w is None else Table(t.m, t.cols, t.w * view.w[0])
+            idx = view.find([t.cols[v] for v in names], ctx.bits)
+            hit = idx >= 0
+            out = t.take(hit)
+            if out.w is not None:
+                out.w = out.w * view.w[idx[hit]]
+            return out
+        bpos = tuple(names.index(v) for v in b)
+        fpos = [names.index(v) for v in free]
+        if not b:  # nothing shared: every row meets every tuple
+            total = t.m * view.n
+            ctx.charge(self.rule, total, len(t.cols) + len(free))
+            rows = np.repeat(np.arange(t.m), view.n)
+            pos = np.tile(np.arange(view.n), t.m)
+        else:
+            ix = view.index(bpos, ctx.bits)
+            if ix is None:  # keys too wide to pack: rank the probe and the build together
+                sub = [view.cols[i] for i in bpos]
+                kb, kq = joint_keys([sub, [t.cols[v] for v in b]], ctx.bits)
+                perm = np.argsort(kb)
+                sk = kb[perm]
+                lo, hi = search(sk, kq, "left"), search(sk, kq, "right")
+            else:
+                kind, table, perm = ix
+                q = pack([t.cols[v] for v in b], ctx.bits)
+                if kind == "starts":
+                    lo, hi = table[q], table[q + 1]
+                else:
+                    lo, hi = search(table, q, "left"), search(table, q, "right")
+            cnt = hi - lo
+            total = int(cnt.sum())
+            ctx.charge(self.rule, total, len(t.cols) + len(free))
+            rows = np.repeat(np.arange(t.m), cnt)
+            # position of each output row inside its key's run of the index
+            pos = np.arange(total) + np.repeat(lo - (np.cumsum(cnt) - cnt), cnt)
+            if perm is not None:
+                pos = perm[pos]
+        cols = {v: c[rows] for v, c in t.cols.items()}
+        for v, i in zip(free, fpos):
+            cols[v] = view.cols[i][pos]
+        w = None if t.w is None else t.w[rows] * view.w[pos]
+        return Table(len(rows), cols, w)
+
+    def _neg(self, ctx, t: Table, source, k: int, lit: Literal) -> Table:
+        view = atom_view(ctx, lit, source(lit.atom.pred, k))
+        names = _named(lit)
+        if view.arity == 0:
+            idx = np.full(t.m, 0 if view.n else -1, np.int64)
+        else:
+            idx = view.find([t.cols[v] for v in names], ctx.bits)
+        hit = idx >= 0
+        if t.w is None:
+            return t.take(~hit)
+        w = t.w.copy()
+        w[hit] *= 1.0 - view.w[idx[hit]]
+        out = Table(t.m, t.cols, w)
+        return out.take(w > 0)
+
+    def _cmp(self, ctx, t: Table, source, c: Comparison) -> Table:
+        lt, rt = c.left, c.right
+        if isinstance(lt, Arith) or isinstance(rt, Arith):
+            a, b = _num(ctx, lt, t), _num(ctx, rt, t)
+            # an undefined arithmetic term drops the row; a string side compared with a number
+            # is unequal and unordered
+            undefined = (~a.ok if isinstance(lt, Arith) else False) | (
+                ~b.ok if isinstance(rt, Arith) else False)
+            res = np.where(a.ok & b.ok, _compare_num(c.op, a, b), c.op == "!=")
+            return t.take(res & ~undefined)
+        ids = [t.cols[x.name] if isinstance(x, Var) else
+               np.full(t.m, ctx.sym.encode_value(x.value), np.int64) for x in (lt, rt)]
+        a, b = ids
+        if c.op == "=":
+            return t.take(a == b)
+        if c.op == "!=":
+            return t.take(a != b)
+        s = ctx.sym.is_str()
+        r = ctx.sym.rank()
+        return t.take((s[a] == s[b]) & _ORDER[c.op](r[a], r[b]))
+
+    def _bind(self, ctx, t: Table, source, x: str, other) -> Table:
+        cols = dict(t.cols)
+        if isinstance(other, Var):
+            cols[x] = t.cols[other.name]
+            return Table(t.m, cols, t.w)
+        if isinstance(other, Const):
+            cols[x] = np.full(t.m, ctx.sym.encode_value(other.value), np.int64)
+            return Table(t.m, cols, t.w)
+        n = _num(ctx, other, t)
+        keep = t.take(n.ok)
+        ids = ctx.sym.add_numbers(n.ival[n.ok], n.fval[n.ok], n.is_int[n.ok])
+        ctx.refresh()
+        keep.cols[x] = ids
+        return keep
+
+    def _drop(self, ctx, t: Table, source, gone: list[str], dedupe: bool) -> Table:
+        names = [v for v in t.cols if v not in gone]
+        if not dedupe and (names or t.w is None):
+            return Table(t.m, {v: t.cols[v] for v in names}, t.w) if names else \
+                Table(min(t.m, 1), {}, None)
+        if not names:
+            if t.m == 0:
+                return Table(0, {}, t.w)
+            w = None if t.w is None else combine(t.w, np.zeros(1, np.intp), ctx.sem)
+            return Table(1, {}, w)
+        cols = [t.cols[v] for v in names]
+        if t.w is None:
+            r = Rel.build(cols, t.m, None, ctx.bits)
+            return Table(r.n, dict(zip(names, r.cols)), None)
+        key = joint_keys([cols], ctx.bits)[0]
+        order, starts = group(key)
+        pick = order[starts]
+        w = combine(t.w[order], starts, ctx.sem)
+        return Table(len(pick), {v: c[pick] for v, c in zip(names, cols)}, w)
