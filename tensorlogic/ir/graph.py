@@ -402,8 +402,8 @@ class EinsumGraph:
         if isinstance(t, (bool, int, float, complex)):
             dt = dtypes.scalar_dtype(t, like, "scalar operand: ")
             return self.constant(t, dtype=dt)  # checked: a value the dtype cannot hold fails
-        if isinstance(t, (np.generic, np.ndarray)):
-            return self.constant(t)
+        if isinstance(t, (np.generic, np.ndarray, list, tuple)):
+            return self.constant(t)  # numpy arrays, and lists as np.asarray reads them (strong)
         raise GraphError(f"expected a Tensor or a number, got {type(t).__name__}")
 
     @_atomic
