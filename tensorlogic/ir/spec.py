@@ -25,8 +25,12 @@ MAX_INDICES = 1 << 20  # distinct indices in one einsum: far past any real netwo
 
 
 def symbol(i: int) -> str:
-    """The i-th index symbol: the 52 ASCII letters, then opt_einsum's extended symbols."""
-    return LETTERS[i] if i < 52 else opt_einsum.get_symbol(i)
+    """The i-th index symbol: the 52 ASCII letters, then ``chr(i + 140)`` as opt_einsum's
+    ``get_symbol``, skipping the surrogates (which ``get_symbol`` yields for 55156 <= i < 55296)."""
+    if i < 52:
+        return LETTERS[i]
+    c = i + 140
+    return chr(c if c < 0xD800 else c + 0x800)
 
 
 def symbols(avoid: set[str] | frozenset[str] = frozenset()) -> Iterator[str]:
@@ -40,11 +44,18 @@ def symbols(avoid: set[str] | frozenset[str] = frozenset()) -> Iterator[str]:
 
 
 def is_index(ch: str) -> bool:
-    """Whether ``ch`` may name an index: an ASCII letter or a non-ASCII, non-surrogate character."""
+    """Whether ``ch`` may name an index: an ASCII letter or a non-ASCII, non-surrogate character
+    (``get_symbol`` yields every one of those from 192 on, Unicode spaces included)."""
     if ch in _LETTER_SET:
         return True
     o = ord(ch)
-    return o >= 128 and not 0xD800 <= o <= 0xDFFF and not ch.isspace()
+    return o >= 128 and not 0xD800 <= o <= 0xDFFF
+
+
+def _show(spec: str, limit: int = 120) -> str:
+    """``repr(spec)`` for an error message, shortened in the middle when a network is huge."""
+    r = repr(spec)
+    return r if len(r) <= limit else f"{r[:limit // 2]}...{r[-limit // 2:]} ({len(spec)} chars)"
 
 
 @dataclass(frozen=True)
@@ -77,12 +88,12 @@ def _check_term(term: str, spec: str, pos: int) -> None:
     for ch in body:
         if ch == ".":
             raise SpecError(
-                f"einsum spec {spec!r}: a '.' outside a complete '...' in term {term!r} "
+                f"einsum spec {_show(spec)}: a '.' outside a complete '...' in term {_show(term)} "
                 f"(operand {pos}); expected letters and at most one '...'"
             )
         if not is_index(ch):
             raise SpecError(
-                f"einsum spec {spec!r}: invalid index character {ch!r} in term {term!r} "
+                f"einsum spec {_show(spec)}: invalid index character {ch!r} in term {_show(term)} "
                 f"(operand {pos}); expected ASCII letters a-z, A-Z or opt_einsum's extended "
                 f"symbols (non-ASCII characters, opt_einsum.get_symbol)"
             )
@@ -102,21 +113,22 @@ def parse(spec: str, ranks: list[int] | tuple[int, ...]) -> EinsumSpec:
         or (raw.count(">") != raw.count("->"))
     ):
         raise SpecError(
-            f"einsum spec {spec!r}: expected at most one '->' separating inputs and output"
+            f"einsum spec {_show(spec)}: expected at most one '->' separating inputs and output"
         )
     explicit = "->" in raw
     lhs, out = raw.split("->") if explicit else (raw, None)
     terms = lhs.split(",")
     if len(terms) != len(ranks):
         raise SpecError(
-            f"einsum spec {spec!r} has {len(terms)} input "
+            f"einsum spec {_show(spec)} has {len(terms)} input "
             f"term(s) but {len(ranks)} operand(s) were given"
         )
     for i, t in enumerate(terms):
         _check_term(t, spec, i)
     if out is not None:
         if "," in out:
-            raise SpecError(f"einsum spec {spec!r}: the output term {out!r} may not contain ','")
+            raise SpecError(f"einsum spec {_show(spec)}: the output term {_show(out)} may not "
+                            f"contain ','")
         _check_term(out, spec, -1)
 
     used = set("".join(terms) + (out or "")) - {"."}
@@ -129,13 +141,14 @@ def parse(spec: str, ranks: list[int] | tuple[int, ...]) -> EinsumSpec:
         if "..." in t:
             if named > r:
                 raise SpecError(
-                    f"einsum spec {spec!r}: term {t!r} names "
+                    f"einsum spec {_show(spec)}: term {_show(t)} names "
                     f"{named} indices but operand {i} has rank {r}"
                 )
             n_ell = max(n_ell, r - named)
         elif named != r:
             raise SpecError(
-                f"einsum spec {spec!r}: term {t!r} has {named} indices but operand {i} has rank {r}"
+                f"einsum spec {_show(spec)}: term {_show(t)} has {named} indices but operand {i} "
+                f"has rank {r}"
             )
     fresh = symbols(used)
     ell = "".join(next(fresh) for _ in range(n_ell))
@@ -161,18 +174,21 @@ def parse(spec: str, ranks: list[int] | tuple[int, ...]) -> EinsumSpec:
             if n_ell:
                 # numpy never sums broadcast (ellipsis) dimensions: it rejects such specs
                 raise SpecError(
-                    f"einsum spec {spec!r}: the inputs have {n_ell} ellipsis dimension(s) but the "
-                    f"output {out!r} has no '...'; expected '...' in the output"
+                    f"einsum spec {_show(spec)}: the inputs have {n_ell} ellipsis dimension(s) "
+                    f"but the "
+                    f"output {_show(out)} has no '...'; expected '...' in the output"
                 )
         present = set("".join(inputs))
         for ch in output:
             if output.count(ch) > 1:
                 raise SpecError(
-                    f"einsum spec {spec!r}: output index {ch!r} appears more than once in {out!r}"
+                    f"einsum spec {_show(spec)}: output index {ch!r} appears more than once in "
+                    f"{_show(out)}"
                 )
             if ch not in present:
                 raise SpecError(
-                    f"einsum spec {spec!r}: output index {ch!r} does not appear in any input term"
+                    f"einsum spec {_show(spec)}: output index {ch!r} does not appear in any "
+                    f"input term"
                 )
     return EinsumSpec(inputs, output)
 

@@ -194,3 +194,48 @@ def test_interleaved_rank_mismatch_names_the_term():
     a = g.input("a", (2, 2), "float64")
     with pytest.raises(SpecError, match="operand 0"):
         g.einsum(a, [0, 1, 2], [0])
+
+
+def test_every_get_symbol_is_an_index():
+    """opt_einsum's symbols past 52 include Unicode spaces (U+2000...) and the planes past the
+    surrogates: all are indices; a surrogate is not."""
+    for i in [*range(0, 2000), *range(0x2000 - 140, 0x2100 - 140), 0x3000 - 140, 55155, 55296,
+              100_000, einspec.MAX_INDICES - 1]:
+        assert einspec.is_index(opt_einsum.get_symbol(i)), i
+    # ours skip the surrogates get_symbol yields just below 55296, and never repeat
+    ours = [einspec.symbol(i) for i in range(54_000, 57_000)]
+    assert all(map(einspec.is_index, ours)) and len(set(ours)) == len(ours)
+    assert ours[:1000] == [opt_einsum.get_symbol(i) for i in range(54_000, 55_000)]
+    assert not einspec.is_index("\ud800") and not einspec.is_index(" ")
+    eq = opt_einsum.get_symbol(0x2000 - 140) + "a,a" + opt_einsum.get_symbol(0x3000 - 140)
+    es = einspec.parse(eq, [2, 2])
+    assert len(es.output) == 2
+
+
+def test_index_count_is_bounded_with_a_short_message():
+    big = "".join(einspec.symbol(i) for i in range(einspec.MAX_INDICES + 1))
+    with pytest.raises(SpecError, match="distinct indices; expected at most") as err:
+        einspec.parse(big, [len(big)])
+    assert len(str(err.value)) < 300
+    with pytest.raises(SpecError, match="has rank 2") as err:
+        einspec.parse(big[:5000], [2])
+    assert len(str(err.value)) < 600
+
+
+@pytest.mark.parametrize("subs", [([3, 0], [0, 1]), ([30, 2], [2, 5]), ([51, 0], [0, 26]),
+                                  ([1, 0], [0, 1], [1, 0])])
+def test_interleaved_matches_numpy_implicit_and_explicit(subs):
+    """Index k is numpy's k-th letter below 52: the implicit output orders like numpy's."""
+    rng = np.random.default_rng(6)
+    sizes = {}
+    arrays = [rng.standard_normal(tuple(sizes.setdefault(k, 2 + k % 3) for k in s))
+              for s in subs[:2]]
+    out = list(subs[2]) if len(subs) == 3 else None
+    g = EinsumGraph()
+    ts = [g.input(f"x{i}", a.shape, "float64") for i, a in enumerate(arrays)]
+    args = _interleaved(ts, subs[:2], out) if out else _interleaved(ts, subs[:2], None)[:-1]
+    g.output(g.einsum(*args), "y")
+    _, got = _run(g, "numpy", arrays)
+    np_args = _interleaved(arrays, subs[:2], out) if out else _interleaved(arrays, subs[:2],
+                                                                           None)[:-1]
+    np.testing.assert_allclose(got, np.einsum(*np_args), rtol=1e-12)
