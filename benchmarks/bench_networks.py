@@ -5,7 +5,9 @@ generators (matrix chains, trees, lattices, random regular graphs, MPS overlaps,
 circuit-like random networks). Per instance: our first compile (numpy backend, O2, cold path
 cache) and call; ``opt_einsum.contract`` with its default path (path search included, as a user
 calls it); ``opt_einsum.contract_expression`` and cotengra's executor along our path. Every
-contender runs in its own process. Usage: python benchmarks/bench_networks.py [--quick]
+contender runs in its own process. ``--slicing`` instead compiles a lattice without and with
+``path_memory_limit`` (an eighth of its peak) and runs both. Usage:
+python benchmarks/bench_networks.py [--quick | --slicing]
 """
 
 from __future__ import annotations
@@ -152,6 +154,34 @@ def worker(contender: str, name: str, path_file: str | None, repeat: int) -> dic
     return res
 
 
+def slicing_demo(n: int = 7, bond: int = 8, divide: int = 8) -> dict:
+    """A lattice compiled without and with ``path_memory_limit`` = its peak / ``divide``."""
+    import tensorlogic as tl
+    eq, sizes = lattice(n, bond)
+    arrays = _arrays(eq, sizes, "float64")
+    g = tl.EinsumGraph()
+    ts = [g.input(f"x{i}", a.shape, "float64") for i, a in enumerate(arrays)]
+    g.output(g.einsum(eq, *ts), "y")
+    feed = {f"x{i}": a for i, a in enumerate(arrays)}
+    row: dict = {"instance": f"lattice{n}x{n}_b{bond}"}
+    limit = None
+    ys = []
+    for label in ("unlimited", "sliced"):
+        t0 = time.perf_counter()
+        plan = tl.compile(g, "numpy", 2, cache=False, path_memory_limit=limit)
+        t1 = time.perf_counter()
+        ys.append(plan(feed)["y"])
+        t2 = time.perf_counter()
+        info = plan.optimized_graph.node(plan.optimized_graph.outputs["y"]).args["path_info"]
+        row[label] = {"compile_s": t1 - t0, "call_s": t2 - t1, "flops": info["flops"],
+                      "peak_bytes": info["largest_intermediate"] * 8,
+                      "n_slices": info.get("n_slices", 1), "strategy": info["strategy"]}
+        limit = row["unlimited"]["peak_bytes"] // divide
+    row["limit_bytes"] = limit
+    row["rel_diff"] = float(abs(ys[1] - ys[0]) / abs(ys[0]))
+    return row
+
+
 def _spawn(contender, name, path_file, repeat, cache_dir):
     env = {**os.environ, "TL_CACHE_DIR": cache_dir}
     cmd = [sys.executable, __file__, "--worker", contender, name, "--repeat", str(repeat)]
@@ -167,7 +197,14 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=9)
     ap.add_argument("--worker", nargs=2)
     ap.add_argument("--path")
+    ap.add_argument("--slicing", action="store_true",
+                    help="only the slicing run: a 7x7 lattice of bond 8 under 1/8 of its peak")
     args = ap.parse_args()
+    if args.slicing:
+        row = slicing_demo()
+        print(json.dumps(row, indent=1))
+        write_results("bench_networks_slicing", [row])
+        return
     if args.worker:
         print(json.dumps(worker(*args.worker, args.path, args.repeat)))
         return
