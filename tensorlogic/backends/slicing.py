@@ -97,3 +97,26 @@ def choose_slices(terms: list[str], output: str, sizes: dict[str, int], path,
     if sliced.max_size() > limit or not sliced.sliced_inds:
         return None
     return sorted(sliced.sliced_inds)
+
+
+def search_sliced(terms: list[str], output: str, sizes: dict[str, int], limit: int,
+                  seconds: float):
+    """(path, sliced letters) from cotengra's hyper-optimizer searching paths and slices
+    together for about ``seconds`` (a path chosen without the limit may slice badly), or None."""
+    try:
+        import cotengra
+    except ImportError:
+        return None
+    used = {c for t in terms for c in t}
+    opt = cotengra.HyperOptimizer(
+        methods=["greedy"], max_repeats=128, max_time=seconds, minimize="flops",
+        slicing_opts={"target_size": max(int(limit), 1), "allow_outer": False},
+        parallel=False, progbar=False)
+    try:
+        tree = opt.search([tuple(t) for t in terms], tuple(output),
+                          {c: int(sizes[c]) for c in used})
+    except RuntimeError:
+        return None
+    if tree.max_size() > limit or not tree.sliced_inds:
+        return None
+    return [tuple(int(i) for i in p) for p in tree.get_path()], sorted(tree.sliced_inds)

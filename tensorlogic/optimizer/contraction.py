@@ -91,11 +91,22 @@ def _under_limit(es, shapes, sizes, terms, plan, path, strategy, limit, dtype):
     fits = lplan.largest_intermediate <= limit
     if fits and lplan.flops <= LIMITED_PATH_SLACK * plan.flops:
         return lplan, lpath, lstrategy, []
+    options = []
     sliced = slicing.choose_slices(terms, es.output, sizes, path, limit)
     if sliced:
-        splan = slicing.plan_sliced(es, shapes, sizes, path, sliced, dtype)
-        if splan.largest_intermediate <= limit and (not fits or splan.flops < lplan.flops):
-            return splan, path, strategy + "+sliced", sliced
+        options.append((path, strategy + "+sliced", sliced))
+    budget = path_search.budget_for(plan.flops, len(terms))
+    if budget.search:  # worth a search: paths and slices together
+        found = slicing.search_sliced(terms, es.output, sizes, limit, budget.seconds)
+        if found:
+            options.append((found[0], "cotengra+sliced", found[1]))
+    best = None
+    for spath, sname, sl in options:
+        splan = slicing.plan_sliced(es, shapes, sizes, spath, sl, dtype)
+        if splan.largest_intermediate <= limit and (best is None or splan.flops < best[0].flops):
+            best = (splan, spath, sname, sl)
+    if best is not None and (not fits or best[0].flops < lplan.flops):
+        return best
     return lplan, lpath, lstrategy, []
 
 
