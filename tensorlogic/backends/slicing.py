@@ -101,15 +101,18 @@ def choose_slices(terms: list[str], output: str, sizes: dict[str, int], path,
 
 def search_sliced(terms: list[str], output: str, sizes: dict[str, int], limit: int,
                   seconds: float):
-    """(path, sliced letters) from cotengra's hyper-optimizer searching paths and slices
-    together for about ``seconds`` (a path chosen without the limit may slice badly), or None."""
+    """(path, sliced letters, maybe none) from cotengra's hyper-optimizer searching paths and
+    slices together for about ``seconds`` (a path chosen without the limit may slice badly), or
+    None when cotengra is missing or finds nothing under the limit."""
     try:
         import cotengra
     except ImportError:
         return None
     used = {c for t in terms for c in t}
     opt = cotengra.HyperOptimizer(
-        methods=["greedy"], max_repeats=128, max_time=seconds, minimize="flops",
+        # few repeats: each trial slices its tree, which can take seconds under a tight limit,
+        # and max_time is only checked between trials
+        methods=["greedy"], max_repeats=8, max_time=seconds, minimize="flops",
         slicing_opts={"target_size": max(int(limit), 1), "allow_outer": False},
         parallel=False, progbar=False)
     try:
@@ -117,6 +120,7 @@ def search_sliced(terms: list[str], output: str, sizes: dict[str, int], limit: i
                           {c: int(sizes[c]) for c in used})
     except RuntimeError:
         return None
-    if tree.max_size() > limit or not tree.sliced_inds:
+    if tree.max_size() > limit:
         return None
+    # no sliced letters: the search found a path that fits the limit as it is
     return [tuple(int(i) for i in p) for p in tree.get_path()], sorted(tree.sliced_inds)

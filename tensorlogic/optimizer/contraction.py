@@ -99,10 +99,11 @@ def _under_limit(es, shapes, sizes, terms, plan, path, strategy, limit, dtype):
     if budget.search:  # worth a search: paths and slices together
         found = slicing.search_sliced(terms, es.output, sizes, limit, budget.seconds)
         if found:
-            options.append((found[0], "cotengra+sliced", found[1]))
+            options.append((found[0], "cotengra+sliced" if found[1] else "cotengra", found[1]))
     best = None
     for spath, sname, sl in options:
-        splan = slicing.plan_sliced(es, shapes, sizes, spath, sl, dtype)
+        splan = (slicing.plan_sliced(es, shapes, sizes, spath, sl, dtype) if sl
+                 else contract.plan_einsum(es, shapes, sizes, spath))
         if splan.largest_intermediate <= limit and (best is None or splan.flops < best[0].flops):
             best = (splan, spath, sname, sl)
     if best is not None and (not fits or best[0].flops < lplan.flops):

@@ -96,3 +96,26 @@ def test_output_larger_than_the_limit_still_raises():
     eq, shapes = "ij,jk,kl->il", [(32, 2), (2, 32), (32, 32)]
     with pytest.raises(MemoryBudgetError, match="path_memory_limit"):
         tl.compile(_graph(eq, shapes), "numpy", 2, cache=False, path_memory_limit=100)
+
+
+def test_joint_search_of_path_and_slices_runs_correctly():
+    """cotengra's joint search returns a path and contracted letters whose sliced plan fits the
+    limit and gives the network's value."""
+    from tensorlogic.backends import contract, slicing
+    from tensorlogic.ir import spec as einspec
+    eq, shapes = _lattice(5, 4, 2)
+    es = einspec.parse(eq, [len(s) for s in shapes])
+    sizes = einspec.letter_sizes(es, shapes)
+    terms = contract.prepared_terms(es, shapes, sizes)
+    free = contract.plan_einsum(es, shapes, sizes, "greedy")
+    limit = free.largest_intermediate // 32
+    found = slicing.search_sliced(terms, es.output, sizes, limit, 0.3)
+    assert found is not None
+    path, sliced = found
+    assert sliced and not set(sliced) & set(es.output)
+    plan = slicing.plan_sliced(es, shapes, sizes, path, sliced, "float64")
+    assert plan.largest_intermediate <= limit
+    rng = np.random.default_rng(3)
+    arrays = [rng.uniform(0.5, 1.5, s) for s in shapes]
+    got = plan.run(np, arrays, np.empty(tuple(sizes[c] for c in es.output)))
+    np.testing.assert_allclose(got, opt_einsum.contract(eq, *arrays), rtol=1e-9)
