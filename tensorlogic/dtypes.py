@@ -146,7 +146,12 @@ def scalar_array(value: object, dtype: str, where: str = "") -> np.ndarray:
                 f"{where}Python integer {value} is out of bounds for {dtype} "
                 f"[{info.min}, {info.max}]; use a wider tensor dtype or np.{dtype}(...) to wrap"
             )
-    return np.array(value, dtype=dtype)
+    with np.errstate(over="ignore"):
+        arr = np.array(value, dtype=dtype)
+    if isinstance(value, (float, complex)) and np.isfinite(value) and not np.all(np.isfinite(arr)):
+        raise DTypeError(f"{where}Python number {value!r} overflows {dtype} (values overflow "
+                         f"{dtype}); use a wider tensor dtype")
+    return arr
 
 
 def accumulation(dtype: str) -> str:

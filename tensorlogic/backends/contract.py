@@ -290,8 +290,8 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
             B2 = B2.swapaxes(1, 2)
         if squeeze:
             A2, B2 = A2[0], B2[0]
-        mmul = (matmul if matmul is not None
-                else int_mm if int_mm is not None and xp is np else xp.matmul)
+        mmul = (int_mm if int_mm is not None and xp is np else
+                xp.matmul if matmul is None else matmul)
         if out is None:
             C = _take(xp, scratch, k_res, res_shape, rdt)
             mmul(A2, B2, out=C.reshape(mm_shape))
@@ -299,7 +299,7 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
         if out.flags.c_contiguous:
             mmul(A2, B2, out=out.reshape(mm_shape))
             return out
-        out[...] = mmul(A2, B2).reshape(res_shape)
+        out[...] = (mmul if mmul is int_mm else xp.matmul)(A2, B2).reshape(res_shape)
         return out
 
     return result, rdt, (_swapped(mm) if swap else mm), flops

@@ -38,9 +38,15 @@ MIN_PARALLEL_BLOCK = 256 * 1024
 
 
 def _where(cond, a, b, out):
-    # the unfused kernel's order: b everywhere, then a where cond is nonzero
-    np.copyto(out, b)
-    np.copyto(out, a, where=np.not_equal(cond, 0))
+    # the unfused kernel's order: b everywhere, then a where cond is nonzero. The mask is taken
+    # before out is written, and an out that is ``a`` itself (a step in place over it) only
+    # receives b: out may alias any operand exactly (the kernel declares them in place)
+    mask = np.not_equal(cond, 0)
+    if np.may_share_memory(out, a):
+        np.copyto(out, b, where=np.logical_not(mask))
+    else:
+        np.copyto(out, b)
+        np.copyto(out, a, where=mask)
     return out
 
 

@@ -278,6 +278,12 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
                 return out
             return PreparedKernel(reshape_copy)
         return PreparedKernel(lambda a, out: a[0].reshape(shape))
+    if kind == ops.ATTENTION:
+        from .attention_cpu import attention_kernel
+
+        if xp.__name__ != "numpy":
+            raise BackendError(f"node {node.name!r}: the host attention kernel needs numpy arrays")
+        return attention_kernel(node, in_nodes)
     if kind == ops.CAST:
         if in_nodes[0].dtype.startswith("complex") and not node.dtype.startswith("complex"):
             def cast_real(a, out):  # astype's result, without its ComplexWarning

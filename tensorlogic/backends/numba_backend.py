@@ -78,6 +78,17 @@ def _call(fn: Any, out: np.ndarray, oshape: tuple[int, ...], ins: list, dims: tu
         out[...] = tmp.reshape(out.shape)
 
 
+def _attention_kernel(node, in_nodes, opts):
+    """The shared blocked host kernel, its softmax passes as one generated loop (fast_math)."""
+    from .attention_cpu import attention_kernel, compute_dtype
+    from .attention_numba import exp_rows
+
+    fast = opts.get("fast_math")
+    if fast is False:  # libm exp in strict order: the numpy passes are that already
+        return attention_kernel(node, in_nodes)
+    return attention_kernel(node, in_nodes, exp_rows(compute_dtype(node.dtype)))
+
+
 class NumbaBackend(NumpyBackend):
     """Generated, parallel numba kernels; memory and input handling are the numpy backend's."""
 
@@ -100,6 +111,8 @@ class NumbaBackend(NumpyBackend):
                                  node, in_nodes)
         if node.kind == ops.EINSUM:  # BLAS, split over the helper threads in the "pool" mode
             return self.einsum_kernel(node, in_nodes, thread_mode(step))
+        if node.kind == ops.ATTENTION:
+            return _attention_kernel(node, in_nodes, opts)
         body = _body_of(node, in_nodes)
         dts = [n.dtype for n in in_nodes]
         if body is None or not generates(body.instrs, body.tail, body.epilogue, node.dtype, dts):

@@ -154,7 +154,8 @@ def _inputs_for(cp) -> dict[str, np.ndarray]:
     out = {}
     for name, bid in cp.input_ids.items():
         b = cp.buffers[bid]
-        out[name] = rng.standard_normal(b.shape).astype(b.dtype)
+        # on the plan's own device: a device backend's kernels take only its arrays
+        out[name] = cp.backend.to_device(rng.standard_normal(b.shape).astype(b.dtype))
     return out
 
 
@@ -255,6 +256,12 @@ def autotune(plan, binding: dict[str, int], build: Callable) -> Any:
             plans[c] = cp
 
     attempt(first, required=True)
+    # only passes that changed the first plan's graph give a different candidate without them
+    report0 = plans[first].optimizer_report if first in plans else None
+    if report0 is not None:
+        changed = {r.name for r in report0.records if r.changed}
+        n_planned -= sum(1 for p in tunable if p not in changed)
+        tunable = [p for p in tunable if p in changed]
     # 1. structure: each tunable pass left out in turn
     for p in tunable:
         attempt(Candidate(first.backend, user_skip + (p,), first.threads))

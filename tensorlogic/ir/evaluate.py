@@ -23,8 +23,12 @@ def _elementwise(op: str, args: Sequence[np.ndarray], dtype: np.dtype) -> np.nda
         c, a, b = args
         return np.where(c != 0, a, b).astype(dtype, copy=False)
     # numpy's own loop for the operands' dtypes, written into the result dtype (as the numpy
-    # backend runs it: int / int -> float64, abs of complex -> float, comparisons -> 1/0)
+    # backend runs it: int / int -> float64, abs of complex -> float, comparisons -> 1/0); a
+    # unary op that changes the dtype (gelu of int8 -> float16) runs on its converted input,
+    # so composite ops do not start in the input's integer loops
     args = [np.asarray(a) for a in args]
+    if len(args) == 1 and op != "abs" and args[0].dtype != dtype:
+        args = [args[0].astype(dtype)]
     out = np.empty(np.broadcast_shapes(*(a.shape for a in args)), dtype)
     return ops.ELEMENTWISE[op].numpy(*args, out=out)
 
@@ -59,6 +63,20 @@ def _rowop(op: str, x: np.ndarray, axis: int, eps: float) -> np.ndarray:
         e = np.exp(z)
         return e / e.sum(axis=axis, keepdims=True)
     return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
+
+
+def _attention(xs: Sequence[np.ndarray], scale: float, causal: bool,
+               dtype: np.dtype) -> np.ndarray:
+    """softmax(scale q k^T + mask) v, computed in float32 at least (16-bit floats widen)."""
+    work = np.promote_types(dtype, np.float32)
+    q, k, v = (x.astype(work, copy=False) for x in xs[:3])
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * work.type(scale)
+    if len(xs) == 4:
+        s = s + xs[3].astype(work, copy=False)
+    if causal:
+        sq, sk = s.shape[-2:]
+        s = np.where(np.arange(sk)[None, :] > np.arange(sq)[:, None], -np.inf, s).astype(work)
+    return np.matmul(_rowop("softmax", s, -1, 0.0), v)
 
 
 def _program(instrs: tuple[FusedOp, ...], xs: Sequence[np.ndarray], dtype: np.dtype,
@@ -126,6 +144,8 @@ def evaluate_node(node: Any, xs: Sequence[np.ndarray],
             r = _cast(xs[0], dtype)
         elif kind == ops.FUSED:
             r = _fused(node, xs)
+        elif kind == ops.ATTENTION:
+            r = _attention(xs, float(a["scale"]), bool(a["causal"]), dtype)
         else:
             raise ValueError(f"node {node.name!r}: no evaluation rule for node kind {kind!r}")
     r = _cast(np.asarray(r), dtype)

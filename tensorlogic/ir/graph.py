@@ -401,7 +401,7 @@ class EinsumGraph:
             return t
         if isinstance(t, (bool, int, float, complex)):
             dt = dtypes.scalar_dtype(t, like, "scalar operand: ")
-            return self.constant(t, dtype=dt)  # checked: a value the dtype cannot hold fails
+            return self.constant(dtypes.scalar_array(t, dt, "scalar operand: "))
         if isinstance(t, (np.generic, np.ndarray, list, tuple)):
             return self.constant(t)  # numpy arrays, and lists as np.asarray reads them (strong)
         raise GraphError(f"expected a Tensor or a number, got {type(t).__name__}")
@@ -527,6 +527,31 @@ class EinsumGraph:
         x = self._own(x)
         dt = dtypes.normalize(dtype, f"cast of {x.name!r}: ")
         return Tensor(self, self.add_node(ops.CAST, None, [x.id], {"dtype": dt}, name=name))
+
+    def attention(self, q: "Tensor", k: "Tensor", v: "Tensor", scale: float | None = None,
+                  causal: bool = False, mask: "Tensor | None" = None,
+                  name: str | None = None) -> "Tensor":
+        """``softmax(scale * q @ k^T + mask) @ v`` over the last two axes, as one node.
+
+        q: ``(*batch, Sq, D)``, k: ``(*batch, Sk, D)``, v: ``(*batch, Sk, Dv)`` -> ``(*batch, Sq,
+        Dv)``. ``scale`` defaults to ``1/sqrt(D)``; ``causal=True`` hides keys ``j > i`` from
+        query ``i`` without any mask tensor; ``mask`` is an additive tensor that broadcasts
+        against the scores ``(*batch, Sq, Sk)`` (``-inf`` hides a key). See ``ir/attention.py``.
+        """
+        from .attention import default_scale
+
+        ts = [self._own(t) for t in (q, k, v)]
+        if mask is not None:
+            ts.append(self._own(mask, ts[0]))
+        if scale is None:
+            if len(ts[0].shape) < 1:
+                raise ShapeError(f"attention: q {ts[0].name!r} is a scalar; expected "
+                                 "(*batch, S, D)")
+            scale = default_scale(ts[0].shape[-1])
+        args = {"scale": float(scale) if isinstance(scale, (int, float, np.number))
+                and not isinstance(scale, bool) else scale, "causal": causal}
+        return Tensor(self, self.add_node(ops.ATTENTION, None, [t.id for t in ts], args,
+                                          name=name))
 
     # reduction and unary shorthands, generated from the op table
     def sum(self, x, axis=None, keepdims=False, name=None):  # noqa: D102

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import dtypes
 from ..errors import GraphError, ShapeError
-from . import ops, spec as einspec
+from . import attention, ops, spec as einspec
 
 Dim = int | str
 Shape = tuple[Dim, ...]
@@ -186,6 +186,8 @@ def infer(
         return reshape_target(shapes[0], args["shape"], where), dts[0]
     if kind == ops.CAST:
         return shapes[0], dtypes.normalize(args["dtype"], f"{where}: ")
+    if kind == ops.ATTENTION:
+        return attention.infer(shapes, dts, args, where)
     raise GraphError(f"{where}: unknown node kind {kind!r}")
 
 

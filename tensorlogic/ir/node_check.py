@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import GraphError
-from . import ops
+from . import attention, ops
 
 # number of inputs of each kind; None: one or more
 ARITY: dict[str, int | None] = {
     ops.EINSUM: None, ops.UNARY: 1, ops.BINARY: 2, ops.WHERE: 3, ops.REDUCE: 1, ops.ROWOP: 1,
-    ops.TRANSPOSE: 1, ops.RESHAPE: 1, ops.CAST: 1, ops.FUSED: None,
+    ops.TRANSPOSE: 1, ops.RESHAPE: 1, ops.CAST: 1, ops.FUSED: None, ops.ATTENTION: None,
 }
 # kinds whose nodes name an op of the op table
 OP_KINDS = (ops.UNARY, ops.BINARY, ops.REDUCE, ops.ROWOP)
@@ -51,6 +51,16 @@ def int_list(values: Any, what: str, where: str) -> list[int]:
 def check(kind: str, op: str | None, inputs: Sequence[int], args: Mapping[str, Any],
           where: str) -> None:
     """Raise GraphError unless (kind, op, inputs, args) is a well-formed record."""
+    if kind not in ARITY:
+        raise GraphError(f"{where}: unknown node kind {kind!r}; expected one of {sorted(ARITY)}")
+    if kind == ops.ATTENTION:  # q, k, v and an optional additive mask
+        if len(inputs) not in (3, 4):
+            raise GraphError(f"{where}: an attention node takes q, k, v and an optional mask "
+                             f"(3 or 4 inputs), got {len(inputs)}")
+        if op is not None:
+            raise GraphError(f"{where}: an attention node takes no op, got {op!r}")
+        attention.check_args(args, where)
+        return
     n = ARITY[kind]
     if n is None and not inputs:
         raise GraphError(f"{where}: a {kind} node needs at least one input, got none")

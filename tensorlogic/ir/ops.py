@@ -30,9 +30,11 @@ TRANSPOSE = "transpose"
 RESHAPE = "reshape"
 CAST = "cast"
 FUSED = "fused"  # made by the optimizer's fusion pass
+ATTENTION = "attention"  # softmax(scale * q k^T + mask) v in one node (see ir/attention.py)
 
 NODE_KINDS = (
     INPUT, CONSTANT, EINSUM, UNARY, BINARY, WHERE, REDUCE, ROWOP, TRANSPOSE, RESHAPE, CAST, FUSED,
+    ATTENTION,
 )
 
 

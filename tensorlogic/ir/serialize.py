@@ -32,6 +32,7 @@ _TOP_FIELDS = {"format", "version", "nodes", "inputs", "outputs"}
 _ARG_FIELDS = {
     ops.EINSUM: {"spec"}, ops.REDUCE: {"axes", "keepdims"}, ops.ROWOP: {"axis", "eps"},
     ops.TRANSPOSE: {"perm"}, ops.RESHAPE: {"shape"}, ops.CAST: {"dtype"},
+    ops.ATTENTION: {"scale", "causal"},
 }
 
 # arguments a node of the kind may leave out (layer_norm's eps is checked by shape inference)

@@ -1,8 +1,9 @@
 """Graph optimizer: passes and the pass manager.
 
 Pipelines (each repeated to a fixpoint): O0 runs nothing; O1 runs dce, cse, fold, simplify;
-O2 and O3 add layernorm (hand-written layer normalization to one row op), merge (einsum merging,
-scalar pulling), contraction (path planning) and fusion.
+O2 and O3 add layernorm (hand-written layer normalization to one row op), attention (written-out
+attention to one attention node), merge (einsum merging, scalar pulling), contraction (path
+planning) and fusion.
 """
 
 from .base import (
@@ -14,12 +15,13 @@ from .cse import cse
 from .fold import fold
 from .simplify import simplify
 from .layernorm import layernorm
+from .attention import attention  # before merge and fusion, which would split the pattern
 from .merge import merge
 from .contraction import contraction
 from .fusion import fusion, is_legal_group
 
 __all__ = [
-    "PIPELINES", "OptimizerReport", "Pass", "PassManager", "PassResult", "contraction", "cse",
-    "dce", "fold", "fusion", "is_legal_group", "layernorm", "merge", "optimize", "register_pass",
-    "simplify",
+    "PIPELINES", "OptimizerReport", "Pass", "PassManager", "PassResult", "attention",
+    "contraction", "cse", "dce", "fold", "fusion", "is_legal_group", "layernorm", "merge",
+    "optimize", "register_pass", "simplify",
 ]

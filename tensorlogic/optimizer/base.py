@@ -70,13 +70,16 @@ class OptimizerReport:
 
 # opt level -> the passes it runs, in order (each pipeline repeats to a fixpoint). O1 cleans up:
 # dead code, duplicate subexpressions, constant subgraphs, algebraic identities. O2 also
-# rewrites hand-written layer norms, merges einsum chains and plans their contraction order
-# before fusion groups what is left into kernels. O3 is O2 until a pass needs autotuning.
+# rewrites hand-written layer norms and written-out attention (before merge and fusion, which
+# would take the pattern apart), merges einsum chains and plans their contraction order before
+# fusion groups what is left into kernels. O3 is O2 until a pass needs autotuning.
+_O2 = ["dce", "cse", "fold", "simplify", "layernorm", "attention", "merge", "contraction",
+       "fusion"]
 PIPELINES: dict[int, list[str]] = {
     0: [],
     1: ["dce", "cse", "fold", "simplify"],
-    2: ["dce", "cse", "fold", "simplify", "layernorm", "merge", "contraction", "fusion"],
-    3: ["dce", "cse", "fold", "simplify", "layernorm", "merge", "contraction", "fusion"],
+    2: list(_O2),
+    3: list(_O2),
 }
 PASSES: dict[str, Callable[..., Pass]] = {}
 

@@ -367,7 +367,27 @@ def node_bound(node, in_bounds: Sequence[Bound], in_shapes: Sequence[tuple[int, 
     if kind == ops.FUSED:
         body = FusedBody.from_args(node.args["body"])
         return fused(body, in_bounds, tuple(body.space), dt)
+    if kind == ops.ATTENTION:
+        return attention(in_bounds, in_shapes, float(node.args["scale"]), dt)
     raise ValueError(f"no bound rule for node kind {kind!r}")
+
+
+def attention(xs: Sequence[Bound], shapes: Sequence[tuple[int, ...]], scale: float,
+              dtype: str) -> Bound:
+    """Bound of ``softmax(scale * q k^T + mask) v``: the scores' bound through the softmax,
+    then a convex combination of v's rows (so within v's range), summed over Sk keys."""
+    q, k, v = xs[:3]
+    d, sk = shapes[0][-1], shapes[1][-2]
+    qk = einsum("qd,kd->qk", [q, k], [(1, d), (1, d)], dtype)
+    a = abs(scale)
+    s = Bound(min(qk.lo * scale, qk.hi * scale), max(qk.lo * scale, qk.hi * scale),
+              qk.err * a + _eps(dtype) * qk.mag * a, False, qk.problem)
+    if len(xs) == 4:
+        s = binary("add", s, xs[3], dtype)
+    p = rowop("softmax", s, sk, dtype)
+    pv = einsum("k,ke->e", [p, v], [(sk,), (sk, 1)], dtype)
+    # causal or -inf masks only drop keys: the result stays a convex combination of v's rows
+    return Bound(v.lo, v.hi, pv.err, False, _merge(pv.problem, s.problem))
 
 
 def analyze(graph, ranges: Mapping[str, tuple[float, float]],

@@ -252,10 +252,10 @@ def int_programs(draw, max_steps: int = 5, dtypes: tuple[str, ...] = INT_DTYPES,
     dts = tuple(draw(st.lists(st.sampled_from(dtypes), min_size=1, max_size=3)))
     steps: list[tuple[str, tuple]] = []
     kinds: list[str] = []  # result dtype of each step, to skip ops numpy refuses
-    for j in range(draw(st.integers(1, max_steps))):
+    for _ in range(draw(st.integers(1, max_steps))):
         op = draw(st.sampled_from(ops))
         arity = 1 if op in ("neg", "abs", "square") else 2
-        refs = [("in", k) for k in range(len(dts))] + [("tmp", i) for i in range(j)]
+        refs = [("in", k) for k in range(len(dts))] + [("tmp", i) for i in range(len(steps))]
         args = [draw(st.sampled_from(refs)) for _ in range(arity)]
         if arity == 2 and draw(st.integers(0, 3)) == 0:
             args[draw(st.integers(0, 1))] = ("int", draw(st.integers(-3, 3)))
@@ -279,6 +279,12 @@ def int_programs(draw, max_steps: int = 5, dtypes: tuple[str, ...] = INT_DTYPES,
 
 
 def _numpy_dtype(op: str, args, arg_dts) -> str:
+    for (kind, v), other in zip(args, reversed(arg_dts)):
+        # a Python int the tensor's dtype cannot hold: numpy refuses it in arithmetic, and so
+        # does the graph builder for comparisons too (numpy 2 compares it exactly)
+        if kind == "int" and other is not None and dt.kind(other) in "iu" and not (
+                np.iinfo(other).min <= v <= np.iinfo(other).max):
+            raise OverflowError(v)
     xs = [np.ones(1, d) if d is not None else v for (_, v), d in zip(args, arg_dts)]
     with np.errstate(all="ignore"):
         r = getattr(np, INT_UFUNCS[op])(*xs)

@@ -50,6 +50,17 @@ def _rowop(op: str, x: np.ndarray, axis: int, eps: float = 0.0) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
 
 
+def _attention(xs: list[np.ndarray], scale: float, causal: bool) -> np.ndarray:
+    q, k, v = xs[:3]
+    s = np.einsum("...qd,...kd->...qk", q, k) * scale
+    if len(xs) == 4:
+        s = s + xs[3]
+    if causal:
+        sq, sk = s.shape[-2:]
+        s = np.where(np.arange(sk)[None, :] > np.arange(sq)[:, None], -np.inf, s)
+    return _rowop("softmax", s, -1) @ v
+
+
 def evaluate(graph, inputs: Mapping[str, np.ndarray], binding: Mapping[str, int] | None = None,
              ) -> dict[str, np.ndarray]:
     """Outputs of ``graph`` on ``inputs``, computed in float64 by plain numpy.
@@ -84,6 +95,8 @@ def evaluate(graph, inputs: Mapping[str, np.ndarray], binding: Mapping[str, int]
                                         for d in a["shape"]))
         elif kind == ops.CAST:
             r = xs[0]
+        elif kind == ops.ATTENTION:
+            r = _attention(xs, float(a["scale"]), bool(a["causal"]))
         else:
             raise ValueError(f"the reference interpreter has no rule for node kind {kind!r}")
         # round to the node's dtype as the backends do, then carry on in float64

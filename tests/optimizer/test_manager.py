@@ -17,7 +17,8 @@ from tensorlogic.optimizer.base import PIPELINES
 def test_pipelines_per_level():
     assert PIPELINES[0] == []
     assert PIPELINES[1] == ["dce", "cse", "fold", "simplify"]
-    assert PIPELINES[2] == PIPELINES[1] + ["layernorm", "merge", "contraction", "fusion"]
+    assert PIPELINES[2] == PIPELINES[1] + ["layernorm", "attention", "merge", "contraction",
+                                          "fusion"]
     assert PIPELINES[3] == PIPELINES[2]
 
 

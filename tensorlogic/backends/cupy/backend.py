@@ -22,7 +22,7 @@ from . import cuda_c, launch, pdl, ptx
 from . import cublas
 from .cache import KernelCache
 from .compiler import KernelCompiler
-from .graphs import PlanRunner
+from .graphs import CAPTURE_GATE, PlanRunner
 from .spec import ITEMSIZE, finish_program, make_spec, program_of
 
 GENERATED_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE, ops.REDUCE, ops.ROWOP, ops.FUSED, ops.CAST)
@@ -270,7 +270,7 @@ class CupyBackend(Backend):
         view.__dict__.update(self.__dict__)
         view.codegen, view.cuda_graph, view.pdl, view.tf32 = codegen, graph, use_pdl, tf32
         blas = cublas.get()
-        if blas is not None:
+        if blas is not None and tf32 != self.tf32:  # otherwise the view shares the GEMM path
             view.blas_xp = cublas.CublasXp(blas, tf32=tf32)
         return view
 
@@ -282,6 +282,11 @@ class CupyBackend(Backend):
         if node.kind in GENERATED_KINDS:
             gk = GeneratedKernel(self, node, in_nodes, self.codegen)
             return PreparedKernel(gk, source=gk.source, impl=gk)
+        if node.kind == ops.ATTENTION:
+            from .attention_gpu import AttentionKernel
+
+            ak = AttentionKernel(self, node, in_nodes)
+            return PreparedKernel(ak, flops=ak.flops, info=ak.info, source=ak.source, impl=ak)
         return generic.make_kernel(cupy, node, in_nodes, not step.view)
 
     def _einsum(self, node, in_nodes):
@@ -362,7 +367,8 @@ class CupyBackend(Backend):
         return bool(cupy.isfinite(cupy.asarray(x)).all())
 
     def synchronize(self) -> None:  # noqa: D102
-        cupy.cuda.Device(self.device_id).synchronize()
+        with CAPTURE_GATE:  # not while another thread captures a plan
+            cupy.cuda.Device(self.device_id).synchronize()
 
     def free_memory(self) -> int:
         """Free device memory in bytes, counting blocks CuPy's pool holds but does not use."""

@@ -22,6 +22,10 @@ from ...runtime.units import format_bytes
 from ..base import PlanRunner as BasePlanRunner
 from . import pdl
 
+# A device-wide synchronize is illegal while any stream of the process is capturing
+# (cudaErrorStreamCaptureUnsupported), so captures and device synchronizes take turns.
+CAPTURE_GATE = threading.RLock()
+
 # Cost model for cuda_graph="auto": a Python-side launch costs about this much host time, and
 # device-to-device copies move about this many bytes per second (H100: ~2.9e12 read+write).
 LAUNCH_SECONDS = 10e-6
@@ -197,7 +201,7 @@ class PlanRunner(BasePlanRunner):
         relaxed = getattr(cupy.cuda.runtime, "streamCaptureModeRelaxed", None)
         pool = cupy.cuda.MemoryPool()
         try:
-            with stream, cupy.cuda.using_allocator(pool.malloc):
+            with CAPTURE_GATE, stream, cupy.cuda.using_allocator(pool.malloc):
                 if relaxed is None:
                     stream.begin_capture()
                 else:

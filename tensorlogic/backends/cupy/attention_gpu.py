@@ -1,0 +1,144 @@
+"""The cupy backend's attention step: the generated flash-attention kernel, compiled once.
+
+float16 with head dims that are multiples of 16 (and value dims of 8) up to 128 runs the
+tensor-core kernel of ``attention_mma`` on sm_80 and later; everything else runs the exact FFMA
+kernel of ``attention_c``. Inputs that are not C-contiguous (a transposed view from the
+attention pass) are copied to a contiguous layout first, O(S * D); the mask is read in place
+through one offset per batch index and two strides (zero for broadcast axes), so a ``(Sq, Sk)``
+mask shared by every head is never expanded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import cupy
+import numpy as np
+
+from ...errors import BackendError
+from ...ir import attention as attn_ir
+from . import attention_c, attention_mma
+
+# float16 attention runs on tensor cores (attention_mma) where the head dims allow; False keeps
+# every dtype on the exact FFMA kernel (tests compare the two)
+USE_MMA = True
+
+_MAX_GRID_Y = 65535
+_SMEM_OPTIN_ATTR = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin
+_FUNC_MAX_DYN_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+
+
+def _set_dynamic_smem(fn, nbytes: int) -> None:
+    try:
+        fn.max_dynamic_shared_size_bytes = nbytes
+    except AttributeError:  # an older CuPy: set it through the driver
+        from cupy.cuda import driver
+
+        driver.funcSetAttribute(fn.ptr, _FUNC_MAX_DYN_SMEM, nbytes)
+
+
+def _mask_layout(mask_shape, batch, sq, sk):
+    """(offset per flattened batch index, row stride, key stride) of a C-contiguous mask
+    broadcast to ``(*batch, sq, sk)``."""
+    full = (*batch, sq, sk)
+    shape = (1,) * (len(full) - len(mask_shape)) + tuple(mask_shape)
+    strides, acc = [], 1
+    for dim in reversed(shape):
+        strides.append(0 if dim == 1 else acc)
+        acc *= dim
+    strides = strides[::-1]
+    nb = math.prod(batch)
+    offsets = np.zeros(max(nb, 1), np.int64)
+    for flat, idx in enumerate(np.ndindex(*batch) if batch else [()]):
+        offsets[flat] = sum(i * s for i, s in zip(idx, strides))
+    return offsets, strides[-2], strides[-1]
+
+
+class AttentionKernel:
+    """``kernel(inputs, out)`` for an attention node on CuPy arrays."""
+
+    def __init__(self, backend, node, in_nodes) -> None:
+        shapes = [tuple(int(x) for x in n.shape) for n in in_nodes]
+        q, k, v = shapes[:3]
+        self.batch, self.sq, self.d = q[:-2], q[-2], q[-1]
+        self.sk, self.dv = k[-2], v[-1]
+        self.nb = math.prod(self.batch)
+        self.dtype = node.dtype
+        scale, causal = attn_ir.check_args(node.args, f"node {node.name!r}")
+        self.has_mask = len(in_nodes) == 4
+        if node.dtype not in attention_c.CTYPE:
+            raise BackendError(f"node {node.name!r}: the GPU attention kernel takes "
+                               f"{sorted(attention_c.CTYPE)}, not {node.dtype}")
+        self.backend, self.node_name = backend, node.name
+        self.causal = causal
+        self.mma = (USE_MMA and int(backend.arch) >= 80
+                    and attention_mma.supports(self.d, self.dv, node.dtype))
+        self._ffma = None
+        if self.mma:
+            self.launch = self._compile(True)
+        else:
+            self.launch = self._ffma = self._compile(False)
+        self.scale = np.float64(scale) if node.dtype == "float64" else np.float32(scale)
+        if self.has_mask:
+            offs, self.msq, self.msk = _mask_layout(shapes[3], self.batch, self.sq, self.sk)
+            self.moff = cupy.asarray(offs)
+        else:
+            self.moff, self.msq, self.msk = None, 0, 0
+        macs = self.nb * self.sq * self.sk * (self.d + self.dv)
+        self.flops = 2 * macs // (2 if causal else 1)
+        self.info = (f"flash attention ({'tensor-core mma' if self.mma else 'FFMA'}, "
+                     f"{self.launch[2]}-row tiles, {self.launch[1] // 1024} KiB shared)"
+                     f"{' causal' if causal else ''}{' +mask' if self.has_mask else ''}")
+
+    def _compile(self, mma: bool):
+        """(function, shared bytes, rows per block, threads) of one of the two kernels."""
+        dt, d, dv = self.dtype, self.d, self.dv
+        if mma:
+            smem = attention_mma.shared_bytes(d, dv)
+            rows, threads = attention_mma.BM, attention_mma.THREADS
+        else:
+            smem = attention_c.shared_bytes(d, dv, dt)
+            rows, threads = 16 * attention_c.tiles(dt)[0], attention_c.THREADS
+        limit = cupy.cuda.runtime.deviceGetAttribute(_SMEM_OPTIN_ATTR, self.backend.device_id)
+        if smem > limit:
+            raise BackendError(
+                f"node {self.node_name!r}: attention with head dims {d}/{dv} in {dt} needs "
+                f"{smem} bytes of shared memory per block; this GPU allows {limit}")
+        name = (f"tl_attention{'_mma' if mma else ''}_{dt}_d{d}_v{dv}"
+                f"{'_causal' if self.causal else ''}{'_mask' if self.has_mask else ''}")
+        if mma:
+            src = attention_mma.render(name, d, dv, self.causal, self.has_mask)
+        else:
+            src = attention_c.render(name, d, dv, dt, self.causal, self.has_mask)
+        self.source = src
+        fn = self.backend.compiler.function(src, name, "cuda")
+        _set_dynamic_smem(fn, smem)
+        return fn, smem, rows, threads
+
+    def __call__(self, args, out):
+        if self.sq == 0 or self.dv == 0 or self.nb == 0:
+            return out
+        q, k, v = (cupy.ascontiguousarray(a) for a in args[:3])
+        mask = cupy.ascontiguousarray(args[3]) if self.has_mask else None
+        target = out if out.flags.c_contiguous else cupy.empty(out.shape, out.dtype)
+        launch = self.launch
+        if self.mma and any(a.data.ptr % 16 for a in (q, k, v, target)):
+            # the tensor-core kernel moves rows 16 bytes at a time; an unaligned view takes
+            # the FFMA kernel (compiled on first need)
+            if self._ffma is None:
+                self._ffma = self._compile(False)
+            launch = self._ffma
+        fn, smem, rows, threads = launch
+        grid_x = -(-self.sq // rows)
+        null = np.uint64(0)
+        for b0 in range(0, self.nb, _MAX_GRID_Y):
+            nb = min(_MAX_GRID_Y, self.nb - b0)
+            fn((grid_x, nb, 1), (threads, 1, 1),
+               (target, q, k, v, mask if mask is not None else null,
+                self.moff if self.moff is not None else null, np.int32(self.sq),
+                np.int32(self.sk), np.int64(self.msq), np.int64(self.msk), self.scale,
+                np.int32(b0)),
+               shared_mem=smem)
+        if target is not out:
+            out[...] = target
+        return out

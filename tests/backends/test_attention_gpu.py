@@ -1,0 +1,110 @@
+"""The cupy backend's flash-attention kernel on a GPU: head dims, dtypes, masks, long sequences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensorlogic as tl
+from tests.backends.test_attention_kernels import _graph, _inputs, textbook
+from tests.conftest import to_numpy
+
+pytestmark = pytest.mark.gpu
+
+_TOL = {"float16": 4e-3, "float32": 3e-5, "float64": 1e-12}
+
+
+@pytest.mark.parametrize("d", [32, 64, 80, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float16_ffma"])
+def test_head_dims_dtypes_and_causal(d, causal, dtype, rng, monkeypatch):
+    from tensorlogic.backends.cupy import attention_gpu
+
+    if dtype == "float16_ffma":  # the exact kernel for float16 too (unaligned views take it)
+        monkeypatch.setattr(attention_gpu, "USE_MMA", False)
+        dtype = "float16"
+    g = _graph((1, 3), 333, 333 if causal else 517, d, d, dtype, causal, None)
+    ins = _inputs(g, rng)
+    for graph_mode in (False, True):
+        plan = tl.compile(g, backend="cupy", cache=False, cuda_graph=graph_mode)
+        for _ in range(2):  # the second call replays a captured graph
+            got = to_numpy(plan(**ins)["y"]).astype(np.float64)
+        want = textbook(ins["q"], ins["k"], ins["v"], g.node(g.outputs["y"]).args["scale"],
+                        causal)
+        np.testing.assert_allclose(got, want, rtol=_TOL[dtype], atol=_TOL[dtype])
+
+
+@pytest.mark.parametrize("mask_shape", [(70, 130), (2, 1, 70, 1), (3, 1, 130)])
+def test_broadcast_masks_and_float64(mask_shape, rng):
+    for dtype in ("float32", "float64", "float16"):
+        g = _graph((2, 3), 70, 130, 24, 40, dtype, True, mask_shape)
+        ins = _inputs(g, rng)
+        got = to_numpy(tl.compile(g, backend="cupy", cache=False)(**ins)["y"])
+        want = textbook(ins["q"], ins["k"], ins["v"], g.node(g.outputs["y"]).args["scale"],
+                        True, ins["m"])
+        np.testing.assert_allclose(got, want, rtol=_TOL[dtype], atol=_TOL[dtype])
+
+
+def test_tensor_core_kernel_is_used_and_unaligned_inputs_fall_back(rng):
+    import cupy
+
+    g = _graph((2,), 200, 300, 64, 48, "float16", True, (200, 300))
+    plan = tl.compile(g, backend="cupy", cache=False)
+    assert "tensor-core mma" in plan.steps[0].info
+    ins = _inputs(g, rng)
+    want = textbook(ins["q"], ins["k"], ins["v"], g.node(g.outputs["y"]).args["scale"], True,
+                    ins["m"])
+    dev = {}
+    for n, a in ins.items():  # C-contiguous views 2 bytes past an aligned start
+        buf = cupy.empty(a.size + 1, a.dtype)[1:].reshape(a.shape)
+        buf.set(a)
+        dev[n] = buf
+    assert dev["q"].data.ptr % 16
+    for given in (ins, dev):
+        got = to_numpy(plan(**given)["y"]).astype(np.float64)
+        np.testing.assert_allclose(got, want, rtol=_TOL["float16"], atol=_TOL["float16"])
+
+
+def test_written_out_model_attention_runs_fused_on_the_gpu(rng):
+    # the model issue's spelling, causal through an additive -inf constant
+    b, s, h, k, d = 2, 150, 4, 16, 64
+    g = tl.EinsumGraph()
+    x = g.input("x", (b, s, d))
+    wq, wk, wv, wo = (g.constant((rng.standard_normal((h, k, d)) / 8).astype(np.float32))
+                      for _ in range(4))
+    q, kk, v = (g.einsum("bsd,hkd->bhsk", x, w) for w in (wq, wk, wv))
+    scores = g.einsum("bhqk,bhsk->bhqs", q, kk) * 0.25
+    scores = scores + g.constant(np.triu(np.full((s, s), -np.inf, np.float32), 1))
+    o = g.einsum("bhqs,bhsk->bqhk", g.softmax(scores, -1), v)
+    g.output(g.einsum("bqhk,hkd->bqd", o, wo), "y")
+    ins = {"x": rng.standard_normal(g.node(g.inputs["x"]).shape).astype(np.float32)}
+    o0 = tl.compile(g, backend="numpy", opt_level=0, cache=False)(**ins)["y"]
+    plan = tl.compile(g, backend="cupy", opt_level=2, cache=False, fuse_attention=True)
+    assert any(st.kind == "attention" for st in plan.steps)
+    # by default device plans keep attention written out (measured faster on cuBLAS)
+    assert not any(st.kind == "attention" for st in
+                   tl.compile(g, backend="cupy", opt_level=2, cache=False).steps)
+    np.testing.assert_allclose(to_numpy(plan(**ins)["y"]), o0, rtol=1e-4, atol=1e-4)
+
+
+def test_sequence_of_16k_runs_in_o_of_s_memory(rng):
+    import cupy
+
+    s, d = 16384, 64
+    g = _graph((1, 2), s, s, d, d, "float32", True, None)
+    ins = {n: cupy.asarray(a) for n, a in _inputs(g, rng).items()}
+    plan = tl.compile(g, backend="cupy", cache=False)
+    assert plan.memory.peak_bytes == 0  # no arena: the scores live in shared memory
+    pool = cupy.get_default_memory_pool()
+    cupy.cuda.Device().synchronize()
+    before = pool.total_bytes()
+    y = plan(**ins)["y"]
+    cupy.cuda.Device().synchronize()
+    assert pool.total_bytes() - before <= 2 * y.nbytes  # the output (and no S x S anything)
+    rows = rng.choice(s, 48, replace=False)
+    qh, kh, vh = (to_numpy(ins[n]) for n in "qkv")
+    want = np.empty((1, 2, len(rows), d))
+    for r_i, r in enumerate(rows):  # query r sees keys 0..r
+        ref = textbook(qh[:, :, r:r + 1], kh[:, :, :r + 1], vh[:, :, :r + 1], 1 / np.sqrt(d))
+        want[:, :, r_i] = ref[:, :, 0]
+    np.testing.assert_allclose(to_numpy(y)[:, :, rows], want, rtol=3e-5, atol=3e-5)
