@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 import opt_einsum
 
-from ..ir.spec import EinsumSpec
+from ..ir.spec import EinsumSpec, ascii_spec
 
 
 def choose_path_strategy(n_operands: int) -> str:
@@ -39,9 +39,25 @@ def contraction_path(inputs: list[str], output: str, sizes: dict[str, int],
     eq = ",".join(inputs) + "->" + output
     if len(inputs) == 1:
         return [(0,)], None
+    if isinstance(strategy, (list, tuple)) and _is_full_path(strategy, len(inputs)):
+        # an explicit path is taken as given: opt_einsum's check and PathInfo cost ~10 ms at
+        # 200 operands, and the plan computes its own FLOPs and intermediates
+        return [tuple(int(i) for i in p) for p in strategy], None
     path, info = opt_einsum.contract_path(
         eq, *shapes, shapes=True, optimize=strategy or choose_path_strategy(len(inputs)))
     return [tuple(p) for p in path], info
+
+
+def _is_full_path(path, n: int) -> bool:
+    """Whether ``path`` contracts n operands to one, every step naming live positions."""
+    left = n
+    for step in path:
+        if not isinstance(step, (list, tuple)) or not 1 <= len(step) <= left:
+            return False
+        if len(set(step)) != len(step) or any(not 0 <= int(i) < left for i in step):
+            return False
+        left -= len(step) - 1
+    return left == 1
 
 
 @dataclass
@@ -144,7 +160,7 @@ def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], sizes: 
         return term, None
     sq_shape = tuple(shape[k] for k in kept)
     has_repeat = len(set(squeezed)) != len(squeezed)
-    spec = f"{squeezed}->{target}"
+    spec = ascii_spec(f"{squeezed}->{target}")  # numpy's and CuPy's einsum read only letters
     sum_axes = tuple(k for k, c in enumerate(squeezed) if c not in target)
     t_shape = tuple(sizes[c] for c in target)
     k_out = scr.add(t_shape, dtype) if (has_repeat or sum_axes) else -1

@@ -19,7 +19,7 @@ import math
 
 from ..errors import BackendError
 from ..ir import ops, spec as einspec
-from . import contract
+from . import contract, slicing
 from .base import PreparedKernel
 
 
@@ -34,9 +34,13 @@ def einsum_kernel(xp, node, in_nodes, matmul=None) -> PreparedKernel:
     # operands of a narrower dtype are widened first (into scratch buffers), so their own
     # diagonals and sums are computed in the result's precision, as numpy.einsum does
     widen = [n.dtype != node.dtype for n in in_nodes]
-    plan = contract.plan_einsum(es, shapes, sizes, node.args.get("path_strategy"),
-                                [node.dtype if w else n.dtype for n, w in zip(in_nodes, widen)],
-                                matmul)
+    dts = [node.dtype if w else n.dtype for n, w in zip(in_nodes, widen)]
+    if node.args.get("path_slices"):
+        plan = slicing.plan_sliced(es, shapes, sizes, node.args["path_strategy"],
+                                   list(node.args["path_slices"]), node.dtype, dts, matmul)
+    else:
+        plan = contract.plan_einsum(es, shapes, sizes, node.args.get("path_strategy"), dts,
+                                    matmul)
     run = plan.run
     n = len(in_nodes)
     k_plan = len(plan.scratch)
@@ -73,8 +77,10 @@ def path_note(node, plan) -> str:
     info = node.args.get("path_info")
     if not info:
         return f"path={plan.path}"
+    sliced = (f", sliced over {info['slices']} ({info['n_slices']} slices, per slice)"
+              if info.get("slices") else "")
     return (f"path={[tuple(p) for p in plan.path]} ({info['strategy']}, "
-            f"largest intermediate {plan.largest_intermediate} elements)")
+            f"largest intermediate {plan.largest_intermediate} elements{sliced})")
 
 
 def _arg(xp, a: list, k: int, shape: tuple, dtype: str):

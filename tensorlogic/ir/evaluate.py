@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from . import ops
+from . import spec as einspec
 from .fused import FusedBody, FusedOp
 
 
@@ -124,7 +125,8 @@ def evaluate_node(node: Any, xs: Sequence[np.ndarray],
     dtype = np.dtype(node.dtype)
     with np.errstate(all="ignore"):
         if kind == ops.EINSUM:
-            r = np.einsum(a["spec"], *(x.astype(dtype, copy=False) for x in xs), optimize=True)
+            r = einspec.np_einsum(a["spec"], *(x.astype(dtype, copy=False) for x in xs),
+                                  optimize=True)
         elif kind in (ops.UNARY, ops.BINARY, ops.WHERE):
             r = _elementwise("where" if kind == ops.WHERE else op, xs, dtype)
         elif kind == ops.REDUCE:

@@ -20,8 +20,9 @@ import networkx as nx
 import numpy as np
 
 from .. import dtypes
-from ..errors import DTypeError, GraphError, ShapeError
+from ..errors import DTypeError, GraphError, ShapeError, SpecError
 from . import infer, node_check, ops
+from . import spec as einspec
 
 Dim = int | str
 
@@ -406,12 +407,20 @@ class EinsumGraph:
         raise GraphError(f"expected a Tensor or a number, got {type(t).__name__}")
 
     @_atomic
-    def einsum(self, spec: str, *operands: "Tensor", name: str | None = None) -> "Tensor":
-        """An einsum over the operands (any spec numpy accepts).
+    def einsum(self, spec: Any, *operands: Any, name: str | None = None) -> "Tensor":
+        """An einsum over the operands (any spec numpy accepts, opt_einsum's extended symbols,
+        or numpy's interleaved form ``g.einsum(a, [0, 1], b, [1, 2], [0, 2])``).
 
         Operands that are Python scalars or arrays become constants of numpy's dtype for them
         (``np.einsum`` converts them with ``np.asarray``, so ``2`` is int64 here).
         """
+        if not isinstance(spec, str):
+            if not operands or not isinstance(operands[0], (list, tuple, np.ndarray)):
+                raise SpecError(
+                    f"einsum spec must be a string, or numpy's interleaved form (operand, "
+                    f"sublist, ..., [output sublist]); got {type(spec).__name__} then "
+                    f"{type(operands[0]).__name__ if operands else 'nothing'}")
+            spec, operands = einspec.interleaved((spec, *operands))
         if not operands:
             raise GraphError(f"einsum {spec!r} needs at least one operand")
         ts = [self._own(o) for o in operands]

@@ -8,11 +8,12 @@ The path lives in the einsum node's args, so every backend that runs einsums thr
 * ``path_info``: ``{"strategy", "flops", "largest_intermediate", "naive_flops"}`` for display
   (``print(plan)`` shows it beside the step) and for the optimizer report.
 
-Strategy by network size: opt_einsum's ``optimal`` for up to 5 operands, ``dp`` up to 16,
-``greedy`` above, and cotengra's hyper-optimizer from 20 operands when the ``large`` extra is
-installed. The compile option ``path_memory_limit`` (bytes; defaults to ``memory_limit``) caps
-the largest intermediate: the path search respects it, and a network that cannot be contracted
-under it raises MemoryBudgetError.
+Strategy by network size and cost (``path_search``): opt_einsum's ``optimal`` for up to 5
+operands, ``dp`` up to 16, ``greedy`` above; a network whose estimated call time repays a search
+also gets cotengra's hyper-optimizer (the ``large`` extra) with a time budget proportional to its
+cost, and paths of large networks are cached on disk. The compile option ``path_memory_limit``
+(bytes; defaults to ``memory_limit``) caps the largest intermediate: the path search respects
+it, and a network that cannot be contracted under it raises MemoryBudgetError.
 """
 
 from __future__ import annotations
@@ -23,46 +24,18 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 import numpy as np
-import opt_einsum
 
-from ..backends import contract
+from ..backends import contract, slicing
 from ..errors import MemoryBudgetError
 from ..ir import ops, spec as einspec
 from ..ir.graph import EinsumGraph, Node
+from . import path_search
 from .base import PassResult, function_pass
-
-COTENGRA_MIN_OPERANDS = 20
-
-
-def _cotengra_path(
-    terms: list[str], output: str, sizes: dict[str, int]
-) -> list[tuple[int, ...]] | None:
-    """A path from cotengra's hyper-optimizer, or None when cotengra is not installed."""
-    try:
-        import cotengra
-    except ImportError:
-        return None
-    inputs = [tuple(t) for t in terms]
-    opt = cotengra.HyperOptimizer(methods=["greedy"], max_repeats=32, max_time=2.0,
-                                  minimize="flops", parallel=False, progbar=False)
-    tree = opt.search(inputs, tuple(output), sizes)
-    return [tuple(p) for p in tree.get_path()]
-
 
 def choose_path(terms: list[str], output: str, sizes: dict[str, int],
                 memory_limit: int | None = None) -> tuple[list[tuple[int, ...]], str]:
     """(path, strategy name) for a network of letter terms; ``memory_limit`` in elements."""
-    n = len(terms)
-    if n >= COTENGRA_MIN_OPERANDS and memory_limit is None:
-        path = _cotengra_path(terms, output, sizes)
-        if path is not None:
-            return path, "cotengra"
-    strategy = contract.choose_path_strategy(n)
-    shapes = [tuple(sizes[c] for c in t) for t in terms]
-    eq = ",".join(terms) + "->" + output
-    path, _ = opt_einsum.contract_path(eq, *shapes, shapes=True, optimize=strategy,
-                                       memory_limit=memory_limit)
-    return [tuple(int(i) for i in p) for p in path], strategy
+    return path_search.find_path(terms, output, sizes, memory_limit)
 
 
 # Networks of up to this many operands have every pairwise order compared (3 orders for three
@@ -101,6 +74,43 @@ def _layout_tiebreak(es, shapes, sizes, plan, path, limit):
     return best, best_path
 
 
+# a path planned under the memory limit is kept over slicing the unlimited one while it costs at
+# most this many times the unlimited path's FLOPs
+LIMITED_PATH_SLACK = 2.0
+
+
+def _under_limit(es, shapes, sizes, terms, plan, path, strategy, limit, dtype):
+    """(plan, path, strategy, sliced letters) whose intermediates fit ``limit`` elements: a path
+    searched under the limit when it costs little more, else the unlimited path sliced
+    (cotengra), else the limited path (the caller raises if it still does not fit)."""
+    try:
+        lpath, lstrategy = choose_path(terms, es.output, sizes, limit)
+    except RuntimeError:  # opt_einsum's dp finds no path under the limit
+        lpath, lstrategy = path, strategy
+    lplan = contract.plan_einsum(es, shapes, sizes, lpath)
+    fits = lplan.largest_intermediate <= limit
+    if fits and lplan.flops <= LIMITED_PATH_SLACK * plan.flops:
+        return lplan, lpath, lstrategy, []
+    options = []
+    sliced = slicing.choose_slices(terms, es.output, sizes, path, limit)
+    if sliced:
+        options.append((path, strategy + "+sliced", sliced))
+    budget = path_search.budget_for(plan.flops, len(terms))
+    if budget.search:  # worth a search: paths and slices together
+        found = slicing.search_sliced(terms, es.output, sizes, limit, budget.seconds)
+        if found:
+            options.append((found[0], "cotengra+sliced" if found[1] else "cotengra", found[1]))
+    best = None
+    for spath, sname, sl in options:
+        splan = (slicing.plan_sliced(es, shapes, sizes, spath, sl, dtype) if sl
+                 else contract.plan_einsum(es, shapes, sizes, spath))
+        if splan.largest_intermediate <= limit and (best is None or splan.flops < best[0].flops):
+            best = (splan, spath, sname, sl)
+    if best is not None and (not fits or best[0].flops < lplan.flops):
+        return best
+    return lplan, lpath, lstrategy, []
+
+
 def plan_node(g: EinsumGraph, node: Node, memory_limit_bytes: int | None) -> Node:
     """The einsum record with its planned path and path statistics in its args."""
     in_nodes = [g.node(i) for i in node.inputs]
@@ -110,9 +120,13 @@ def plan_node(g: EinsumGraph, node: Node, memory_limit_bytes: int | None) -> Nod
     terms = contract.prepared_terms(es, shapes, sizes)
     itemsize = np.dtype(node.dtype).itemsize
     limit = None if memory_limit_bytes is None else max(1, int(memory_limit_bytes) // itemsize)
-    path, strategy = choose_path(terms, es.output, sizes, limit)
+    path, strategy = choose_path(terms, es.output, sizes)
     plan = contract.plan_einsum(es, shapes, sizes, path)
-    if len(terms) <= TIEBREAK_MAX_OPERANDS and plan.copied:
+    slices: list[str] = []
+    if limit is not None and plan.largest_intermediate > limit:
+        plan, path, strategy, slices = _under_limit(es, shapes, sizes, terms, plan, path,
+                                                    strategy, limit, node.dtype)
+    if len(terms) <= TIEBREAK_MAX_OPERANDS and plan.copied and not slices:
         plan, path = _layout_tiebreak(es, shapes, sizes, plan, path, limit)
     if limit is not None and plan.largest_intermediate > limit:
         raise MemoryBudgetError(
@@ -124,7 +138,13 @@ def plan_node(g: EinsumGraph, node: Node, memory_limit_bytes: int | None) -> Nod
     naive = math.prod(sizes.values()) * len(terms)
     info = {"strategy": strategy, "flops": int(plan.flops),
             "largest_intermediate": int(plan.largest_intermediate), "naive_flops": int(naive)}
-    args = {**node.args, "path_strategy": [list(p) for p in path], "path_info": info}
+    extra = {}
+    if slices:
+        n_slices = math.prod(int(sizes[c]) for c in slices)
+        info.update(slices="".join(slices), n_slices=n_slices)
+        extra["path_slices"] = slices
+    base = {k: v for k, v in node.args.items() if k != "path_slices"}
+    args = {**base, "path_strategy": [list(p) for p in path], "path_info": info, **extra}
     return replace(node, args=MappingProxyType(args))
 
 

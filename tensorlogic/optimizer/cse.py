@@ -20,7 +20,7 @@ from .base import PassResult, function_pass
 from .util import hashable, parse_spec
 
 # args that only carry planning metadata: two einsums differing only there compute the same thing
-_PLANNING_ARGS = ("path_strategy", "path_info")
+_PLANNING_ARGS = ("path_strategy", "path_info", "path_slices")
 _MAX_ORDERINGS = 24
 
 

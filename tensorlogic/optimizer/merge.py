@@ -76,13 +76,10 @@ def absorb_operand(g: EinsumGraph, node: Node, outputs: set[int]) -> tuple[Node,
             pes = _parsed(g, prod)
             mapping = dict(zip(pes.output, es.inputs[k]))
             used = set(es.letters)
-            fresh = iter(c for c in einspec.LETTERS if c not in used)
-            try:
-                for c in pes.letters:
-                    if c not in mapping:
-                        mapping[c] = next(fresh)
-            except StopIteration:
-                continue  # more than 52 letters: leave the network split
+            fresh = einspec.symbols(used)
+            for c in pes.letters:
+                if c not in mapping:
+                    mapping[c] = next(fresh)
             new_terms = ["".join(mapping[c] for c in t) for t in pes.inputs]
             terms[k:k + 1] = new_terms
             inputs[k:k + 1] = list(prod.inputs)

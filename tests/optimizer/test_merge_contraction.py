@@ -107,8 +107,8 @@ def test_path_memory_limit(rng):
         tl.compile(g, backend="numpy", opt_level=2, cache=False, path_memory_limit=100)
 
 
-def test_large_network_uses_cotengra(rng):
-    pytest.importorskip("cotengra")
+def test_cheap_large_network_keeps_the_fast_path(rng):
+    """A 21-matrix chain of 3x3 runs in microseconds: it is not searched (cotengra or not)."""
     g = tl.EinsumGraph()
     n = 21
     xs = [g.input(f"m{k}", (3, 3), "float64") for k in range(n)]
@@ -117,7 +117,7 @@ def test_large_network_uses_cotengra(rng):
     g.output(g.einsum(spec, *xs), name="y")
     res = contraction(g)
     y = res.graph.node(res.graph.outputs["y"])
-    assert y.args["path_info"]["strategy"] == "cotengra"
+    assert y.args["path_info"]["strategy"].split("+")[0] == "greedy"
     inputs = {f"m{k}": rng.uniform(0.2, 0.6, (3, 3)) for k in range(n)}
     got = tl.compile(g, backend="numpy", opt_level=2, cache=False)(**inputs)["y"]
     ref = np.linalg.multi_dot([inputs[f"m{k}"] for k in range(n)])

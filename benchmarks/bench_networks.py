@@ -1,0 +1,249 @@
+"""Tensor networks (many operands, past 52 indices, complex128) vs opt_einsum and cotengra.
+
+Instances are built by the generators below, the families of einsum-benchmark's offline
+generators (matrix chains, trees, lattices, random regular graphs, MPS overlaps, complex
+circuit-like random networks). Per instance: our first compile (numpy backend, O2, cold path
+cache) and call; ``opt_einsum.contract`` with its default path (path search included, as a user
+calls it); ``opt_einsum.contract_expression`` and cotengra's executor along our path. Every
+contender runs in its own process. ``--slicing`` instead compiles a lattice without and with
+``path_memory_limit`` (an eighth of its peak) and runs both. Usage:
+python benchmarks/bench_networks.py [--quick | --slicing]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import opt_einsum
+from opt_einsum import get_symbol
+from opt_einsum.testing import rand_equation
+
+from _common import cores_look_free, machine, median_time, table, write_results
+
+
+def chain(n, rng):
+    dims = rng.integers(2, 9, n + 1)
+    terms = [get_symbol(i) + get_symbol(i + 1) for i in range(n)]
+    sizes = {get_symbol(i): int(d) for i, d in enumerate(dims)}
+    return ",".join(terms) + "->" + get_symbol(0) + get_symbol(n), sizes
+
+
+def tree(n, rng, bond=16):
+    """A random tree: node k > 0 hangs below a random earlier node; two leaves keep a free index."""
+    edges = [(int(rng.integers(k)), k) for k in range(1, n)]
+    terms = [""] * n
+    for e, (a, b) in enumerate(edges):
+        terms[a] += get_symbol(e)
+        terms[b] += get_symbol(e)
+    out = ""
+    for k in (n - 1, n - 2):
+        s = get_symbol(len(edges) + k)
+        terms[k] += s
+        out += s
+    sizes = {c: bond for t in terms for c in t}
+    return ",".join(terms) + "->" + out, sizes
+
+
+def lattice(n, bond=3):
+    idx = iter(range(100_000))
+    h = {(r, c): get_symbol(next(idx)) for r in range(n) for c in range(n - 1)}
+    v = {(r, c): get_symbol(next(idx)) for r in range(n - 1) for c in range(n)}
+    terms = ["".join(x for x in (h.get((r, c - 1)), h.get((r, c)), v.get((r - 1, c)),
+                                 v.get((r, c))) if x) for r in range(n) for c in range(n)]
+    return ",".join(terms) + "->", {c: bond for t in terms for c in t}
+
+
+def mps_overlap(sites, bond=8, phys=2):
+    """<psi|psi> of an open MPS: 2 x sites tensors, 3 x sites - 2 indices."""
+    idx = iter(range(100_000))
+    ket = [get_symbol(next(idx)) for _ in range(sites - 1)]
+    bra = [get_symbol(next(idx)) for _ in range(sites - 1)]
+    phy = [get_symbol(next(idx)) for _ in range(sites)]
+    terms = []
+    for bonds in (ket, bra):
+        for k in range(sites):
+            terms.append((bonds[k - 1] if k else "") + phy[k] + (bonds[k] if k < sites - 1 else ""))
+    sizes = {c: bond for c in ket + bra}
+    sizes.update({c: phys for c in phy})
+    return ",".join(terms) + "->", sizes
+
+
+def regular(n, reg, d_max, seed):
+    eq, _, sizes = rand_equation(n, reg, n_out=2, d_min=2, d_max=d_max, seed=seed,
+                                 return_size_dict=True)
+    return eq, sizes
+
+
+def instances(quick: bool):
+    rng = np.random.default_rng(0)
+    cases = [
+        ("rrg24_d2-4", *regular(24, 3, 4, 7), "float64"),
+        ("chain100", *chain(100, rng), "float64"),
+        ("tree40_b16", *tree(40, rng), "float64"),
+        ("lattice6x6_b3", *lattice(6), "float64"),
+        ("rrg60_d2-3", *regular(60, 3, 3, 1), "float64"),
+        ("mps100_overlap", *mps_overlap(100), "float64"),
+        ("circuit_rrg40_c128", *regular(40, 3, 2, 5), "complex128"),
+    ]
+    return cases[:3] if quick else cases
+
+
+def _arrays(eq, sizes, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    terms = eq.split("->")[0].split(",")
+    out = []
+    for t in terms:
+        shape = tuple(sizes[c] for c in t)
+        a = rng.uniform(0.5, 1.0, shape)
+        if dtype == "complex128":
+            a = a + 1j * rng.uniform(-0.5, 0.5, shape)
+        # scale so long chains neither overflow nor underflow
+        out.append(a / math.sqrt(max(1, math.prod(shape)) ** (1 / max(len(shape), 1))))
+    return out
+
+
+def worker(contender: str, name: str, path_file: str | None, repeat: int) -> dict:
+    """One contender on one instance, in this process."""
+    case = {c[0]: c for c in instances(False)}[name]
+    _, eq, sizes, dtype = case
+    arrays = _arrays(eq, sizes, dtype)
+    res: dict = {}
+    if contender == "ours":
+        import tensorlogic as tl
+        g = tl.EinsumGraph()
+        ts = [g.input(f"x{i}", a.shape, dtype) for i, a in enumerate(arrays)]
+        g.output(g.einsum(eq, *ts), "y")
+        t0 = time.perf_counter()
+        plan = tl.compile(g, "numpy", 2, cache=False)
+        res["compile_s"] = time.perf_counter() - t0
+        feed = {f"x{i}": a for i, a in enumerate(arrays)}
+        node = plan.optimized_graph.node(plan.optimized_graph.outputs["y"])
+        res["path"] = node.args["path_strategy"]
+        res["strategy"] = node.args["path_info"]["strategy"]
+        res["flops"] = node.args["path_info"]["flops"]
+        fn = lambda: plan(feed)  # noqa: E731
+        y = plan(feed)["y"]
+    elif contender == "contract":
+        fn = lambda: opt_einsum.contract(eq, *arrays)  # noqa: E731
+        y = fn()
+    else:
+        with open(path_file) as f:
+            path = [tuple(p) for p in json.load(f)]
+        if contender == "expression":
+            expr = opt_einsum.contract_expression(eq, *[a.shape for a in arrays], optimize=path)
+            fn = lambda: expr(*arrays)  # noqa: E731
+        else:
+            import cotengra
+            lhs, out = eq.split("->")
+            tree = cotengra.ContractionTree.from_path(
+                [tuple(t) for t in lhs.split(",")], tuple(out), sizes, path=path)
+            fn = lambda: tree.contract(arrays)  # noqa: E731
+        y = fn()
+    ref = opt_einsum.contract(eq, *arrays, optimize="greedy")
+    res["rel_err"] = float(np.abs(np.asarray(y) - ref).max() / max(np.abs(ref).max(), 1e-300))
+    res["call_s"] = median_time(fn, repeat, min_time=0.02)
+    return res
+
+
+def slicing_demo(n: int = 7, bond: int = 8, divide: int = 8) -> dict:
+    """A lattice compiled without and with ``path_memory_limit`` = its peak / ``divide``."""
+    import tensorlogic as tl
+    eq, sizes = lattice(n, bond)
+    arrays = _arrays(eq, sizes, "float64")
+    g = tl.EinsumGraph()
+    ts = [g.input(f"x{i}", a.shape, "float64") for i, a in enumerate(arrays)]
+    g.output(g.einsum(eq, *ts), "y")
+    feed = {f"x{i}": a for i, a in enumerate(arrays)}
+    row: dict = {"instance": f"lattice{n}x{n}_b{bond}"}
+    limit = None
+    ys = []
+    for label in ("unlimited", "sliced"):
+        t0 = time.perf_counter()
+        plan = tl.compile(g, "numpy", 2, cache=False, path_memory_limit=limit)
+        t1 = time.perf_counter()
+        ys.append(plan(feed)["y"])
+        t2 = time.perf_counter()
+        info = plan.optimized_graph.node(plan.optimized_graph.outputs["y"]).args["path_info"]
+        row[label] = {"compile_s": t1 - t0, "call_s": t2 - t1, "flops": info["flops"],
+                      "peak_bytes": info["largest_intermediate"] * 8,
+                      "n_slices": info.get("n_slices", 1), "strategy": info["strategy"]}
+        limit = row["unlimited"]["peak_bytes"] // divide
+    row["limit_bytes"] = limit
+    row["rel_diff"] = float(abs(ys[1] - ys[0]) / abs(ys[0]))
+    return row
+
+
+def _spawn(contender, name, path_file, repeat, cache_dir):
+    env = {**os.environ, "TL_CACHE_DIR": cache_dir}
+    cmd = [sys.executable, __file__, "--worker", contender, name, "--repeat", str(repeat)]
+    if path_file:
+        cmd += ["--path", path_file]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--repeat", type=int, default=9)
+    ap.add_argument("--worker", nargs=2)
+    ap.add_argument("--path")
+    ap.add_argument("--slicing", action="store_true",
+                    help="only the slicing run: a 7x7 lattice of bond 8 under 1/8 of its peak")
+    args = ap.parse_args()
+    if args.slicing:
+        row = slicing_demo()
+        print(json.dumps(row, indent=1))
+        write_results("bench_networks_slicing", [row])
+        return
+    if args.worker:
+        print(json.dumps(worker(*args.worker, args.path, args.repeat)))
+        return
+    if not cores_look_free():
+        print(f"warning: load {machine()['loadavg_1min']:.1f}; timings are noisy")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, eq, _sizes, dtype in instances(args.quick):
+            cold = os.path.join(tmp, name)  # a fresh path cache: the compile is a first one
+            ours = _spawn("ours", name, None, args.repeat, cold)
+            path_file = os.path.join(tmp, name + ".path.json")
+            with open(path_file, "w") as f:
+                json.dump(ours["path"], f)
+            others = {c: _spawn(c, name, path_file, args.repeat, cold)
+                      for c in ("contract", "expression", "cotengra")}
+            n_idx = len({c for c in eq if c not in ",->"})
+            row = {
+                "instance": name, "operands": eq.count(",") + 1, "indices": n_idx,
+                "dtype": dtype, "strategy": ours["strategy"],
+                "compile_ms": 1e3 * ours["compile_s"], "ours_ms": 1e3 * ours["call_s"],
+                "contract_ms": 1e3 * others["contract"]["call_s"],
+                "expression_ms": 1e3 * others["expression"]["call_s"],
+                "cotengra_ms": 1e3 * others["cotengra"]["call_s"],
+                "max_rel_err": max(ours["rel_err"], *(o["rel_err"] for o in others.values())),
+            }
+            row["vs_contract"] = row["contract_ms"] / row["ours_ms"]
+            row["vs_expression"] = row["expression_ms"] / row["ours_ms"]
+            row["compile_calls"] = row["compile_ms"] / row["ours_ms"]
+            rows.append(row)
+            print(table([row], list(row)), flush=True)
+    gm = statistics.geometric_mean(r["vs_contract"] for r in rows)
+    print(table(rows, ["instance", "operands", "indices", "strategy", "compile_ms", "ours_ms",
+                       "contract_ms", "expression_ms", "cotengra_ms", "vs_contract",
+                       "vs_expression", "max_rel_err"]))
+    print(f"geometric mean speedup vs opt_einsum.contract: {gm:.2f}x")
+    path = write_results("bench_networks", rows, {"geomean_vs_contract": gm},
+                         peers=("cotengra",))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
