@@ -38,7 +38,7 @@ def _sources() -> str:
         src = attention_c.render(f"att{k}", d, dv, dt, causal, mask)
         if dt in ("float16", "bfloat16"):
             if prelude_seen:
-                src = src.replace(attention_c._PRELUDE, "")
+                src = src.replace(attention_c.HALF_PRELUDE, "")
             prelude_seen = True
         out.append(src)
     for k, (d, dv, causal, mask) in enumerate(MMA_CASES):

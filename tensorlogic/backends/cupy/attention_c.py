@@ -20,24 +20,14 @@ rounding.
 from __future__ import annotations
 
 from ...errors import BackendError
+from .cuda_c import HALF_CONV, HALF_PRELUDE
 
 THREADS = 256
 CTYPE = {"float32": "float", "float64": "double", "float16": "unsigned short",
          "bfloat16": "unsigned short"}
 COMPUTE = {"float32": "float", "float64": "double", "float16": "float", "bfloat16": "float"}
-_CONV = {"float16": ("tl_h2f", "tl_f2h"), "bfloat16": ("tl_bf2f", "tl_f2bf")}
+_CONV = HALF_CONV
 MAX_HEAD_DIM = 256
-
-_PRELUDE = r"""
-__device__ __forceinline__ float tl_h2f(unsigned short h) {
-  float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ unsigned short tl_f2h(float f) {
-  unsigned short h; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-__device__ __forceinline__ float tl_bf2f(unsigned short h) {
-  float f; asm("cvt.f32.bf16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
-__device__ __forceinline__ unsigned short tl_f2bf(float f) {
-  unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-"""
 
 
 def tiles(dtype: str) -> tuple[int, int]:
@@ -75,7 +65,7 @@ def render(name: str, d: int, dv: int, dtype: str, causal: bool, has_mask: bool)
     dmax = max(d, dv)
     flags = f"causal={int(causal)} mask={int(has_mask)}"
     return f"""// tensorlogic generated: attention {dtype} d={d} dv={dv} {flags}
-{_PRELUDE if half else ""}
+{HALF_PRELUDE if half else ""}
 extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
     {t}* __restrict__ out, const {t}* __restrict__ q, const {t}* __restrict__ k,
     const {t}* __restrict__ v, const {t}* __restrict__ mask, const long long* __restrict__ moff,

@@ -17,11 +17,12 @@ from .spec import SPLIT_THREADS, KernelSpec, RowLayout, row_block, row_layout, r
 CTYPE = {"float32": "float", "float64": "double", "float16": "unsigned short",
          "bfloat16": "unsigned short"}
 # 16-bit storage: (load conversion to float, store conversion from float)
-_HALF_CONV = {"float16": ("tl_h2f", "tl_f2h"), "bfloat16": ("tl_bf2f", "tl_f2bf")}
+# 16-bit storage: (load to float, store from float) helpers, defined by HALF_PRELUDE
+HALF_CONV = {"float16": ("tl_h2f", "tl_f2h"), "bfloat16": ("tl_bf2f", "tl_f2bf")}
 VTYPE = {("float", 4): "float4", ("double", 2): "double2"}
 _LANES = "xyzw"
 
-_PRELUDE = r"""
+HALF_PRELUDE = r"""
 __device__ __forceinline__ float tl_h2f(unsigned short h) {
   float f; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short tl_f2h(float f) {
@@ -30,7 +31,8 @@ __device__ __forceinline__ float tl_bf2f(unsigned short h) {
   float f; asm("cvt.f32.bf16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short tl_f2bf(float f) {
   unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
-template <typename T> __device__ __forceinline__ T tl_max(T a, T b) {
+"""
+_PRELUDE = HALF_PRELUDE + r"""template <typename T> __device__ __forceinline__ T tl_max(T a, T b) {
   return (a > b || a != a) ? a : b; }
 template <typename T> __device__ __forceinline__ T tl_min(T a, T b) {
   return (a < b || a != a) ? a : b; }
@@ -70,14 +72,14 @@ class _Src:
     def load(self, k: int, off: str | None) -> str:
         dt = self.spec.in_dtypes[k]
         e = f"in{k}[{off or 0}]"
-        if dt in _HALF_CONV:  # float, then the compute type (a no-op cast for float)
-            return f"(({self.ct}){_HALF_CONV[dt][0]}({e}))"
+        if dt in HALF_CONV:  # float, then the compute type (a no-op cast for float)
+            return f"(({self.ct}){HALF_CONV[dt][0]}({e}))"
         return e if CTYPE[dt] == self.ct else f"(({self.ct}){e})"
 
     def store_expr(self, v: str) -> str:
         dt = self.spec.dtype
-        if dt in _HALF_CONV:  # 16-bit results always compute in float
-            return f"{_HALF_CONV[dt][1]}({v})"
+        if dt in HALF_CONV:  # 16-bit results always compute in float
+            return f"{HALF_CONV[dt][1]}({v})"
         return f"(({CTYPE[dt]}){v})"
 
     def program(self, offs: Sequence[str | None], depth: int,
