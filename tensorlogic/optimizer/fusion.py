@@ -38,9 +38,10 @@ ELEMENTWISE_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE)
 # Most elementwise ops one fused node holds; a longer chain is split into several nodes. A
 # generated kernel's compile time and memory grow faster than linearly with its length (numba on
 # the 2-vCPU dev machine: 150 ops 8 s, 300 ops 39 s and 400 MB), so bounded nodes keep each
-# kernel's compile within about a second and a whole graph's compile time linear in its size;
-# one more pass over memory per 48 ops costs little at run time.
-MAX_GROUP_OPS = 48
+# kernel's compile within about 2 s (32 ops: 1.7-1.9 s of CPU per kernel on a quiet 2-vCPU
+# machine; 48 ops took 2.6-3.2 s) and a whole graph's compile time linear in its size; one more
+# pass over memory per 32 ops costs little at run time.
+MAX_GROUP_OPS = 32
 
 
 def _is_elementwise(node: Node) -> bool:
