@@ -35,7 +35,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from _common import machine, table, write_results  # noqa: E402
+from _common import _sample, machine, table, write_results  # noqa: E402
 
 OURS = ("numpy O0", "numpy O2", "numba O0", "numba O2", "auto O2", "auto O3",
         "numpy O2 threads=blas", "numba O2 threads=blas")
@@ -56,17 +56,7 @@ def _time(fn, rounds: int, min_time: float) -> list[float]:
     """Seconds per call, one figure per round (each round loops fn for min_time seconds)."""
     for _ in range(3):
         fn()
-    out = []
-    for _ in range(rounds):
-        n, t0 = 0, time.perf_counter()
-        while True:
-            fn()
-            n += 1
-            dt = time.perf_counter() - t0
-            if dt >= min_time:
-                break
-        out.append(dt / n)
-    return out
+    return [_sample(fn, min_time) for _ in range(rounds)]
 
 
 def _value(text: str):
