@@ -96,6 +96,8 @@ def check_dtypes(graph: EinsumGraph, backend) -> None:
 def _build_plan(graph: EinsumGraph, binding: dict[str, int], opt_level: int,
                 options: CompileOptions, backend: Any) -> ConcretePlan:
     graph = graph.bind(binding) if binding else graph
+    if graph.parameters:  # the plan binds parameters like inputs, from its own store
+        graph = graph.with_parameters_as_inputs()
     t0 = time.perf_counter()
     graph = precision.apply_policy(graph, options["precision"])
     optimized, report = optimize(graph, opt_level, options)
@@ -220,7 +222,9 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
             if hit is not None and hit.backend is be:
                 _cache.move_to_end(key)
                 hooks.compile_event("cache", "plan cache hit", time.perf_counter(), 0.0)
-                return hit
+                # a plan with parameters is shared only in its kernels: each caller gets its
+                # own parameter store, filled from the graph it passed
+                return hit.fork(graph) if graph.parameters else hit
         hooks.compile_event("cache", "plan cache miss", time.perf_counter(), 0.0)
     # the plan keeps its own copy so later edits to the user's graph cannot change it
     plan = CompiledPlan(graph.copy(), be, opt_level, opts, _build)

@@ -113,6 +113,10 @@ class EinsumGraph:
         self.inputs: dict[str, int] = {}
         self.outputs: dict[str, int] = {}
         self.constants: dict[int, np.ndarray] = {}
+        # learned leaves: name -> node id, and each one's initial value (read-only) by node id;
+        # a compiled plan holds its own mutable copies (``CompiledPlan.parameters``)
+        self.parameters: dict[str, int] = {}
+        self.parameter_values: dict[int, np.ndarray] = {}
         self._next = 0
         self._in_transaction = False
 
@@ -187,7 +191,24 @@ class EinsumGraph:
         g.inputs = dict(self.inputs)
         g.outputs = dict(self.outputs)
         g.constants = dict(self.constants)
+        g.parameters = dict(self.parameters)
+        g.parameter_values = dict(self.parameter_values)
         g._next = self._next
+        return g
+
+    def with_parameters_as_inputs(self) -> "EinsumGraph":
+        """A copy in which every parameter is a graph input of the same name, shape and dtype.
+
+        The compiler works on this form: to the optimizer a parameter is as opaque as an input
+        (never folded, merged or specialized on its value), and a plan binds it from its own
+        parameter store at every call, so new values need no recompiling.
+        """
+        g = self.copy()
+        for name, nid in self.parameters.items():
+            g._nodes[nid] = replace(self._nodes[nid], kind=ops.INPUT)
+            g.inputs[name] = nid
+        g.parameters = {}
+        g.parameter_values = {}
         return g
 
     # ------------------------------------------------------------------ low level
@@ -224,7 +245,7 @@ class EinsumGraph:
         args = dict(args or {})
         if not isinstance(kind, str) or kind not in ops.NODE_KINDS:
             raise GraphError(f"unknown node kind {kind!r}; expected one of {ops.NODE_KINDS}")
-        if kind in (ops.INPUT, ops.CONSTANT):
+        if kind in (ops.INPUT, ops.CONSTANT, ops.PARAMETER):
             raise GraphError(f"add_node cannot make a {kind} node; use g.{kind}(...)")
         if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
             raise GraphError(f"{kind} node: inputs must be a sequence of node ids, got {inputs!r}")
@@ -287,8 +308,11 @@ class EinsumGraph:
                 self._names.pop(node.name, None)
                 self._g.remove_node(nid)
                 self.constants.pop(nid, None)
+                self.parameter_values.pop(nid, None)
                 if self.inputs.get(node.name) == nid:
                     del self.inputs[node.name]
+                if self.parameters.get(node.name) == nid:
+                    del self.parameters[node.name]
             self._next = mark
             raise
         finally:
@@ -325,8 +349,11 @@ class EinsumGraph:
         del self._names[node.name]
         self._g.remove_node(node_id)
         self.constants.pop(node_id, None)
+        self.parameter_values.pop(node_id, None)
         if self.inputs.get(node.name) == node_id:
             del self.inputs[node.name]
+        if self.parameters.get(node.name) == node_id:
+            del self.parameters[node.name]
 
     def reorder(self) -> None:
         """Restore a topological insertion order after rewiring."""
@@ -375,6 +402,44 @@ class EinsumGraph:
                            arr.shape, dt)
         self.constants[nid] = arr
         return Tensor(self, nid)
+
+    def parameter(self, name: str, value: Any, dtype: object = None) -> "Tensor":
+        """Add a learned parameter: a floating-point tensor with an initial ``value``.
+
+        Unlike a constant, a parameter is never folded, merged or specialized on by the
+        optimizer; a compiled plan keeps its own copy (``plan.parameters``, updated in place by
+        ``tl.optim`` optimizers or ``plan.set_parameters``), so new values need no recompiling.
+        ``tl.grad(..., wrt=[name])`` differentiates with respect to it.
+        """
+        if not isinstance(name, str) or not name.isidentifier():
+            raise GraphError(f"parameter name must be an identifier, got {name!r}")
+        where = f"parameter {name!r}: "
+        try:
+            arr = np.asarray(value)
+        except Exception as exc:  # noqa: BLE001 - any conversion failure is a user error
+            raise DTypeError(f"{where}cannot convert {type(value).__name__}") from exc
+        dt = dtypes.normalize(arr.dtype if dtype is None else dtype, where)
+        if not (dtypes.is_float(dt) or dtypes.kind(dt) == "c"):
+            raise DTypeError(f"{where}dtype {dt} cannot be learned by gradients; expected a "
+                             "floating-point dtype (float16, bfloat16, float32, float64) or "
+                             "complex")
+        _check_kinds(arr, dt, f"parameter {name!r}")
+        with np.errstate(over="ignore", invalid="ignore"):
+            cast = np.array(arr, dt, order="C")
+        _check_values(arr, cast, f"parameter {name!r}")
+        cast.setflags(write=False)
+        nid = self._insert(ops.PARAMETER, None, (), {}, self._unique_name(name, name),
+                           cast.shape, dt)
+        self.parameters[name] = nid
+        self.parameter_values[nid] = cast
+        return Tensor(self, nid)
+
+    def parameter_value(self, name: str) -> np.ndarray:
+        """The value a parameter was declared with (read-only)."""
+        if name not in self.parameters:
+            raise GraphError(f"no parameter named {name!r}; the graph's parameters are "
+                             f"{list(self.parameters)}")
+        return self.parameter_values[self.parameters[name]]
 
     @_atomic
     def output(self, t: "Tensor", name: str | None = None) -> "Tensor":
@@ -585,7 +650,7 @@ class EinsumGraph:
             for i in node.inputs:
                 if i not in self._nodes:
                     raise GraphError(f"node {node.name!r} refers to missing input id {i}")
-            if node.kind in (ops.INPUT, ops.CONSTANT, ops.FUSED):
+            if node.kind in (ops.INPUT, ops.CONSTANT, ops.PARAMETER, ops.FUSED):
                 continue
             where = f"node {node.name!r} ({node.label})"
             shape, dtype = infer.infer(node.kind, node.op, [self._nodes[i] for i in node.inputs],
@@ -607,7 +672,7 @@ class EinsumGraph:
             if node.kind == ops.INPUT:
                 shape = tuple(sizes[d] if isinstance(d, str) else d for d in node.shape)
                 new = replace(node, shape=shape)
-            elif node.kind in (ops.CONSTANT, ops.FUSED):
+            elif node.kind in (ops.CONSTANT, ops.PARAMETER, ops.FUSED):
                 new = replace(node, shape=tuple(sizes.get(d, d) if isinstance(d, str) else d
                                                   for d in node.shape))
             else:
@@ -627,10 +692,13 @@ class EinsumGraph:
         g.inputs = dict(self.inputs)
         g.outputs = dict(self.outputs)
         g.constants = dict(self.constants)
+        g.parameters = dict(self.parameters)
+        g.parameter_values = dict(self.parameter_values)
         return g
 
     def fingerprint(self) -> str:
-        """A content hash of the graph: structure, arguments and constant values."""
+        """A content hash of the graph: structure, arguments and constant values (not the
+        values of parameters: a plan takes those as data, so it serves any values)."""
         h = hashlib.sha256()
         for node in self._nodes.values():
             rec = [node.id, node.kind, node.op, list(node.inputs), list(node.shape), node.dtype,
@@ -657,6 +725,8 @@ class EinsumGraph:
                 style = ", style=filled, fillcolor=lightblue"
             elif node.kind == ops.CONSTANT:
                 style = ", style=filled, fillcolor=lightgrey"
+            elif node.kind == ops.PARAMETER:
+                style = ", style=filled, fillcolor=khaki"
             elif node.id in outs:
                 style = ", style=filled, fillcolor=palegreen"
             label = label.replace('"', '\\"')
@@ -681,7 +751,8 @@ class EinsumGraph:
         return load(path)
 
     def __repr__(self) -> str:
-        return (f"EinsumGraph({len(self._nodes)} nodes, inputs={list(self.inputs)}, "
+        params = f", parameters={list(self.parameters)}" if self.parameters else ""
+        return (f"EinsumGraph({len(self._nodes)} nodes, inputs={list(self.inputs)}{params}, "
                 f"outputs={list(self.outputs)})")
 
 

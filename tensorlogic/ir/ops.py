@@ -20,6 +20,7 @@ from ..errors import DTypeError
 # Node kinds of the graph.
 INPUT = "input"
 CONSTANT = "constant"
+PARAMETER = "parameter"  # a learned leaf: a value the plan holds and training updates in place
 EINSUM = "einsum"
 UNARY = "unary"
 BINARY = "binary"
@@ -33,8 +34,8 @@ FUSED = "fused"  # made by the optimizer's fusion pass
 ATTENTION = "attention"  # softmax(scale * q k^T + mask) v in one node (see ir/attention.py)
 
 NODE_KINDS = (
-    INPUT, CONSTANT, EINSUM, UNARY, BINARY, WHERE, REDUCE, ROWOP, TRANSPOSE, RESHAPE, CAST, FUSED,
-    ATTENTION,
+    INPUT, CONSTANT, PARAMETER, EINSUM, UNARY, BINARY, WHERE, REDUCE, ROWOP, TRANSPOSE, RESHAPE,
+    CAST, FUSED, ATTENTION,
 )
 
 
