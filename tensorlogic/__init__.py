@@ -28,6 +28,10 @@ from .lang import Program, load_program, parse
 from .pipeline import (BatchError, BatchFailure, BatchOutput, local_cluster, run_batched,
                        run_batches)
 
+# learning: parameters (EinsumGraph.parameter), optimizers, the training loop
+from . import optim
+from .learn import History, train
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -42,4 +46,6 @@ __all__ = [
     "Program", "datalog", "load_program", "parse",
     # batched inference (pipeline/)
     "BatchError", "BatchFailure", "BatchOutput", "local_cluster", "run_batched", "run_batches",
+    # learning
+    "History", "optim", "train",
 ]
