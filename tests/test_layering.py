@@ -17,6 +17,7 @@ ALLOWED = {
     "runtime": {"errors", "config"},
     "options": {"errors"},
     "optimizer": BASE | {"ir"},
+    "autodiff": {"errors", "config", "dtypes", "ir"},
     "backends": BASE | {"ir"},
     "compiler": BASE | {"ir", "optimizer", "backends"},
 }

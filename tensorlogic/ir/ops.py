@@ -285,3 +285,28 @@ PTX: dict[str, tuple[str, ...]] = {
     # unordered: NaN != anything is true, as in numpy
     "ne": ("setp.neu.{T} {p0}, {a}, {b};", "selp.{T} {d}, {c:1}, {c:0}, {p0};"),
 }
+
+# The VJP column of the op table (used by tensorlogic.autodiff): for each elementwise op, the
+# partial derivative of the result with respect to each operand, as an expression over the
+# operands ({x}, or {a} and {b}), the result {y}, numbers, + - * / and calls of the ops above
+# (and where). The cotangent is multiplied by it (its complex conjugate, as torch does for
+# complex numbers). "0" marks an op that is piecewise constant: no gradient flows through it.
+# relu and step take the derivative 0 at 0, maximum/minimum share a tie equally (as torch).
+_GELU_T = "tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))"
+VJP: dict[str, tuple[str, ...]] = {
+    "neg": ("-1",), "abs": ("step(x) - step(-x)",), "exp": ("y",), "log": ("reciprocal(x)",),
+    "sqrt": ("0.5 / y",), "square": ("2 * x",), "reciprocal": ("-(y * y)",),
+    "relu": ("step(x)",), "sigmoid": ("y * one_minus(y)",), "tanh": ("one_minus(y * y)",),
+    "softplus": ("sigmoid(x)",),
+    "gelu": (f"0.5 * (1 + {_GELU_T}) + 0.5 * x * one_minus({_GELU_T} * {_GELU_T})"
+             " * 0.7978845608028654 * (1 + 0.134145 * x * x)",),
+    "step": ("0",), "one_minus": ("-1",),
+    "add": ("1", "1"), "sub": ("1", "-1"), "mul": ("b", "a"),
+    "div": ("reciprocal(b)", "-(y / b)"),
+    # torch: no gradient to the exponent where the base is 0 and the exponent >= 0
+    "pow": ("b * pow(a, b - 1)", "where(eq(a, 0) * ge(b, 0), 0, y * log(a))"),
+    "maximum": ("gt(a, b) + 0.5 * eq(a, b)", "lt(a, b) + 0.5 * eq(a, b)"),
+    "minimum": ("lt(a, b) + 0.5 * eq(a, b)", "gt(a, b) + 0.5 * eq(a, b)"),
+    "gt": ("0", "0"), "ge": ("0", "0"), "lt": ("0", "0"), "le": ("0", "0"), "eq": ("0", "0"),
+    "ne": ("0", "0"),
+}

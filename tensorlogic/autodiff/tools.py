@@ -1,0 +1,86 @@
+"""Small graph-building helpers the VJP rules share: broadcasting a cotangent back to an
+operand's shape, expanding one to a node's shape, dtype fix-ups and complex conjugates.
+
+Every helper builds ordinary nodes (sum, reshape, where, cast, ...), so a backward graph is
+optimized and compiled like any other.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .. import dtypes
+from ..ir.graph import EinsumGraph, Tensor
+
+
+def is_complex(dtype: str) -> bool:
+    """Whether ``dtype`` is complex64/complex128."""
+    return dtypes.kind(dtype) == "c"
+
+
+def inexact(dtype: str) -> bool:
+    """Whether a tensor of ``dtype`` carries a gradient (floats and complex numbers)."""
+    return dtypes.kind(dtype) in "fc"
+
+
+def real_dtype(dtype: str) -> str:
+    """The real dtype of a complex one (complex64 -> float32)."""
+    return {"complex64": "float32", "complex128": "float64"}.get(dtype, dtype)
+
+
+def conj(g: EinsumGraph, t: Tensor) -> Tensor:
+    """The complex conjugate ``2 Re(t) - t`` (the op table has no conj); real ``t`` as it is."""
+    if not is_complex(t.dtype):
+        return t
+    re = g.cast(g.cast(t, real_dtype(t.dtype)), t.dtype)
+    return g.binary("sub", g.binary("mul", re, 2.0), t)
+
+
+def cast_to(g: EinsumGraph, t: Tensor, dtype: str) -> Tensor:
+    """``t`` in ``dtype`` (complex to real keeps the real part, torch's rule for the gradient of
+    a real tensor used in complex arithmetic)."""
+    return t if t.dtype == dtype else g.cast(t, dtype)
+
+
+def expand(g: EinsumGraph, t: Tensor, like: Tensor) -> Tensor:
+    """``t`` (broadcastable to ``like``) broadcast to ``like``'s shape, in ``t``'s dtype.
+
+    The op table has no broadcast op, and a symbolic dimension rules out a constant of ones, so
+    this is ``where(1, t, like)``: ``like`` gives only the shape, its values are never chosen.
+    """
+    if tuple(t.shape) == tuple(like.shape):
+        return t
+    return cast_to(g, g.where(1.0, t, like), t.dtype)
+
+
+def unbroadcast(g: EinsumGraph, t: Tensor, shape: Sequence) -> Tensor:
+    """Sum ``t`` down to ``shape``, which broadcast to ``t``'s shape in the forward op."""
+    shape = tuple(shape)
+    lead = len(t.shape) - len(shape)
+    axes = [k for k in range(lead)]
+    axes += [lead + k for k, d in enumerate(shape) if d == 1 and t.shape[lead + k] != 1]
+    if axes:
+        t = g.sum(t, axis=tuple(axes), keepdims=True)
+    if lead or tuple(t.shape) != shape:
+        t = g.reshape(t, list(shape))
+    return t
+
+
+def keepdims(g: EinsumGraph, t: Tensor, in_shape: Sequence, axes: Sequence[int]) -> Tensor:
+    """``t``, the result of a reduction of ``in_shape`` over ``axes`` without keepdims,
+    reshaped to the keepdims shape (1 on every reduced axis)."""
+    target = [1 if k in axes else d for k, d in enumerate(in_shape)]
+    return t if list(t.shape) == target else g.reshape(t, target)
+
+
+def count(g: EinsumGraph, x: Tensor, axes: Sequence[int]) -> Tensor | float:
+    """How many elements of ``x`` one reduction over ``axes`` takes: a number, or (with a
+    symbolic dimension among the axes) a tensor counted at run time."""
+    n = 1
+    for a in axes:
+        d = x.shape[a]
+        if isinstance(d, str):
+            ones = g.where(1.0, 1.0, x)
+            return g.sum(ones, axis=tuple(axes), keepdims=True)
+        n *= d
+    return float(n)
