@@ -19,9 +19,8 @@ from ..ir.graph import EinsumGraph, Tensor
 from .rules import RULES
 from .tools import cast_to, expand, inexact, is_complex
 
-# node kinds a gradient may be taken with respect to: leaves that hold a value. A node kind
-# that behaves like an input (trainable parameters) joins this tuple.
-DIFFERENTIABLE_LEAVES: tuple[str, ...] = (ops.INPUT, ops.CONSTANT)
+# node kinds a gradient may be taken with respect to: leaves that hold a value
+DIFFERENTIABLE_LEAVES: tuple[str, ...] = (ops.INPUT, ops.CONSTANT, ops.PARAMETER)
 
 
 def grad(graph: EinsumGraph, of: str = "loss", wrt: str | Sequence[str] = ()) -> EinsumGraph:
