@@ -434,6 +434,26 @@ class EinsumGraph:
         self.parameter_values[nid] = cast
         return Tensor(self, nid)
 
+    def constants_as_parameters(self, names: Sequence[str]) -> "EinsumGraph":
+        """A copy in which the named float constants are parameters (same names and values):
+        to train a model whose builder made its weights constants."""
+        g = self.copy()
+        for name in [names] if isinstance(names, str) else list(names):
+            node = self.node(name) if isinstance(name, str) else None
+            if node is None or node.kind != ops.CONSTANT:
+                raise GraphError(f"constants_as_parameters: {name!r} is not a constant of the "
+                                 f"graph" + (f" (it is a {node.kind} node)" if node else ""))
+            if not name.isidentifier():
+                raise GraphError(f"constants_as_parameters: {name!r} is not an identifier; "
+                                 "parameters are named like inputs")
+            if not (dtypes.is_float(node.dtype) or dtypes.kind(node.dtype) == "c"):
+                raise DTypeError(f"constants_as_parameters: {name!r} has dtype {node.dtype}; "
+                                 "expected a floating-point or complex constant")
+            g._nodes[node.id] = replace(node, kind=ops.PARAMETER)
+            g.parameters[name] = node.id
+            g.parameter_values[node.id] = g.constants.pop(node.id)
+        return g
+
     def parameter_value(self, name: str) -> np.ndarray:
         """The value a parameter was declared with (read-only)."""
         if name not in self.parameters:

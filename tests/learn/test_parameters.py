@@ -229,3 +229,22 @@ def test_grad_takes_parameter_names(rng):
         d[idx] = 1e-6
         num[idx] = (plan(x=xv, w=w0 + d)["loss"] - plan(x=xv, w=w0 - d)["loss"]) / 2e-6
     np.testing.assert_allclose(got, num, rtol=1e-6, atol=1e-8)
+
+
+def test_constants_as_parameters(rng):
+    g = tl.EinsumGraph()
+    x = g.input("x", (2, 3))
+    w = g.constant(rng.standard_normal((3, 3)).astype(np.float32), name="w")
+    k = g.constant(np.arange(3), name="k")
+    g.output(g.einsum("ij,jk->ik", x, w), name="y")
+    p = g.constants_as_parameters(["w"])
+    assert list(p.parameters) == ["w"] and p.node("w").kind == ops.PARAMETER
+    assert not g.parameters and g.node("w").kind == ops.CONSTANT  # the original is unchanged
+    np.testing.assert_array_equal(p.parameter_value("w"), g.constants[w.id])
+    with pytest.raises(tl.GraphError, match="'x' is not a constant.*input"):
+        g.constants_as_parameters(["x"])
+    with pytest.raises(tl.DTypeError, match="'k' has dtype int64"):
+        g.constants_as_parameters(["k"])
+    with pytest.raises(tl.GraphError, match="no node named 'nope'"):
+        g.constants_as_parameters(["nope"])
+    assert k.name == "k"
