@@ -20,7 +20,11 @@ Also (CPU run): the examples/mlp_classifier.py task trained by ours and by torch
 hyperparameters, initial weights and batches; the test accuracy of both is recorded (the test
 suite asserts ours against the torch figure stored here).
 
-Usage: python benchmarks/bench_train.py [--quick] [--rounds N] [--contenders a,b]
+``--threads N`` runs every contender with N threads (OpenMP, BLAS, numba and tensorlogic's
+pool): on a machine shared with other work, one thread each is the comparison least distorted
+by threads that spin waiting for cores.
+
+Usage: python benchmarks/bench_train.py [--quick] [--rounds N] [--contenders a,b] [--threads N]
        python benchmarks/bench_train.py --device --out DIR     (on a GPU machine)
 Writes benchmarks/results/bench_train.json (or bench_train_gpu.json in --out for --device).
 """
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -246,27 +251,45 @@ def _threads(name: str) -> int:
     return n
 
 
+_USED0: list[int] = []
+
+
+def _device_used() -> int:
+    """Bytes in use on the device (every allocation of every library, this process included)."""
+    import cupy
+
+    free, total = cupy.cuda.runtime.memGetInfo()
+    return total - free
+
+
 def _reset_peak(name: str) -> None:
     if name.startswith("torch"):
         import torch
 
+        torch.cuda.init()
+        torch.zeros(1, device="cuda")  # the context exists before the first reading
         torch.cuda.reset_peak_memory_stats()
     else:
         import cupy
 
+        cupy.zeros(1)
         cupy.get_default_memory_pool().free_all_blocks()
+    _USED0[:] = [_device_used()]
 
 
 def _peak(name: str) -> dict:
+    # device_used_mb: what the process took from the device beyond its context (library
+    # workspaces and CUDA-graph pools included), an upper bound of its peak
+    used = {"device_used_mb": (_device_used() - _USED0[0]) / 2**20}
     if name.startswith("torch"):
         import torch
 
         return {"peak_mb": torch.cuda.max_memory_reserved() / 2**20,
-                "peak_allocated_mb": torch.cuda.max_memory_allocated() / 2**20}
+                "peak_allocated_mb": torch.cuda.max_memory_allocated() / 2**20, **used}
     import cupy
 
     # the pool never returned a block since the reset: what it holds is the peak it needed
-    return {"peak_mb": cupy.get_default_memory_pool().total_bytes() / 2**20}
+    return {"peak_mb": cupy.get_default_memory_pool().total_bytes() / 2**20, **used}
 
 
 # ------------------------------------------------------------------ MLP example accuracy
@@ -316,8 +339,15 @@ def _torch_classifier(ex) -> dict:
 
 
 # ------------------------------------------------------------------ parent
-def _run(args_list: list[str]) -> int:
-    return subprocess.call([sys.executable, __file__, *args_list], cwd=HERE)
+_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                "NUMBA_NUM_THREADS", "TL_NUM_THREADS")
+
+
+def _run(args_list: list[str], threads: int | None = None) -> int:
+    env = dict(os.environ)
+    if threads:
+        env.update({k: str(threads) for k in _THREAD_VARS})
+    return subprocess.call([sys.executable, __file__, *args_list], cwd=HERE, env=env)
 
 
 def _grad_err(tmp: Path, name: str, i: int, peer: str) -> float | None:
@@ -340,6 +370,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-accuracy", action="store_true",
                     help="skip the examples/mlp_classifier.py accuracy runs")
     ap.add_argument("--out", default=None, help="folder for the results JSON")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="threads for every contender (default: each library's own)")
+    ap.add_argument("--name", default=None, help="results/<name>.json")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--accuracy", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--tmp", default=None, help=argparse.SUPPRESS)
@@ -369,7 +402,8 @@ def main(argv=None) -> int:
             print(f"== {name}", flush=True)
             common = ["--models", ",".join(map(str, indices)), "--rounds", str(args.rounds),
                       "--min-time", str(args.min_time), "--tmp", str(tmp)]
-            rc = _run(["--worker", name, *common] + (["--device"] if args.device else []))
+            rc = _run(["--worker", name, *common] + (["--device"] if args.device else []),
+                      args.threads)
             path = tmp / f"{_file(name)}.json"
             results[name] = json.loads(path.read_text()) if path.exists() else {
                 m.name: {"error": f"worker exited with status {rc}"} for m in models}
@@ -396,18 +430,20 @@ def main(argv=None) -> int:
                     for p, label in zip(peers, ("vs_eager", "vs_compile")):
                         if base.get(p):
                             row[label] = base[p] / r["ms"]
-                    mem = results.get(eager, {}).get(model.name, {}).get("peak_mb")
-                    if args.device and mem and "peak_mb" in r:
-                        row["peak_vs_torch"] = r["peak_mb"] / mem
+                    t_row = results.get(eager, {}).get(model.name, {})
+                    if args.device and t_row.get("peak_mb") and "peak_mb" in r:
+                        row["peak_vs_torch"] = r["peak_mb"] / t_row["peak_mb"]
+                        row["used_vs_torch"] = r["device_used_mb"] / t_row["device_used_mb"]
                 rows.append(row)
     cols = ["model", "contender", "ms", "vs_eager", "vs_compile", "grad_err_vs_torch",
-            "grads_ok", "peak_mb", "peak_vs_torch", "threads", "error"]
+            "grads_ok", "peak_mb", "peak_vs_torch", "device_used_mb", "used_vs_torch", "threads",
+            "error"]
     print(table(rows, cols))
     m1 = machine()
     extra = {"load_before": m0["loadavg_1min"], "load_after": m1["loadavg_1min"],
              "rounds": args.rounds, "min_time_s": args.min_time, "lr": LR,
              "mode": "gpu bf16 mixed precision" if args.device else "cpu float32",
-             "grad_rtol": tol}
+             "grad_rtol": tol, "threads": args.threads or "default"}
     if accuracy:
         import mlp_classifier
 
@@ -417,7 +453,7 @@ def main(argv=None) -> int:
               f"{accuracy['ours'].get('accuracy')}, torch {accuracy['torch'].get('accuracy')}")
     if args.device:
         extra["gpu"] = _gpu_name()
-    name = "bench_train_gpu" if args.device else "bench_train"
+    name = args.name or ("bench_train_gpu" if args.device else "bench_train")
     path = write_results(name, rows, extra, peers=("torch", "cupy-cuda13x"))
     if args.out:
         out = Path(args.out)
