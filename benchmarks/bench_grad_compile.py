@@ -103,11 +103,11 @@ MEMORY_CHILD = textwrap.dedent("""
     wbytes = sum(arrays[w].nbytes for w in weights)
     print(json.dumps({"model": model.name, "weights": len(weights),
                       "weight_mb": wbytes / 2**20,
-                      "forward_planned_mb": fwd.planned_bytes / 2**20,
+                      "forward_planned_mb": fwd.concrete.planned_bytes / 2**20,
                       "forward_arena_mb": fwd.memory.peak_bytes / 2**20,
-                      "grad_planned_mb": back.planned_bytes / 2**20,
+                      "grad_planned_mb": back.concrete.planned_bytes / 2**20,
                       "grad_arena_mb": back.memory.peak_bytes / 2**20,
-                      "grad_outputs_mb": (back.planned_bytes - back.memory.peak_bytes) / 2**20,
+                      "grad_outputs_mb": (back.concrete.planned_bytes - back.memory.peak_bytes) / 2**20,
                       "forward_steps": len(fwd.steps), "grad_steps": len(back.steps)}))
 """)
 
