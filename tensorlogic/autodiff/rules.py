@@ -19,7 +19,7 @@ from ..ir import ops
 from ..ir import spec as einspec
 from ..ir.graph import EinsumGraph, Node, Tensor
 from . import formula
-from .tools import cast_to, conj, count, expand, is_complex, keepdims, unbroadcast
+from .tools import cast_to, conj, count, expand, is_complex, keepdims, scalar, unbroadcast
 
 Cts = list["Tensor | None"]
 Rule = Callable[[EinsumGraph, Node, Tensor, Sequence[bool]], Cts]
@@ -72,7 +72,8 @@ def where(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> Cts:
     none to the condition."""
     c, a, b = (_t(g, i) for i in node.inputs)
     out: Cts = [None, None, None]
-    for k, x, picked in ((1, a, (ct, 0.0)), (2, b, (0.0, ct))):
+    zero = scalar(g, 0.0, ct.dtype)
+    for k, x, picked in ((1, a, (ct, zero)), (2, b, (zero, ct))):
         if need[k]:
             r = g.where(c, *picked)
             out[k] = cast_to(g, unbroadcast(g, cast_to(g, r, ct.dtype), x.shape), x.dtype)
@@ -165,18 +166,19 @@ def reduce(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> Cts:
     if d is None:
         r = ck
     else:
-        r = g.binary("mul", ck, conj(g, d) if isinstance(d, Tensor) else d)
+        r = g.binary("mul", ck, conj(g, d) if isinstance(d, Tensor) else scalar(g, d, ck.dtype))
     return [cast_to(g, expand(g, r, x), x.dtype)]
 
 
 def _prod_derivative(g: EinsumGraph, x: Tensor, yk: Tensor, axes) -> Tensor:
     """d prod / d x_i: y / x_i where no factor is 0; with one zero, the product of the others
     at the zero and 0 elsewhere; with two or more zeros, 0."""
-    zero = g.binary("eq", x, 0.0)
+    one = scalar(g, 1.0, x.dtype)
+    zero = g.binary("eq", x, scalar(g, 0.0, x.dtype))
     zeros = g.sum(zero, axis=axes, keepdims=True)
-    safe = g.where(zero, 1.0, x)
+    safe = g.where(zero, one, x)
     rest = g.prod(safe, axis=axes, keepdims=True)
-    at_zero = g.binary("mul", g.binary("eq", zeros, 1.0), rest)
+    at_zero = g.binary("mul", g.binary("eq", zeros, scalar(g, 1.0, zeros.dtype)), rest)
     return g.where(zero, at_zero, g.binary("div", yk, safe))
 
 
@@ -197,7 +199,8 @@ def rowop(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> Cts:
         # y = (x - mean) * rstd: dx = rstd * (ct - mean(ct) - y * mean(ct * y))
         d = g.binary("sub", x, g.mean(x, axis=ax, keepdims=True))
         var = g.mean(g.square(d), axis=ax, keepdims=True)
-        rstd = g.reciprocal(g.sqrt(g.binary("add", var, float(node.args["eps"]))))
+        eps = scalar(g, float(node.args["eps"]), var.dtype)
+        rstd = g.binary("pow", g.binary("add", var, eps), scalar(g, -0.5, var.dtype))
         inner = g.binary("sub", ct, g.mean(ct, axis=ax, keepdims=True))
         inner = g.binary("sub", inner, g.binary("mul", y, g.mean(g.binary("mul", ct, y),
                                                                   axis=ax, keepdims=True)))
@@ -239,7 +242,8 @@ def attention(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> C
     scale, causal = float(node.args["scale"]), bool(node.args["causal"])
     work = "float32" if q.dtype in ("float16", "bfloat16") else q.dtype
     q, k, v, ctw = (cast_to(g, t, work) for t in (q, k, v, ct))
-    s = g.binary("mul", g.einsum("...qd,...kd->...qk", q, k), scale)
+    scale_t = scalar(g, scale, work)
+    s = g.binary("mul", g.einsum("...qd,...kd->...qk", q, k), scale_t)
     if mask is not None:
         s = g.binary("add", s, cast_to(g, mask, work))
     if causal:
@@ -259,9 +263,9 @@ def attention(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> C
         ds = g.binary("mul", p, g.binary("sub", dp, g.sum(g.binary("mul", dp, p), axis=-1,
                                                          keepdims=True)))
         if need[0]:
-            out[0] = g.binary("mul", g.einsum("...qk,...kd->...qd", ds, k), scale)
+            out[0] = g.binary("mul", g.einsum("...qk,...kd->...qd", ds, k), scale_t)
         if need[1]:
-            out[1] = g.binary("mul", g.einsum("...qk,...qd->...kd", ds, q), scale)
+            out[1] = g.binary("mul", g.einsum("...qk,...qd->...kd", ds, q), scale_t)
         if mask is not None and need[3]:
             out[3] = unbroadcast(g, ds, mask.shape)
     xs = [_t(g, i) for i in node.inputs]

@@ -7,10 +7,29 @@ optimized and compiled like any other.
 
 from __future__ import annotations
 
+import weakref
 from typing import Sequence
+
+import numpy as np
 
 from .. import dtypes
 from ..ir.graph import EinsumGraph, Tensor
+
+# graph -> {(value, dtype): node id}: one constant node per number and dtype, so a backward
+# graph does not hold one constant per use of 0.5 (fewer nodes to build, optimize and plan)
+_SCALARS: "weakref.WeakKeyDictionary[EinsumGraph, dict]" = weakref.WeakKeyDictionary()
+
+
+def scalar(g: EinsumGraph, value: float, dtype: str) -> Tensor:
+    """A scalar constant of ``dtype``, shared by every use in ``g``. Its dtype is the one a
+    Python number next to a tensor of ``dtype`` takes (NEP 50), so results are typed alike."""
+    cache = _SCALARS.setdefault(g, {})
+    key = (float(value), dtype)
+    nid = cache.get(key)
+    if nid is None or nid not in g:
+        nid = g.constant(np.asarray(value, dtype=dtypes.normalize(dtype))).id
+        cache[key] = nid
+    return g.tensor(nid)
 
 
 def is_complex(dtype: str) -> bool:
@@ -33,7 +52,7 @@ def conj(g: EinsumGraph, t: Tensor) -> Tensor:
     if not is_complex(t.dtype):
         return t
     re = g.cast(g.cast(t, real_dtype(t.dtype)), t.dtype)
-    return g.binary("sub", g.binary("mul", re, 2.0), t)
+    return g.binary("sub", g.binary("add", re, re), t)
 
 
 def cast_to(g: EinsumGraph, t: Tensor, dtype: str) -> Tensor:
@@ -50,18 +69,19 @@ def expand(g: EinsumGraph, t: Tensor, like: Tensor) -> Tensor:
     """
     if tuple(t.shape) == tuple(like.shape):
         return t
-    return cast_to(g, g.where(1.0, t, like), t.dtype)
+    return cast_to(g, g.where(scalar(g, 1.0, t.dtype), t, like), t.dtype)
 
 
 def unbroadcast(g: EinsumGraph, t: Tensor, shape: Sequence) -> Tensor:
     """Sum ``t`` down to ``shape``, which broadcast to ``t``'s shape in the forward op."""
     shape = tuple(shape)
     lead = len(t.shape) - len(shape)
-    axes = [k for k in range(lead)]
-    axes += [lead + k for k, d in enumerate(shape) if d == 1 and t.shape[lead + k] != 1]
-    if axes:
-        t = g.sum(t, axis=tuple(axes), keepdims=True)
-    if lead or tuple(t.shape) != shape:
+    inner = [lead + k for k, d in enumerate(shape) if d == 1 and t.shape[lead + k] != 1]
+    if inner:
+        t = g.sum(t, axis=tuple(range(lead)) + tuple(inner), keepdims=True)
+    elif lead:  # only leading axes: one sum drops them
+        return g.sum(t, axis=tuple(range(lead)))
+    if tuple(t.shape) != shape:
         t = g.reshape(t, list(shape))
     return t
 
@@ -80,7 +100,8 @@ def count(g: EinsumGraph, x: Tensor, axes: Sequence[int]) -> Tensor | float:
     for a in axes:
         d = x.shape[a]
         if isinstance(d, str):
-            ones = g.where(1.0, 1.0, x)
+            one = scalar(g, 1.0, x.dtype)
+            ones = g.where(one, one, x)
             return g.sum(ones, axis=tuple(axes), keepdims=True)
         n *= d
     return float(n)

@@ -107,11 +107,13 @@ def _wrt_nodes(graph: EinsumGraph, wrt: str | Iterable[str], fn: str) -> list[tu
         raise GradError(f"{fn}: wrt is empty; name the inputs or constants to differentiate "
                         "with respect to")
     out: list[tuple[str, int]] = []
+    seen: set[str] = set()
     for name in names:
         if not isinstance(name, str):
             raise GradError(f"{fn}: wrt entries must be node names, got {name!r}")
-        if name in (n for n, _ in out):
+        if name in seen:
             raise GradError(f"{fn}: {name!r} appears twice in wrt")
+        seen.add(name)
         if not _has_name(graph, name):
             raise GradError(f"{fn}: wrt names {name!r}, which is no node of the graph; expected "
                             f"an input ({', '.join(graph.inputs) or 'none'}) or a constant")

@@ -292,14 +292,14 @@ PTX: dict[str, tuple[str, ...]] = {
 # (and where). The cotangent is multiplied by it (its complex conjugate, as torch does for
 # complex numbers). "0" marks an op that is piecewise constant: no gradient flows through it.
 # relu and step take the derivative 0 at 0, maximum/minimum share a tie equally (as torch).
-_GELU_T = "tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))"
+_GELU_T = "tanh(0.7978845608028654 * x * (1 + 0.044715 * (x * x)))"  # as in the forward
 VJP: dict[str, tuple[str, ...]] = {
     "neg": ("-1",), "abs": ("step(x) - step(-x)",), "exp": ("y",), "log": ("reciprocal(x)",),
     "sqrt": ("0.5 / y",), "square": ("2 * x",), "reciprocal": ("-(y * y)",),
     "relu": ("step(x)",), "sigmoid": ("y * one_minus(y)",), "tanh": ("one_minus(y * y)",),
     "softplus": ("sigmoid(x)",),
-    "gelu": (f"0.5 * (1 + {_GELU_T}) + 0.5 * x * one_minus({_GELU_T} * {_GELU_T})"
-             " * 0.7978845608028654 * (1 + 0.134145 * x * x)",),
+    "gelu": (f"0.5 * (1 + {_GELU_T}) + 0.3989422804014327 * x * one_minus({_GELU_T} * "
+             f"{_GELU_T}) * (1 + 0.134145 * (x * x))",),
     "step": ("0",), "one_minus": ("-1",),
     "add": ("1", "1"), "sub": ("1", "-1"), "mul": ("b", "a"),
     "div": ("reciprocal(b)", "-(y / b)"),
