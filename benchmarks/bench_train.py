@@ -339,6 +339,14 @@ def _torch_classifier(ex) -> dict:
 
 
 # ------------------------------------------------------------------ parent
+RESULTS_FILE = HERE / "results" / "bench_train.json"
+
+
+def name_is_default(args) -> bool:
+    """Whether this run writes results/bench_train.json."""
+    return args.name in (None, "bench_train")
+
+
 _THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
                 "NUMBA_NUM_THREADS", "TL_NUM_THREADS")
 
@@ -444,6 +452,12 @@ def main(argv=None) -> int:
              "rounds": args.rounds, "min_time_s": args.min_time, "lr": LR,
              "mode": "gpu bf16 mixed precision" if args.device else "cpu float32",
              "grad_rtol": tol, "threads": args.threads or "default"}
+    if not accuracy and not args.device and name_is_default(args):
+        # keep the accuracy figures of the last run that measured them (the test suite reads
+        # them) when this run skipped them
+        old = RESULTS_FILE.exists() and json.loads(RESULTS_FILE.read_text()).get("mlp_example")
+        if old:
+            extra["mlp_example"] = old
     if accuracy:
         import mlp_classifier
 

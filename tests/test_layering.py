@@ -20,6 +20,9 @@ ALLOWED = {
     "autodiff": {"errors", "config", "dtypes", "ir"},
     "backends": BASE | {"ir"},
     "compiler": BASE | {"ir", "optimizer", "backends"},
+    # learning: optimizers compile their update kernels; the loop sits on the pipeline
+    "optim": BASE | {"ir", "compiler"},
+    "learn": BASE | {"ir", "compiler", "pipeline", "optim", "autodiff"},
 }
 # known exceptions, each with its reason; remove an entry when its move lands
 EXCEPTIONS = {

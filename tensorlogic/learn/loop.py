@@ -191,10 +191,9 @@ def _training_plan(model: Any, loss: str, backend: str, opt_level: int,
 
 
 def _with_gradients(graph: Any, loss: str) -> Any:
-    import tensorlogic
+    from ..autodiff import grad
 
-    grad = getattr(tensorlogic, "grad", None)
-    if grad is None or not graph.parameters:
+    if not graph.parameters:
         raise GraphError(f"tl.train: the graph has no grad_<parameter> outputs; add them with "
                          f"tl.grad(graph, of={loss!r}, wrt=[...]) (parameters: "
                          f"{list(graph.parameters)})")

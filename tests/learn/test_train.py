@@ -192,3 +192,22 @@ def test_progress_bar_shows_the_loss():
     bar.update(8)
     bar.close()
     assert "loss 0.125" in out.getvalue() and "epoch 1/1" in out.getvalue()
+
+
+def test_a_graph_without_gradient_outputs_gets_them_from_grad(rng):
+    """tl.train(graph) differentiates the loss with respect to every parameter itself."""
+    g = least_squares(rng)
+    for name in ("grad_w", "grad_c"):
+        del g.outputs[name]
+    batches = data(rng, 5, rng.standard_normal(D))
+    auto = tl.train(g, batches, epochs=3, optimizer=tl.optim.SGD(lr=0.1), backend="numpy",
+                    progress=False)
+    assert {"grad_w", "grad_c"} <= set(auto.plan.output_names)
+    by_hand = tl.train(least_squares(np.random.default_rng(0), g.parameter_value("w")),
+                       batches, epochs=3, optimizer=tl.optim.SGD(lr=0.1), backend="numpy",
+                       progress=False)
+    np.testing.assert_allclose(auto.losses, by_hand.losses, rtol=1e-12)
+    no_params = tl.EinsumGraph()
+    no_params.output(no_params.sum(no_params.input("x", (3,), "float64")), name="loss")
+    with pytest.raises(tl.GraphError, match="no grad_<parameter> outputs"):
+        tl.train(no_params, [{"x": np.ones(3)}], optimizer=tl.optim.SGD(lr=0.1))
