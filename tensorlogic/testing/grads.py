@@ -123,6 +123,8 @@ def assert_grads_agree(graph: EinsumGraph, of: str | None = None,
     Returns a ``GradReport``; raises AssertionError naming the backend, opt level, input,
     element and seed on the first disagreement.
     """
+    if graph.parameters:  # checked like inputs, on random values
+        graph = graph.with_parameters_as_inputs()
     of = next(iter(graph.outputs)) if of is None else of
     wrt = tuple(_differentiable(graph) if wrt is None else wrt)
     names = tuple(backends) if backends is not None else _backends.available_backends()

@@ -248,3 +248,15 @@ def test_constants_as_parameters(rng):
     with pytest.raises(tl.GraphError, match="no node named 'nope'"):
         g.constants_as_parameters(["nope"])
     assert k.name == "k"
+
+
+def test_testing_harness_checks_graphs_with_parameters(rng):
+    from tensorlogic.testing import assert_backends_agree, assert_grads_agree
+
+    g = tl.EinsumGraph()
+    x = g.input("x", (3, 4))
+    w = g.parameter("w", rng.standard_normal((4, 2)).astype(np.float32))
+    y = g.tanh(g.einsum("ij,jk->ik", x, w))
+    g.output(g.sum(y * y), name="loss")
+    assert_backends_agree(g, opt_levels=(0, 2))
+    assert_grads_agree(g, of="loss", wrt=["w"], opt_levels=(0, 2))
