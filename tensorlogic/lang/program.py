@@ -35,6 +35,10 @@ class Program:
         self._last: tuple[Analysis, dict[str, Relation]] | None = None
         # tensors learned by ``fit``: run() reads them where no data is given
         self.params: dict[str, np.ndarray] = {}
+        # what ``fit_weights`` learned
+        self.rule_weights: dict[str, float] = {}
+        self.fact_weights: dict[str, dict[tuple, float]] = {}
+        self.weighted_relations: dict[str, np.ndarray] = {}
         lhs = {eq.lhs.name for eq in ast.equations}
         preds = {a.pred for r in ast.rules for a in [r.head] + [
             b.atom for b in r.body if hasattr(b, "atom")]}
@@ -241,6 +245,52 @@ class Program:
         self.params.update({p: np.array(plan.backend.to_host(plan.parameters[names[p]]))
                             for p in params})
         self._last = (an, rels)
+        return hist
+
+    def fit_weights(self, examples: Mapping[str, Mapping[tuple, float]], *,
+                    facts: Mapping[str, Iterable] | None = None,
+                    semantics: str = "probabilistic", learn_rules: bool = True,
+                    learn_facts: Iterable[str] = (), rounds: int | None = None,
+                    init_rule_weight: float = 0.5, optimizer: Any = None, epochs: int = 200,
+                    backend: str = "auto", opt_level: int = 2, **train_options: Any) -> Any:
+        """Learn rule and fact weights of the rules from examples of derived values.
+
+        Under ``semantics`` ``"probabilistic"`` (noisy-or) or ``"fuzzy"`` (max-product) the
+        rules are a differentiable function of their weights: each rule's derivations are
+        scaled by a learned weight in (0, 1) (``learn_rules``; starting at
+        ``init_rule_weight``) and the facts of the relations in ``learn_facts`` get learned
+        weights (starting at their given weights; facts not given stay false). ``examples``
+        maps a relation to ``{tuple: target}`` with targets in [0, 1]; the loss is their mean
+        cross-entropy. Recursive rules are unrolled for ``rounds`` rounds (default: the
+        largest dimension of their relations, enough for a closure over that many constants).
+        Each epoch is one step of ``optimizer`` (default ``tl.optim.Adam(lr=0.05)``).
+
+        Afterwards ``program.rule_weights`` maps ``"head (line N)"`` to its weight,
+        ``program.fact_weights`` maps each learned relation to ``{tuple: weight}`` and
+        ``program.weighted_relations`` holds every relation's dense values under the learned
+        weights (over ``symbols``-ordered constants, as ``run`` gives them). Returns the
+        training ``History``.
+        """
+        from ..autodiff import grad
+        from ..learn import train
+        from ..optim import Adam
+        from .weights import WeightedGraph
+
+        if not isinstance(examples, Mapping):
+            raise ProgramError("fit_weights: examples must map a relation to {tuple: target}",
+                               code="invalid_fact")
+        wg = WeightedGraph(self.ast.rules, facts or {}, semantics, learn_rules, learn_facts,
+                           rounds, init_rule_weight, Options().memory_budget)
+        wg.add_loss(examples)
+        wrt = list(wg.g.parameters)
+        if not wrt:
+            raise ProgramError("fit_weights: nothing to learn (learn_rules=False and no "
+                               "learn_facts)", code="invalid_option")
+        plan = compile_graph(grad(wg.g, of="loss", wrt=wrt), backend=backend,
+                             opt_level=opt_level)
+        hist = train(plan, [{}], epochs=epochs, optimizer=optimizer or Adam(lr=0.05),
+                     **train_options)
+        self.rule_weights, self.fact_weights, self.weighted_relations = wg.read(plan)
         return hist
 
     def _initial_params(self, params: list[str], init: dict[str, Any],
