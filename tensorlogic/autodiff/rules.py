@@ -165,6 +165,8 @@ def reduce(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> Cts:
             raise GradError(f"node {node.name!r}: no gradient rule for the reduction {op!r}")
     if d is None:
         r = ck
+    elif isinstance(d, float) and ck.node.kind == ops.CONSTANT:  # the loss's seed, folded here
+        r = g.constant(np.asarray(g.constants[ck.id] * d).astype(ck.dtype))
     else:
         r = g.binary("mul", ck, conj(g, d) if isinstance(d, Tensor) else scalar(g, d, ck.dtype))
     return [cast_to(g, expand(g, r, x), x.dtype)]

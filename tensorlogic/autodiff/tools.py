@@ -90,7 +90,12 @@ def keepdims(g: EinsumGraph, t: Tensor, in_shape: Sequence, axes: Sequence[int])
     """``t``, the result of a reduction of ``in_shape`` over ``axes`` without keepdims,
     reshaped to the keepdims shape (1 on every reduced axis)."""
     target = [1 if k in axes else d for k, d in enumerate(in_shape)]
-    return t if list(t.shape) == target else g.reshape(t, target)
+    if list(t.shape) == target:
+        return t
+    if t.node.kind == "constant" and not any(isinstance(d, str) for d in target):
+        # the loss's seed: reshaped here rather than by a node the optimizer must fold
+        return g.constant(g.constants[t.id].reshape(target))
+    return g.reshape(t, target)
 
 
 def count(g: EinsumGraph, x: Tensor, axes: Sequence[int]) -> Tensor | float:

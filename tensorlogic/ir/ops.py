@@ -302,7 +302,7 @@ VJP: dict[str, tuple[str, ...]] = {
              f"{_GELU_T}) * (1 + 0.134145 * (x * x))",),
     "step": ("0",), "one_minus": ("-1",),
     "add": ("1", "1"), "sub": ("1", "-1"), "mul": ("b", "a"),
-    "div": ("reciprocal(b)", "-(y / b)"),
+    "div": ("1 / b", "-(y / b)"),  # 1 / b, not reciprocal: b may be an integer tensor
     # torch: no gradient to the exponent where the base is 0 and the exponent >= 0
     "pow": ("b * pow(a, b - 1)", "where(eq(a, 0) * ge(b, 0), 0, y * log(a))"),
     "maximum": ("gt(a, b) + 0.5 * eq(a, b)", "lt(a, b) + 0.5 * eq(a, b)"),

@@ -63,7 +63,8 @@ def widen(graph: EinsumGraph, as_inputs: Iterable[str] = ()) -> EinsumGraph:
     g = EinsumGraph()
     ids: dict[int, int] = {}
     for node in graph.nodes:
-        if node.kind == ops.INPUT or node.name in as_inputs:
+        if node.kind == ops.INPUT or node.name in as_inputs or (
+                node.kind in DIFFERENTIABLE_LEAVES and node.kind != ops.CONSTANT):
             t = g.input(node.name, node.shape, wide(node.dtype))
         elif node.kind == ops.CONSTANT:
             arr = graph.constants[node.id]
@@ -81,6 +82,11 @@ def widen(graph: EinsumGraph, as_inputs: Iterable[str] = ()) -> EinsumGraph:
     for name, nid in graph.outputs.items():
         g.output(g.tensor(ids[nid]), name)
     return g
+
+
+def _leaf_value(graph: EinsumGraph, node) -> np.ndarray:
+    """The value a leaf other than an input holds (a constant's array)."""
+    return graph.constants[node.id]
 
 
 def _differentiable(graph: EinsumGraph) -> list[str]:
@@ -135,14 +141,15 @@ def assert_grads_agree(graph: EinsumGraph, of: str | None = None,
     report = GradReport(seed, of, wrt)
     if not wrt:
         return report
-    consts = [w for w in wrt if graph.node(w).kind == ops.CONSTANT]
-    g64 = widen(graph, consts)
+    held = [w for w in wrt if graph.node(w).kind != ops.INPUT]  # leaves holding a value
+    g64 = widen(graph, held)
     with warnings.catch_warnings():  # the range analysis reads complex constants' real parts
         warnings.simplefilter("ignore", np.exceptions.ComplexWarning)
         chosen = choose_ranges(g64, sizes, ranges)
     inputs = random_inputs(g64, sizes, chosen, rng)
-    for w in consts:
-        inputs[w] = np.asarray(graph.constants[graph.node(w).id]).astype(g64.node(w).dtype)
+    for w in g64.inputs:  # leaves that hold a value are differentiated at that value
+        if w not in graph.inputs:
+            inputs[w] = np.asarray(_leaf_value(graph, graph.node(w))).astype(g64.node(w).dtype)
     for name, x in inputs.items():
         if dtypes.kind(x.dtype.name) == "c":
             inputs[name] = x + 1j * rng.uniform(-1.0, 1.0, x.shape)

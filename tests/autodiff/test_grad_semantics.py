@@ -122,3 +122,17 @@ def test_gradient_wrt_a_constant():
     w = g.constant(np.array([[1.0, -2.0], [0.5, 3.0]]), name="w")
     g.output(g.sum(g.tanh(g.einsum("bi,ij->bj", x, w))), "loss")
     assert_grads_agree(g, "loss", ["w", "x"], backends=CPU)
+
+
+def test_integer_operands_take_part_but_get_no_gradient():
+    g = tl.EinsumGraph()
+    x = g.input("x", (3,), "float32")
+    n = g.input("n", (3,), "int64")
+    y = x / n + x * n + g.maximum(x, n) + x ** n
+    g.output(g.sum(y), "loss")
+    xv = np.array([0.5, 1.5, 3.5], np.float32)
+    nv = np.array([2, 3, 1])
+    out = _grads(g, "loss", ["x"], x=xv, n=nv)
+    want = 1 / nv + nv + (xv > nv) + nv * xv ** (nv - 1)
+    np.testing.assert_allclose(out["grad_x"], want, rtol=1e-6)
+    assert out["grad_x"].dtype == np.float32
