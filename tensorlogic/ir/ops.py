@@ -296,7 +296,7 @@ _GELU_T = "tanh(0.7978845608028654 * x * (1 + 0.044715 * (x * x)))"  # as in the
 VJP: dict[str, tuple[str, ...]] = {
     "neg": ("-1",), "abs": ("step(x) - step(-x)",), "exp": ("y",), "log": ("reciprocal(x)",),
     "sqrt": ("0.5 / y",), "square": ("2 * x",), "reciprocal": ("-(y * y)",),
-    "relu": ("step(x)",), "sigmoid": ("y * one_minus(y)",), "tanh": ("one_minus(y * y)",),
+    "relu": ("step(y)",), "sigmoid": ("y * one_minus(y)",), "tanh": ("one_minus(y * y)",),
     "softplus": ("sigmoid(x)",),
     "gelu": (f"0.5 * (1 + {_GELU_T}) + 0.3989422804014327 * x * one_minus({_GELU_T} * "
              f"{_GELU_T}) * (1 + 0.134145 * (x * x))",),
