@@ -241,7 +241,7 @@ def _threads(name: str) -> int:
         import torch
 
         return torch.get_num_threads()
-    from tensorlogic.backends import host_pool
+    from tensorlogic.backends.numpy import host_pool
 
     n = host_pool.helper_count() + 1
     if name.startswith("numba"):
