@@ -57,6 +57,8 @@ EXACT_OPS: dict[str, frozenset[str]] = {
     "c": frozenset({"neg", "exp", "log", "sqrt", "square", "reciprocal", "tanh", "add", "sub",
                     "mul", "div", "eq", "ne", "where"}),
 }
+# the tails ``render`` writes: every reduction with a combine, logsumexp and the three row ops
+RENDERED_TAILS = (*ops.COMBINED_REDUCTIONS, "logsumexp", "softmax", "log_softmax", "layer_norm")
 # reductions a generated kernel computes exactly for integer, bool and complex inputs
 EXACT_REDUCTIONS = frozenset({"sum", "prod", "max", "min", "mean"})
 _REAL = ("float32", "float64")
@@ -69,6 +71,8 @@ def _kind(dtype: str) -> str:
 
 def generates(instrs, tail, epilogue, dtype: str, in_dtypes: list[str]) -> bool:
     """Whether ``render`` makes an exact kernel for this program and these dtypes."""
+    if tail is not None and tail not in RENDERED_TAILS:
+        return False  # a row op or reduction without a numba rendering: numpy runs its program
     if dtype in _REAL and all(d in _REAL for d in in_dtypes):
         return True  # the float kernels (fast math and all)
     if epilogue or any(np.dtype(d).kind == "f" and d not in _REAL for d in (dtype, *in_dtypes)):
@@ -81,7 +85,8 @@ def generates(instrs, tail, epilogue, dtype: str, in_dtypes: list[str]) -> bool:
         if ins.op not in allowed:
             return False
         for j, (kind, v) in enumerate(ins.args):
-            if kind == "in" and in_dtypes[v] != dtype and not (ins.op == "where" and j == 0):
+            if (kind == "in" and in_dtypes[v] != dtype
+                    and j not in ops.ELEMENTWISE[ins.op].own_dtype):
                 return False
     return True
 
@@ -137,11 +142,8 @@ class _Consts:
 
 
 def _op_expr(op: str, args: list[str], consts: _Consts, fast: bool, dtype: str) -> str:
-    if op == "where":
-        c, a, b = args
-        return f"({a} if {c} != {consts(0.0)} else {b})"
     row = ops.ELEMENTWISE[op]
-    names = {"x": args[0]} if row.arity == 1 else {"a": args[0], "b": args[1]}
+    names = dict(zip(row.operands, args))
     expr = _FLOAT_LIT.sub(lambda m: consts(float(m.group(1))), row.numba)
     expr = _math_names(expr, fast, dtype)
     if np.dtype(dtype).kind == "c":
