@@ -112,3 +112,25 @@ def test_a_new_row_program_renders_for_the_gpu(monkeypatch, shape, tmp_path):
     r = subprocess.run([nvcc, "-arch=sm_90", "-c", str(c), "-o", str(tmp_path / "rms_c.o")],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[:3000]
+
+
+@pytest.mark.parametrize("name", ["softmax", "log_softmax", "layer_norm", "rms_norm"])
+def test_numba_renders_row_programs(monkeypatch, name, rng):
+    """The numba generator's rendering of row programs (used for row ops without a tuned
+    kernel), checked on the built-in programs under a new name and on a new one."""
+    from tensorlogic.backends import get_backend
+    from tensorlogic.ir.fused import FusedBody
+
+    monkeypatch.setitem(ops.ROW_PROGRAMS, "rms_norm", _RMS)
+    new = f"{name}_by_program"
+    monkeypatch.setitem(ops.ROW_PROGRAMS, new, ops.ROW_PROGRAMS[name])
+    monkeypatch.setattr(ops, "ROW_OPS", ops.ROW_OPS + (new,))
+    backend = get_backend("numba")
+    x = rng.standard_normal((6, 37))
+    scaled = (FusedOp("mul", (("in", 0), ("const", 0.5))),)
+    for axis, instrs in ((1, ()), (0, ()), (1, scaled)):
+        body = FusedBody(instrs, x.shape, new, (axis,), eps=1e-5)
+        kernel = backend.kernel_for(body, [x.shape], "float64")
+        out = kernel([x], np.empty_like(x))
+        want = row_program(name, x * 0.5 if instrs else x, (axis,), 1e-5)
+        np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
