@@ -134,3 +134,29 @@ def test_numba_renders_row_programs(monkeypatch, name, rng):
         out = kernel([x], np.empty_like(x))
         want = row_program(name, x * 0.5 if instrs else x, (axis,), 1e-5)
         np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name,axes,keepdims", [("logsumexp", (0, 2), False),
+                                                ("mean", (1,), True), ("softmax", (2,), True)])
+def test_host_program_kernel_matches_the_reference(name, axes, keepdims, rng):
+    """The host kernel any row op or reduction without a tuned kernel runs."""
+    from tensorlogic.backends.kernels import program_kernel
+
+    x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+    want = (reference._rowop(name, x.astype(np.float64), axes[0]) if name in ops.ROW_OPS
+            else reference._reduce(name, x.astype(np.float64), axes, keepdims))
+    out = np.empty(np.shape(want), np.float32)
+    program_kernel(name, axes, keepdims)([x], out)
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-6)
+
+
+def test_where_is_a_three_operand_row(rng):
+    row = ops.ELEMENTWISE["where"]
+    assert row.arity == 3 and ops.KIND_OF_ARITY[3] == ops.WHERE and row.operands[0] == "cond"
+    c = (rng.standard_normal((4, 5)) > 0).astype(np.float32)
+    c[0, 0] = np.nan  # a NaN condition is nonzero
+    a, b = rng.standard_normal((2, 4, 5)).astype(np.float32)
+    want = np.where(c != 0, a, b)
+    for alias in range(3):  # out may be any operand exactly
+        xs = [c.copy(), a.copy(), b.copy()]
+        np.testing.assert_array_equal(row.numpy(*xs, out=xs[alias]), want)
