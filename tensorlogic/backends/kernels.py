@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..errors import BackendError
 from ..ir import ops, pairwise, sliced, spec as einspec
 from ..ir.evaluate import row_program
@@ -303,7 +305,7 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
     if kind == ops.ATTENTION:
         from .numpy.attention import attention_kernel
 
-        if xp.__name__ != "numpy":
+        if xp is not np:
             raise BackendError(f"node {node.name!r}: the host attention kernel needs numpy arrays")
         return attention_kernel(node, in_nodes)
     if kind == ops.CAST:
