@@ -1,9 +1,12 @@
-"""Op kinds and the one table of elementwise ops.
+"""Op kinds and the one table of ops.
 
 Each elementwise op has one row: its arity, its numpy implementation (writing into ``out``), its
-numba expression, its CUDA C expression, and its FLOPs per element. Code generators render fused
-groups from these rows; nothing else spells out what an op computes. The arity decides the node
-kind (``KIND_OF_ARITY``): unary, binary, or the three-operand ``where``.
+numba expression, its CUDA C expression, its PTX sequence (``PTX``) and its FLOPs per element.
+Code generators render fused groups from these rows; nothing else spells out what an op
+computes. The arity decides the node kind (``KIND_OF_ARITY``): unary, binary, or the
+three-operand ``where``. Each reduction is a row of ``REDUCTION_TABLE`` (combine, identity,
+FLOPs), and each reduction and row op is a short program of passes over a row
+(``ROW_PROGRAMS``) written with those ops, which the code generators render.
 
 Expressions are Python format strings over the operand names of the arity (``OPERANDS``: ``{x}``
 unary, ``{a}``/``{b}`` binary, ``{cond}``/``{a}``/``{b}`` for three operands); ``{T}`` is the C
