@@ -41,7 +41,6 @@ FLOATS: tuple[str, ...] = tuple(d for d in DTYPES if np.dtype(d).kind == "f" or 
 # 16-bit floats: stored in 16 bits, computed and summed in float32, each result rounded once
 HALF: tuple[str, ...] = ("float16", "bfloat16")
 bfloat16 = np.dtype(ml_dtypes.bfloat16)
-INTEGERS: tuple[str, ...] = tuple(d for d in DTYPES if np.dtype(d).kind in "iu")
 COMPLEX: tuple[str, ...] = tuple(d for d in DTYPES if np.dtype(d).kind == "c")
 
 # Promotions numpy does not know (dtypes from extension packages); symmetric. bfloat16 sits
@@ -212,6 +211,8 @@ def _elementwise_rule(rule: tuple[str, str]):
     ufunc, mode = rule
 
     def result(*dts: str) -> str:
+        if mode == "select":  # the first operand only selects (any dtype)
+            return promote(*dts[1:])
         promoted = promote(*dts)
         if mode.endswith("ordered") and kind(promoted) == "c":
             raise _NoLoop("complex numbers have no order; compare abs() or the real part "

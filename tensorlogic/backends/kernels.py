@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..errors import BackendError
 from ..ir import ops, pairwise, sliced, spec as einspec
+from ..ir.evaluate import row_program
 from .base import PreparedKernel
 
 
@@ -208,6 +211,22 @@ def _softmax_kernel(xp, x_shape, dtype, axis, log: bool) -> PreparedKernel:
                           inplace=(0,))
 
 
+# row ops with a kernel of their own here (reductions: those with a numpy function, and
+# logsumexp); any other row op or reduction of the table runs its row program
+TUNED_ROW_OPS = ("softmax", "log_softmax", "layer_norm")
+
+
+def program_kernel(op: str, axes: tuple[int, ...], keepdims: bool,
+                   eps: float = 0.0) -> PreparedKernel:
+    """A host kernel of any row op or reduction: its row program (``ops.ROW_PROGRAMS``) with
+    the op table's numpy functions (temporaries allocated per call)."""
+    def run(a, out):
+        r = row_program(op, a[0].astype(out.dtype, copy=False), axes, eps)
+        out[...] = r if keepdims else r.reshape(out.shape)
+        return out
+    return PreparedKernel(run)
+
+
 def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
     """Kernel for one non-einsum, non-fused node.
 
@@ -238,6 +257,7 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
             kernel = lambda a, out: fn(a[0], a[1], out=out)  # noqa: E731
         return PreparedKernel(kernel, inplace=tuple(range(row.arity)) if row.alias_safe else ())
     if kind == ops.WHERE:
+        # the where row without its numpy function's per-call mask: the mask lives in scratch
         def where(a, out):
             mask = _arg(xp, a, 3, shape, "bool")
             xp.not_equal(a[0], 0, out=mask)  # before out is written: out may alias the condition
@@ -253,14 +273,19 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
             return empty
         if op == "logsumexp":
             return _logsumexp_kernel(xp, tuple(in_nodes[0].shape), node.dtype, axes, kd)
+        if ops.REDUCTION_TABLE[op].numpy is None:
+            return program_kernel(op, axes, kd)
         red = getattr(xp, ops.REDUCTION_TABLE[op].numpy)
         return PreparedKernel(lambda a, out: red(a[0], axis=axes, keepdims=kd, out=out))
     if kind == ops.ROWOP and op == "layer_norm":
         return _layer_norm_kernel(xp, tuple(in_nodes[0].shape), node.dtype, node.args["axis"],
                                   float(node.args["eps"]))
-    if kind == ops.ROWOP:
+    if kind == ops.ROWOP and op in TUNED_ROW_OPS:
         return _softmax_kernel(xp, tuple(in_nodes[0].shape), node.dtype, node.args["axis"],
                                op == "log_softmax")
+    if kind == ops.ROWOP:
+        return program_kernel(op, (int(node.args["axis"]),), True,
+                              float(node.args.get("eps", 0.0)))
     if kind == ops.TRANSPOSE:
         perm = tuple(node.args["perm"])
         if copy:
@@ -280,7 +305,7 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
     if kind == ops.ATTENTION:
         from .numpy.attention import attention_kernel
 
-        if xp.__name__ != "numpy":
+        if xp is not np:
             raise BackendError(f"node {node.name!r}: the host attention kernel needs numpy arrays")
         return attention_kernel(node, in_nodes)
     if kind == ops.CAST:

@@ -30,7 +30,7 @@ _cache_lock = threading.Lock()
 
 
 # steps whose kernel may write over an input (when the kernel says which inputs it can alias)
-_INPLACE_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE, ops.ROWOP, ops.FUSED)
+_INPLACE_KINDS = (*ops.ELEMENTWISE_KINDS, ops.ROWOP, ops.FUSED)
 
 
 def _scratch_buffers(kernel: PreparedKernel, node, first_id: int) -> list[Buffer]:
@@ -117,8 +117,7 @@ def _build_plan(graph: EinsumGraph, binding: dict[str, int], opt_level: int,
         in_nodes = [nodes[i] for i in node.inputs]
         b = bufs[nid]
         is_view = b.view_of is not None
-        args = {"_is_output": b.role == "output", "_view": is_view,
-                "_options": options}  # backends read their compile options here
+        args = {"_is_output": b.role == "output", "_view": is_view}
         nbytes = 0 if is_view else b.nbytes + sum(bufs[i].nbytes for i in node.inputs)
         step = Step(len(steps), nid, node.name, node.kind, node.op, node.label,
                     tuple(bufs[i].id for i in node.inputs), b.id, tuple(node.shape), node.dtype,

@@ -46,11 +46,6 @@ class MemoryPlan:
     alignment: int = ALIGNMENT
 
     @property
-    def slot_bytes(self) -> tuple[int, ...]:
-        """Sizes of the allocations one arena makes: a single block, or none without buffers."""
-        return (self.peak_bytes,) if self.offsets else ()
-
-    @property
     def arena_bytes(self) -> int:
         """Bytes of one arena (equal to ``peak_bytes``)."""
         return self.peak_bytes

@@ -215,7 +215,7 @@ class GraphBuilder:
         """``a`` where ``cond`` is nonzero, else ``b``."""
         like = _dtype_of(next((t for t in (a, b, cond) if isinstance(t, Tensor)), None))
         ts = [self._own(t, like) for t in (cond, a, b)]
-        return Tensor(self, self.add_node(ops.WHERE, None, [t.id for t in ts], name=name))
+        return Tensor(self, self.add_node(ops.WHERE, "where", [t.id for t in ts], name=name))
 
     @_atomic
     def reduce(
@@ -240,8 +240,8 @@ class GraphBuilder:
         if ax is None:
             raise ShapeError(f"{op} of {x.name!r}: needs a tensor of rank >= 1")
         args = {"axis": ax, **(extra or {})}
-        if op == "layer_norm":
-            args.setdefault("eps", ops.LAYER_NORM_EPS)
+        if ops.takes_eps(op):
+            args["eps"] = infer.check_eps(args.get("eps", ops.LAYER_NORM_EPS), op)
         return Tensor(self, self.add_node(ops.ROWOP, op, [x.id], args, name=name))
 
     def softmax(self, x: "Tensor", axis: int = -1, name: str | None = None) -> "Tensor":

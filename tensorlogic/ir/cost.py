@@ -39,10 +39,8 @@ def node_flops(node: Any, in_nodes: list) -> int:
     """FLOPs of one non-contraction node (0 for layout changes and casts)."""
     n = math.prod(node.shape)
     kind = node.kind
-    if kind in (ops.UNARY, ops.BINARY):
+    if kind in ops.ELEMENTWISE_KINDS:
         return ops.ELEMENTWISE[node.op].flops * n
-    if kind == ops.WHERE:
-        return n
     if kind == ops.REDUCE:
         return reduction_flops(node.op, math.prod(in_nodes[0].shape))
     if kind == ops.ROWOP:

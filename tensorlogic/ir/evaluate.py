@@ -8,6 +8,7 @@ simplest correct kernel of a step.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,9 +20,6 @@ from .fused import FusedBody, FusedOp
 
 
 def _elementwise(op: str, args: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
-    if op == "where":
-        c, a, b = args
-        return np.where(c != 0, a, b).astype(dtype, copy=False)
     # numpy's own loop for the operands' dtypes, written into the result dtype (as the numpy
     # backend runs it: int / int -> float64, abs of complex -> float, comparisons -> 1/0); a
     # unary op that changes the dtype (gelu of int8 -> float16) runs on its converted input,
@@ -35,12 +33,8 @@ def _elementwise(op: str, args: Sequence[np.ndarray], dtype: np.dtype) -> np.nda
 
 def _reduce(op: str, x: np.ndarray, axes: tuple[int, ...], keepdims: bool,
             dtype: np.dtype) -> np.ndarray:
-    if op == "logsumexp":
-        x = x.astype(dtype, copy=False)
-        m = x.max(axis=axes, keepdims=True)
-        # rows that are all -inf (or hold inf/nan) are shifted by 0: the result is -inf/inf/nan
-        m = np.where(np.isfinite(m), m, 0).astype(x.dtype)
-        r = np.log(np.exp(x - m).sum(axis=axes, keepdims=True)) + m
+    if ops.REDUCTION_TABLE[op].combine is None:  # logsumexp: its row program
+        r = row_program(op, x.astype(dtype, copy=False), axes)
         return r if keepdims else np.squeeze(r, axis=axes)
     shape = tuple(1 if k in axes else d for k, d in enumerate(x.shape)) if keepdims else tuple(
         d for k, d in enumerate(x.shape) if k not in axes)
@@ -54,15 +48,40 @@ def _cast(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return x.astype(dtype, copy=False)
 
 
+# the ufunc of each combine of the reduction table (max and min propagate NaN, like the table's)
+_COMBINE_UFUNC = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def row_program(name: str, x: np.ndarray, axes: tuple[int, ...], eps: float = 0.0) -> np.ndarray:
+    """The row program of a row op or reduction (``ops.ROW_PROGRAMS``) over ``axes`` of ``x``,
+    computed in x's dtype with the op table's numpy functions: the row op's result (x's shape)
+    or the reduction's (``axes`` kept as size 1)."""
+    dtype = x.dtype
+    n = max(math.prod(x.shape[a] for a in axes), 1)
+    env: dict[str, Any] = {"x": x, "inv_n": dtype.type(1.0 / n), "eps": dtype.type(eps)}
+
+    def value(e):
+        if isinstance(e, str):
+            return env[e]
+        if isinstance(e, (int, float)):
+            return np.asarray(e, dtype)
+        op, *args = e
+        return _elementwise(op, [np.asarray(value(a)) for a in args], dtype)
+
+    for st in ops.ROW_PROGRAMS[name]:
+        if st.kind == "reduce":
+            combine = _COMBINE_UFUNC[ops.REDUCTION_TABLE[st.combine].combine]
+            env[st.name] = combine.reduce(value(st.expr), axis=axes, keepdims=True)
+        elif st.kind in ("let", "map"):
+            env[st.name] = value(st.expr)
+        else:  # write (a row of x's shape) or result (one value per row)
+            v = np.asarray(value(st.expr))
+            return np.array(np.broadcast_to(v, x.shape) if st.kind == "write" else v, dtype)
+    raise ValueError(f"row program {name!r} has no write or result step")
+
+
 def _rowop(op: str, x: np.ndarray, axis: int, eps: float) -> np.ndarray:
-    if op == "layer_norm":
-        d = x - x.mean(axis=axis, keepdims=True)
-        return d / np.sqrt((d * d).mean(axis=axis, keepdims=True) + x.dtype.type(eps))
-    z = x - x.max(axis=axis, keepdims=True)
-    if op == "softmax":
-        e = np.exp(z)
-        return e / e.sum(axis=axis, keepdims=True)
-    return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
+    return row_program(op, x, (axis % max(x.ndim, 1),), eps)
 
 
 def _attention(xs: Sequence[np.ndarray], scale: float, causal: bool,
@@ -127,8 +146,8 @@ def evaluate_node(node: Any, xs: Sequence[np.ndarray],
         if kind == ops.EINSUM:
             r = einspec.np_einsum(a["spec"], *(x.astype(dtype, copy=False) for x in xs),
                                   optimize=True)
-        elif kind in (ops.UNARY, ops.BINARY, ops.WHERE):
-            r = _elementwise("where" if kind == ops.WHERE else op, xs, dtype)
+        elif kind in ops.ELEMENTWISE_KINDS:
+            r = _elementwise(op, xs, dtype)
         elif kind == ops.REDUCE:
             axes = tuple(k % max(xs[0].ndim, 1) for k in a["axes"])
             r = _reduce(op, xs[0], axes, bool(a.get("keepdims")), dtype)

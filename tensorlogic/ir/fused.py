@@ -36,7 +36,7 @@ TAILS = ops.REDUCTIONS + ops.ROW_OPS
 
 @dataclass(frozen=True)
 class FusedOp:
-    """One instruction: an op of the elementwise table (or "where") over refs."""
+    """One instruction: an op of the elementwise table over refs."""
 
     op: str
     args: tuple[Ref, ...]
@@ -79,7 +79,7 @@ class FusedBody:
             "space": list(self.space), "tail": self.tail, "axes": list(self.axes),
             "keepdims": self.keepdims,
         }
-        if self.tail == "layer_norm":
+        if ops.takes_eps(self.tail):
             args["eps"] = float(self.eps)
         if self.epilogue:
             args["epilogue"] = [[i.op, [list(r) for r in i.args]] for i in self.epilogue]
@@ -97,8 +97,7 @@ class FusedBody:
 
     def flops_per_element(self) -> int:
         """Elementwise FLOPs per point of the iteration space (prologue and epilogue)."""
-        return sum(1 if i.op == "where" else ops.ELEMENTWISE[i.op].flops
-                   for i in self.instrs + self.epilogue)
+        return sum(ops.ELEMENTWISE[i.op].flops for i in self.instrs + self.epilogue)
 
     def validate(self, n_inputs: int, where: str = "fused node") -> None:
         """Check refs and op names; raise GraphError naming the bad instruction."""
@@ -112,16 +111,15 @@ class FusedBody:
         _check_program(self.epilogue, n_inputs, True, where, "epilogue instruction")
         if self.tail is not None and self.tail not in TAILS:
             raise GraphError(f"{where}: unknown tail {self.tail!r}; expected one of {TAILS}")
-        if self.tail == "layer_norm" and not (math.isfinite(self.eps) and self.eps >= 0):
-            raise GraphError(f"{where}: layer_norm eps must be finite and >= 0, got {self.eps!r}")
+        if ops.takes_eps(self.tail) and not (math.isfinite(self.eps) and self.eps >= 0):
+            raise GraphError(f"{where}: {self.tail} eps must be finite and >= 0, got {self.eps!r}")
 
 
 def _check_program(instrs: tuple[FusedOp, ...], n_inputs: int, epilogue: bool, where: str,
                    what: str) -> None:
     """Op names, arities and refs of one program; ("tail", 0) only in an epilogue."""
     for j, ins in enumerate(instrs):
-        arity = (3 if ins.op == "where" else ops.ELEMENTWISE[ins.op].arity
-                 if ins.op in ops.ELEMENTWISE else None)
+        arity = ops.ELEMENTWISE[ins.op].arity if ins.op in ops.ELEMENTWISE else None
         if arity is None:
             raise GraphError(f"{where}: {what} {j} has unknown op {ins.op!r}")
         if len(ins.args) != arity:

@@ -191,6 +191,8 @@ class EinsumGraph(GraphBuilder):
             raise GraphError(f"unknown node kind {kind!r}; expected one of {ops.NODE_KINDS}")
         if kind in (ops.INPUT, ops.CONSTANT, ops.PARAMETER):
             raise GraphError(f"add_node cannot make a {kind} node; use g.{kind}(...)")
+        if op is None:
+            op = ops.DEFAULT_OP.get(kind)
         if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
             raise GraphError(f"{kind} node: inputs must be a sequence of node ids, got {inputs!r}")
         inputs = [int(i) if node_check.is_int(i) else i for i in inputs]

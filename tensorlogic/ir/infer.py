@@ -118,10 +118,9 @@ def _refuse_empty(op: str, shape: Shape, axes: Sequence[int], where: str) -> Non
                          f"empty; {op} has no value over zero elements (expected a size >= 1)")
 
 
-_KNOWN_OPS = {ops.UNARY: ops.UNARY_OPS, ops.BINARY: ops.BINARY_OPS, ops.REDUCE: ops.REDUCTIONS,
-              ops.ROWOP: ops.ROW_OPS}
-_OP_WORD = {ops.UNARY: "unary op", ops.BINARY: "binary op", ops.REDUCE: "reduction",
-            ops.ROWOP: "row op"}
+_KNOWN_OPS = {**ops.OPS_OF_KIND, ops.REDUCE: ops.REDUCTIONS, ops.ROWOP: ops.ROW_OPS}
+_OP_WORD = {ops.UNARY: "unary op", ops.BINARY: "binary op", ops.WHERE: "three-operand op",
+            ops.REDUCE: "reduction", ops.ROWOP: "row op"}
 
 
 def infer(
@@ -147,13 +146,9 @@ def infer(
                     )
         sizes = einspec.letter_sizes(es, shapes, args["spec"], f"{where}: ")
         return einspec.output_shape(es, sizes), dtypes.einsum_result(dts)
-    if kind == ops.UNARY:
-        return shapes[0], dtypes.elementwise_result(op, ops.DTYPE[op], dts, f"{where}: ")
-    if kind == ops.BINARY:
-        shape = broadcast(shapes, f"{where} ({op})")
+    if kind in ops.ELEMENTWISE_KINDS:
+        shape = shapes[0] if len(shapes) == 1 else broadcast(shapes, f"{where} ({op})")
         return shape, dtypes.elementwise_result(op, ops.DTYPE[op], dts, f"{where}: ")
-    if kind == ops.WHERE:
-        return broadcast(shapes, f"{where} (where)"), dtypes.promote(dts[1], dts[2])
     if kind == ops.REDUCE:
         axes = normalize_axes(args["axes"], len(shapes[0]), where)
         if op in NO_IDENTITY:
@@ -167,9 +162,9 @@ def infer(
         axes = normalize_axes(args["axis"], len(shapes[0]), where)
         if op in NO_IDENTITY:
             _refuse_empty(op, shapes[0], axes, where)
-        if op == "layer_norm":
+        if ops.takes_eps(op):
             if "eps" not in args:
-                raise GraphError(f"{where}: layer_norm needs an 'eps' argument")
+                raise GraphError(f"{where}: {op} needs an 'eps' argument")
             check_eps(args["eps"], where)
         elif "eps" in args:
             raise GraphError(f"{where}: {op} takes no 'eps' argument")

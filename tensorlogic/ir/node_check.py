@@ -16,12 +16,14 @@ from ..errors import GraphError
 from . import attention, ops
 
 # number of inputs of each kind; None: one or more
+# (elementwise kinds: the arity of their ops in the op table)
 ARITY: dict[str, int | None] = {
-    ops.EINSUM: None, ops.UNARY: 1, ops.BINARY: 2, ops.WHERE: 3, ops.REDUCE: 1, ops.ROWOP: 1,
-    ops.TRANSPOSE: 1, ops.RESHAPE: 1, ops.CAST: 1, ops.FUSED: None, ops.ATTENTION: None,
+    ops.EINSUM: None, **{k: a for a, k in ops.KIND_OF_ARITY.items()}, ops.REDUCE: 1,
+    ops.ROWOP: 1, ops.TRANSPOSE: 1, ops.RESHAPE: 1, ops.CAST: 1, ops.FUSED: None,
+    ops.ATTENTION: None,
 }
 # kinds whose nodes name an op of the op table
-OP_KINDS = (ops.UNARY, ops.BINARY, ops.REDUCE, ops.ROWOP)
+OP_KINDS = (*ops.ELEMENTWISE_KINDS, ops.REDUCE, ops.ROWOP)
 # (required, optional) arguments of each kind
 ARGS: dict[str, tuple[frozenset, frozenset]] = {
     ops.EINSUM: (frozenset({"spec"}), frozenset()),

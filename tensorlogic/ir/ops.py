@@ -1,17 +1,22 @@
-"""Op kinds and the one table of elementwise ops.
+"""Op kinds and the one table of ops.
 
 Each elementwise op has one row: its arity, its numpy implementation (writing into ``out``), its
-numba expression, its CUDA C expression, and its FLOPs per element. Code generators render fused
-groups from these rows; nothing else spells out what an op computes.
+numba expression, its CUDA C expression, its PTX sequence (``PTX``) and its FLOPs per element.
+Code generators render fused groups from these rows; nothing else spells out what an op
+computes. The arity decides the node kind (``KIND_OF_ARITY``): unary, binary, or the
+three-operand ``where``. Each reduction is a row of ``REDUCTION_TABLE`` (combine, identity,
+FLOPs), and each reduction and row op is a short program of passes over a row
+(``ROW_PROGRAMS``) written with those ops, which the code generators render.
 
-Expressions are Python format strings over the operand names ``{x}`` (unary) or ``{a}``/``{b}``
-(binary); ``{T}`` is the C scalar type in CUDA C.
+Expressions are Python format strings over the operand names of the arity (``OPERANDS``: ``{x}``
+unary, ``{a}``/``{b}`` binary, ``{cond}``/``{a}``/``{b}`` for three operands); ``{T}`` is the C
+scalar type in CUDA C.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -52,6 +57,18 @@ class ElementwiseOp:
     commutative: bool = False
     # numpy(x, out=x) is correct: the input is not read after out is first written
     alias_safe: bool = True
+    # operands read in their own dtype, never converted to the op's (where's condition is only
+    # compared with zero)
+    own_dtype: tuple[int, ...] = ()
+
+    @property
+    def operands(self) -> tuple[str, ...]:
+        """The operand names of the expression templates, in argument order."""
+        return OPERANDS[self.arity]
+
+
+# operand names of the expression templates by arity
+OPERANDS: dict[int, tuple[str, ...]] = {1: ("x",), 2: ("a", "b"), 3: ("cond", "a", "b")}
 
 
 _SQRT_2_OVER_PI = 0.7978845608028654
@@ -101,6 +118,18 @@ def _step(x, out):
 
 def _one_minus(x, out):
     return np.subtract(1, x, out=out)
+
+
+def _where(cond, a, b, out):
+    # b everywhere, then a where cond is nonzero. The mask is taken before out is written, and
+    # an out that is ``a`` itself only receives b: out may alias any operand exactly
+    mask = np.not_equal(cond, 0)
+    if np.may_share_memory(out, a):
+        np.copyto(out, b, where=np.logical_not(mask))
+    else:
+        np.copyto(out, b)
+        np.copyto(out, a, where=mask)
+    return out
 
 
 def _cmp(ufunc):
@@ -174,6 +203,9 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
                       "({a} == {b} ? ({T})1 : ({T})0)", 1, True),
         ElementwiseOp("ne", 2, _cmp(np.not_equal), "(1.0 if {a} != {b} else 0.0)",
                       "({a} != {b} ? ({T})1 : ({T})0)", 1, True),
+        # three operands: a where cond is nonzero, else b
+        ElementwiseOp("where", 3, _where, "({a} if {cond} != 0.0 else {b})",
+                      "({cond} != ({T})0 ? {a} : {b})", 1, own_dtype=(0,)),
     ]
 }
 
@@ -181,7 +213,8 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
 # the output of numpy's loop for that ufunc (exp of int8 -> float16, abs of complex -> float,
 # div of ints -> float64); "same": the promoted operand dtype (comparisons give 1/0 in it, so a
 # mask multiplies without a cast; the ufunc still decides which dtypes are accepted); an
-# "-ordered" mode refuses complex. A dtype numpy has no loop for raises DTypeError.
+# "-ordered" mode refuses complex; "select": the promoted dtype of every operand but the first
+# (where's condition, of any dtype). A dtype numpy has no loop for raises DTypeError.
 DTYPE: dict[str, tuple[str, str]] = {
     "neg": ("negative", "loop"), "abs": ("absolute", "loop"), "exp": ("exp", "loop"),
     "log": ("log", "loop"), "sqrt": ("sqrt", "loop"), "square": ("square", "loop"),
@@ -195,10 +228,19 @@ DTYPE: dict[str, tuple[str, str]] = {
     "gt": ("greater", "same-ordered"), "ge": ("greater_equal", "same-ordered"),
     "lt": ("less", "same-ordered"), "le": ("less_equal", "same-ordered"),
     "eq": ("equal", "same"), "ne": ("not_equal", "same"),
+    "where": ("", "select"),
 }
 
 UNARY_OPS = tuple(n for n, op in ELEMENTWISE.items() if op.arity == 1)
 BINARY_OPS = tuple(n for n, op in ELEMENTWISE.items() if op.arity == 2)
+TERNARY_OPS = tuple(n for n, op in ELEMENTWISE.items() if op.arity == 3)
+# the node kind of an elementwise op of each arity, and the elementwise kinds
+KIND_OF_ARITY: dict[int, str] = {1: UNARY, 2: BINARY, 3: WHERE}
+ELEMENTWISE_KINDS = tuple(KIND_OF_ARITY.values())
+OPS_OF_KIND: dict[str, tuple[str, ...]] = {UNARY: UNARY_OPS, BINARY: BINARY_OPS, WHERE: TERNARY_OPS}
+# the op a node of a kind with a single op takes when none is named (graphs saved before
+# ``where`` was a row of the table name none)
+DEFAULT_OP: dict[str, str] = {k: v[0] for k, v in OPS_OF_KIND.items() if len(v) == 1}
 
 
 
@@ -240,11 +282,83 @@ ROW_OPS = tuple(ROW_OP_FLOPS)
 # layer_norm: (x - mean) / sqrt(var + eps) over one axis, biased variance; eps is a node argument
 LAYER_NORM_EPS = 1e-5
 
+
+@dataclass(frozen=True)
+class RowStep:
+    """One step of a row program: what a row op or reduction computes over one row.
+
+    ``kind`` is "reduce" (``name`` = the ``combine`` reduction of ``expr`` over the row), "let"
+    (``name`` = a scalar of earlier scalars), "map" (``name`` = ``expr`` at every element: a
+    code generator may hold it or recompute it where it is used), "write" (each element of the
+    result row is ``expr``) or "result" (the reduction's one value is ``expr``).
+
+    Expressions are a name (``x``: the row's element; an earlier step's name; ``inv_n``: 1 / the
+    row length; ``eps``: the node's epsilon), a number, or ``(op, *args)`` with ``op`` an
+    elementwise op of the table, so every code generator renders them with its elementwise
+    renderer.
+    """
+
+    kind: str
+    name: str
+    expr: Any
+    combine: str = ""  # reduce: a REDUCTION_TABLE row with a combine (its combine and identity)
+
+
+_NEG_INF = float("-inf")
+
+
+def _shifted_exp(shift) -> tuple[RowStep, ...]:
+    """The row max ``m``, the shift ``ms`` (``shift``: the max, or 0 where it would make a NaN),
+    the map ``e = exp(x - ms)`` and its row sum ``s``."""
+    return (RowStep("reduce", "m", "x", "max"), RowStep("let", "ms", shift),
+            RowStep("map", "e", ("exp", ("sub", "x", "ms"))), RowStep("reduce", "s", "e", "sum"))
+
+
+# softmax and log_softmax: a row of -inf shifts by 0 (exp gives 0, not NaN; its result is NaN as
+# numpy's); logsumexp: a max that is not finite shifts by 0 (m - m is 0 only for finite m), so a
+# row of -inf gives -inf and a row holding +inf gives +inf
+_SOFTMAX_SHIFT = _shifted_exp(("where", ("eq", "m", _NEG_INF), 0.0, "m"))
+_LSE_SHIFT = _shifted_exp(("where", ("eq", ("sub", "m", "m"), 0.0), "m", 0.0))
+
+ROW_PROGRAMS: dict[str, tuple[RowStep, ...]] = {
+    **{r.name: (RowStep("reduce", "r", "x", r.name),
+                RowStep("result", "", ("mul", "r", "inv_n") if r.mean else "r"))
+       for r in REDUCTION_TABLE.values() if r.combine is not None},
+    "logsumexp": _LSE_SHIFT + (RowStep("result", "", ("add", ("log", "s"), "ms")),),
+    "softmax": _SOFTMAX_SHIFT + (RowStep("let", "inv", ("reciprocal", "s")),
+                                 RowStep("write", "", ("mul", "e", "inv"))),
+    "log_softmax": _SOFTMAX_SHIFT + (RowStep("let", "sh", ("add", ("log", "s"), "ms")),
+                                     RowStep("write", "", ("sub", "x", "sh"))),
+    # biased variance, as PyTorch's LayerNorm
+    "layer_norm": (
+        RowStep("reduce", "s", "x", "sum"),
+        RowStep("let", "mu", ("mul", "s", "inv_n")),
+        RowStep("map", "c", ("sub", "x", "mu")),
+        RowStep("reduce", "q", ("square", "c"), "sum"),
+        RowStep("let", "rstd", ("reciprocal", ("sqrt", ("add", ("mul", "q", "inv_n"), "eps")))),
+        RowStep("write", "", ("mul", "c", "rstd")),
+    ),
+}
+
+
+def _names(e) -> set[str]:
+    if isinstance(e, str):
+        return {e}
+    if isinstance(e, tuple):
+        return set().union(*(_names(a) for a in e[1:]))
+    return set()
+
+
+def takes_eps(name: str) -> bool:
+    """Whether a row op or reduction reads an epsilon (a node argument ``eps``)."""
+    return any("eps" in _names(st.expr) for st in ROW_PROGRAMS.get(name, ()))
+
 # The PTX column of the op table: one instruction sequence per op, shared by float32 and float64.
 # Placeholders: {d} the result, {x} (unary) or {a}/{b} (binary) the operands, {T} the PTX float
 # type (f32/f64), {t0}.. fresh value registers, {p0}.. fresh predicates, {c:V} the immediate V in
 # the type's hex form. A line "@name d, args" expands a math macro (exp, log, tanh, pow) that the
 # PTX emitter implements per type. Every sequence writes {d} last, so {d} never aliases an operand.
+# Operand names as in ``OPERANDS``.
 PTX: dict[str, tuple[str, ...]] = {
     "neg": ("neg.{T} {d}, {x};",),
     "abs": ("abs.{T} {d}, {x};",),
@@ -284,6 +398,8 @@ PTX: dict[str, tuple[str, ...]] = {
     "eq": ("setp.eq.{T} {p0}, {a}, {b};", "selp.{T} {d}, {c:1}, {c:0}, {p0};"),
     # unordered: NaN != anything is true, as in numpy
     "ne": ("setp.neu.{T} {p0}, {a}, {b};", "selp.{T} {d}, {c:1}, {c:0}, {p0};"),
+    # a NaN condition is nonzero (unordered !=), as in numpy
+    "where": ("setp.neu.{T} {p0}, {cond}, {c:0};", "selp.{T} {d}, {a}, {b}, {p0};"),
 }
 
 # The VJP column of the op table (used by tensorlogic.autodiff): for each elementwise op, the

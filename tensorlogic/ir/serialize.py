@@ -81,7 +81,7 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-_OP_KINDS = (ops.UNARY, ops.BINARY, ops.REDUCE, ops.ROWOP)
+_OP_KINDS = (*ops.ELEMENTWISE_KINDS, ops.REDUCE, ops.ROWOP)
 
 
 def _is_number(v: Any) -> bool:
@@ -173,6 +173,8 @@ def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> Einsum
         kind, op, name = rec["kind"], rec.get("op"), rec["name"]
         _expect(isinstance(kind, str) and kind in ops.NODE_KINDS and kind != ops.FUSED,
                 f"unknown node kind {kind!r}", w)
+        if op is None:
+            op = ops.DEFAULT_OP.get(kind)
         if kind in _OP_KINDS:
             _expect(isinstance(op, str), f"a {kind} node needs an 'op' string, got {op!r}", w)
         else:

@@ -110,10 +110,10 @@ def _install_tensor_unary() -> None:
         method.__doc__ = f"Elementwise {op}."
         setattr(Tensor, op, method)
     for op in ops.ROW_OPS:
-        if op == "layer_norm":
-            def rmethod(self, axis=-1, eps=ops.LAYER_NORM_EPS):
-                return self.graph.layer_norm(self, axis, eps)
-            rmethod.__doc__ = "Layer normalization over one axis (see EinsumGraph.layer_norm)."
+        if ops.takes_eps(op):
+            def rmethod(self, axis=-1, eps=ops.LAYER_NORM_EPS, _op=op):
+                return self.graph._rowop(_op, self, axis, None, {"eps": eps})
+            rmethod.__doc__ = f"{op} over one axis (see EinsumGraph.{op})."
         else:
             def rmethod(self, axis=-1, _op=op):
                 return self.graph._rowop(_op, self, axis, None)

@@ -33,7 +33,7 @@ from ..ir.fused import FusedBody, FusedOp
 from ..ir.graph import EinsumGraph, Node
 from .base import PassResult, function_pass
 
-ELEMENTWISE_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE)
+ELEMENTWISE_KINDS = ops.ELEMENTWISE_KINDS
 
 # Most elementwise ops one fused node holds; a longer chain is split into several nodes. A
 # generated kernel's compile time and memory grow faster than linearly with its length (numba on
@@ -194,7 +194,7 @@ def _program(g: EinsumGraph, order: Sequence[int], members: set[int], external: 
             if i not in external:
                 external.append(i)
             refs.append(("in", external.index(i)))
-        instrs.append(FusedOp("where" if node.kind == ops.WHERE else node.op, tuple(refs)))
+        instrs.append(FusedOp(node.op, tuple(refs)))
     return tuple(instrs)
 
 

@@ -15,7 +15,7 @@ from ..ir import spec as einspec
 from .bottleneck import Advice, BottleneckReport, StepStats
 from .summary import fmt_seconds
 
-ELEMENTWISE_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE)
+ELEMENTWISE_KINDS = ops.ELEMENTWISE_KINDS
 # backends whose kernels run on numba's thread pool (their steps can stall behind BLAS threads)
 NUMBA_BACKENDS = {"numba"}
 

@@ -204,8 +204,10 @@ def binary(op: str, a: Bound, b: Bound, dtype: str) -> Bound:
     raise ValueError(f"no bound rule for binary op {op!r}")
 
 
-def where(c: Bound, a: Bound, b: Bound) -> Bound:
-    """Bound of ``where(c, a, b)``; the condition must be exact."""
+def ternary(op: str, c: Bound, a: Bound, b: Bound, dtype: str) -> Bound:
+    """Bound of a three-operand op: ``where(c, a, b)``, whose condition must be exact."""
+    if op != "where":
+        raise ValueError(f"no bound rule for three-operand op {op!r}")
     prob = _merge(c.problem, a.problem, b.problem)
     if not c.exact:
         prob = _merge(prob, "where with a condition that backends may round differently")
@@ -317,12 +319,7 @@ def fused(body: FusedBody, xs: Sequence[Bound], space: tuple[int, ...], dtype: s
 
         for ins in instrs:
             args = [ref(r) for r in ins.args]
-            if ins.op == "where":
-                vals.append(where(*args))
-            elif len(args) == 1:
-                vals.append(unary(ins.op, args[0], dtype))
-            else:
-                vals.append(binary(ins.op, args[0], args[1], dtype))
+            vals.append(elementwise(ins.op, args, dtype))
         return vals
 
     vals = run(body.instrs, None)
@@ -336,6 +333,14 @@ def fused(body: FusedBody, xs: Sequence[Bound], space: tuple[int, ...], dtype: s
     return reduce(body.tail, v, k, dtype)
 
 
+def elementwise(op: str, args: Sequence[Bound], dtype: str) -> Bound:
+    """Bound of any elementwise op of the table, by its arity."""
+    return _BY_ARITY[ops.ELEMENTWISE[op].arity](op, *args, dtype)
+
+
+_BY_ARITY = {1: unary, 2: binary, 3: ternary}
+
+
 def node_bound(node, in_bounds: Sequence[Bound], in_shapes: Sequence[tuple[int, ...]],
                constant: np.ndarray | None = None) -> Bound:
     """Bound of one graph node from its inputs' bounds and concrete shapes."""
@@ -347,12 +352,8 @@ def node_bound(node, in_bounds: Sequence[Bound], in_shapes: Sequence[tuple[int, 
         return Bound(float(a.min()), float(a.max()), 0.0, True)
     if kind == ops.EINSUM:
         return einsum(node.args["spec"], in_bounds, in_shapes, dt)
-    if kind == ops.UNARY:
-        return unary(op, in_bounds[0], dt)
-    if kind == ops.BINARY:
-        return binary(op, in_bounds[0], in_bounds[1], dt)
-    if kind == ops.WHERE:
-        return where(*in_bounds)
+    if kind in ops.ELEMENTWISE_KINDS:
+        return elementwise(op, in_bounds, dt)
     if kind == ops.REDUCE:
         k = math.prod(in_shapes[0][a] for a in node.args["axes"])
         return reduce(op, in_bounds[0], k, dt)

@@ -28,6 +28,8 @@ _BINARY = {
     "maximum": np.maximum, "minimum": np.minimum, "gt": np.greater, "ge": np.greater_equal,
     "lt": np.less, "le": np.less_equal, "eq": np.equal, "ne": np.not_equal,
 }
+# every elementwise op of the table, written independently of it
+_ELEMENTWISE = {**_UNARY, **_BINARY, "where": lambda c, a, b: np.where(c != 0, a, b)}
 
 
 def _reduce(op: str, x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
@@ -81,12 +83,8 @@ def evaluate(graph, inputs: Mapping[str, np.ndarray], binding: Mapping[str, int]
                            dtype=np.float64)
         elif kind == ops.EINSUM:
             r = np_einsum(a["spec"], *xs)
-        elif kind == ops.UNARY:
-            r = _UNARY[op](xs[0])
-        elif kind == ops.BINARY:
-            r = _BINARY[op](xs[0], xs[1])
-        elif kind == ops.WHERE:
-            r = np.where(xs[0] != 0, xs[1], xs[2])
+        elif kind in ops.ELEMENTWISE_KINDS:
+            r = _ELEMENTWISE[op](*xs)
         elif kind == ops.REDUCE:
             r = _reduce(op, xs[0], tuple(a["axes"]), bool(a.get("keepdims")))
         elif kind == ops.ROWOP:

@@ -25,7 +25,7 @@ from .compiler import KernelCompiler
 from .graphs import CAPTURE_GATE, PlanRunner
 from .spec import ITEMSIZE, finish_program, make_spec, program_of
 
-GENERATED_KINDS = (ops.UNARY, ops.BINARY, ops.WHERE, ops.REDUCE, ops.ROWOP, ops.FUSED, ops.CAST)
+GENERATED_KINDS = (*ops.ELEMENTWISE_KINDS, ops.REDUCE, ops.ROWOP, ops.FUSED, ops.CAST)
 _launch = driver.launchKernel
 _pdl_state = pdl.state
 _current_stream = cupy.cuda.get_current_stream

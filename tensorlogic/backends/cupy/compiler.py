@@ -53,7 +53,6 @@ class KernelCompiler:
         self.toolchain = f"cupy{cupy.__version__}-driver{cupy.cuda.runtime.driverGetVersion()}"
         self._modules: dict[str, cufunction.Module] = {}
         self._lock = threading.Lock()
-        self.compile_seconds = 0.0
 
     def function(self, source: str, name: str, path: str) -> cufunction.Function:
         """The loaded kernel ``name`` of ``source`` (``path``: "ptx" or "cuda")."""
@@ -75,7 +74,6 @@ class KernelCompiler:
             mod.load(binary)
             self._modules[key] = mod
             dt = time.perf_counter() - t0
-            self.compile_seconds += dt
         hooks.compile_event("codegen", f"{'load' if hit else 'compile'} {name}", t0, dt,
                             path=path, cache_hit=hit)
         return mod.get_function(name)

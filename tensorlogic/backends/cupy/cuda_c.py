@@ -105,11 +105,8 @@ class _Src:
         tmps: list[str] = []
         for ins in spec.instrs if tail is None else spec.epilogue:
             args = [ref(a) for a in ins.args]
-            if ins.op == "where":
-                expr = f"({args[0]} != ({self.ct})0 ? {args[1]} : {args[2]})"
-            else:
-                names = ("x",) if len(args) == 1 else ("a", "b")
-                expr = ops.ELEMENTWISE[ins.op].cuda.format(T=self.ct, **dict(zip(names, args)))
+            row = ops.ELEMENTWISE[ins.op]
+            expr = row.cuda.format(T=self.ct, **dict(zip(row.operands, args)))
             t = self.var("t")
             self.emit(f"const {self.ct} {t} = {expr};", depth)
             tmps.append(t)
@@ -155,41 +152,57 @@ class _Src:
         return [y if x is None else x if y is None else f"({x} + {y})" for x, y in zip(a, b)]
 
 
+def _no_element(name: str) -> str:
+    raise BackendError(f"row program: {name!r} is not a scalar here")
+
+
+def _expr(s: _Src, e, scal: dict[str, str], elem) -> str:
+    """C expression of a row-program expression (``ops.RowStep``): scalars from ``scal``,
+    per-element values (``x`` and the maps) from ``elem(name)``, ops from the op table."""
+    if isinstance(e, str):
+        if e in scal:
+            return scal[e]
+        if e == "inv_n":
+            return literal(1.0 / s.spec.sizes[1], s.ct)
+        if e == "eps":
+            return literal(s.spec.eps, s.ct)
+        return elem(e)
+    if isinstance(e, (int, float)):
+        return literal(float(e), s.ct)
+    op, *args = e
+    row = ops.ELEMENTWISE[op]
+    return row.cuda.format(T=s.ct, **dict(zip(row.operands,
+                                               (_expr(s, a, scal, elem) for a in args))))
+
+
+def _let(s: _Src, scal: dict[str, str], name: str, expr, depth: int) -> None:
+    var = s.var(name)
+    s.emit(f"const {s.ct} {var} = {_expr(s, expr, scal, _no_element)};", depth)
+    scal[name] = var
+
+
 def _tail(s: _Src, run_pass, finish, write_row, depth: int) -> None:
-    spec, ct = s.spec, s.ct
-    tail = spec.tail
-    if tail in _COMBINE:
-        acc = run_pass(tail, lambda v: v)
-        if tail == "mean":
-            acc = f"({acc} * {literal(1.0 / spec.sizes[1], ct)})"
-        finish(acc)
-        return
-    if tail == "layer_norm":
-        inv_n = literal(1.0 / spec.sizes[1], ct)
-        mu = s.var("mu")
-        s.emit(f"const {ct} {mu} = {run_pass('sum', lambda v: v)} * {inv_n};", depth)
-        q = run_pass("sum", lambda v: f"(({v} - {mu}) * ({v} - {mu}))")
-        rstd = s.var("rstd")
-        s.emit(f"const {ct} {rstd} = ({ct})1 / sqrt({q} * {inv_n} + {literal(spec.eps, ct)});",
-               depth)
-        write_row(lambda v: f"(({v} - {mu}) * {rstd})")
-        return
-    m = run_pass("max", lambda v: v)
-    ms = s.var("ms")
-    s.emit(f"const {ct} {ms} = ({m} == {literal(float('-inf'), ct)}) ? ({ct})0 : {m};", depth)
-    ssum = run_pass("sum", lambda v: f"exp({v} - {ms})")
-    if tail == "logsumexp":
-        finish(f"(log({ssum}) + {ms})")
-    elif tail == "softmax":
-        inv = s.var("inv")
-        s.emit(f"const {ct} {inv} = ({ct})1 / {ssum};", depth)
-        write_row(lambda v: f"(exp({v} - {ms}) * {inv})")
-    elif tail == "log_softmax":
-        sh = s.var("sh")
-        s.emit(f"const {ct} {sh} = log({ssum}) + {ms};", depth)
-        write_row(lambda v: f"({v} - {sh})")
-    else:
-        raise BackendError(f"no CUDA C for tail {tail!r}")
+    """The tail's row program rendered as passes over the row (row and col kernels): each
+    reduce is a pass, maps are recomputed (inline) where they are used."""
+    scal: dict[str, str] = {}
+    maps: dict[str, object] = {}
+
+    def at(v: str):
+        def elem(name: str) -> str:
+            return v if name == "x" else f"({_expr(s, maps[name], scal, elem)})"
+        return elem
+
+    for st in ops.ROW_PROGRAMS[s.spec.tail]:
+        if st.kind == "reduce":
+            scal[st.name] = run_pass(st.combine, lambda v, e=st.expr: _expr(s, e, scal, at(v)))
+        elif st.kind == "let":
+            _let(s, scal, st.name, st.expr, depth)
+        elif st.kind == "map":
+            maps[st.name] = st.expr
+        elif st.kind == "write":
+            write_row(lambda v, e=st.expr: _expr(s, e, scal, at(v)))
+        else:
+            finish(_expr(s, st.expr, scal, _no_element))
 
 
 def _ew(s: _Src) -> None:
@@ -296,12 +309,12 @@ def _row_reg(s: _Src, lay: RowLayout) -> None:
         s.emit(f"v[j * {W} + {lane}] = {v};", 3)
     s.emit("}", 2)
 
-    def reduce(tail: str, arr: str) -> str:
+    def reduce(tail: str, value) -> str:
         acc = s.var("acc")
         s.emit(f"{ct} {acc} = {literal(_IDENT[tail], ct)};", 2)
         s.emit("#pragma unroll", 2)
         s.emit(f"for (int e = 0; e < {per}; ++e) if (ok[e / {W}]) "
-               f"{acc} = {_COMBINE[tail].format(a=acc, b=f'{arr}[e]')};", 2)
+               f"{acc} = {_COMBINE[tail].format(a=acc, b=value('e'))};", 2)
         _allreduce(s, tail, acc, T, 2)
         return acc
 
@@ -324,44 +337,29 @@ def _row_reg(s: _Src, lay: RowLayout) -> None:
             s.emit(f"*reinterpret_cast<{vt}*>(out + (row * {n_ch}u + c) * {W}u) = o;", 3)
         s.emit("}", 2)
 
-    tail = spec.tail
-    if tail in _COMBINE:
-        acc = reduce(tail, "v")
-        if tail == "mean":
-            acc = f"({acc} * {literal(1.0 / n_r, ct)})"
-        finish(acc)
-    elif tail == "layer_norm":
-        # centre the held values in place; lanes past the row's end are masked out of the sums
-        inv_n = literal(1.0 / n_r, ct)
-        mu = s.var("mu")
-        s.emit(f"const {ct} {mu} = {reduce('sum', 'v')} * {inv_n};", 2)
-        s.emit(f"{ct} sq[{per}];", 2)
-        s.emit("#pragma unroll", 2)
-        s.emit(f"for (int e = 0; e < {per}; ++e) {{ v[e] = v[e] - {mu}; sq[e] = v[e] * v[e]; }}", 2)
-        q = reduce("sum", "sq")
-        rstd = s.var("rstd")
-        s.emit(f"const {ct} {rstd} = ({ct})1 / sqrt({q} * {inv_n} + {literal(spec.eps, ct)});", 2)
-        write(lambda e: f"(v[{e}] * {rstd})")
-    else:
-        m = reduce("max", "v")
-        ms = s.var("ms")
-        s.emit(f"const {ct} {ms} = ({m} == {literal(float('-inf'), ct)}) ? ({ct})0 : {m};", 2)
-        s.emit(f"{ct} ex[{per}];", 2)
-        s.emit("#pragma unroll", 2)
-        s.emit(f"for (int e = 0; e < {per}; ++e) ex[e] = exp(v[e] - {ms});", 2)
-        ssum = reduce("sum", "ex")
-        if tail == "logsumexp":
-            finish(f"(log({ssum}) + {ms})")
-        elif tail == "softmax":
-            inv = s.var("inv")
-            s.emit(f"const {ct} {inv} = ({ct})1 / {ssum};", 2)
-            write(lambda e: f"(ex[{e}] * {inv})")
-        elif tail == "log_softmax":
-            sh = s.var("sh")
-            s.emit(f"const {ct} {sh} = log({ssum}) + {ms};", 2)
-            write(lambda e: f"(v[{e}] - {sh})")
+    # the tail's row program over the held values: maps are held in arrays too (computed once;
+    # lanes past the row's end are masked out of the sums)
+    scal: dict[str, str] = {}
+    held = {"x": "v"}
+
+    def value(expr):
+        return lambda e: _expr(s, expr, scal, lambda name: f"{held[name]}[{e}]")
+
+    for st in ops.ROW_PROGRAMS[spec.tail]:
+        if st.kind == "let":
+            _let(s, scal, st.name, st.expr, 2)
+        elif st.kind == "result":
+            finish(_expr(s, st.expr, scal, _no_element))
+        elif st.kind == "map":
+            arr = s.var(st.name)
+            s.emit(f"{ct} {arr}[{per}];", 2)
+            s.emit("#pragma unroll", 2)
+            s.emit(f"for (int e = 0; e < {per}; ++e) {arr}[e] = {value(st.expr)('e')};", 2)
+            held[st.name] = arr
+        elif st.kind == "reduce":
+            scal[st.name] = reduce(st.combine, value(st.expr))
         else:
-            raise BackendError(f"no CUDA C for tail {tail!r}")
+            write(value(st.expr))
     s.emit("}")
 
 

@@ -94,12 +94,7 @@ class _Kernel:
     # -------------------------------------------------------------- the elementwise program
     def op(self, name: str, args: Sequence[str]) -> str:
         d = self.new(self.ct)
-        if name == "where":
-            p = self.new("pred")
-            self.emit(f"setp.ne.{self.ct} {p}, {args[0]}, {ptx_math.imm(0.0, self.ct)};",
-                      f"selp.{self.ct} {d}, {args[1]}, {args[2]}, {p};")
-            return d
-        names = ("x",) if len(args) == 1 else ("a", "b")
+        names = ops.ELEMENTWISE[name].operands
         fields = _Fields(self.regs, self.ct, d=d, **dict(zip(names, args)))
         for tmpl in ops.PTX[name]:
             line = tmpl.format_map(fields)

@@ -4,7 +4,7 @@ rows, and a thread per column for reductions over a leading axis)."""
 from __future__ import annotations
 
 from ...errors import BackendError
-from . import ptx_math
+from ...ir import ops
 from .ptx_kernel import _COMBINE, _Kernel
 from .spec import ITEMSIZE, SPLIT_THREADS, RowLayout, row_block
 
@@ -47,95 +47,54 @@ def _block_allreduce(k: _Kernel, tail: str, v: str, block: int, smem: str) -> st
     return acc
 
 
-def _scaled(k: _Kernel, v: str, c: float) -> str:
-    """v * c for a constant c."""
-    r = k.new(k.ct)
-    k.emit(f"mul.{k.ct} {r}, {v}, {ptx_math.imm(c, k.ct)};")
-    return r
+def _no_element(name: str) -> str:
+    raise BackendError(f"row program: {name!r} is not a scalar here")
 
 
-def _rstd(k: _Kernel, sq_sum: str) -> str:
-    """1 / sqrt(sq_sum / n + eps) of a layer_norm row (correctly rounded sqrt and reciprocal)."""
-    var = _scaled(k, sq_sum, 1.0 / k.spec.sizes[1])
-    t, r = k.new(k.ct), k.new(k.ct)
-    k.emit(f"add.{k.ct} {t}, {var}, {ptx_math.imm(k.spec.eps, k.ct)};",
-           f"sqrt.rn.{k.ct} {t}, {t};", f"rcp.rn.{k.ct} {r}, {t};")
-    return r
+def _expr(k: _Kernel, e, scal: dict[str, str], elem) -> str:
+    """Register of a row-program expression (``ops.RowStep``): scalars from ``scal``,
+    per-element values (``x`` and the maps) from ``elem(name)``, ops from the op table."""
+    if isinstance(e, str):
+        if e in scal:
+            return scal[e]
+        if e == "inv_n":
+            return k.const(1.0 / k.spec.sizes[1])
+        if e == "eps":
+            return k.const(k.spec.eps)
+        return elem(e)
+    if isinstance(e, (int, float)):
+        return k.const(float(e))
+    op, *args = e
+    return k.op(op, [_expr(k, a, scal, elem) for a in args])
 
 
 def _tail_passes(k: _Kernel, run_pass, finish_reduce, write_row) -> None:
-    """The reduction/row-op tail, given a pass runner over the row (shared by row and col)."""
-    spec = k.spec
-    tail = spec.tail
-    if tail in _COMBINE:
-        acc = run_pass(tail, lambda v: v)
-        if tail == "mean":
-            acc2 = k.new(k.ct)
-            k.emit(f"mul.{k.ct} {acc2}, {acc}, {ptx_math.imm(1.0 / spec.sizes[1], k.ct)};")
-            acc = acc2
-        finish_reduce(acc)
-        return
-    if tail == "layer_norm":
-        mu = _scaled(k, run_pass("sum", lambda v: v), 1.0 / spec.sizes[1])
+    """The tail's row program rendered as passes over the row (row and col kernels): each
+    reduce is a pass, maps are recomputed in the passes that use them."""
+    scal: dict[str, str] = {}
+    maps: dict[str, object] = {}
 
-        def centred(v: str) -> str:
-            c = k.new(k.ct)
-            k.emit(f"sub.{k.ct} {c}, {v}, {mu};")
-            return c
+    def at(v: str):
+        memo = {"x": v}
 
-        def squared(v: str) -> str:
-            c = centred(v)
-            q = k.new(k.ct)
-            k.emit(f"mul.{k.ct} {q}, {c}, {c};")
-            return q
+        def elem(name: str) -> str:
+            if name not in memo:
+                memo[name] = _expr(k, maps[name], scal, elem)
+            return memo[name]
+        return elem
 
-        rstd = _rstd(k, run_pass("sum", squared))
-
-        def normed(v: str) -> str:
-            r = k.new(k.ct)
-            k.emit(f"mul.{k.ct} {r}, {centred(v)}, {rstd};")
-            return r
-        write_row(normed)
-        return
-    m = run_pass("max", lambda v: v)
-    # a row of -inf has max -inf: subtract 0 instead so exp gives 0, not NaN
-    ninf, ms = k.new("pred"), k.new(k.ct)
-    k.emit(f"setp.eq.{k.ct} {ninf}, {m}, {ptx_math.imm(float('-inf'), k.ct)};",
-           f"selp.{k.ct} {ms}, {ptx_math.imm(0.0, k.ct)}, {m}, {ninf};")
-
-    def shifted_exp(v: str) -> str:
-        t = k.new(k.ct)
-        k.emit(f"sub.{k.ct} {t}, {v}, {ms};")
-        return k.macro("exp", t)
-
-    s = run_pass("sum", shifted_exp)
-    if tail == "logsumexp":
-        ls = k.macro("log", s)
-        r = k.new(k.ct)
-        k.emit(f"add.{k.ct} {r}, {ls}, {ms};")
-        finish_reduce(r)
-    elif tail == "softmax":
-        inv = k.new(k.ct)
-        k.emit(f"rcp.rn.{k.ct} {inv}, {s};")
-
-        def soft(v: str) -> str:
-            e = shifted_exp(v)
-            r = k.new(k.ct)
-            k.emit(f"mul.{k.ct} {r}, {e}, {inv};")
-            return r
-        write_row(soft)
-    elif tail == "log_softmax":
-        ls = k.macro("log", s)
-        sh = k.new(k.ct)
-        k.emit(f"add.{k.ct} {sh}, {ls}, {ms};")
-
-        def logsoft(v: str) -> str:
-            r = k.new(k.ct)
-            k.emit(f"sub.{k.ct} {r}, {v}, {sh};")
-            return r
-        write_row(logsoft)
-    else:
-        raise BackendError(f"no PTX for tail {tail!r}")
+    for st in ops.ROW_PROGRAMS[k.spec.tail]:
+        if st.kind == "reduce":
+            scal[st.name] = run_pass(st.combine,
+                                     lambda v, e=st.expr: _expr(k, e, scal, at(v)))
+        elif st.kind == "let":
+            scal[st.name] = _expr(k, st.expr, scal, _no_element)
+        elif st.kind == "map":
+            maps[st.name] = st.expr
+        elif st.kind == "write":
+            write_row(lambda v, e=st.expr: _expr(k, e, scal, at(v)))
+        else:
+            finish_reduce(_expr(k, st.expr, scal, _no_element))
 
 
 def _row(k: _Kernel, ptrs: list[str], smem: str) -> None:
@@ -326,78 +285,24 @@ def _row_reg(k: _Kernel, ptrs: list[str], smem: str, lay: RowLayout) -> None:
                 k.vstore(k.address(out, o, 16), vs)
             k.emit(f"{skip}:")
 
-    def mapv(values: list[list[str]], f) -> list[list[str]]:
-        return [[f(v) for v in vs] for vs in values]
-
-    tail = spec.tail
-    if tail in _COMBINE:
-        acc = reduce(tail, vals)
-        if tail == "mean":
-            acc2 = k.new(k.ct)
-            k.emit(f"mul.{k.ct} {acc2}, {acc}, {ptx_math.imm(1.0 / n_r, k.ct)};")
-            acc = acc2
-        finish(acc)
-    elif tail == "layer_norm":
-        # the held values are centred once; masked lanes never enter the sums (reduce selects)
-        mu = _scaled(k, reduce("sum", vals), 1.0 / n_r)
-
-        def centre(v: str) -> str:
-            c = k.new(k.ct)
-            k.emit(f"sub.{k.ct} {c}, {v}, {mu};")
-            return c
-
-        def square(v: str) -> str:
-            q = k.new(k.ct)
-            k.emit(f"mul.{k.ct} {q}, {v}, {v};")
-            return q
-
-        cent = mapv(vals, centre)
-        rstd = _rstd(k, reduce("sum", mapv(cent, square)))
-
-        def scale_ln(v: str) -> str:
-            r = k.new(k.ct)
-            k.emit(f"mul.{k.ct} {r}, {v}, {rstd};")
-            return r
-        write(mapv(cent, scale_ln))
-    else:
-        m = reduce("max", vals)
-        ninf, ms = k.new("pred"), k.new(k.ct)
-        k.emit(f"setp.eq.{k.ct} {ninf}, {m}, {ptx_math.imm(float('-inf'), k.ct)};",
-               f"selp.{k.ct} {ms}, {ptx_math.imm(0.0, k.ct)}, {m}, {ninf};")
-
-        def shifted_exp(v: str) -> str:
-            t = k.new(k.ct)
-            k.emit(f"sub.{k.ct} {t}, {v}, {ms};")
-            return k.macro("exp", t)
-
-        exps = mapv(vals, shifted_exp)
-        s = reduce("sum", exps)
-        if tail == "logsumexp":
-            ls = k.macro("log", s)
-            r = k.new(k.ct)
-            k.emit(f"add.{k.ct} {r}, {ls}, {ms};")
-            finish(r)
-        elif tail == "softmax":
-            inv = k.new(k.ct)
-            k.emit(f"rcp.rn.{k.ct} {inv}, {s};")
-
-            def scale(v: str) -> str:
-                r = k.new(k.ct)
-                k.emit(f"mul.{k.ct} {r}, {v}, {inv};")
-                return r
-            write(mapv(exps, scale))
-        elif tail == "log_softmax":
-            ls = k.macro("log", s)
-            sh = k.new(k.ct)
-            k.emit(f"add.{k.ct} {sh}, {ls}, {ms};")
-
-            def shift(v: str) -> str:
-                r = k.new(k.ct)
-                k.emit(f"sub.{k.ct} {r}, {v}, {sh};")
-                return r
-            write(mapv(vals, shift))
+    # the tail's row program over the held values: maps are held too (computed once)
+    scal: dict[str, str] = {}
+    held: dict[str, list[list[str]]] = {"x": vals}
+    for st in ops.ROW_PROGRAMS[spec.tail]:
+        if st.kind == "let":
+            scal[st.name] = _expr(k, st.expr, scal, _no_element)
+            continue
+        if st.kind == "result":
+            finish(_expr(k, st.expr, scal, _no_element))
+            continue
+        values = [[_expr(k, st.expr, scal, lambda n, j=j, i=i: held[n][j][i])
+                   for i in range(len(vs))] for j, vs in enumerate(vals)]
+        if st.kind == "map":
+            held[st.name] = values
+        elif st.kind == "reduce":
+            scal[st.name] = reduce(st.combine, values)
         else:
-            raise BackendError(f"no PTX for tail {tail!r}")
+            write(values)
     k.emit(f"add.{it} {row}, {row}, {step};", f"setp.lt.{it} {p}, {row}, {n_o};",
            f"@{p} bra {rloop};", f"{rend}:", "ret;")
 

@@ -181,17 +181,14 @@ class Program:
 
 
 def program_of(node, in_nodes) -> Program:
-    """The program a UNARY, BINARY, WHERE, REDUCE, ROWOP, CAST or FUSED node computes."""
+    """The program an elementwise, REDUCE, ROWOP, CAST or FUSED node computes."""
     kind = node.kind
     shape = tuple(int(d) for d in node.shape)
     if kind == ops.CAST:  # no instruction: load, convert to the compute type, round at the store
         return Program((), ("in", 0), shape)
-    if kind == ops.UNARY:
-        return Program((FusedOp(node.op, (("in", 0),)),), ("tmp", 0), shape)
-    if kind == ops.BINARY:
-        return Program((FusedOp(node.op, (("in", 0), ("in", 1))),), ("tmp", 0), shape)
-    if kind == ops.WHERE:
-        return Program((FusedOp("where", (("in", 0), ("in", 1), ("in", 2))),), ("tmp", 0), shape)
+    if kind in ops.ELEMENTWISE_KINDS:
+        ins = tuple(("in", k) for k in range(len(in_nodes)))
+        return Program((FusedOp(node.op, ins),), ("tmp", 0), shape)
     if kind == ops.REDUCE:
         space = tuple(int(d) for d in in_nodes[0].shape)
         return Program((), ("in", 0), space, node.op, tuple(node.args["axes"]))
@@ -218,7 +215,7 @@ def make_spec(prog: Program, out_dtype: str, in_shapes: Sequence[Sequence[int]],
     rank = len(space)
     common = dict(dtype=out_dtype, in_dtypes=tuple(in_dtypes), instrs=prog.instrs,
                   result=prog.result, tail=prog.tail,
-                  eps=float(prog.eps) if prog.tail == "layer_norm" else None,
+                  eps=float(prog.eps) if ops.takes_eps(prog.tail) else None,
                   epilogue=tuple(prog.epilogue))
     if prog.epilogue and prog.tail not in ops.ROW_OPS:
         raise BackendError(f"an epilogue needs a row-op tail, got {prog.tail!r}")
@@ -305,11 +302,6 @@ class RowLayout:
     def block(self) -> int:
         """Threads per block."""
         return self.threads * self.rows
-
-    @property
-    def n_chunks(self) -> int:
-        """Vector chunks per lane times lanes (an upper bound of the row's chunks)."""
-        return self.threads * self.chunks
 
 
 def row_width(spec: KernelSpec) -> int:

@@ -28,7 +28,7 @@ from ...ir.fused import FusedBody, FusedOp
 from .. import widen
 from ..base import Capabilities, PreparedKernel
 from ..inputs import strided_copy_bytes
-from ..numpy.backend import NumpyBackend, thread_mode
+from ..numpy.backend import NumpyBackend
 from . import cache as numba_cache, threads as numba_threads
 from .codegen import generates, render
 from .layout import make_layout
@@ -47,10 +47,8 @@ def _body_of(node, in_nodes) -> FusedBody | None:
     kind = node.kind
     shape = tuple(node.shape)
     ins = tuple(("in", k) for k in range(len(in_nodes)))
-    if kind in (ops.UNARY, ops.BINARY):
+    if kind in ops.ELEMENTWISE_KINDS:
         return FusedBody((FusedOp(node.op, ins),), shape)
-    if kind == ops.WHERE:
-        return FusedBody((FusedOp("where", ins),), shape)
     if kind == ops.REDUCE:
         return FusedBody((), tuple(in_nodes[0].shape), node.op, tuple(node.args["axes"]),
                          bool(node.args.get("keepdims")))
@@ -79,13 +77,12 @@ def _call(fn: Any, out: np.ndarray, oshape: tuple[int, ...], ins: list, dims: tu
         out[...] = tmp.reshape(out.shape)
 
 
-def _attention_kernel(node, in_nodes, opts):
+def _attention_kernel(node, in_nodes, fast: bool):
     """The shared blocked host kernel, its softmax passes as one generated loop (fast_math)."""
     from ..numpy.attention import attention_kernel, compute_dtype
     from .attention import exp_rows
 
-    fast = opts.get("fast_math")
-    if fast is False:  # libm exp in strict order: the numpy passes are that already
+    if not fast:  # libm exp in strict order: the numpy passes are that already
         return attention_kernel(node, in_nodes)
     return attention_kernel(node, in_nodes, exp_rows(compute_dtype(node.dtype)))
 
@@ -101,29 +98,34 @@ class NumbaBackend(NumpyBackend):
                                 own_runner=True,
                                 options=frozenset({"fast_math", "parallel_threshold", "threads"}))
 
+    #: compile options ``fast_math`` and ``parallel_threshold`` of the plan (``with_options``)
+    fast_math: bool = True
+    parallel_threshold: int = PARALLEL_THRESHOLD
+
     def __init__(self) -> None:
         numba_threads.configure()
 
+    def _settings(self, options) -> dict:
+        threshold = options.get("parallel_threshold")
+        return {**super()._settings(options), "fast_math": bool(options.get("fast_math", True)),
+                "parallel_threshold": PARALLEL_THRESHOLD if threshold is None else int(threshold)}
+
     def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """A generated kernel for elementwise/reduction/row-op/fused steps; BLAS for einsum."""
-        opts = step.args.get("_options") or {}
         if widen.needs_widening(node, in_nodes):  # 16-bit floats: the float32 kernel, widened
             return widen.widened(np, lambda n, ins: self.prepare(step, n, ins, graph),
                                  node, in_nodes)
         if node.kind == ops.EINSUM:  # BLAS, split over the helper threads in the "pool" mode
-            return self.einsum_kernel(node, in_nodes, thread_mode(step))
+            return self.einsum_kernel(node, in_nodes, self.thread_mode)
         if node.kind == ops.ATTENTION:
-            return _attention_kernel(node, in_nodes, opts)
+            return _attention_kernel(node, in_nodes, self.fast_math)
         body = _body_of(node, in_nodes)
         dts = [n.dtype for n in in_nodes]
         if body is None or not generates(body.instrs, body.tail, body.epilogue, node.dtype, dts):
             # layout ops, casts and the integer/complex ops numba would compute
             # differently from numpy (see numba_codegen.EXACT_OPS) run numpy's kernels
             return NumpyBackend.prepare(self, step, node, in_nodes, graph)
-        fast = opts.get("fast_math")
-        fast = True if fast is None else bool(fast)
-        threshold = opts.get("parallel_threshold")
-        threshold = PARALLEL_THRESHOLD if threshold is None else int(threshold)
+        fast, threshold = self.fast_math, self.parallel_threshold
         if body.instrs or body.epilogue:  # lone REDUCE/ROWOP nodes: tails over their input
             body.validate(len(in_nodes), f"node {node.name!r}")
         try:

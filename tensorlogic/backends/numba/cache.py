@@ -192,7 +192,3 @@ def load(text: str, name: str, signature: Any) -> Any:
             _loaded[key] = disp  # published only once compiled
     return disp
 
-
-def module_path(text: str) -> Path:
-    """Where the module of this text lives (for tests and diagnostics)."""
-    return cache_root() / f"tl_{digest(text)}.py"

@@ -57,6 +57,9 @@ EXACT_OPS: dict[str, frozenset[str]] = {
     "c": frozenset({"neg", "exp", "log", "sqrt", "square", "reciprocal", "tanh", "add", "sub",
                     "mul", "div", "eq", "ne", "where"}),
 }
+# the reductions ``render`` writes (every row op is rendered: three tuned, others from their
+# row programs)
+RENDERED_REDUCTIONS = (*ops.COMBINED_REDUCTIONS, "logsumexp")
 # reductions a generated kernel computes exactly for integer, bool and complex inputs
 EXACT_REDUCTIONS = frozenset({"sum", "prod", "max", "min", "mean"})
 _REAL = ("float32", "float64")
@@ -69,6 +72,8 @@ def _kind(dtype: str) -> str:
 
 def generates(instrs, tail, epilogue, dtype: str, in_dtypes: list[str]) -> bool:
     """Whether ``render`` makes an exact kernel for this program and these dtypes."""
+    if tail is not None and tail not in ops.ROW_OPS and tail not in RENDERED_REDUCTIONS:
+        return False  # a reduction without a numba rendering: numpy runs its row program
     if dtype in _REAL and all(d in _REAL for d in in_dtypes):
         return True  # the float kernels (fast math and all)
     if epilogue or any(np.dtype(d).kind == "f" and d not in _REAL for d in (dtype, *in_dtypes)):
@@ -81,7 +86,8 @@ def generates(instrs, tail, epilogue, dtype: str, in_dtypes: list[str]) -> bool:
         if ins.op not in allowed:
             return False
         for j, (kind, v) in enumerate(ins.args):
-            if kind == "in" and in_dtypes[v] != dtype and not (ins.op == "where" and j == 0):
+            if (kind == "in" and in_dtypes[v] != dtype
+                    and j not in ops.ELEMENTWISE[ins.op].own_dtype):
                 return False
     return True
 
@@ -137,11 +143,8 @@ class _Consts:
 
 
 def _op_expr(op: str, args: list[str], consts: _Consts, fast: bool, dtype: str) -> str:
-    if op == "where":
-        c, a, b = args
-        return f"({a} if {c} != {consts(0.0)} else {b})"
     row = ops.ELEMENTWISE[op]
-    names = {"x": args[0]} if row.arity == 1 else {"a": args[0], "b": args[1]}
+    names = dict(zip(row.operands, args))
     expr = _FLOAT_LIT.sub(lambda m: consts(float(m.group(1))), row.numba)
     expr = _math_names(expr, fast, dtype)
     if np.dtype(dtype).kind == "c":
@@ -351,6 +354,9 @@ def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | 
             lines += _layer_norm(rows, dtype, float(eps), finish)
         else:
             lines += _rowop(rows, tail, dtype, fast, finish)
+    elif tail in ops.ROW_OPS:
+        rows = _Rows(lay, idx, dnames, rng, value, row_views, bool(instrs))
+        lines += _program_rows(rows, tail, dtype, fast, consts, float(eps), finish)
     else:
         lines += _reduce(lay, tail, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views)
     args = ["out"] + [f"a{k}" for k in range(n_inputs)] + dnames
@@ -589,6 +595,51 @@ def _rowop(rows: _Rows, op, dtype, fast, finish) -> list[str]:
             *fl,
             f"            {w} = {fv}",
         ]
+    return lines
+
+
+def _program_rows(rows: _Rows, name: str, dtype, fast, consts, eps: float, finish) -> list[str]:
+    """A row op from its row program (``ops.ROW_PROGRAMS``) in the kernel's dtype: one pass
+    over the row per reduce (maps recomputed where they are used), then the write pass."""
+    scal: dict[str, str] = {}
+    maps: dict[str, object] = {}
+
+    def expr(e, x: str | None) -> str:
+        if isinstance(e, str):
+            if e in scal:
+                return scal[e]
+            if e == "inv_n":
+                return f"np.{dtype}(1.0 / {rows.k})"
+            if e == "eps":
+                return consts(eps)
+            if x is None:
+                raise BackendError(f"row program {name}: {e!r} is not a scalar here")
+            return x if e == "x" else f"({expr(maps[e], x)})"
+        if isinstance(e, (int, float)):
+            return consts(float(e))
+        op, *args = e
+        return _op_expr(op, [expr(a, x) for a in args], consts, fast, dtype)
+
+    lines = [*rows.head]
+    first = True
+    for st in ops.ROW_PROGRAMS[name]:
+        if st.kind in ("reduce", "write"):
+            vl, v = rows.first() if first else rows.again()
+            first = False
+        if st.kind == "reduce":
+            acc = scal[st.name] = f"p_{st.name}"
+            lines += [f"        {acc} = {_init(st.combine, dtype)}", rows.loop(), *vl,
+                      "            " + _combine(st.combine, acc, expr(st.expr, v))]
+        elif st.kind == "let":
+            lines.append(f"        p_{st.name} = {expr(st.expr, None)}")
+            scal[st.name] = f"p_{st.name}"
+        elif st.kind == "map":
+            maps[st.name] = st.expr
+        elif st.kind == "write":
+            fl, fv = finish("            ", expr(st.expr, v))
+            lines += [rows.loop(), *vl, *fl, f"            {rows.out} = {fv}"]
+        else:
+            raise BackendError(f"row program {name}: a row op ends in a write, not {st.kind}")
     return lines
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -28,21 +30,14 @@ class _AsFused:
 
 
 def single_op_body(node, in_nodes) -> FusedBody | None:
-    """A lone elementwise, where or row-op node as a fused program (None for other kinds)."""
+    """A lone elementwise or row-op node as a fused program (None for other kinds)."""
     ins = tuple(("in", k) for k in range(len(in_nodes)))
-    if node.kind in (ops.UNARY, ops.BINARY):
+    if node.kind in ops.ELEMENTWISE_KINDS:
         return FusedBody((FusedOp(node.op, ins),), tuple(node.shape))
-    if node.kind == ops.WHERE:
-        return FusedBody((FusedOp("where", ins),), tuple(node.shape))
     if node.kind == ops.ROWOP:
         return FusedBody((), tuple(node.shape), node.op, (int(node.args["axis"]),),
                          eps=float(node.args.get("eps", ops.LAYER_NORM_EPS)))
     return None
-
-
-def thread_mode(step) -> str:
-    """The plan's thread mode (compile option ``threads``, see ``cpu_threads``)."""
-    return cpu_threads.check_mode((step.args.get("_options") or {}).get("threads"))
 
 
 def calls_blas(steps) -> bool:
@@ -74,6 +69,18 @@ class NumpyBackend(Backend):
     # around each call
     capabilities = Capabilities(native_array=np.ndarray, dtypes=frozenset(SUPPORTED),
                                 own_runner=True, options=frozenset({"threads"}))
+    #: the plan's thread mode (compile option ``threads``, see ``threads.py``)
+    thread_mode: str = cpu_threads.DEFAULT_MODE
+
+    def with_options(self, options: Mapping[str, Any]) -> NumpyBackend:
+        """A view of this backend holding what a plan's compile options set (``_settings``)."""
+        view = copy.copy(self)
+        view.__dict__.update(self._settings(options))
+        return view
+
+    def _settings(self, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The backend's attributes that a plan's options set."""
+        return {"thread_mode": cpu_threads.check_mode(options.get("threads"))}
 
     def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """Kernel for a step; einsum steps get their contraction path here, once.
@@ -86,7 +93,7 @@ class NumpyBackend(Backend):
         if widen.needs_widening(node, in_nodes):  # 16-bit floats compute in float32
             return widen.widened(np, lambda n, ins: self.prepare(step, n, ins, graph),
                                  node, in_nodes)
-        mode = thread_mode(step)
+        mode = self.thread_mode
         if node.kind == ops.EINSUM:
             return self.einsum_kernel(node, in_nodes, mode)
         kernel = self._host_kernel(step, node, in_nodes, graph, mode)
@@ -123,7 +130,7 @@ class NumpyBackend(Backend):
         call BLAS); None keeps the plain step loop."""
         if not plan.steps or not calls_blas(plan.steps):
             return None
-        mode = thread_mode(plan.steps[0])
+        mode = self.thread_mode
         return PoolRunner(mode) if mode == "pool" else None
 
     def _calls_blas(self, graph) -> bool:

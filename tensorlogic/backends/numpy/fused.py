@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ...ir import ops
+from ...ir.evaluate import row_program
 from ...ir.fused import FusedBody
 from .. import kernels
 from ..base import PreparedKernel
@@ -38,19 +39,6 @@ PARALLEL_MIN_ELEMENTS = 1 << 18
 MIN_PARALLEL_BLOCK = 256 * 1024
 
 
-def _where(cond, a, b, out):
-    # the unfused kernel's order: b everywhere, then a where cond is nonzero. The mask is taken
-    # before out is written, and an out that is ``a`` itself (a step in place over it) only
-    # receives b: out may alias any operand exactly (the kernel declares them in place)
-    mask = np.not_equal(cond, 0)
-    if np.may_share_memory(out, a):
-        np.copyto(out, b, where=np.logical_not(mask))
-    else:
-        np.copyto(out, b)
-        np.copyto(out, a, where=mask)
-    return out
-
-
 def _allocate(instrs: tuple, final_to_out: bool) -> tuple[list[int], int]:
     """Register of every instruction (-1: the output block) and the number of registers."""
     n = len(instrs)
@@ -66,7 +54,7 @@ def _allocate(instrs: tuple, final_to_out: bool) -> tuple[list[int], int]:
         dying = [v for kind, v in ins.args if kind == "tmp" and last_use[v] == j]
         if j == n - 1 and final_to_out:
             reg[j] = -1
-        elif ins.op != "where" and ops.ELEMENTWISE[ins.op].alias_safe and dying:
+        elif ops.ELEMENTWISE[ins.op].alias_safe and dying:
             reg[j] = reg[dying[0]]  # in place over an operand that dies here
             dying = dying[1:]
         elif free:
@@ -112,8 +100,6 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
     n_tail = 0 if tail is None else (len(body.axes) if tail in ops.REDUCTIONS else r - rax)
     kept = r - n_tail
     final_to_out = tail is None or tail in ops.ROW_OPS
-    if body.instrs and body.instrs[-1].op == "where" and tail is None:
-        final_to_out = False  # where writes its operands in two steps; never over an input
     reg, n_regs = _allocate(body.instrs, final_to_out)
     if not final_to_out:
         result_reg = reg[-1]
@@ -124,7 +110,7 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
         0 input, 1 register, 2 literal, 3 the output block (the row op's result)."""
         prog = []
         for j, ins in enumerate(instrs):
-            fn = _where if ins.op == "where" else ops.ELEMENTWISE[ins.op].numpy
+            fn = ops.ELEMENTWISE[ins.op].numpy
             spec = tuple((0, v) if kind == "in" else (1, regs_of[v]) if kind == "tmp" else
                          (3, 0) if kind == "tail" else (2, v) for kind, v in ins.args)
             prog.append((fn, spec, regs_of[j]))
@@ -136,7 +122,7 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
         last = body.epilogue[-1]
         # the last epilogue value may go straight to the output block unless it reads the row
         # op's result there after it started writing (where, or an op that is not alias-safe)
-        safe = (last.op != "where" and ops.ELEMENTWISE[last.op].alias_safe) or all(
+        safe = ops.ELEMENTWISE[last.op].alias_safe or all(
             kind != "tail" for kind, _ in last.args)
         ereg, e_regs = _allocate(body.epilogue, safe)
         epilogue = compile_program(body.epilogue, ereg)
@@ -175,7 +161,9 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
             return
         if tail in ops.ROW_OPS:
             x = out_block if body.instrs else ins[0]  # an empty prologue: input 0 itself
-            if tail == "layer_norm":
+            if tail not in kernels.TUNED_ROW_OPS:
+                out_block[...] = row_program(tail, np.asarray(x, dtype), (nax,), body.eps)
+            elif tail == "layer_norm":
                 # the row kernel over the block, with the block's slices of the tail scratch
                 n = out_block.size
                 bax = out_block.ndim + nax
@@ -193,6 +181,8 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
         x = regs[result_reg]
         if tail == "logsumexp":
             kernels._logsumexp(np, x, red_axes, False, out_block)
+        elif ops.REDUCTION_TABLE[tail].numpy is None:
+            out_block[...] = row_program(tail, x, red_axes).reshape(out_block.shape)
         else:
             red = getattr(np, ops.REDUCTION_TABLE[tail].numpy)
             red(x, axis=red_axes, out=out_block)
@@ -257,7 +247,7 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
     # reads its inputs after the row op wrote the block: those inputs may not alias the output.
     last = body.instrs[-1] if body.instrs else None
     inplace: tuple[int, ...] = ()
-    if final_to_out and (last is None or last.op == "where" or ops.ELEMENTWISE[last.op].alias_safe):
+    if final_to_out and (last is None or ops.ELEMENTWISE[last.op].alias_safe):
         late = body.epilogue_inputs()
         inplace = tuple(k for k, d in enumerate(in_dims) if d == space and k not in late
                         and np.dtype(in_nodes[k].dtype) == dtype)
