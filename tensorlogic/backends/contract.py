@@ -21,6 +21,7 @@ import numpy as np
 import opt_einsum
 
 from ..ir.spec import EinsumSpec, ascii_spec
+from . import pair_layout
 
 
 def choose_path_strategy(n_operands: int) -> str:
@@ -193,13 +194,16 @@ def _regroup(xp, X, perm, shp, k, dtype, scratch):
 
 
 def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str | None,
-          dts: tuple[str, str], scr: _Scratch, matmul: Callable | None = None):
+          dts: tuple[str, str], scr: _Scratch, matmul: Callable | None = None,
+          chooser: pair_layout.Chooser | None = None):
     """Plan one pairwise contraction.
 
     Returns (result_term, result_dtype, fn(xp, A, B, out, scratch) -> C, flops). With
     ``out_order`` set the result is the einsum's output and lands in ``out``; otherwise it goes
     into a scratch buffer. ``matmul(A, B, out)`` replaces ``xp.matmul`` for products written
-    into a C-contiguous buffer (the CPU backends' split GEMM).
+    into a C-contiguous buffer (the CPU backends' split GEMM). With a ``chooser`` (host
+    backends), a pair whose merged matmul layout needs copies may run as a strided batch
+    instead (``pair_layout``), whichever it picks.
     """
     batch = [c for c in a if c in b and c in keep]
     contr = [c for c in a if c in b and c not in keep]
@@ -228,9 +232,9 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
     res_shape = tuple(sizes[c] for c in result)
     flops = nb * nl * nr * max(nc, 1) * (2 if contr else 1)
     direct = out_order is not None and out_order == result
-    k_res = -1 if direct else scr.add(res_shape, rdt)
 
     if not contr:
+        k_res = -1 if direct else scr.add(res_shape, rdt)
         # no summed index: a broadcasting multiply (the reshapes only add unit axes: views)
         perm_a = [a.index(c) for c in batch + left]
         perm_b = [b.index(c) for c in batch + right]
@@ -248,6 +252,7 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
 
     if not (batch or left or right) and a == b:
         # a full inner product of two operands laid out alike: one BLAS dot
+        k_res = -1 if direct else scr.add(res_shape, rdt)
         scr.sums = True
         def dot(xp, A, B, out, scratch):
             if out is None:
@@ -257,6 +262,100 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
 
         return result, rdt, dot, flops
 
+    strided = (pair_layout.strided_pair(a, b, batch, contr, left, right, sizes)
+               if chooser is not None else None)
+    if strided is not None:
+        copy_a, copy_b = _gemm_copies(a, b, batch, contr, left, right, sizes)
+        if not copy_a and not copy_b:
+            strided = None  # the merged layout is a view: one matmul, no copy either way
+    if strided is not None:
+        size = np.dtype(rdt).itemsize
+        final_copy = (0 if out_order is None or strided.result == out_order
+                      else math.prod(res_shape))
+        est = [pair_layout.estimate_ns((copy_a + copy_b) * size, nb),
+               pair_layout.estimate_ns(final_copy * size, strided.calls)]
+
+        def build(use_strided: bool, s: _Scratch):
+            if use_strided:
+                return _strided(strided, out_order, sizes, rdt, s)
+            return _gemm(a, b, batch, contr, left, right, sizes, out_order, (da, db), rdt, s,
+                         matmul)[1]
+
+        def trial(use_strided: bool):
+            s = _Scratch()
+            fn = build(use_strided, s)
+            if out_order != (strided.result if use_strided else "".join(batch + left + right)):
+                return fn, s.specs
+            # a final pair that writes straight into the einsum's output
+            out = np.empty(res_shape if not use_strided else tuple(
+                sizes[c] for c in strided.result), rdt)
+            return (lambda xp, A, B, _out, scratch: fn(xp, A, B, out, scratch)), s.specs
+
+        shapes = [(tuple(sizes[c] for c in t), d) for t, d in ((a, da), (b, db))]
+        if chooser.choose(est, [lambda: trial(False), lambda: trial(True)], shapes) == 1:
+            return (strided.result, rdt,
+                    (_swapped if swap else _same)(_strided(strided, out_order, sizes, rdt, scr)),
+                    flops)
+    result, fn = _gemm(a, b, batch, contr, left, right, sizes, out_order, (da, db), rdt, scr,
+                       matmul)
+    return result, rdt, (_swapped(fn) if swap else fn), flops
+
+
+def _gemm_copies(a: str, b: str, batch, contr, left, right, sizes) -> tuple[int, int]:
+    """Elements of each operand copied into the merged (batch, rows, cols) matmul layout."""
+    nb, nl, nr, nc = (math.prod(sizes[c] for c in g) for g in (batch, left, right, contr))
+    a_lc = _first_layout(a, [batch, left, contr], [batch, contr, left])
+    b_cr = _first_layout(b, [batch, contr, right], [batch, right, contr])
+    order_a = batch + (left + contr if a_lc else contr + left)
+    order_b = batch + (contr + right if b_cr else right + contr)
+    lens_a = [len(batch), len(left), len(contr)] if a_lc else [len(batch), len(contr), len(left)]
+    lens_b = [len(batch), len(contr), len(right)] if b_cr else [len(batch), len(right), len(contr)]
+    view_a = merge_is_view(tuple(sizes[c] for c in a), [a.index(c) for c in order_a], lens_a)
+    view_b = merge_is_view(tuple(sizes[c] for c in b), [b.index(c) for c in order_b], lens_b)
+    return (0 if view_a and _unit_stride_matrix(a, left, contr, sizes) else nb * nl * nc,
+            0 if view_b and _unit_stride_matrix(b, contr, right, sizes) else nb * nc * nr)
+
+
+def _same(fn):
+    return fn
+
+
+def _strided(sp: "pair_layout.StridedPair", out_order: str | None, sizes: dict[str, int],
+             rdt: str, scr: _Scratch):
+    """The pair function of a strided batched matmul (no copies; see ``pair_layout``)."""
+    res_shape = tuple(sizes[c] for c in sp.result)
+    direct = out_order is not None and out_order == sp.result
+    k_res = -1 if direct else scr.add(res_shape, rdt)
+    scr.gemms.append((sp.calls, *sp.mm_shape[-2:], math.prod(
+        sp.shape_a[-1:] if not sp.swap_a else sp.shape_a[-2:-1])))
+    exact = np.dtype(rdt).kind in "iu"  # numpy's einsum loops: exact, wrapping as matmul's
+
+    def run(xp, A, B, out, scratch):
+        Av, Bv = sp.views(A, B)
+        C = out if out is not None and out.flags.c_contiguous else _take(
+            xp, scratch, k_res, res_shape, rdt)
+        target = C.reshape(sp.mm_shape)
+        if exact and xp is np:
+            np.einsum("...ij,...jk->...ik", Av, Bv, out=target)
+        else:
+            xp.matmul(Av, Bv, out=target)
+        if out is not None and C is not out:
+            out[...] = C
+            return out
+        return C
+
+    return run
+
+
+def _gemm(a: str, b: str, batch, contr, left, right, sizes, out_order, dts, rdt, scr, matmul):
+    """(result term, pair function) of the merged layout: one (batched) matmul after copying
+    each operand that is not a view of that layout."""
+    da, db = dts
+    result = "".join(batch + left + right)
+    res_shape = tuple(sizes[c] for c in result)
+    direct = out_order is not None and out_order == result
+    k_res = -1 if direct else scr.add(res_shape, rdt)
+    nb, nl, nr, nc = (math.prod(sizes[c] for c in g) for g in (batch, left, right, contr))
     # choose per operand the matrix layout that is a view of its memory
     a_lc = _first_layout(a, [batch, left, contr], [batch, contr, left])
     b_cr = _first_layout(b, [batch, contr, right], [batch, right, contr])
@@ -302,7 +401,7 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
         out[...] = (mmul if mmul is int_mm else xp.matmul)(A2, B2).reshape(res_shape)
         return out
 
-    return result, rdt, (_swapped(mm) if swap else mm), flops
+    return result, mm
 
 
 def _int_matmul(squeeze: bool):
@@ -358,13 +457,16 @@ def _prepare_all(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str,
 
 def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
                 strategy: Any = None, dtypes: list[str] | None = None,
-                matmul: Callable | None = None) -> EinsumPlan:
+                matmul: Callable | None = None, host: bool = False) -> EinsumPlan:
     """Compile an einsum with concrete shapes (and operand dtypes) into a pairwise-matmul program.
 
     ``strategy`` is an opt_einsum strategy name or an explicit path over ``prepared_terms``;
-    ``matmul(A, B, out)``, if given, computes the products (see ``_pair``).
+    ``matmul(A, B, out)``, if given, computes the products (see ``_pair``). ``host``: the
+    program runs on numpy arrays, so pairs may run as strided batches, chosen by timing them
+    (``pair_layout``).
     """
     n = len(es.inputs)
+    chooser = pair_layout.Chooser(measure=True) if host else None
     dts = [np.dtype(d).name for d in dtypes] if dtypes is not None else ["float64"] * n
     scr = _Scratch()
     terms, preps, flops = _prepare_all(es, shapes, sizes, dts, scr)
@@ -406,7 +508,7 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             rest = set().union(*[set(t) for t in picked[j + 2:]]) if not last_pair else set()
             res, res_dt, fn, f = _pair(acc, other, keep | rest, sizes,
                                        es.output if final and last_pair else None,
-                                       (acc_dt, picked_dt[j + 1]), scr, matmul)
+                                       (acc_dt, picked_dt[j + 1]), scr, matmul, chooser)
             pair_fns.append(fn)
             flops += f
             largest = max(largest, math.prod(sizes[c] for c in res))
