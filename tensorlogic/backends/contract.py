@@ -262,43 +262,62 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
 
         return result, rdt, dot, flops
 
-    strided = (pair_layout.strided_pair(a, b, batch, contr, left, right, sizes)
-               if chooser is not None else None)
-    if strided is not None:
-        copy_a, copy_b = _gemm_copies(a, b, batch, contr, left, right, sizes)
-        if not copy_a and not copy_b:
-            strided = None  # the merged layout is a view: one matmul, no copy either way
-    if strided is not None:
-        size = np.dtype(rdt).itemsize
-        final_copy = (0 if out_order is None or strided.result == out_order
-                      else math.prod(res_shape))
-        est = [pair_layout.estimate_ns((copy_a + copy_b) * size, nb),
-               pair_layout.estimate_ns(final_copy * size, strided.calls)]
-
-        def build(use_strided: bool, s: _Scratch):
-            if use_strided:
-                return _strided(strided, out_order, sizes, rdt, s)
-            return _gemm(a, b, batch, contr, left, right, sizes, out_order, (da, db), rdt, s,
-                         matmul)[1]
-
-        def trial(use_strided: bool):
-            s = _Scratch()
-            fn = build(use_strided, s)
-            if out_order != (strided.result if use_strided else "".join(batch + left + right)):
-                return fn, s.specs
-            # a final pair that writes straight into the einsum's output
-            out = np.empty(res_shape if not use_strided else tuple(
-                sizes[c] for c in strided.result), rdt)
-            return (lambda xp, A, B, _out, scratch: fn(xp, A, B, out, scratch)), s.specs
-
-        shapes = [(tuple(sizes[c] for c in t), d) for t, d in ((a, da), (b, db))]
-        if chooser.choose(est, [lambda: trial(False), lambda: trial(True)], shapes) == 1:
-            return (strided.result, rdt,
-                    (_swapped if swap else _same)(_strided(strided, out_order, sizes, rdt, scr)),
-                    flops)
+    if chooser is not None:
+        picked = _choose_layout(a, b, batch, contr, left, right, sizes, out_order, (da, db), rdt,
+                                scr, matmul, chooser, flops)
+        if picked is not None:
+            result, fn = picked
+            return result, rdt, (_swapped(fn) if swap else fn), flops
     result, fn = _gemm(a, b, batch, contr, left, right, sizes, out_order, (da, db), rdt, scr,
                        matmul)
     return result, rdt, (_swapped(fn) if swap else fn), flops
+
+
+def _choose_layout(a, b, batch, contr, left, right, sizes, out_order, dts, rdt, scr, matmul,
+                   chooser, flops):
+    """(result term, pair function) of the fastest way found to run a contracting pair, or
+    None for the merged layout as planned: the merged (copying where needed) or the strided
+    layout, each in both orientations (C = A B, or C^T = B^T A^T through the same BLAS call
+    with the roles exchanged, which differs in speed for skinny products)."""
+    size = np.dtype(rdt).itemsize
+    nb = math.prod(sizes[c] for c in batch)
+    copies = sum(_gemm_copies(a, b, batch, contr, left, right, sizes))
+    flipped = (b, a, batch, contr, right, left, sizes)
+    cands = []  # (estimate, flipped, strided layout or None, result term)
+    for flip, args in ((False, (a, b, batch, contr, left, right, sizes)), (True, flipped)):
+        res = "".join(batch + args[4] + args[5])  # batch + the first operand's free + ...
+        cands.append((flip, None, res, copies, nb))
+        sp = pair_layout.strided_pair(*args) if copies else None
+        if sp is not None:
+            cands.append((flip, sp, sp.result, 0, sp.calls))
+    ests = []
+    for _flip, _sp, res, copied, calls in cands:
+        final = 0 if out_order is None or res == out_order else math.prod(sizes[c] for c in res)
+        ests.append(pair_layout.estimate_ns((copied + final) * size, calls, flops))
+
+    def build(i: int, s: _Scratch):
+        flip, sp, _res, _c, _n = cands[i]
+        x, y, dx, dy = (b, a, dts[1], dts[0]) if flip else (a, b, dts[0], dts[1])
+        lx, ly = (right, left) if flip else (left, right)
+        if sp is not None:
+            fn = _strided(sp, out_order, sizes, rdt, s)
+        else:
+            fn = _gemm(x, y, batch, contr, lx, ly, sizes, out_order, (dx, dy), rdt, s, matmul)[1]
+        return _swapped(fn) if flip else fn
+
+    def trial(i: int):
+        s = _Scratch()
+        fn = build(i, s)
+        res = cands[i][2]
+        if out_order != res:
+            return fn, s.specs
+        # a final pair that writes straight into the einsum's output
+        out = np.empty(tuple(sizes[c] for c in res), rdt)
+        return (lambda xp, A, B, _out, scratch: fn(xp, A, B, out, scratch)), s.specs
+
+    shapes = [(tuple(sizes[c] for c in t), d) for t, d in zip((a, b), dts)]
+    best = chooser.choose(ests, [lambda i=i: trial(i) for i in range(len(cands))], shapes)
+    return None if best == 0 else (cands[best][2], build(best, scr))
 
 
 def _gemm_copies(a: str, b: str, batch, contr, left, right, sizes) -> tuple[int, int]:

@@ -25,6 +25,7 @@ import numpy as np
 # call of numpy's batched matmul loop (2-vCPU AVX-512 machine, measured on 16^5 float64).
 COPY_NS_PER_BYTE = 0.25
 CALL_NS = 400.0
+NS_PER_FLOP = 0.1  # small GEMMs on one core
 # Steps whose cheaper estimate is below this are chosen by the estimates alone.
 MEASURE_MIN_NS = 20_000.0
 # Operands larger than this are not materialized to time a step (the estimates decide).
@@ -32,7 +33,7 @@ MEASURE_MAX_BYTES = 64 << 20
 # Estimates further apart than this are trusted without timing.
 CLEAR_RATIO = 4.0
 # At most this many seconds of timing per einsum (later steps use the estimates).
-MEASURE_BUDGET_S = 0.05
+MEASURE_BUDGET_S = 0.03
 
 
 @dataclass(frozen=True)
@@ -116,9 +117,9 @@ def strided_pair(a: str, b: str, batch: list[str], contr: list[str], left: list[
                        tuple(lead) + (m, n), math.prod(lead))
 
 
-def estimate_ns(copied_bytes: int, calls: int) -> float:
-    """The estimated overhead of a layout: its copies plus its BLAS calls."""
-    return copied_bytes * COPY_NS_PER_BYTE + calls * CALL_NS
+def estimate_ns(copied_bytes: int, calls: int, flops: int = 0) -> float:
+    """The estimated time of a layout: its copies, its BLAS calls and its arithmetic."""
+    return copied_bytes * COPY_NS_PER_BYTE + calls * CALL_NS + flops * NS_PER_FLOP
 
 
 class Chooser:

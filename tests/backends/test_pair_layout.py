@@ -121,3 +121,23 @@ def test_timed_choice_is_one_of_the_two(rng):
     plan = contract.plan_einsum(es, shapes, sizes, "optimal", ["float64"] * 2, host=True)
     np.testing.assert_allclose(_run(plan, es, arrays, np.float64, True),
                                np.einsum(spec, *arrays), rtol=1e-12)
+
+
+@pytest.mark.parametrize("pick", [0, 1, 2, 3])
+@pytest.mark.parametrize("spec,shapes", [
+    ("abtc,tcd->abd", [(3, 4, 5, 2), (5, 2, 3)]),
+    ("abtc,dt->dcba", [(3, 4, 5, 2), (6, 5)]),
+    ("btc,bct->b", [(3, 5, 2), (3, 2, 5)]),
+    ("xabt,ty->yxab", [(2, 3, 4, 5), (5, 3)]),
+])
+def test_every_candidate_layout_matches_numpy(pick, spec, shapes, monkeypatch, rng):
+    # each candidate (merged or strided, either orientation) forced in turn
+    monkeypatch.setattr(pair_layout.Chooser, "choose",
+                        lambda self, est, build, shapes: min(pick, len(est) - 1))
+    arrays = _arrays(rng, shapes, "float64")
+    es = einspec.parse(spec, [len(s) for s in shapes])
+    sizes = einspec.letter_sizes(es, shapes)
+    plan = contract.plan_einsum(es, shapes, sizes, "optimal", ["float64"] * 2, host=True)
+    for scratch in (True, False):
+        np.testing.assert_allclose(_run(plan, es, arrays, np.float64, scratch),
+                                   np.einsum(spec, *arrays), rtol=1e-12)
