@@ -13,6 +13,7 @@ arena so a steady-state call allocates nothing; called without them, the program
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -93,8 +94,13 @@ class _Scratch:
         self.gemms: list[tuple[int, int, int, int]] = []  # (batch, m, n, k) of each matmul
 
     def add(self, shape: tuple[int, ...], dtype: str) -> int:
-        self.specs.append((tuple(int(s) for s in shape), np.dtype(dtype).name))
+        self.specs.append((tuple(int(s) for s in shape), _dtype_name(dtype)))
         return len(self.specs) - 1
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_name(dtype: Any) -> str:
+    return np.dtype(dtype).name  # numpy builds the name string on every access
 
 
 def _take(xp, scratch, k: int, shape: tuple[int, ...], dtype: str):
@@ -282,6 +288,8 @@ def _choose_layout(a, b, batch, contr, left, right, sizes, out_order, dts, rdt, 
     size = np.dtype(rdt).itemsize
     nb = math.prod(sizes[c] for c in batch)
     copies = sum(_gemm_copies(a, b, batch, contr, left, right, sizes))
+    if not copies and pair_layout.estimate_ns(0, nb, flops) < pair_layout.MEASURE_MIN_NS:
+        return None  # no copy to save, too small to time the orientations: as planned
     flipped = (b, a, batch, contr, right, left, sizes)
     cands = []  # (estimate, flipped, strided layout or None, result term)
     for flip, args in ((False, (a, b, batch, contr, left, right, sizes)), (True, flipped)):
