@@ -189,16 +189,6 @@ def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], sizes: 
     return target, prep
 
 
-def _regroup(xp, X, perm, shp, k, dtype, scratch):
-    """X transposed by perm and reshaped to shp; through scratch k when plan time saw a copy."""
-    T = X.transpose(perm)
-    if k < 0:
-        return T.reshape(shp)
-    buf = _take(xp, scratch, k, shp, dtype)
-    xp.copyto(buf.reshape(T.shape), T)
-    return buf
-
-
 def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str | None,
           dts: tuple[str, str], scr: _Scratch, matmul: Callable | None = None,
           chooser: pair_layout.Chooser | None = None):
@@ -404,20 +394,23 @@ def _gemm(a: str, b: str, batch, contr, left, right, sizes, out_order, dts, rdt,
     squeeze = nb == 1
     mm_shape = (nl, nr) if squeeze else (nb, nl, nr)
     scr.gemms.append((nb, nl, nr, nc))
-
+    # everything a call needs is decided here: a small call is mostly Python overhead
+    shp_a2, shp_b2 = (shp_a[1:], shp_b[1:]) if squeeze else (shp_a, shp_b)
+    tr_a = None if perm_a == sorted(perm_a) else perm_a  # None: no transpose needed
+    tr_b = None if perm_b == sorted(perm_b) else perm_b
     int_mm = _int_matmul(squeeze) if np.dtype(rdt).kind in "iu" else None
+    small = 2 * nb * nl * nr * nc < getattr(matmul, "min_flops", 0)
+    plain_mm = None if matmul is None or small else matmul  # None: the array module's own
+    host_mm = int_mm or plain_mm or np.matmul
 
     def mm(xp, A, B, out, scratch):
-        A2 = _regroup(xp, A, perm_a, shp_a, k_a, da, scratch)
-        B2 = _regroup(xp, B, perm_b, shp_b, k_b, db, scratch)
+        A2 = _operand(xp, A, tr_a, shp_a2, k_a, da, scratch)
+        B2 = _operand(xp, B, tr_b, shp_b2, k_b, db, scratch)
         if not a_lc:
-            A2 = A2.swapaxes(1, 2)
+            A2 = A2.swapaxes(-1, -2)
         if not b_cr:
-            B2 = B2.swapaxes(1, 2)
-        if squeeze:
-            A2, B2 = A2[0], B2[0]
-        mmul = (int_mm if int_mm is not None and xp is np else
-                xp.matmul if matmul is None else matmul)
+            B2 = B2.swapaxes(-1, -2)
+        mmul = host_mm if xp is np else plain_mm or xp.matmul
         if out is None:
             C = _take(xp, scratch, k_res, res_shape, rdt)
             mmul(A2, B2, out=C.reshape(mm_shape))
@@ -429,6 +422,17 @@ def _gemm(a: str, b: str, batch, contr, left, right, sizes, out_order, dts, rdt,
         return out
 
     return result, mm
+
+
+def _operand(xp, X, perm, shape, k: int, dtype: str, scratch):
+    """X transposed by perm (None: as it is) and reshaped to shape; through scratch k when
+    plan time saw that the reshape copies."""
+    T = X if perm is None else X.transpose(perm)
+    if k < 0:
+        return T.reshape(shape)
+    buf = _take(xp, scratch, k, shape, dtype)
+    xp.copyto(buf.reshape(T.shape), T)
+    return buf
 
 
 def _int_matmul(squeeze: bool):
@@ -561,19 +565,35 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         return EinsumPlan(run_pair, flops, path, f"{es} path={path}", largest, scr.specs,
                           scr.copied, scr.sums, scr.gemms)
 
+    # the program as flat pairs over value slots (operands first, then each pair's result), so
+    # a call does no list bookkeeping: (fn, slot of A, slot of B, whether it writes ``out``)
+    flat = []
+    slots = list(range(n))
+    for k, (idx, fns) in enumerate(program):
+        picked = [slots[i] for i in idx]
+        for i in sorted(idx, reverse=True):
+            slots.pop(i)
+        acc = picked[0]
+        for j, fn in enumerate(fns):
+            to_out = k == len(program) - 1 and direct and j == len(fns) - 1
+            flat.append((fn, acc, picked[j + 1], to_out))
+            acc = n + len(flat) - 1
+        slots.append(acc)
+    flat = tuple(flat)
+    n_values = n + len(flat)
+    final_slot = slots[0]
+    any_prep = any(p is not None for p in preps)
+
     def run(xp, arrays, out, scratch=None):
-        ops_ = [a if p is None else p(xp, a, scratch) for a, p in zip(arrays, preps)]
-        for k, (idx, fns) in enumerate(program):
-            picked = [ops_[i] for i in idx]
-            for i in sorted(idx, reverse=True):
-                ops_.pop(i)
-            last = k == len(program) - 1
-            acc = picked[0]
-            for j, fn in enumerate(fns):
-                target = out if (last and direct and j == len(fns) - 1) else None
-                acc = fn(xp, acc, picked[j + 1], target, scratch)
-            ops_.append(acc)
-        res = ops_[0]
+        vals = [None] * n_values
+        vals[:n] = ([a if p is None else p(xp, a, scratch) for a, p in zip(arrays, preps)]
+                    if any_prep else arrays)
+        k = n
+        for fn, i, j, to_out in flat:
+            vals[k] = fn(xp, vals[i], vals[j], out if to_out else None, scratch)
+            vals[i] = vals[j] = None  # each value is read once: let a fresh one go early
+            k += 1
+        res = vals[final_slot]
         if res is out:
             return out
         out[...] = res if direct else res.transpose(final_perm)

@@ -139,6 +139,10 @@ def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray
     return out
 
 
+# products under this many FLOPs skip the call (``contract`` reads it at plan time)
+parallel_matmul.min_flops = MIN_SPLIT_FLOPS  # type: ignore[attr-defined]
+
+
 def describe(mode: str) -> str:
     """The line print(plan) shows about a CPU plan's threads."""
     threads = host_pool.helper_count() + 1
