@@ -122,9 +122,12 @@ def worker(contender: str, name: str, path_file: str | None, repeat: int) -> dic
         g = tl.EinsumGraph()
         ts = [g.input(f"x{i}", a.shape, dtype) for i, a in enumerate(arrays)]
         g.output(g.einsum(eq, *ts), "y")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         plan = tl.compile(g, "numpy", 2, cache=False)
         res["compile_s"] = time.perf_counter() - t0
+        # CPU seconds of the compile (every thread of this process): on a shared machine the
+        # wall time above also counts the time other processes held the cores
+        res["compile_cpu_s"] = time.process_time() - c0
         feed = {f"x{i}": a for i, a in enumerate(arrays)}
         node = plan.optimized_graph.node(plan.optimized_graph.outputs["y"])
         res["path"] = node.args["path_strategy"]
@@ -224,7 +227,8 @@ def main() -> None:
             row = {
                 "instance": name, "operands": eq.count(",") + 1, "indices": n_idx,
                 "dtype": dtype, "strategy": ours["strategy"],
-                "compile_ms": 1e3 * ours["compile_s"], "ours_ms": 1e3 * ours["call_s"],
+                "compile_ms": 1e3 * ours["compile_s"],
+                "compile_cpu_ms": 1e3 * ours["compile_cpu_s"], "ours_ms": 1e3 * ours["call_s"],
                 "contract_ms": 1e3 * others["contract"]["call_s"],
                 "expression_ms": 1e3 * others["expression"]["call_s"],
                 "cotengra_ms": 1e3 * others["cotengra"]["call_s"],
@@ -233,12 +237,17 @@ def main() -> None:
             row["vs_contract"] = row["contract_ms"] / row["ours_ms"]
             row["vs_expression"] = row["expression_ms"] / row["ours_ms"]
             row["compile_calls"] = row["compile_ms"] / row["ours_ms"]
+            # the target: a first compile of at most 10 calls or 100 ms, whichever is larger,
+            # for networks whose call takes under 10 ms
+            row["compile_target_met"] = (row["ours_ms"] >= 10
+                                         or row["compile_ms"] <= max(10 * row["ours_ms"], 100))
             rows.append(row)
             print(table([row], list(row)), flush=True)
     gm = statistics.geometric_mean(r["vs_contract"] for r in rows)
-    print(table(rows, ["instance", "operands", "indices", "strategy", "compile_ms", "ours_ms",
-                       "contract_ms", "expression_ms", "cotengra_ms", "vs_contract",
-                       "vs_expression", "max_rel_err"]))
+    print(table(rows, ["instance", "operands", "indices", "strategy", "compile_ms",
+                       "compile_cpu_ms", "compile_target_met", "ours_ms", "contract_ms",
+                       "expression_ms", "cotengra_ms", "vs_contract", "vs_expression",
+                       "max_rel_err"]))
     print(f"geometric mean speedup vs opt_einsum.contract: {gm:.2f}x")
     path = write_results("bench_networks", rows, {"geomean_vs_contract": gm},
                          peers=("cotengra",))
