@@ -92,10 +92,48 @@ class _Scratch:
         # 16-bit einsum with these is widened to float32 first, so they too accumulate in it
         self.sums = False
         self.gemms: list[tuple[int, int, int, int]] = []  # (batch, m, n, k) of each matmul
+        # lifetimes, so that temporaries that are never live together share one buffer: each
+        # request lives [start, end] in pair steps (-1: before the first pair); a request that
+        # holds a value (an operand prepared, a pair's result) lives until the pair reading it
+        self.now = -1
+        self.value = -1  # the value slot the request being planned would hold
+        self.life: list[list[int]] = []
+        self.holds: dict[int, int] = {}  # value slot -> request
 
-    def add(self, shape: tuple[int, ...], dtype: str) -> int:
+    def add(self, shape: tuple[int, ...], dtype: str, value: bool = False) -> int:
         self.specs.append((tuple(int(s) for s in shape), _dtype_name(dtype)))
+        self.life.append([self.now, self.now])
+        if value:
+            self.holds[self.value] = len(self.specs) - 1
         return len(self.specs) - 1
+
+    def slots(self, reads: list[tuple[int, int]], last: int):
+        """(buffer specs, request -> buffer) sharing buffers between requests of one dtype
+        whose lifetimes do not overlap. ``reads``: (value slot, pair step) of every read;
+        ``last``: the value slot left at the end (it lives past every step)."""
+        for v, step in reads:
+            if v in self.holds:
+                k = self.holds[v]
+                self.life[k][1] = max(self.life[k][1], step)
+        if last in self.holds:
+            self.life[self.holds[last]][1] = 1 << 30
+        order = sorted(range(len(self.specs)), key=lambda k: self.life[k][0])
+        bufs: list[list] = []  # [elements, dtype, free from step]
+        slot_of = [0] * len(self.specs)
+        for k in order:
+            start, end = self.life[k]
+            shape, dtype = self.specs[k]
+            size = math.prod(shape)
+            free = [b for b, buf in enumerate(bufs) if buf[1] == dtype and buf[2] < start]
+            if free:  # the largest free one: fewest regrowths
+                b = max(free, key=lambda b: bufs[b][0])
+                bufs[b][0] = max(bufs[b][0], size)
+                bufs[b][2] = end
+            else:
+                b = len(bufs)
+                bufs.append([size, dtype, end])
+            slot_of[k] = b
+        return [((n,), d) for n, d, _ in bufs], slot_of
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,7 +145,9 @@ def _take(xp, scratch, k: int, shape: tuple[int, ...], dtype: str):
     """Scratch buffer k viewed as ``shape``, or a fresh array when the caller gave none."""
     if scratch is None:
         return xp.empty(shape, dtype)
-    return scratch[k].reshape(shape)
+    buf = scratch[k]  # a shared buffer may be larger than this request
+    n = math.prod(shape)
+    return (buf if buf.size == n else buf.reshape(-1)[:n]).reshape(shape)
 
 
 def merge_is_view(shape: tuple[int, ...], perm: list[int], group_lens: list[int]) -> bool:
@@ -170,7 +210,7 @@ def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], sizes: 
     spec = ascii_spec(f"{squeezed}->{target}")  # numpy's and CuPy's einsum read only letters
     sum_axes = tuple(k for k, c in enumerate(squeezed) if c not in target)
     t_shape = tuple(sizes[c] for c in target)
-    k_out = scr.add(t_shape, dtype) if (has_repeat or sum_axes) else -1
+    k_out = scr.add(t_shape, dtype, value=True) if (has_repeat or sum_axes) else -1
     scr.sums = scr.sums or has_repeat or bool(sum_axes)
 
     def prep(xp, x, scratch):
@@ -230,7 +270,7 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
     direct = out_order is not None and out_order == result
 
     if not contr:
-        k_res = -1 if direct else scr.add(res_shape, rdt)
+        k_res = -1 if direct else scr.add(res_shape, rdt, value=True)
         # no summed index: a broadcasting multiply (the reshapes only add unit axes: views)
         perm_a = [a.index(c) for c in batch + left]
         perm_b = [b.index(c) for c in batch + right]
@@ -248,7 +288,7 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
 
     if not (batch or left or right) and a == b:
         # a full inner product of two operands laid out alike: one BLAS dot
-        k_res = -1 if direct else scr.add(res_shape, rdt)
+        k_res = -1 if direct else scr.add(res_shape, rdt, value=True)
         scr.sums = True
         def dot(xp, A, B, out, scratch):
             if out is None:
@@ -342,7 +382,7 @@ def _strided(sp: "pair_layout.StridedPair", out_order: str | None, sizes: dict[s
     """The pair function of a strided batched matmul (no copies; see ``pair_layout``)."""
     res_shape = tuple(sizes[c] for c in sp.result)
     direct = out_order is not None and out_order == sp.result
-    k_res = -1 if direct else scr.add(res_shape, rdt)
+    k_res = -1 if direct else scr.add(res_shape, rdt, value=True)
     scr.gemms.append((sp.calls, *sp.mm_shape[-2:], math.prod(
         sp.shape_a[-1:] if not sp.swap_a else sp.shape_a[-2:-1])))
     exact = np.dtype(rdt).kind in "iu"  # numpy's einsum loops: exact, wrapping as matmul's
@@ -371,7 +411,7 @@ def _gemm(a: str, b: str, batch, contr, left, right, sizes, out_order, dts, rdt,
     result = "".join(batch + left + right)
     res_shape = tuple(sizes[c] for c in result)
     direct = out_order is not None and out_order == result
-    k_res = -1 if direct else scr.add(res_shape, rdt)
+    k_res = -1 if direct else scr.add(res_shape, rdt, value=True)
     nb, nl, nr, nc = (math.prod(sizes[c] for c in g) for g in (batch, left, right, contr))
     # choose per operand the matrix layout that is a view of its memory
     a_lc = _first_layout(a, [batch, left, contr], [batch, contr, left])
@@ -476,8 +516,9 @@ def _prepare_all(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str,
     terms: list[str] = []
     preps = []
     flops = 0
-    for t, shp, kp, dt in zip(es.inputs, shapes, kept, dts):
+    for i, (t, shp, kp, dt) in enumerate(zip(es.inputs, shapes, kept, dts)):
         needed = {c for c in t if counts.get(c, 0) > 1 or c in out_letters}
+        scr.value = i
         nt, fn = _prepare_operand(t, shp, kp, sizes, needed, dt, scr)
         terms.append(nt)
         preps.append(fn)
@@ -514,12 +555,14 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             out[...] = x
             return out
 
-        return EinsumPlan(run_single, flops, [(0,)], f"{es}", 0, scr.specs,
+        specs, run_single = _shared_scratch(scr, [(0, 0)], -2, run_single)
+        return EinsumPlan(run_single, flops, [(0,)], f"{es}", 0, specs,
                           sums_outside_matmul=scr.sums, gemms=scr.gemms)
 
     path, info = contraction_path(terms, es.output, sizes, strategy)
     program = []
     largest = 0
+    n_pairs = 0
     live = list(terms)
     live_dt = list(dts)
     for k, step in enumerate(path):
@@ -537,6 +580,8 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         for j, other in enumerate(picked[1:]):
             last_pair = j == len(picked) - 2
             rest = set().union(*[set(t) for t in picked[j + 2:]]) if not last_pair else set()
+            scr.now, scr.value = n_pairs, n + n_pairs
+            n_pairs += 1
             res, res_dt, fn, f = _pair(acc, other, keep | rest, sizes,
                                        es.output if final and last_pair else None,
                                        (acc_dt, picked_dt[j + 1]), scr, matmul, chooser)
@@ -562,7 +607,8 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
                 out[...] = res
             return out
 
-        return EinsumPlan(run_pair, flops, path, f"{es} path={path}", largest, scr.specs,
+        specs, run_pair = _shared_scratch(scr, [(0, 0), (1, 0)], n, run_pair)
+        return EinsumPlan(run_pair, flops, path, f"{es} path={path}", largest, specs,
                           scr.copied, scr.sums, scr.gemms)
 
     # the program as flat pairs over value slots (operands first, then each pair's result), so
@@ -599,6 +645,23 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         out[...] = res if direct else res.transpose(final_perm)
         return out
 
+    reads = [(v, p) for p, (_fn, i, j, _o) in enumerate(flat) for v in (i, j)]
+    specs, run = _shared_scratch(scr, reads, final_slot, run)
     desc = f"{es} path={path}"
-    return EinsumPlan(run, flops, path, desc, largest, scr.specs, scr.copied, scr.sums,
+    return EinsumPlan(run, flops, path, desc, largest, specs, scr.copied, scr.sums,
                       scr.gemms)
+
+
+def _shared_scratch(scr: _Scratch, reads, last: int, run):
+    """(scratch specs, run) where temporaries never live together share buffers: ``run``
+    wrapped to hand each request its shared buffer (see ``_Scratch.slots``)."""
+    specs, slot_of = scr.slots(reads, last)
+    if len(specs) == len(slot_of):
+        return scr.specs, run  # nothing shared: every request keeps its own buffer
+
+    def shared(xp, arrays, out, scratch=None):
+        if scratch is not None:
+            scratch = [scratch[b] for b in slot_of]
+        return run(xp, arrays, out, scratch)
+
+    return specs, shared

@@ -141,3 +141,25 @@ def test_every_candidate_layout_matches_numpy(pick, spec, shapes, monkeypatch, r
     for scratch in (True, False):
         np.testing.assert_allclose(_run(plan, es, arrays, np.float64, scratch),
                                    np.einsum(spec, *arrays), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int16", "complex128"])
+def test_temporaries_share_buffers_when_never_live_together(dtype, rng):
+    # a chain of six: five pair results and the copies they need, but only a few alive at once
+    spec = "ba,cb,dc,ed,fe,gf->ag"
+    shapes = [(3, 4), (5, 3), (4, 5), (6, 4), (2, 6), (3, 2)]
+    arrays = _arrays(rng, shapes, dtype)
+    es = einspec.parse(spec, [2] * 6)
+    sizes = einspec.letter_sizes(es, shapes)
+    plan = contract.plan_einsum(es, shapes, sizes, [(0, 1), (0, 4), (0, 3), (0, 2), (0, 1)],
+                                [dtype] * 6)
+    # fewer buffers than temporaries, none larger than the largest temporary
+    assert 0 < len(plan.scratch) < 5
+    assert max(s[0][0] for s in plan.scratch) <= max(sizes[a] * sizes[b] for a in sizes
+                                                       for b in sizes)
+    ref = np.einsum(spec, *arrays)
+    got = _run(plan, es, arrays, ref.dtype, True)  # buffers start full of garbage
+    if np.dtype(dtype).kind in "iu":
+        np.testing.assert_array_equal(got, ref)
+    else:
+        np.testing.assert_allclose(got, ref, rtol=1e-12)
