@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tensorlogic.backends import contract, pair_layout
+from tensorlogic.ir import pair_layout, pairwise
 from tensorlogic.ir import spec as einspec
 
 
@@ -16,7 +16,7 @@ def _plan(spec, shapes, dtypes, monkeypatch, strided: bool, path=None):
     monkeypatch.setattr(pair_layout, "MEASURE_MIN_NS", float("inf"))
     es = einspec.parse(spec, [len(s) for s in shapes])
     sizes = einspec.letter_sizes(es, shapes)
-    return es, contract.plan_einsum(es, shapes, sizes, path or "optimal", dtypes, host=True)
+    return es, pairwise.plan_einsum(es, shapes, sizes, path or "optimal", dtypes, host=True)
 
 
 def _run(plan, es, arrays, dtype, scratch: bool):
@@ -118,7 +118,7 @@ def test_timed_choice_is_one_of_the_two(rng):
     arrays = _arrays(rng, shapes, "float64")
     es = einspec.parse(spec, [4, 1])
     sizes = einspec.letter_sizes(es, shapes)
-    plan = contract.plan_einsum(es, shapes, sizes, "optimal", ["float64"] * 2, host=True)
+    plan = pairwise.plan_einsum(es, shapes, sizes, "optimal", ["float64"] * 2, host=True)
     np.testing.assert_allclose(_run(plan, es, arrays, np.float64, True),
                                np.einsum(spec, *arrays), rtol=1e-12)
 
@@ -137,7 +137,7 @@ def test_every_candidate_layout_matches_numpy(pick, spec, shapes, monkeypatch, r
     arrays = _arrays(rng, shapes, "float64")
     es = einspec.parse(spec, [len(s) for s in shapes])
     sizes = einspec.letter_sizes(es, shapes)
-    plan = contract.plan_einsum(es, shapes, sizes, "optimal", ["float64"] * 2, host=True)
+    plan = pairwise.plan_einsum(es, shapes, sizes, "optimal", ["float64"] * 2, host=True)
     for scratch in (True, False):
         np.testing.assert_allclose(_run(plan, es, arrays, np.float64, scratch),
                                    np.einsum(spec, *arrays), rtol=1e-12)
@@ -151,7 +151,7 @@ def test_temporaries_share_buffers_when_never_live_together(dtype, rng):
     arrays = _arrays(rng, shapes, dtype)
     es = einspec.parse(spec, [2] * 6)
     sizes = einspec.letter_sizes(es, shapes)
-    plan = contract.plan_einsum(es, shapes, sizes, [(0, 1), (0, 4), (0, 3), (0, 2), (0, 1)],
+    plan = pairwise.plan_einsum(es, shapes, sizes, [(0, 1), (0, 4), (0, 3), (0, 2), (0, 1)],
                                 [dtype] * 6)
     # fewer buffers than temporaries, none larger than the largest temporary
     assert 0 < len(plan.scratch) < 5
