@@ -331,6 +331,12 @@ def _choose_layout(a, b, batch, contr, left, right, sizes, out_order, dts, rdt, 
         sp = pair_layout.strided_pair(*args) if copies else None
         if sp is not None:
             cands.append((flip, sp, sp.result, 0, sp.calls))
+    if out_order is not None:
+        # the einsum's last pair: only layouts that land in the output as it is laid out (a
+        # transposing copy of the whole result afterwards would eat what they save)
+        cands = cands[:1] + [c for c in cands[1:] if c[2] == out_order]
+        if len(cands) == 1:
+            return None
     ests = []
     for _flip, _sp, res, copied, calls in cands:
         final = 0 if out_order is None or res == out_order else math.prod(sizes[c] for c in res)
@@ -568,6 +574,11 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
     n_pairs = 0
     live = list(terms)
     live_dt = list(dts)
+    out_set = set(es.output)
+    uses: dict[str, int] = {}  # letter -> live operands holding it
+    for t in live:
+        for c in set(t):
+            uses[c] = uses.get(c, 0) + 1
     for k, step in enumerate(path):
         idx = sorted(step, reverse=True)
         picked = [live[i] for i in sorted(step)]
@@ -575,8 +586,13 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         for i in idx:
             live.pop(i)
             live_dt.pop(i)
+        for t in picked:
+            for c in set(t):
+                uses[c] -= 1
         final = k == len(path) - 1
-        keep = set(es.output).union(*[set(t) for t in live])
+        # letters of this step that another live operand or the output still needs (counted
+        # incrementally: rebuilding the set from every live operand is quadratic in the size)
+        keep = out_set | {c for t in picked for c in t if uses[c] > 0}
         # fold a multi-operand step pairwise, left to right
         acc, acc_dt = picked[0], picked_dt[0]
         pair_fns = []
@@ -594,6 +610,8 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             acc, acc_dt = res, res_dt
         live.append(acc)
         live_dt.append(acc_dt)
+        for c in set(acc):
+            uses[c] += 1
         program.append((tuple(sorted(step)), pair_fns))
     result_term = live[0]
     final_perm = [result_term.index(c) for c in es.output]

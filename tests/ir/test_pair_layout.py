@@ -78,7 +78,9 @@ def _pairs(draw):
     b = "".join(draw(st.permutations(shared + rest)))
     kept = [c for c in dict.fromkeys(a + b) if c not in shared or draw(st.booleans())]
     out = "".join(draw(st.permutations(kept)))
-    return f"{a},{b}->{out}", [tuple(sizes[c] for c in t) for t in (a, b)]
+    # a third operand joins after the pair, so the pair is an inner step (the last pair of an
+    # einsum keeps the layout that lands in its output)
+    return (f"{a},{b},z->{out}z", [tuple(sizes[c] for c in t) for t in (a, b)] + [(2,)])
 
 
 @settings(max_examples=120, deadline=None)
@@ -90,7 +92,7 @@ def test_strided_pairs_match_numpy(case, dtype, scratch, seed):
     arrays = _arrays(rng, shapes, dtype)
     ref = np.einsum(spec, *arrays)
     with pytest.MonkeyPatch.context() as mp:
-        es, plan = _plan(spec, shapes, [dtype] * 2, mp, True)
+        es, plan = _plan(spec, shapes, [dtype] * 3, mp, True, [(0, 1), (0, 1)])
     got = _run(plan, es, arrays, ref.dtype, scratch)
     assert got.dtype == ref.dtype
     if np.dtype(dtype).kind in "iub":
@@ -125,10 +127,11 @@ def test_timed_choice_is_one_of_the_two(rng):
 
 @pytest.mark.parametrize("pick", [0, 1, 2, 3])
 @pytest.mark.parametrize("spec,shapes", [
-    ("abtc,tcd->abd", [(3, 4, 5, 2), (5, 2, 3)]),
-    ("abtc,dt->dcba", [(3, 4, 5, 2), (6, 5)]),
-    ("btc,bct->b", [(3, 5, 2), (3, 2, 5)]),
-    ("xabt,ty->yxab", [(2, 3, 4, 5), (5, 3)]),
+    ("abtc,tcd,z->abdz", [(3, 4, 5, 2), (5, 2, 3), (2,)]),
+    ("abtc,dt,z->dcbaz", [(3, 4, 5, 2), (6, 5), (2,)]),
+    ("btc,bct,z->bz", [(3, 5, 2), (3, 2, 5), (2,)]),
+    ("xabt,ty,z->yxabz", [(2, 3, 4, 5), (5, 3), (2,)]),
+    ("abtc,dt->dcba", [(3, 4, 5, 2), (6, 5)]),  # a last pair: the layouts that land in ``out``
 ])
 def test_every_candidate_layout_matches_numpy(pick, spec, shapes, monkeypatch, rng):
     # each candidate (merged or strided, either orientation) forced in turn
@@ -137,7 +140,8 @@ def test_every_candidate_layout_matches_numpy(pick, spec, shapes, monkeypatch, r
     arrays = _arrays(rng, shapes, "float64")
     es = einspec.parse(spec, [len(s) for s in shapes])
     sizes = einspec.letter_sizes(es, shapes)
-    plan = pairwise.plan_einsum(es, shapes, sizes, "optimal", ["float64"] * 2, host=True)
+    path = [(0, 1), (0, 1)][:len(shapes) - 1]
+    plan = pairwise.plan_einsum(es, shapes, sizes, path, ["float64"] * len(shapes), host=True)
     for scratch in (True, False):
         np.testing.assert_allclose(_run(plan, es, arrays, np.float64, scratch),
                                    np.einsum(spec, *arrays), rtol=1e-12)
