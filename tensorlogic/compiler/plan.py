@@ -467,17 +467,23 @@ class CompiledPlan:
         return results
 
     def _fast_inputs(self, inputs: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
-        """``kwargs`` itself when every input is already a ready native array (see __init__)."""
+        """The given inputs as they are when every one is already a ready native array (see
+        __init__)."""
         fast = self._fast
-        if fast is None or inputs is not None or len(kwargs) != len(fast[1]):
+        if fast is None:
+            return None
+        # the inputs come either as one dict or as keywords (both at once take the slow path)
+        given = kwargs if inputs is None else inputs if not kwargs and type(inputs) is dict \
+            else None
+        if given is None or len(given) != len(fast[1]):
             return None
         native = fast[0]
         for name, shape, dtype in fast[1]:
-            x = kwargs.get(name)
+            x = given.get(name)
             if type(x) is not native or x.shape != shape or x.dtype != dtype or \
                     not x.flags.c_contiguous:
                 return None
-        return kwargs
+        return given
 
     def _check_out(self, cp: ConcretePlan, out: Any, inputs: Mapping[str, Any]) -> None:
         if not isinstance(out, Mapping):

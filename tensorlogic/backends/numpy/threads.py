@@ -108,11 +108,13 @@ def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray
     column block keeps B's slab and the output's columns together; a row block reuses all of
     B). Each block is one single-threaded BLAS call into its slice of ``out``.
     """
-    threads = host_pool.helper_count() + 1
     k = A.shape[-1]
     m, n = A.shape[-2], B.shape[-1]
     nb = A.shape[0] if A.ndim == 3 else 1
-    if threads == 1 or 2 * nb * m * n * k < MIN_SPLIT_FLOPS:
+    if 2 * nb * m * n * k < MIN_SPLIT_FLOPS:  # checked first: most GEMMs of a network are small
+        return np.matmul(A, B, out=out)
+    threads = host_pool.helper_count() + 1
+    if threads == 1:
         return np.matmul(A, B, out=out)
     if nb >= threads:
         cuts = _cuts(nb, threads, 1)
@@ -135,6 +137,10 @@ def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray
     blocks = len(cuts) - 1
     host_pool.run_blocks(work, blocks, min(threads - 1, blocks - 1))
     return out
+
+
+# products under this many FLOPs skip the call (``contract`` reads it at plan time)
+parallel_matmul.min_flops = MIN_SPLIT_FLOPS  # type: ignore[attr-defined]
 
 
 def describe(mode: str) -> str:
