@@ -425,4 +425,8 @@ VJP: dict[str, tuple[str, ...]] = {
     "minimum": ("lt(a, b) + 0.5 * eq(a, b)", "gt(a, b) + 0.5 * eq(a, b)"),
     "gt": ("0", "0"), "ge": ("0", "0"), "lt": ("0", "0"), "le": ("0", "0"), "eq": ("0", "0"),
     "ne": ("0", "0"),
+    # where(c, a, b): none to the condition; the rule (autodiff.rules.where) selects the
+    # cotangent with a where of its own rather than multiplying, so an inf cotangent on the
+    # branch not taken gives 0, not NaN (as torch)
+    "where": ("0", "ne(c, 0)", "eq(c, 0)"),
 }
