@@ -17,12 +17,13 @@ kernels on the calling thread); the O3 autotuner times both on the real shapes.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator
 
 import numpy as np
 
-from . import host_pool
+from . import gemm_numba, host_pool
 
 THREAD_MODES = ("pool", "blas")
 DEFAULT_MODE = "pool"
@@ -30,6 +31,9 @@ DEFAULT_MODE = "pool"
 # Below this many FLOPs a matmul runs on the calling thread: waking helpers (tens of us) costs
 # more than splitting saves (a 64x256x256 product is 8 MFLOP, ~0.1 ms on one core).
 MIN_SPLIT_FLOPS = 4_000_000
+# How "pool" mode splits a GEMM: "numba" (one numba parallel loop of BLAS calls, gemm_numba;
+# Python threads where that is unavailable) or "python" (blocks on the host_pool threads)
+SPLIT = "numba"
 # Blocks along a row/column axis are multiples of this many elements (full SIMD tiles of the
 # GEMM micro-kernels, so no block gets a ragged edge in the middle of the output).
 ALIGN = 16
@@ -87,6 +91,11 @@ def single_threaded_blas() -> Iterator[None]:
                 _saved.clear()
 
 
+def blas_libraries() -> list[str]:
+    """Paths of the BLAS libraries whose threads a plan call limits (numpy's first)."""
+    return [c.filepath for c in _blas_controllers()]
+
+
 def blas_threads() -> int:
     """Threads BLAS uses now (the largest count among the libraries found)."""
     return max((c.get_num_threads() or 1 for c in _blas_controllers()), default=1)
@@ -114,6 +123,9 @@ def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray
     nb = A.shape[0] if A.ndim == 3 else 1
     if threads == 1 or 2 * nb * m * n * k < MIN_SPLIT_FLOPS:
         return np.matmul(A, B, out=out)
+    if SPLIT == "numba" and _numba_split(A, B, out):
+        with single_threaded_blas():  # already so inside a plan call; BLAS calls from
+            return gemm_numba.matmul(A, B, out, _grid(nb, m, n))  # many threads need it
     if nb >= threads:
         cuts = _cuts(nb, threads, 1)
 
@@ -135,6 +147,20 @@ def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray
     blocks = len(cuts) - 1
     host_pool.run_blocks(work, blocks, min(threads - 1, blocks - 1))
     return out
+
+
+def _numba_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
+    """Whether this product runs as one numba loop of BLAS blocks (``gemm_numba``)."""
+    return (out.dtype.name in ("float32", "float64") and A.dtype == out.dtype
+            and B.dtype == out.dtype and out.flags.c_contiguous and A.ndim == B.ndim
+            and A.shape[-1] > 0 and gemm_numba.available())
+
+
+@functools.lru_cache(maxsize=256)
+def _grid(nb: int, m: int, n: int) -> np.ndarray:
+    from . import numba_threads
+
+    return gemm_numba.grid(nb, m, n, numba_threads.thread_count())
 
 
 def describe(mode: str) -> str:

@@ -1,0 +1,76 @@
+"""GEMMs split over numba's threads (gemm_numba) and the "pool" mode's choice of split."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tensorlogic.backends import cpu_threads, gemm_numba
+
+pytestmark = pytest.mark.skipif(not gemm_numba.available(),
+                                reason="numpy's BLAS exports no CBLAS gemm under a known name")
+
+
+def _operands(rng, nb, m, n, k, ta, tb, dtype):
+    a = rng.standard_normal((nb, k, m) if ta else (nb, m, k)).astype(dtype)
+    b = rng.standard_normal((nb, n, k) if tb else (nb, k, n)).astype(dtype)
+    return (a.swapaxes(1, 2) if ta else a), (b.swapaxes(1, 2) if tb else b)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
+@pytest.mark.parametrize("nb,m,n,k,parts", [(1, 67, 130, 33, 4), (3, 40, 9, 70, 5),
+                                            (5, 1, 17, 8, 3), (2, 129, 1, 5, 7)])
+def test_split_matches_numpy(rng, dtype, ta, tb, nb, m, n, k, parts):
+    a, b = _operands(rng, nb, m, n, k, ta, tb, dtype)
+    out = np.full((nb, m, n), np.nan, dtype)
+    with cpu_threads.single_threaded_blas():
+        gemm_numba.matmul(a, b, out, gemm_numba.grid(nb, m, n, parts))
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    tol = 1e-4 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(out, want, rtol=tol, atol=tol * k)
+
+
+def test_broadcast_and_strided_operands(rng):
+    # a batch axis broadcast with stride 0, and an operand BLAS cannot read (copied first)
+    a = np.broadcast_to(rng.standard_normal((1, 20, 12)).astype(np.float32), (4, 20, 12))
+    b = rng.standard_normal((4, 24, 30)).astype(np.float32)[:, ::2, ::3]
+    out = np.empty((4, 20, 10), np.float32)
+    gemm_numba.matmul(a, b, out, gemm_numba.grid(4, 20, 10, 3))
+    np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-5, atol=1e-5)
+    # two-dimensional operands
+    a2, b2 = a[0], np.ascontiguousarray(b[1])
+    out2 = np.empty((20, 10), np.float32)
+    gemm_numba.matmul(a2, b2, out2, gemm_numba.grid(1, 20, 10, 2))
+    np.testing.assert_allclose(out2, a2 @ b2, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(nb=st.integers(1, 5), m=st.integers(1, 300), n=st.integers(1, 300),
+       parts=st.integers(1, 40))
+def test_grid_covers_every_element_once(nb, m, n, parts):
+    blocks = gemm_numba.grid(nb, m, n, parts)
+    seen = np.zeros((nb, m, n), np.int32)
+    for bt, r0, r1, c0, c1 in blocks:
+        assert r0 < r1 and c0 < c1
+        seen[bt, r0:r1, c0:c1] += 1
+    assert (seen == 1).all()
+    # about one block per part: never fewer than the work allows, never many more
+    assert len(blocks) <= max(parts, nb)
+
+
+@pytest.mark.parametrize("split", ["numba", "python"])
+@pytest.mark.parametrize("shape", [(1, 256, 192, 96), (6, 64, 80, 48)])
+def test_parallel_matmul_splits_agree(rng, monkeypatch, split, shape):
+    monkeypatch.setattr(cpu_threads, "SPLIT", split)
+    monkeypatch.setattr(cpu_threads, "MIN_SPLIT_FLOPS", 0)
+    monkeypatch.setattr(cpu_threads.host_pool, "helper_count", lambda: 3)
+    nb, m, n, k = shape
+    a, b = _operands(rng, nb, m, n, k, 0, 1, "float32")
+    if nb == 1:
+        a, b = a[0], b[0]
+    out = np.full(a.shape[:-1] + (n,), np.nan, np.float32)
+    with cpu_threads.single_threaded_blas():
+        cpu_threads.parallel_matmul(a, b, out)
+    np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-4, atol=1e-4)
