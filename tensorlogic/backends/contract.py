@@ -193,13 +193,18 @@ def _regroup(xp, X, perm, shp, k, dtype, scratch):
 
 
 def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str | None,
-          dts: tuple[str, str], scr: _Scratch, matmul: Callable | None = None):
+          dts: tuple[str, str], scr: _Scratch, matmul: Callable | None = None,
+          batch_views: bool = False):
     """Plan one pairwise contraction.
 
     Returns (result_term, result_dtype, fn(xp, A, B, out, scratch) -> C, flops). With
     ``out_order`` set the result is the einsum's output and lands in ``out``; otherwise it goes
     into a scratch buffer. ``matmul(A, B, out)`` replaces ``xp.matmul`` for products written
-    into a C-contiguous buffer (the CPU backends' split GEMM).
+    into a C-contiguous buffer (the CPU backends' split GEMM). ``batch_views``: an operand
+    whose batch letters cannot merge into one axis of its memory (heads between sequence and
+    head dim, ``bshk`` read as ``(b h) s k``) goes to matmul as a view with one axis per batch
+    letter instead of being copied into a merged layout (numpy's matmul and the split GEMM
+    read any batch strides).
     """
     batch = [c for c in a if c in b and c in keep]
     contr = [c for c in a if c in b and c not in keep]
@@ -269,14 +274,25 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
     shp_a = (nb, nl, nc) if a_lc else (nb, nc, nl)
     shp_b = (nb, nc, nr) if b_cr else (nb, nr, nc)
     # operands are C-contiguous in their term order (inputs, or results of earlier steps)
-    k_a = -1 if merge_is_view(tuple(sizes[c] for c in a), perm_a, lens_a) else scr.add(shp_a, da)
-    k_b = -1 if merge_is_view(tuple(sizes[c] for c in b), perm_b, lens_b) else scr.add(shp_b, db)
+    size_a, size_b = tuple(sizes[c] for c in a), tuple(sizes[c] for c in b)
+    # per-letter batch axes: views where only the batch group fails to merge
+    nd_a = (batch_views and len(batch) > 1 and not merge_is_view(size_a, perm_a, lens_a)
+            and merge_is_view(size_a, perm_a, [1] * len(batch) + lens_a[1:]))
+    nd_b = (batch_views and len(batch) > 1 and not merge_is_view(size_b, perm_b, lens_b)
+            and merge_is_view(size_b, perm_b, [1] * len(batch) + lens_b[1:]))
+    k_a = -1 if nd_a or merge_is_view(size_a, perm_a, lens_a) else scr.add(shp_a, da)
+    k_b = -1 if nd_b or merge_is_view(size_b, perm_b, lens_b) else scr.add(shp_b, db)
+    nd = nd_a or nd_b
+    bsizes = tuple(sizes[c] for c in batch)
     if k_a >= 0 or not _unit_stride_matrix(a, left, contr, sizes):
         scr.copied += nb * nl * nc
     if k_b >= 0 or not _unit_stride_matrix(b, contr, right, sizes):
         scr.copied += nb * nc * nr
     squeeze = nb == 1
     mm_shape = (nl, nr) if squeeze else (nb, nl, nr)
+    if nd:  # one axis per batch letter on both operands and the result (all views)
+        shp_a, shp_b = bsizes + shp_a[1:], bsizes + shp_b[1:]
+        mm_shape = bsizes + (nl, nr)
     scr.gemms.append((nb, nl, nr, nc))
 
     int_mm = _int_matmul(squeeze) if np.dtype(rdt).kind in "iu" else None
@@ -285,9 +301,9 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
         A2 = _regroup(xp, A, perm_a, shp_a, k_a, da, scratch)
         B2 = _regroup(xp, B, perm_b, shp_b, k_b, db, scratch)
         if not a_lc:
-            A2 = A2.swapaxes(1, 2)
+            A2 = A2.swapaxes(-1, -2)
         if not b_cr:
-            B2 = B2.swapaxes(1, 2)
+            B2 = B2.swapaxes(-1, -2)
         if squeeze:
             A2, B2 = A2[0], B2[0]
         mmul = (int_mm if int_mm is not None and xp is np else
@@ -309,7 +325,7 @@ def _int_matmul(squeeze: bool):
     """An exact integer matmul: numpy's einsum loops, which wrap around in the operands' dtype
     like matmul's but vectorize (256^3 int32: ~5x faster than numpy's integer matmul, which
     has no BLAS). Bool keeps matmul (or-of-ands that stops at the first true)."""
-    subs = "ij,jk->ik" if squeeze else "bij,bjk->bik"
+    subs = "ij,jk->ik" if squeeze else "...ij,...jk->...ik"
 
     def run(A, B, out=None):
         return np.einsum(subs, A, B, out=out)
@@ -358,11 +374,12 @@ def _prepare_all(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str,
 
 def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
                 strategy: Any = None, dtypes: list[str] | None = None,
-                matmul: Callable | None = None) -> EinsumPlan:
+                matmul: Callable | None = None, batch_views: bool = False) -> EinsumPlan:
     """Compile an einsum with concrete shapes (and operand dtypes) into a pairwise-matmul program.
 
     ``strategy`` is an opt_einsum strategy name or an explicit path over ``prepared_terms``;
-    ``matmul(A, B, out)``, if given, computes the products (see ``_pair``).
+    ``matmul(A, B, out)``, if given, computes the products; ``batch_views`` lets them read
+    operands with unmerged batch axes instead of copies (see ``_pair``; host arrays).
     """
     n = len(es.inputs)
     dts = [np.dtype(d).name for d in dtypes] if dtypes is not None else ["float64"] * n
@@ -406,7 +423,7 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             rest = set().union(*[set(t) for t in picked[j + 2:]]) if not last_pair else set()
             res, res_dt, fn, f = _pair(acc, other, keep | rest, sizes,
                                        es.output if final and last_pair else None,
-                                       (acc_dt, picked_dt[j + 1]), scr, matmul)
+                                       (acc_dt, picked_dt[j + 1]), scr, matmul, batch_views)
             pair_fns.append(fn)
             flops += f
             largest = max(largest, math.prod(sizes[c] for c in res))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import threading
 from collections.abc import Iterator
 
@@ -110,22 +111,26 @@ def _cuts(n: int, parts: int, align: int) -> list[int]:
 
 
 def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``np.matmul(A, B, out=out)`` split over the caller and the helper pool.
+    """``np.matmul(A, B, out=out)`` split over the threads.
 
-    A is (nb, m, k) or (m, k), B (nb, k, n) or (k, n), ``out`` C-contiguous. The split goes
-    along the batch axis when it has a block per thread, else along the longer of m and n (a
-    column block keeps B's slab and the output's columns together; a row block reuses all of
-    B). Each block is one single-threaded BLAS call into its slice of ``out``.
+    A is (*batch, m, k) or (m, k), B (*batch, k, n) or (k, n), ``out`` C-contiguous. Where
+    numpy's BLAS can be entered directly (``gemm_numba``), the blocks run as one numba parallel
+    loop of single-threaded BLAS calls. Otherwise they run on the caller and the helper pool:
+    the split goes along the batch axis when it has a block per thread, else along the longer
+    of m and n (a column block keeps B's slab and the output's columns together; a row block
+    reuses all of B), each block one single-threaded BLAS call into its slice of ``out``.
     """
     threads = host_pool.helper_count() + 1
     k = A.shape[-1]
     m, n = A.shape[-2], B.shape[-1]
-    nb = A.shape[0] if A.ndim == 3 else 1
+    nb = math.prod(out.shape[:-2])
     if threads == 1 or 2 * nb * m * n * k < MIN_SPLIT_FLOPS:
         return np.matmul(A, B, out=out)
     if SPLIT == "numba" and _numba_split(A, B, out):
         with single_threaded_blas():  # already so inside a plan call; BLAS calls from
             return gemm_numba.matmul(A, B, out, _grid(nb, m, n))  # many threads need it
+    if out.ndim > 3:  # batch views with several batch axes: numpy's own loop over them
+        return np.matmul(A, B, out=out)
     if nb >= threads:
         cuts = _cuts(nb, threads, 1)
 
@@ -152,7 +157,8 @@ def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray
 def _numba_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
     """Whether this product runs as one numba loop of BLAS blocks (``gemm_numba``)."""
     return (out.dtype.name in ("float32", "float64") and A.dtype == out.dtype
-            and B.dtype == out.dtype and out.flags.c_contiguous and A.ndim == B.ndim
+            and B.dtype == out.dtype and out.flags.c_contiguous
+            and A.shape[:-2] == B.shape[:-2] == out.shape[:-2]
             and A.shape[-1] > 0 and gemm_numba.available())
 
 

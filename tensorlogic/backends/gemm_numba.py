@@ -16,6 +16,7 @@ split. Only float32 and float64 go through here.
 from __future__ import annotations
 
 import ctypes
+import functools
 import threading
 
 import numpy as np
@@ -66,16 +67,16 @@ def _compile(gemm, itemsize: int):
     numba_threads.configure()
 
     @numba.njit(parallel=True, nogil=True, cache=False)
-    def split(blocks, a_ptr, a_sb, a_sr, ta, lda, b_ptr, b_sb, b_sc, tb, ldb, c_ptr, c_sb, c_sr,
-              k):
-        # blocks[i] = (batch, row0, row1, col0, col1); strides and leading dims in elements,
-        # the transposition flags chosen by the caller from the strides
+    def split(blocks, a_ptr, a_off, a_sr, ta, lda, b_ptr, b_off, b_sc, tb, ldb, c_ptr, c_off,
+              c_sr, k):
+        # blocks[i] = (batch, row0, row1, col0, col1); offsets (per batch entry), strides and
+        # leading dims in elements, the transposition flags chosen by the caller
         for i in numba.prange(blocks.shape[0]):
             bt, r0, r1 = blocks[i, 0], blocks[i, 1], blocks[i, 2]
             c0, c1 = blocks[i, 3], blocks[i, 4]
-            pa = a_ptr + (bt * a_sb + r0 * a_sr) * itemsize
-            pb = b_ptr + (bt * b_sb + c0 * b_sc) * itemsize
-            pc = c_ptr + (bt * c_sb + r0 * c_sr + c0) * itemsize
+            pa = a_ptr + (a_off[bt] + r0 * a_sr) * itemsize
+            pb = b_ptr + (b_off[bt] + c0 * b_sc) * itemsize
+            pc = c_ptr + (c_off[bt] + r0 * c_sr + c0) * itemsize
             gemm(_ROW_MAJOR, ta, tb, r1 - r0, c1 - c0, k, 1.0, pa, lda, pb, ldb, 0.0, pc, c_sr)
 
     return split
@@ -147,10 +148,20 @@ def _blas_layout(x: np.ndarray) -> tuple[int, int] | None:
     return None
 
 
+@functools.lru_cache(maxsize=512)
+def _offsets(batch: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
+    """Element offset of every batch entry (C order) for these batch sizes and strides."""
+    if not batch:
+        return np.zeros(1, np.int64)
+    idx = np.indices(batch, dtype=np.int64).reshape(len(batch), -1)
+    return (idx * np.array(strides, np.int64)[:, None]).sum(axis=0)
+
+
 def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-    """``out = A @ B`` over the given blocks (``grid``): A (nb, m, k) or (m, k), B (nb, k, n)
-    or (k, n), ``out`` C-contiguous, float32 or float64 alike. An operand BLAS cannot read as
-    it is (no unit stride in its matrix dims) is copied first."""
+    """``out = A @ B`` over the given blocks (``grid``): A (*batch, m, k), B (*batch, k, n),
+    ``out`` (*batch, m, n) C-contiguous, one batch shape for all three (or none), float32 or
+    float64 alike. Batch axes may have any strides (views of heads inside a sequence layout);
+    an operand BLAS cannot read as it is (no unit stride in its matrix dims) is copied first."""
     split = _load()[out.dtype.name]
     la = _blas_layout(A)
     if la is None:
@@ -161,14 +172,13 @@ def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray, blocks: np.ndarray) ->
         B = np.ascontiguousarray(B)
         lb = _blas_layout(B)
     it = out.itemsize
-    a3 = A if A.ndim == 3 else A[None]
-    b3 = B if B.ndim == 3 else B[None]
-    c3 = out if out.ndim == 3 else out[None]
-    # a batch axis of length 1 (or broadcast) has stride 0 here
-    a_sb = a3.strides[0] // it if a3.shape[0] > 1 else 0
-    b_sb = b3.strides[0] // it if b3.shape[0] > 1 else 0
-    c_sb = c3.strides[0] // it if c3.shape[0] > 1 else 0
-    split(blocks, a3.ctypes.data, a_sb, a3.strides[1] // it, la[0], la[1],
-          b3.ctypes.data, b_sb, b3.strides[2] // it, lb[0], lb[1],
-          c3.ctypes.data, c_sb, c3.strides[1] // it, A.shape[-1])
+    batch = out.shape[:-2]
+
+    def offs(x: np.ndarray) -> np.ndarray:
+        st = tuple(0 if d == 1 else s // it for d, s in zip(x.shape[:-2], x.strides[:-2]))
+        return _offsets(batch, st)
+
+    split(blocks, A.ctypes.data, offs(A), A.strides[-2] // it, la[0], la[1],
+          B.ctypes.data, offs(B), B.strides[-1] // it, lb[0], lb[1],
+          out.ctypes.data, offs(out), out.strides[-2] // it, A.shape[-1])
     return out

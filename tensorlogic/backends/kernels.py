@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from ..errors import BackendError
 from ..ir import ops, spec as einspec
 from . import contract, slicing
@@ -39,8 +41,10 @@ def einsum_kernel(xp, node, in_nodes, matmul=None) -> PreparedKernel:
         plan = slicing.plan_sliced(es, shapes, sizes, node.args["path_strategy"],
                                    list(node.args["path_slices"]), node.dtype, dts, matmul)
     else:
+        # numpy's matmul (and the split GEMM) read batches of any strides: no copies into
+        # merged batch layouts on the host
         plan = contract.plan_einsum(es, shapes, sizes, node.args.get("path_strategy"), dts,
-                                    matmul)
+                                    matmul, batch_views=xp is np)
     run = plan.run
     n = len(in_nodes)
     k_plan = len(plan.scratch)
