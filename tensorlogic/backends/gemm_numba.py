@@ -29,8 +29,9 @@ _SYMBOLS = (("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", True),
             ("cblas_sgemm", "cblas_dgemm", False))
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
-_lock = threading.Lock()
-_kernels: dict | None = None  # dtype name -> compiled split kernel; {} when unavailable
+_lock = threading.RLock()
+_gemms: dict | None = None  # dtype name -> (ctypes gemm, item size); {} when unavailable
+_kernels: dict = {}  # dtype name -> compiled split loop
 
 
 def _find_gemms():
@@ -83,16 +84,27 @@ def _compile(gemm, itemsize: int):
 
 
 def _load() -> dict:
-    global _kernels
-    if _kernels is None:
+    """dtype name -> its CBLAS gemm (empty where numpy's BLAS has none we can enter)."""
+    global _gemms
+    if _gemms is None:
         with _lock:
-            if _kernels is None:
+            if _gemms is None:
                 found = _find_gemms()
-                ks = {}
-                if found is not None:
-                    ks = {"float32": _compile(found[0], 4), "float64": _compile(found[1], 8)}
-                _kernels = ks
-    return _kernels
+                _gemms = {} if found is None else {"float32": (found[0], 4),
+                                                   "float64": (found[1], 8)}
+    return _gemms
+
+
+def _kernel(dtype: str):
+    """The split loop for one dtype, compiled on first use (about a second; not cacheable on
+    disk, since it holds the library's function address)."""
+    k = _kernels.get(dtype)
+    if k is None:
+        with _lock:
+            k = _kernels.get(dtype)
+            if k is None:
+                k = _kernels[dtype] = _compile(*_load()[dtype])
+    return k
 
 
 def available() -> bool:
@@ -162,7 +174,7 @@ def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray, blocks: np.ndarray) ->
     ``out`` (*batch, m, n) C-contiguous, one batch shape for all three (or none), float32 or
     float64 alike. Batch axes may have any strides (views of heads inside a sequence layout);
     an operand BLAS cannot read as it is (no unit stride in its matrix dims) is copied first."""
-    split = _load()[out.dtype.name]
+    split = _kernel(out.dtype.name)
     la = _blas_layout(A)
     if la is None:
         A = np.ascontiguousarray(A)
