@@ -173,7 +173,9 @@ def describe(mode: str) -> str:
     """The line print(plan) shows about a CPU plan's threads."""
     threads = host_pool.helper_count() + 1
     if mode == "pool":
+        where = ("one numba loop" if SPLIT == "numba" and gemm_numba.available()
+                 else "the helper threads")
         return (f"threads: pool ({threads} threads for every step; GEMMs split into "
-                f"single-threaded BLAS blocks)")
+                f"single-threaded BLAS blocks on {where})")
     return f"threads: blas (GEMMs on BLAS's own threads; {threads} threads for other steps)"
 
