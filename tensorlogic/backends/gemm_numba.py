@@ -190,7 +190,10 @@ def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray, blocks: np.ndarray) ->
         st = tuple(0 if d == 1 else s // it for d, s in zip(x.shape[:-2], x.strides[:-2]))
         return _offsets(batch, st)
 
-    split(blocks, A.ctypes.data, offs(A), A.strides[-2] // it, la[0], la[1],
-          B.ctypes.data, offs(B), B.strides[-1] // it, lb[0], lb[1],
-          out.ctypes.data, offs(out), out.strides[-2] // it, A.shape[-1])
+    from . import numba_threads
+
+    with numba_threads.launch_lock():  # serializes launches only on a non-thread-safe layer
+        split(blocks, A.ctypes.data, offs(A), A.strides[-2] // it, la[0], la[1],
+              B.ctypes.data, offs(B), B.strides[-1] // it, lb[0], lb[1],
+              out.ctypes.data, offs(out), out.strides[-2] // it, A.shape[-1])
     return out

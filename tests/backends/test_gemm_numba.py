@@ -74,3 +74,34 @@ def test_parallel_matmul_splits_agree(rng, monkeypatch, split, shape):
     with cpu_threads.single_threaded_blas():
         cpu_threads.parallel_matmul(a, b, out)
     np.testing.assert_allclose(out, np.matmul(a, b), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_split_gemm_plan_called_from_many_threads(rng, backend):
+    import threading
+
+    import tensorlogic as tl
+
+    g = tl.EinsumGraph()
+    x = g.input("x", (4, 96, 128), "float32")
+    w = g.constant(rng.standard_normal((128, 160)).astype(np.float32), name="w")
+    g.output(g.relu(g.einsum("bsd,df->bsf", x, w)), "y")
+    plan = tl.compile(g, backend=backend, cache=False)
+    errors = []
+
+    def work(seed: int) -> None:
+        r = np.random.default_rng(seed)
+        for _ in range(20):
+            xv = r.standard_normal((4, 96, 128)).astype(np.float32)
+            got = plan(x=xv)["y"]
+            want = np.maximum(np.einsum("bsd,df->bsf", xv.astype(np.float64), plan_w), 0)
+            if not np.allclose(got, want, rtol=1e-4, atol=1e-4):
+                errors.append(seed)
+
+    plan_w = np.asarray(g.constants[w.id], np.float64)
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
