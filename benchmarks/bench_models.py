@@ -56,7 +56,10 @@ def _models():
 
 # ------------------------------------------------------------------ worker side
 def _value(text: str):
-    """A contender's option value: a number where it reads as one, else the text."""
+    """A contender's option value: True, False, None, a number where it reads as one, else
+    the text."""
+    if text in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[text]
     for kind in (int, float):
         try:
             return kind(text)
