@@ -49,7 +49,9 @@ def info() -> dict:
     import numba
     from threadpoolctl import threadpool_info
 
-    from tensorlogic.backends import gemm_numba, host_pool, numba_threads
+    from tensorlogic.backends import gemm_numba
+    from tensorlogic.backends.numba import threads as numba_threads
+    from tensorlogic.backends.numpy import host_pool
 
     numba_threads.configure()
     model = ""
@@ -76,7 +78,8 @@ def dispatch(repeat: int) -> dict:
     """Microseconds to run one no-op block per thread: our helper pool, numba's prange."""
     import numba
 
-    from tensorlogic.backends import host_pool, numba_threads
+    from tensorlogic.backends.numba import threads as numba_threads
+    from tensorlogic.backends.numpy import host_pool
 
     numba_threads.configure()
     t = host_pool.helper_count() + 1
@@ -99,7 +102,7 @@ def dispatch(repeat: int) -> dict:
 def gemms(repeat: int) -> list[dict]:
     from threadpoolctl import threadpool_limits
 
-    from tensorlogic.backends import cpu_threads
+    from tensorlogic.backends.numpy import threads as cpu_threads
 
     rows = []
     t = os.cpu_count() or 1

@@ -1,6 +1,6 @@
 """GEMMs split over numba's threads, each block one single-threaded call into numpy's BLAS.
 
-The "pool" thread mode (``cpu_threads``) runs a plan with BLAS limited to one thread and splits
+The "pool" thread mode (``numpy/threads.py``) runs a plan with BLAS limited to one thread and splits
 each large matmul into blocks. Handing those blocks to Python threads costs a GIL round per
 block (slicing, the ufunc call's setup): on many cores that serializes tens of microseconds per
 thread on every GEMM. Here the blocks run inside one numba ``prange`` loop that calls the BLAS
@@ -36,7 +36,7 @@ _kernels: dict = {}  # dtype name -> compiled split loop
 
 def _find_gemms():
     """ctypes (sgemm, dgemm) of numpy's BLAS, or None."""
-    from .cpu_threads import blas_libraries
+    from .numpy.threads import blas_libraries
 
     for path in blas_libraries():
         try:
@@ -63,7 +63,7 @@ def _find_gemms():
 def _compile(gemm, itemsize: int):
     import numba
 
-    from . import numba_threads
+    from .numba import threads as numba_threads
 
     numba_threads.configure()
 
@@ -190,7 +190,7 @@ def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray, blocks: np.ndarray) ->
         st = tuple(0 if d == 1 else s // it for d, s in zip(x.shape[:-2], x.strides[:-2]))
         return _offsets(batch, st)
 
-    from . import numba_threads
+    from .numba import threads as numba_threads
 
     with numba_threads.launch_lock():  # serializes launches only on a non-thread-safe layer
         split(blocks, A.ctypes.data, offs(A), A.strides[-2] // it, la[0], la[1],

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tensorlogic as tl
-from tensorlogic.backends import contract
+from tensorlogic.ir import pairwise
 from tensorlogic.ir import spec as einspec
 
 # heads between the sequence and the head dim: (b h) cannot merge in bshk
@@ -19,7 +19,7 @@ SPECS = [("bshk,bthk->bhst", [(2, 7, 3, 5), (2, 6, 3, 5)]),
 def _plan(spec, shapes, batch_views):
     es = einspec.parse(spec, [len(s) for s in shapes])
     sizes = einspec.letter_sizes(es, shapes)
-    return contract.plan_einsum(es, shapes, sizes, None, ["float32"] * len(shapes),
+    return pairwise.plan_einsum(es, shapes, sizes, None, ["float32"] * len(shapes),
                                 batch_views=batch_views)
 
 
@@ -50,7 +50,7 @@ def test_batch_views_match_numpy(rng, backend, spec, shapes, dtype):
 
 def test_split_gemm_reads_batch_views(rng, monkeypatch):
     # large enough for the split: the heads-inside layout goes to the numba loop as a view
-    from tensorlogic.backends import cpu_threads
+    from tensorlogic.backends.numpy import threads as cpu_threads
 
     monkeypatch.setattr(cpu_threads, "MIN_SPLIT_FLOPS", 0)
     g = tl.EinsumGraph()

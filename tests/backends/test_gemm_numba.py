@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tensorlogic.backends import cpu_threads, gemm_numba
+from tensorlogic.backends import gemm_numba
+from tensorlogic.backends.numpy import threads as cpu_threads
 
 pytestmark = pytest.mark.skipif(not gemm_numba.available(),
                                 reason="numpy's BLAS exports no CBLAS gemm under a known name")

@@ -24,7 +24,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from . import gemm_numba, host_pool
+from .. import gemm_numba
+from . import host_pool
 
 THREAD_MODES = ("pool", "blas")
 DEFAULT_MODE = "pool"
@@ -47,7 +48,7 @@ _controllers: list | None = None
 
 def check_mode(mode: object) -> str:
     """The thread mode named by the ``threads`` compile option (default "pool")."""
-    from ..errors import BackendError
+    from ...errors import BackendError
 
     if mode is None:
         return DEFAULT_MODE
@@ -164,7 +165,7 @@ def _numba_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
 
 @functools.lru_cache(maxsize=256)
 def _grid(nb: int, m: int, n: int) -> np.ndarray:
-    from . import numba_threads
+    from ..numba import threads as numba_threads
 
     return gemm_numba.grid(nb, m, n, numba_threads.thread_count())
 
