@@ -369,7 +369,9 @@ def main(argv=None) -> int:
              "rounds": args.rounds, "min_time_s": args.min_time, "rtol": RTOL,
              "peers_missing": missing,
              "env": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "TL_NUM_THREADS",
-                                                "OMP_NUM_THREADS") if k in os.environ}}
+                                                "OMP_NUM_THREADS", "OMP_WAIT_POLICY",
+                                                "GOMP_SPINCOUNT") if k in os.environ},
+             "gap_s": args.gap}
     path = write_results(args.name, rows, extra, peers=("torch", "onnxruntime", "threadpoolctl"))
     print(f"load {m0['loadavg_1min']:.2f} -> {m1['loadavg_1min']:.2f}; wrote {path}")
     bad = [r for r in rows if r.get("ok") is False]
