@@ -106,3 +106,17 @@ def test_split_gemm_plan_called_from_many_threads(rng, backend):
     for t in threads:
         t.join()
     assert not errors
+
+
+def test_split_respects_the_thread_cap(monkeypatch):
+    # TL_NUM_THREADS (host_pool.helper_count) caps the blocks of a split GEMM
+    monkeypatch.setattr(cpu_threads.host_pool, "helper_count", lambda: 1)
+    assert len(cpu_threads._grid(1, 512, 512)) <= 2
+    monkeypatch.setattr(cpu_threads.host_pool, "helper_count", lambda: 0)
+    a = np.ones((64, 64), np.float32)
+    out = np.empty((64, 64), np.float32)
+    calls = []
+    monkeypatch.setattr(gemm_numba, "matmul", lambda *args: calls.append(args))
+    monkeypatch.setattr(cpu_threads, "MIN_SPLIT_FLOPS", 0)
+    cpu_threads.parallel_matmul(a, a, out)  # one thread: numpy's matmul, no split
+    assert not calls and (out == 64).all()

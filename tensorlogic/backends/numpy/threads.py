@@ -163,11 +163,17 @@ def _numba_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
             and A.shape[-1] > 0 and gemm_numba.available())
 
 
-@functools.lru_cache(maxsize=256)
 def _grid(nb: int, m: int, n: int) -> np.ndarray:
     from ..numba import threads as numba_threads
 
-    return gemm_numba.grid(nb, m, n, numba_threads.thread_count())
+    # one block per thread, at most TL_NUM_THREADS of them (config.host_threads)
+    parts = min(host_pool.helper_count() + 1, numba_threads.thread_count())
+    return _grid_of(nb, m, n, parts)
+
+
+@functools.lru_cache(maxsize=256)
+def _grid_of(nb: int, m: int, n: int, parts: int) -> np.ndarray:
+    return gemm_numba.grid(nb, m, n, parts)
 
 
 def describe(mode: str) -> str:
