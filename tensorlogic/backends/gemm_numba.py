@@ -8,9 +8,9 @@ library numpy loaded (found through threadpoolctl, entered through ctypes): no G
 parallel-region launch per GEMM, on the same OpenMP threads that run the numba backend's
 generated kernels, so a plan's GEMMs and its row ops share one pool.
 
-``available()`` is False where numpy's BLAS exports no CBLAS ``sgemm``/``dgemm`` under a
-known name (another numpy build, an accelerate/MKL numpy); callers then keep the Python-thread
-split. Only float32 and float64 go through here.
+``available()`` is False where numpy's BLAS exports no CBLAS ``sgemm``/``dgemm`` under one
+of the names in ``_SYMBOLS`` (or threadpoolctl finds no BLAS library); callers then keep the
+Python-thread split. Only float32 and float64 go through here.
 """
 
 from __future__ import annotations
