@@ -120,3 +120,18 @@ def test_split_respects_the_thread_cap(monkeypatch):
     monkeypatch.setattr(cpu_threads, "MIN_SPLIT_FLOPS", 0)
     cpu_threads.parallel_matmul(a, a, out)  # one thread: numpy's matmul, no split
     assert not calls and (out == 64).all()
+
+
+def test_without_cblas_the_python_split_runs(rng, monkeypatch):
+    # a numpy whose BLAS exports no known CBLAS gemm: the blocks go to the helper threads
+    monkeypatch.setattr(gemm_numba, "_gemms", {})
+    monkeypatch.setattr(cpu_threads, "MIN_SPLIT_FLOPS", 0)
+    monkeypatch.setattr(cpu_threads.host_pool, "helper_count", lambda: 2)
+    assert not gemm_numba.available()
+    assert "helper threads" in cpu_threads.describe("pool")
+    a = rng.standard_normal((96, 40)).astype(np.float32)
+    b = rng.standard_normal((40, 72)).astype(np.float32)
+    out = np.empty((96, 72), np.float32)
+    with cpu_threads.single_threaded_blas():
+        cpu_threads.parallel_matmul(a, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
