@@ -117,9 +117,11 @@ _add("path_memory_limit", optional(positive_int), _BYTES, None,
      "largest intermediate a contraction path may build (default: memory_limit)")
 _add("assume_finite", flag, "True or False", False,
      "inputs hold no inf/NaN, so x*0 may fold to 0")
-_add("fuse_attention", flag, "True or False", True,
-     "rewrite attention written out with einsums to one attention node (O2; default on for host "
-     "backends, off for device backends, where the written-out form measured faster)")
+_add("fuse_attention", one_of(True, False, "auto"), "True, False or 'auto'", "auto",
+     "rewrite attention written out with einsums to one attention node (O2). 'auto' (the "
+     "default on host backends) fuses where the written-out scores would be large "
+     "(optimizer.attention.AUTO_MIN_SCORE_BYTES); device backends default to False, where the "
+     "written-out form measured faster")
 _add("precision", one_of(None, "float32", "fp32", "bf16", "bfloat16", "fp16", "float16"),
      "None, 'float32', 'bf16' or 'fp16'", None,
      "run a float32 graph in a 16-bit dtype, float32 at the boundary (optimizer.precision)")
