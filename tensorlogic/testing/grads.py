@@ -25,6 +25,7 @@ from .. import dtypes
 from ..autodiff import DIFFERENTIABLE_LEAVES, grad, vjp
 from ..autodiff.tools import inexact
 from ..compiler.compile import compile as _compile
+from ..errors import GradError
 from ..ir import ops
 from ..ir.graph import EinsumGraph
 from .agree import DEFAULT_SYMBOL_SIZE, choose_ranges, random_inputs
@@ -96,7 +97,18 @@ def _differentiable(graph: EinsumGraph) -> list[str]:
             if n.kind in DIFFERENTIABLE_LEAVES and n.kind != ops.CONSTANT and inexact(n.dtype)]
 
 
-def _transform(graph: EinsumGraph, of: str, wrt: Sequence[str]) -> EinsumGraph:
+def _transform(graph: EinsumGraph, of: str, wrt: Sequence[str],
+               sizes: Mapping[str, int]) -> EinsumGraph:
+    try:
+        return _differentiate(graph, of, wrt)
+    except GradError:
+        if not graph.symbols:
+            raise
+        # some rules need concrete sizes (a repeated index over a symbolic dimension)
+        return _differentiate(graph.bind(sizes), of, wrt)
+
+
+def _differentiate(graph: EinsumGraph, of: str, wrt: Sequence[str]) -> EinsumGraph:
     node = graph.node(graph.outputs[of])
     if node.shape == () and dtypes.kind(node.dtype) == "f":
         return grad(graph, of, list(wrt))
@@ -154,7 +166,7 @@ def assert_grads_agree(graph: EinsumGraph, of: str | None = None,
         if dtypes.kind(x.dtype.name) == "c":
             inputs[name] = x + 1j * rng.uniform(-1.0, 1.0, x.shape)
     out_node = g64.node(g64.outputs[of])
-    back64 = _transform(g64, of, wrt)
+    back64 = _transform(g64, of, wrt, sizes)
     ct = None
     if COTANGENT in back64.inputs:
         shape = tuple(sizes.get(d, d) if isinstance(d, str) else d for d in out_node.shape)
@@ -192,7 +204,7 @@ def assert_grads_agree(graph: EinsumGraph, of: str | None = None,
                         f"{tuple(int(i) for i in k)} is {a[k]!r}, finite differences give "
                         f"{f[k]!r} (allowed {allowed[k]:.3g}); {context}\n{_describe(graph)}")
     if check_dtype and want is not None and _tolerance(graph):
-        _check_narrow(graph, of, wrt, inputs, ct, want, names, levels, report, context)
+        _check_narrow(graph, of, wrt, sizes, inputs, ct, want, names, levels, report, context)
     return report
 
 
@@ -201,9 +213,10 @@ def _tolerance(graph: EinsumGraph) -> float:
     return max((DTYPE_TOL.get(n.dtype, 0.0) for n in graph.nodes), default=0.0)
 
 
-def _check_narrow(graph, of, wrt, inputs, ct, want, names, levels, report, context) -> None:
+def _check_narrow(graph, of, wrt, sizes, inputs, ct, want, names, levels, report,
+                  context) -> None:
     """The graph's gradient in its own dtypes against the float64 gradient."""
-    back = _transform(graph, of, wrt)
+    back = _transform(graph, of, wrt, sizes)
     feed = {}
     for name, nid in back.inputs.items():
         src = ct if name == COTANGENT else inputs[name]
