@@ -63,6 +63,18 @@ def flag(v: Any) -> bool:
     raise TypeError(v)
 
 
+def flag_or_dtypes(v: Any) -> bool | tuple[str, ...]:
+    """True, False, or a list/tuple/set of dtype names (canonical: a sorted tuple)."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (list, tuple, set, frozenset)):
+        from .dtypes import SUPPORTED
+
+        if all(isinstance(x, str) and x in SUPPORTED for x in v):
+            return tuple(sorted(set(v)))
+    raise TypeError(v)
+
+
 def one_of(*choices: Any) -> Callable[[Any], Any]:
     """A value equal to one of ``choices`` and of the same type (so 1 is not True)."""
 
@@ -117,9 +129,11 @@ _add("path_memory_limit", optional(positive_int), _BYTES, None,
      "largest intermediate a contraction path may build (default: memory_limit)")
 _add("assume_finite", flag, "True or False", False,
      "inputs hold no inf/NaN, so x*0 may fold to 0")
-_add("fuse_attention", flag, "True or False", True,
-     "rewrite attention written out with einsums to one attention node (O2; default on for host "
-     "backends, off for device backends, where the written-out form measured faster)")
+_add("fuse_attention", flag_or_dtypes, "True, False or a list of dtype names", True,
+     "rewrite attention written out with einsums to one attention node (O2); a list fuses only "
+     "attentions of those dtypes. Default: every dtype on host backends; on a device backend the "
+     "dtypes whose fused kernel measured faster than the written-out form "
+     "(Capabilities.fused_attention)")
 _add("precision", one_of(None, "float32", "fp32", "bf16", "bfloat16", "fp16", "float16"),
      "None, 'float32', 'bf16' or 'fp16'", None,
      "run a float32 graph in a 16-bit dtype, float32 at the boundary (optimizer.precision)")

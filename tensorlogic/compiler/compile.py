@@ -202,11 +202,11 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
         from .autotune import candidate_backends
 
         options = {**options, "autotune_backends": candidate_backends(backend, be)}
-    if "fuse_attention" not in options and be.capabilities.device:
-        # measured on an H100 (bench_gpu_models): the generated attention kernels are slower
-        # than the written-out form on cuBLAS (bf16 has no tensor-core variant yet), so device
-        # plans keep attention written out unless asked
-        options = {**options, "fuse_attention": False}
+    fused = be.capabilities.fused_attention
+    if "fuse_attention" not in options and fused is not None:
+        # the backend's measured choice: attention is fused only in the dtypes where its kernel
+        # beats the written-out form (on the GPU: the tensor-core dtypes against cuBLAS)
+        options = {**options, "fuse_attention": tuple(sorted(fused))}
     # checked before the graph: a typo in an option fails fast and never reaches the cache key
     opts = CompileOptions.resolve({**options, "memory_limit": memory_limit}, be.name,
                                   be.capabilities.options)

@@ -1,8 +1,8 @@
 """The cupy backend's attention step: the generated flash-attention kernel, compiled once.
 
-float16 with head dims that are multiples of 16 (and value dims of 8) up to 128 runs the
-tensor-core kernel of ``attention_mma`` on sm_80 and later; everything else runs the exact FFMA
-kernel of ``attention_c``. Inputs that are not C-contiguous (a transposed view from the
+bfloat16 and float16 with head dims that are multiples of 16 up to 128 run the tensor-core
+kernel of ``attention_mma`` on sm_80 and later; everything else runs the exact FFMA kernel of
+``attention_c``. Inputs that are not C-contiguous (a transposed view from the
 attention pass) are copied to a contiguous layout first, O(S * D); the mask is read in place
 through one offset per batch index and two strides (zero for broadcast axes), so a ``(Sq, Sk)``
 mask shared by every head is never expanded.
@@ -19,11 +19,15 @@ from ...errors import BackendError
 from ...ir import attention as attn_ir
 from . import attention_c, attention_mma
 
-# float16 attention runs on tensor cores (attention_mma) where the head dims allow; False keeps
+# 16-bit attention runs on tensor cores (attention_mma) where the head dims allow; False keeps
 # every dtype on the exact FFMA kernel (tests compare the two)
 USE_MMA = True
+# warps (16 query rows each) per block of the tensor-core kernel; None: 8, or 4 where blocks of
+# 128 rows would leave multiprocessors idle (a short sequence, few heads)
+MMA_WARPS: int | None = None
 
 _MAX_GRID_Y = 65535
+_SM_COUNT_ATTR = 16  # cudaDevAttrMultiProcessorCount
 _SMEM_OPTIN_ATTR = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin
 _FUNC_MAX_DYN_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
@@ -90,12 +94,20 @@ class AttentionKernel:
                      f"{self.launch[2]}-row tiles, {self.launch[1] // 1024} KiB shared)"
                      f"{' causal' if causal else ''}{' +mask' if self.has_mask else ''}")
 
+    def _mma_warps(self) -> int:
+        if MMA_WARPS is not None:
+            return MMA_WARPS
+        sms = cupy.cuda.runtime.deviceGetAttribute(_SM_COUNT_ATTR, self.backend.device_id)
+        big = -(-self.sq // attention_mma.rows(8)) * self.nb
+        return 8 if big >= sms else 4
+
     def _compile(self, mma: bool):
         """(function, shared bytes, rows per block, threads) of one of the two kernels."""
         dt, d, dv = self.dtype, self.d, self.dv
         if mma:
-            smem = attention_mma.shared_bytes(d, dv)
-            rows, threads = attention_mma.BM, attention_mma.THREADS
+            warps = self._mma_warps()
+            smem = attention_mma.shared_bytes(d, dv, warps)
+            rows, threads = attention_mma.rows(warps), attention_mma.threads(warps)
         else:
             smem = attention_c.shared_bytes(d, dv, dt)
             rows, threads = 16 * attention_c.tiles(dt)[0], attention_c.THREADS
@@ -107,7 +119,8 @@ class AttentionKernel:
         name = (f"tl_attention{'_mma' if mma else ''}_{dt}_d{d}_v{dv}"
                 f"{'_causal' if self.causal else ''}{'_mask' if self.has_mask else ''}")
         if mma:
-            src = attention_mma.render(name, d, dv, self.causal, self.has_mask)
+            name += f"_w{warps}"
+            src = attention_mma.render(name, d, dv, dt, self.causal, self.has_mask, warps)
         else:
             src = attention_c.render(name, d, dv, dt, self.causal, self.has_mask)
         self.source = src
