@@ -305,15 +305,18 @@ def gpu(args) -> None:
     import torch
 
     seqs = args.seqs or ([1024, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384])
-    if args.warps is not None:  # a block size forced, to compare the two
-        from tensorlogic.backends.cupy import attention_gpu
+    from tensorlogic.backends.cupy import attention_gpu, attention_mma
 
-        attention_gpu.MMA_WARPS = args.warps
     rows = []
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal_rows]
     for hd in args.head_dims:
+        if args.config:  # a block shape forced, to compare shapes ("auto": query in registers
+            w, mt, qr, pair = args.config.split(",")  # up to head dim 64)
+            attention_gpu.MMA_CONFIG = attention_mma.Config(
+                int(w), int(mt), hd <= 64 if qr == "auto" else qr == "1", pair == "1")
         for s in seqs:
-            for causal in (False, True):
+            for causal in causals:
                 for dtype in args.dtypes:
                     rows.append(_gpu_case(hd, s, causal, dtype, not args.no_written))
                     print(table(rows[-1:], [c for c in rows[-1] if c != "kernel"]), flush=True)
@@ -340,8 +343,11 @@ def main() -> None:
                     help="GPU part: dtypes")
     ap.add_argument("--head-dims", type=int, nargs="*", default=[64, 128],
                     help="GPU part: head dims")
-    ap.add_argument("--warps", type=int, default=None,
-                    help="GPU part: warps per block of the tensor-core kernel (default: auto)")
+    ap.add_argument("--config", default=None,
+                    help="GPU part: the tensor-core kernel's block shape, 'warps,m-tiles,"
+                         "query-in-registers(0/1/auto),paired(0/1)' (default: chosen per shape)")
+    ap.add_argument("--causal-rows", choices=("both", "yes", "no"), default="both",
+                    help="GPU part: causal rows, plain rows or both")
     ap.add_argument("--no-written", action="store_true",
                     help="GPU part: skip the written-out attention rows")
     ap.add_argument("--seq", type=int, default=4096, help="CPU part: sequence length")

@@ -45,23 +45,30 @@ def test_head_dims_dtypes_and_causal(d, causal, dtype, rng, monkeypatch):
         np.testing.assert_allclose(got, want, rtol=_TOL[dtype], atol=_TOL[dtype])
 
 
-@pytest.mark.parametrize("warps", [4, 8])
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("shape", [  # batch, sq, sk, d, dv, causal
-    ((2, 3), 1, 700, 64, 64, False), ((5,), 129, 129, 128, 64, True),
-    ((1, 2), 1000, 77, 32, 128, True), ((3,), 200, 1031, 16, 48, False),
-    ((2,), 65, 64, 96, 96, True)])
-def test_tensor_core_kernel_shapes_and_block_sizes(shape, dtype, warps, rng, monkeypatch):
+def _configs():
+    from tensorlogic.backends.cupy.attention_mma import Config
+
+    return [Config(8), Config(4), Config(4, 2, True), Config(4, 2, False), Config(8, 1, True, True),
+            Config(4, 2, True, True), Config(4, 2, False, True), Config(8, 2, False)]
+
+
+@pytest.mark.parametrize("config", range(8))
+@pytest.mark.parametrize("shape", [  # batch, sq, sk, d, dv, causal, mask
+    ((2, 3), 1, 700, 64, 64, False, None), ((5,), 129, 129, 128, 64, True, (5, 129, 129)),
+    ((1, 2), 1000, 77, 32, 128, True, None), ((3,), 200, 1031, 16, 48, False, (1, 1031)),
+    ((2,), 65, 64, 96, 96, True, None), ((2,), 1100, 1100, 64, 64, True, None)])
+def test_tensor_core_kernel_shapes_and_block_shapes(shape, config, rng, monkeypatch):
     from tensorlogic.backends.cupy import attention_gpu
 
-    monkeypatch.setattr(attention_gpu, "MMA_WARPS", warps)
-    batch, sq, sk, d, dv, causal = shape
-    g = _graph(batch, sq, sk, d, dv, dtype, causal, None, scale=0.3)
+    monkeypatch.setattr(attention_gpu, "MMA_CONFIG", _configs()[config])
+    dtype = ("bfloat16", "float16")[config % 2]
+    batch, sq, sk, d, dv, causal, mask = shape
+    g = _graph(batch, sq, sk, d, dv, dtype, causal, mask, scale=0.3)
     ins = _inputs(g, rng)
     plan = tl.compile(g, backend="cupy", cache=False)
     assert "tensor-core mma" in plan.steps[0].info
     got = to_numpy(_poisoned(plan, ins)).astype(np.float64)
-    want = textbook(ins["q"], ins["k"], ins["v"], 0.3, causal)
+    want = textbook(ins["q"], ins["k"], ins["v"], 0.3, causal, ins.get("m"))
     np.testing.assert_allclose(got, want, rtol=_TOL[dtype], atol=_TOL[dtype])
 
 
@@ -96,6 +103,17 @@ def test_tensor_core_kernel_is_used_and_unaligned_inputs_fall_back(dtype, rng):
     for given in (ins, dev):
         got = to_numpy(plan(**given)["y"]).astype(np.float64)
         np.testing.assert_allclose(got, want, rtol=_TOL[dtype], atol=_TOL[dtype])
+
+
+def test_default_block_shapes_are_the_measured_ones():
+    from tensorlogic.backends.cupy.attention_gpu import mma_config
+    from tensorlogic.backends.cupy.attention_mma import Config
+
+    assert mma_config(1024, 8, 64, 64, False, 132) == Config(4)  # 64 blocks of 128: too few
+    assert mma_config(4096, 8, 64, 64, False, 132) == Config(4, 2, True)
+    assert mma_config(4096, 8, 64, 64, True, 132) == Config(4, 2, True, True)
+    assert mma_config(4096, 8, 128, 128, False, 132) == Config(4, 2, False)
+    assert mma_config(4096, 8, 128, 128, True, 132) == Config(8, 1, True, True)
 
 
 def test_written_out_model_attention_runs_fused_on_the_gpu(rng):

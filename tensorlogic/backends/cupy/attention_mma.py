@@ -24,6 +24,8 @@ Limits: head dims ``D`` and ``Dv`` multiples of 16, at most 128, 16-byte aligned
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ...errors import BackendError
 
 BN = 64
@@ -81,67 +83,109 @@ def supports(d: int, dv: int, dtype: str) -> bool:
     return dtype in DTYPES and all(x % 16 == 0 and 16 <= x <= MAX_HEAD_DIM for x in (d, dv))
 
 
-def rows(warps: int) -> int:
-    """Query rows of one block."""
-    return 16 * warps
+@dataclass(frozen=True)
+class Config:
+    """The block shape of one kernel.
+
+    Args:
+        warps: warps per block (4 or 8).
+        mt: 16-row m-tiles per warp (1 or 2): with 2, each key and value fragment read from
+            shared memory feeds twice the MMAs (FlashAttention-2's 32 rows per warp).
+        q_in_regs: keep the query fragments in registers for the whole kernel (else each is read
+            from shared memory per use: fewer registers for wide heads).
+        pair: causal only: a block runs query block ``i`` and then ``n - 1 - i``, so every block
+            walks about the same number of key tiles (grid: half the query blocks).
+    """
+
+    warps: int = 8
+    mt: int = 1
+    q_in_regs: bool = True
+    pair: bool = False
+
+    @property
+    def rows(self) -> int:
+        """Query rows of one block (per pass)."""
+        return 16 * self.mt * self.warps
+
+    @property
+    def threads(self) -> int:
+        return 32 * self.warps
 
 
-def threads(warps: int) -> int:
-    return 32 * warps
-
-
-def shared_bytes(d: int, dv: int, warps: int) -> int:
+def shared_bytes(d: int, dv: int, cfg: Config) -> int:
     """Dynamic shared memory of one block: the query (then output) tile, two key and two value
     tiles, rows padded by 8 elements (16 bytes)."""
-    return 2 * (rows(warps) * (max(d, dv) + 8) + 2 * BN * (d + 8) + 2 * BN * (dv + 8))
+    return 2 * (cfg.rows * (max(d, dv) + 8) + 2 * BN * (d + 8) + 2 * BN * (dv + 8))
+
+
+def grid_x(sq: int, causal: bool, cfg: Config) -> int:
+    """Blocks along the query axis."""
+    nq = -(-sq // cfg.rows)
+    return -(-nq // 2) if causal and cfg.pair else nq
 
 
 def render(name: str, d: int, dv: int, dtype: str, causal: bool, has_mask: bool,
-           warps: int = 8, helpers: bool = True) -> str:
+           cfg: Config = Config(), helpers: bool = True) -> str:
     """The kernel ``name`` with the FFMA kernel's signature (16-bit pointers, float scale); grid
-    (query blocks of ``rows(warps)``, batch indices), ``threads(warps)`` threads, dynamic shared
-    memory ``shared_bytes``. ``helpers=False`` leaves out the device functions (to put several
-    kernels in one source)."""
+    (``grid_x``, batch indices), ``cfg.threads`` threads, dynamic shared memory
+    ``shared_bytes``. ``helpers=False`` leaves out the device functions (to put several kernels
+    in one source)."""
     if not supports(d, dv, dtype):
         raise BackendError(f"tensor-core attention: {dtype} with head dims {d}/{dv}; it takes "
                            f"{sorted(DTYPES)} and head dims that are multiples of 16 up to "
                            f"{MAX_HEAD_DIM}")
-    if warps not in (4, 8):
-        raise BackendError(f"tensor-core attention: 4 or 8 warps per block, not {warps}")
+    if cfg.warps not in (4, 8) or cfg.mt not in (1, 2):
+        raise BackendError(f"tensor-core attention: 4 or 8 warps of 1 or 2 m-tiles, not {cfg}")
     ty = DTYPES[dtype]
-    # registers: small heads keep two blocks of 256 threads per multiprocessor
-    min_blocks = (2 if max(d, dv) <= 64 else 1) * (8 // warps)
-    flags = f"causal={int(causal)} mask={int(has_mask)} warps={warps}"
+    pair = causal and cfg.pair
+    # registers a thread holds across a tile: output and score accumulators, query fragments;
+    # where they are few, cap at 128 registers (16 warps a multiprocessor), else at 255
+    held = cfg.mt * (dv // 2 + BN // 2 + (d // 4 if cfg.q_in_regs else 0))
+    min_blocks = max(1, (512 if held <= 96 else 256) // cfg.threads)
+    flags = (f"causal={int(causal)} mask={int(has_mask)} warps={cfg.warps} mt={cfg.mt} "
+             f"qregs={int(cfg.q_in_regs)} pair={int(pair)}")
+    qfrag = "qa[i][kk]" if cfg.q_in_regs else "qf[i]"
     return f"""// tensorlogic generated: attention mma {dtype} d={d} dv={dv} {flags}
 {_HELPERS if helpers else ""}
-extern "C" __global__ void __launch_bounds__({threads(warps)}, {min_blocks}) {name}(
+extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}(
     unsigned short* __restrict__ out, const unsigned short* __restrict__ q,
     const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
     const unsigned short* __restrict__ mask, const long long* __restrict__ moff,
     int sq, int sk, long long msq, long long msk, float scale, int batch0)
 {{
-  constexpr int WARPS = {warps}, THREADS = 32 * WARPS, BM = 16 * WARPS, BN = {BN};
-  constexpr int D = {d}, DV = {dv};
+  constexpr int WARPS = {cfg.warps}, MT = {cfg.mt}, THREADS = 32 * WARPS, BM = 16 * MT * WARPS;
+  constexpr int BN = {BN}, D = {d}, DV = {dv}, WR = 16 * MT;
   constexpr int KS = D + 8, VS = DV + 8, OS = (D > DV ? D : DV) + 8;
   constexpr int KD = D / 16, NT = BN / 8, NO = DV / 8;
   constexpr bool CAUSAL = {str(causal).lower()}, HAS_MASK = {str(has_mask).lower()};
+  constexpr bool QREGS = {str(cfg.q_in_regs).lower()}, PAIR = {str(pair).lower()};
   extern __shared__ __align__(16) unsigned char tl_smem[];
   unsigned short* Qs = (unsigned short*)tl_smem;  // the query tile, at the end the output tile
   unsigned short* Ks = Qs + BM * OS;             // two stages
   unsigned short* Vs = Ks + 2 * BN * KS;         // two stages
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  // causal: the longest rows start first
-  const int qblk = CAUSAL ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
-  const int q0 = qblk * BM;
   const long long b = (long long)blockIdx.y + batch0;
-  const unsigned short* qb = q + (b * sq + q0) * D;
   const unsigned short* kb = k + b * sk * D;
   const unsigned short* vb = v + b * sk * DV;
   const float NEG_INF = __int_as_float(0xff800000);
   const float LOG2E = 1.4426950408889634f;
   const float sl2 = scale * LOG2E;
+  const int nq = (sq + BM - 1) / BM;
+  // the lane's ldmatrix row and column: matrices 0-3 are lanes 0-7, 8-15, 16-23, 24-31
+  const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = (lane >> 4) * 8;
+  const int kr = (lane & 7) + (lane >> 4) * 8, kc = ((lane >> 3) & 1) * 8;
+  unsigned short* wq = Qs + warp * WR * OS;  // this warp's rows of the query/output tile
+
+  for (int pass = 0; pass < (PAIR ? 2 : 1); ++pass) {{
+  // causal: the longest rows start first; paired, the second pass takes the mirror block
+  const int qblk = PAIR ? (pass == 0 ? nq - 1 - (int)blockIdx.x : (int)blockIdx.x)
+                        : (CAUSAL ? nq - 1 - (int)blockIdx.x : (int)blockIdx.x);
+  if (PAIR && pass == 1 && qblk >= nq - 1 - (int)blockIdx.x) break;  // the middle block
+  const int q0 = qblk * BM;
+  const unsigned short* qb = q + (b * sq + q0) * D;
   const int kend = (CAUSAL && q0 + BM < sk) ? q0 + BM : sk;
   const int ntiles = (kend + BN - 1) / BN;
+  __syncthreads();  // the previous pass is done with the output tile
 
   for (int c = tid; c < BM * (D / 8); c += THREADS) {{
     const int r = c / (D / 8), cc = (c - r * (D / 8)) * 8;
@@ -167,101 +211,125 @@ extern "C" __global__ void __launch_bounds__({threads(warps)}, {min_blocks}) {na
   if (ntiles > 0) load_tile(0);
   tl_att_commit();  // group 0: the query tile and tile 0
 
-  unsigned qa[KD][4];
-  float o[NO][4];
+  unsigned qa[QREGS ? MT : 1][QREGS ? KD : 1][4];
+  float o[MT][NO][4], m[MT][2], l[MT][2];  // m in log2 units; l: the lane's partial sums
 #pragma unroll
-  for (int j = 0; j < NO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
-  float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.f, l1 = 0.f;  // m in log2 units
-  const int wr0 = q0 + warp * 16, row0 = wr0 + g, row1 = row0 + 8;
-  // the lane's ldmatrix row and column: matrices 0-3 are lanes 0-7, 8-15, 16-23, 24-31
-  const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = (lane >> 4) * 8;
-  const int kr = (lane & 7) + (lane >> 4) * 8, kc = ((lane >> 3) & 1) * 8;
+  for (int i = 0; i < MT; ++i) {{
+    m[i][0] = m[i][1] = NEG_INF; l[i][0] = l[i][1] = 0.f;
+#pragma unroll
+    for (int j = 0; j < NO; ++j) o[i][j][0] = o[i][j][1] = o[i][j][2] = o[i][j][3] = 0.f;
+  }}
+  const int wr0 = q0 + warp * WR;
 
   for (int t = 0; t < ntiles; ++t) {{
     if (t + 1 < ntiles) load_tile(t + 1);
     tl_att_commit();   // one group per iteration, empty at the end, so wait_group 1 is tile t
     tl_att_wait1();
     __syncthreads();
-    if (t == 0) {{
+    if (QREGS && t == 0) {{
 #pragma unroll
-      for (int kk = 0; kk < KD; ++kk)
-        tl_att_ldm(qa[kk], tl_att_smem(Qs + (warp * 16 + lr) * OS + kk * 16 + lc));
+      for (int i = 0; i < (QREGS ? MT : 0); ++i)
+#pragma unroll
+        for (int kk = 0; kk < KD; ++kk)
+          tl_att_ldm(qa[QREGS ? i : 0][QREGS ? kk : 0],
+                     tl_att_smem(wq + (i * 16 + lr) * OS + kk * 16 + lc));
     }}
     const int n0 = t * BN;
     // causal: a tile wholly right of this warp's rows adds nothing
-    if (!CAUSAL || n0 <= wr0 + 15) {{
+    if (!CAUSAL || n0 <= wr0 + WR - 1) {{
       const unsigned short* kt = Ks + (t & 1) * BN * KS;
       const unsigned short* vt = Vs + (t & 1) * BN * VS;
-      float s[NT][4];
+      float s[MT][NT][4];
 #pragma unroll
-      for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+      for (int i = 0; i < MT; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j) s[i][j][0] = s[i][j][1] = s[i][j][2] = s[i][j][3] = 0.f;
 #pragma unroll
       for (int kk = 0; kk < KD; ++kk) {{
+        unsigned qf[QREGS ? 1 : MT][4];
+        if (!QREGS) {{
+#pragma unroll
+          for (int i = 0; i < (QREGS ? 0 : MT); ++i)
+            tl_att_ldm(qf[i], tl_att_smem(wq + (i * 16 + lr) * OS + kk * 16 + lc));
+        }}
 #pragma unroll
         for (int jj = 0; jj < NT / 2; ++jj) {{
           unsigned kf[4];
           tl_att_ldm(kf, tl_att_smem(kt + (jj * 16 + kr) * KS + kk * 16 + kc));
-          tl_att_mma_{ty}(s[2 * jj], qa[kk], kf[0], kf[1]);
-          tl_att_mma_{ty}(s[2 * jj + 1], qa[kk], kf[2], kf[3]);
+#pragma unroll
+          for (int i = 0; i < MT; ++i) {{
+            tl_att_mma_{ty}(s[i][2 * jj], {qfrag}, kf[0], kf[1]);
+            tl_att_mma_{ty}(s[i][2 * jj + 1], {qfrag}, kf[2], kf[3]);
+          }}
         }}
       }}
       // only the diagonal tiles of a causal mask, the last tile and a user's mask need masking
       const bool masked = HAS_MASK || n0 + BN > sk || (CAUSAL && n0 + BN - 1 > wr0);
-      float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {{
+      for (int i = 0; i < MT; ++i) {{
+        const int row0 = wr0 + i * 16 + g, row1 = row0 + 8;
+        float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {{
-          float x = s[j][e] * sl2;
-          if (masked) {{
-            const int row = e < 2 ? row0 : row1;
-            const int col = n0 + j * 8 + 2 * t4 + (e & 1);
-            if (HAS_MASK && row < sq && col < sk)
-              x += LOG2E * tl_att_{ty}_f32(mask[moff[b] + (long long)row * msq
-                                               + (long long)col * msk]);
-            if (col >= sk || (CAUSAL && col > row)) x = NEG_INF;
+        for (int j = 0; j < NT; ++j) {{
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {{
+            float x = s[i][j][e] * sl2;
+            if (masked) {{
+              const int row = e < 2 ? row0 : row1;
+              const int col = n0 + j * 8 + 2 * t4 + (e & 1);
+              if (HAS_MASK && row < sq && col < sk)
+                x += LOG2E * tl_att_{ty}_f32(mask[moff[b] + (long long)row * msq
+                                                 + (long long)col * msk]);
+              if (col >= sk || (CAUSAL && col > row)) x = NEG_INF;
+            }}
+            s[i][j][e] = x;
           }}
-          s[j][e] = x;
+          mx0 = fmaxf(mx0, fmaxf(s[i][j][0], s[i][j][1]));
+          mx1 = fmaxf(mx1, fmaxf(s[i][j][2], s[i][j][3]));
         }}
-        mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
-        mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
-      }}
 #pragma unroll
-      for (int off = 1; off < 4; off <<= 1) {{
-        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-      }}
-      const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-      // a row with every key hidden so far shifts by 0: 2^-inf = 0, never NaN
-      const float sh0 = (mn0 == NEG_INF) ? 0.f : mn0, sh1 = (mn1 == NEG_INF) ? 0.f : mn1;
-      const float al0 = tl_att_ex2(m0 - sh0), al1 = tl_att_ex2(m1 - sh1);
-      float rs0 = 0.f, rs1 = 0.f;
+        for (int off = 1; off < 4; off <<= 1) {{
+          mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+          mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+        }}
+        const float mn0 = fmaxf(m[i][0], mx0), mn1 = fmaxf(m[i][1], mx1);
+        // a row with every key hidden so far shifts by 0: 2^-inf = 0, never NaN
+        const float sh0 = (mn0 == NEG_INF) ? 0.f : mn0, sh1 = (mn1 == NEG_INF) ? 0.f : mn1;
+        const float al0 = tl_att_ex2(m[i][0] - sh0), al1 = tl_att_ex2(m[i][1] - sh1);
+        float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
-      for (int j = 0; j < NT; ++j) {{
-        s[j][0] = tl_att_ex2(s[j][0] - sh0); s[j][1] = tl_att_ex2(s[j][1] - sh0);
-        s[j][2] = tl_att_ex2(s[j][2] - sh1); s[j][3] = tl_att_ex2(s[j][3] - sh1);
-        rs0 += s[j][0] + s[j][1]; rs1 += s[j][2] + s[j][3];
-      }}
-      // the lane's partial sums: the quad shares the row maximum, so they add up at the end
-      l0 = l0 * al0 + rs0; l1 = l1 * al1 + rs1;
-      m0 = mn0; m1 = mn1;
+        for (int j = 0; j < NT; ++j) {{
+          s[i][j][0] = tl_att_ex2(s[i][j][0] - sh0); s[i][j][1] = tl_att_ex2(s[i][j][1] - sh0);
+          s[i][j][2] = tl_att_ex2(s[i][j][2] - sh1); s[i][j][3] = tl_att_ex2(s[i][j][3] - sh1);
+          rs0 += s[i][j][0] + s[i][j][1]; rs1 += s[i][j][2] + s[i][j][3];
+        }}
+        // the quad shares the row maximum, so the lanes' partial sums add up at the end
+        l[i][0] = l[i][0] * al0 + rs0; l[i][1] = l[i][1] * al1 + rs1;
+        m[i][0] = mn0; m[i][1] = mn1;
 #pragma unroll
-      for (int j = 0; j < NO; ++j) {{
-        o[j][0] *= al0; o[j][1] *= al0; o[j][2] *= al1; o[j][3] *= al1;
+        for (int j = 0; j < NO; ++j) {{
+          o[i][j][0] *= al0; o[i][j][1] *= al0; o[i][j][2] *= al1; o[i][j][3] *= al1;
+        }}
       }}
 #pragma unroll
       for (int kk = 0; kk < BN / 16; ++kk) {{
-        unsigned pa[4];
-        pa[0] = tl_att_pack_{ty}(s[2 * kk][0], s[2 * kk][1]);
-        pa[1] = tl_att_pack_{ty}(s[2 * kk][2], s[2 * kk][3]);
-        pa[2] = tl_att_pack_{ty}(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-        pa[3] = tl_att_pack_{ty}(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        unsigned pa[MT][4];
+#pragma unroll
+        for (int i = 0; i < MT; ++i) {{
+          pa[i][0] = tl_att_pack_{ty}(s[i][2 * kk][0], s[i][2 * kk][1]);
+          pa[i][1] = tl_att_pack_{ty}(s[i][2 * kk][2], s[i][2 * kk][3]);
+          pa[i][2] = tl_att_pack_{ty}(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
+          pa[i][3] = tl_att_pack_{ty}(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
+        }}
 #pragma unroll
         for (int jj = 0; jj < NO / 2; ++jj) {{
           unsigned vf[4];
           tl_att_ldm_t(vf, tl_att_smem(vt + (kk * 16 + lr) * VS + jj * 16 + lc));
-          tl_att_mma_{ty}(o[2 * jj], pa, vf[0], vf[1]);
-          tl_att_mma_{ty}(o[2 * jj + 1], pa, vf[2], vf[3]);
+#pragma unroll
+          for (int i = 0; i < MT; ++i) {{
+            tl_att_mma_{ty}(o[i][2 * jj], pa[i], vf[0], vf[1]);
+            tl_att_mma_{ty}(o[i][2 * jj + 1], pa[i], vf[2], vf[3]);
+          }}
         }}
       }}
     }}
@@ -270,24 +338,30 @@ extern "C" __global__ void __launch_bounds__({threads(warps)}, {min_blocks}) {na
   tl_att_wait0();
   __syncthreads();  // no copy into the query tile is pending (a block with no key tiles)
 #pragma unroll
-  for (int off = 1; off < 4; off <<= 1) {{
-    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-  }}
-  // l == 0 (every key hidden) gives 0 * inf = NaN, as the softmax of an all -inf row
-  const float i0 = 1.f / l0, i1 = 1.f / l1;
-  unsigned short* os = Qs + warp * 16 * OS;  // this warp's own rows of the query tile
+  for (int i = 0; i < MT; ++i) {{
+    float l0 = l[i][0], l1 = l[i][1];
 #pragma unroll
-  for (int j = 0; j < NO; ++j) {{
-    *(unsigned*)(os + g * OS + j * 8 + 2 * t4) = tl_att_pack_{ty}(o[j][0] * i0, o[j][1] * i0);
-    *(unsigned*)(os + (g + 8) * OS + j * 8 + 2 * t4) =
-        tl_att_pack_{ty}(o[j][2] * i1, o[j][3] * i1);
+    for (int off = 1; off < 4; off <<= 1) {{
+      l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+      l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }}
+    // l == 0 (every key hidden) gives 0 * inf = NaN, as the softmax of an all -inf row
+    const float i0 = 1.f / l0, i1 = 1.f / l1;
+    unsigned short* os = wq + i * 16 * OS;  // this warp's own rows: no other warp reads them
+#pragma unroll
+    for (int j = 0; j < NO; ++j) {{
+      *(unsigned*)(os + g * OS + j * 8 + 2 * t4) =
+          tl_att_pack_{ty}(o[i][j][0] * i0, o[i][j][1] * i0);
+      *(unsigned*)(os + (g + 8) * OS + j * 8 + 2 * t4) =
+          tl_att_pack_{ty}(o[i][j][2] * i1, o[i][j][3] * i1);
+    }}
   }}
   __syncwarp();
-  for (int c = lane; c < 16 * (DV / 8); c += 32) {{
+  for (int c = lane; c < WR * (DV / 8); c += 32) {{
     const int r = c / (DV / 8), cc = (c - r * (DV / 8)) * 8;
     if (wr0 + r < sq)
-      *(uint4*)(out + (b * sq + wr0 + r) * DV + cc) = *(const uint4*)(os + r * OS + cc);
+      *(uint4*)(out + (b * sq + wr0 + r) * DV + cc) = *(const uint4*)(wq + r * OS + cc);
   }}
+  }}  // pass
 }}
 """
