@@ -1,13 +1,15 @@
 """CUDA C of the attention op's tensor-core path: bfloat16/float16 flash attention (sm_80+).
 
-The FlashAttention-2 forward structure. A block of ``WARPS`` warps owns ``16 * WARPS`` query rows
-of one batch index, 16 rows per warp; the key and value tiles (64 keys) stream through shared
-memory two stages deep with ``cp.async`` (tile t + 1 is in flight while tile t is used), in rows
-padded by 16 bytes so the ``ldmatrix`` reads of eight rows hit eight different bank groups.
+The FlashAttention-2 forward structure. A block of 4 or 8 warps owns the query rows of one batch
+index, 16 or 32 rows per warp (``Config``); the key and value tiles (64 keys) stream through
+shared memory two stages deep with ``cp.async`` (tile t + 1 is in flight while tile t is used),
+in rows padded by 16 bytes so the ``ldmatrix`` reads of eight rows hit eight different bank
+groups.
 
-Per tile each warp computes its 16 x 64 scores with ``mma.sync.m16n8k16`` (16-bit inputs, float32
-accumulation; the query fragments stay in registers for the whole kernel, loaded once with
-``ldmatrix``) and runs the online softmax on the accumulator fragments in the base-2 domain: the
+Per tile each warp computes its scores with ``mma.sync.m16n8k16`` (16-bit inputs, float32
+accumulation; the query fragments stay in registers, or for wide heads are read from shared
+memory with ``ldmatrix`` per use; with 32 rows a warp, each key and value fragment feeds two
+MMAs) and runs the online softmax on the accumulator fragments in the base-2 domain: the
 scale is folded into ``log2(e)``, so each probability is one multiply and one ``ex2``. A row's
 values live in the 4 lanes of a quad (two shuffles give its maximum; the sum is reduced once at
 the end). The probabilities are rounded to 16 bits and reused as the A fragments of ``P V``
@@ -15,7 +17,9 @@ without touching shared memory; the value B fragments come from ``ldmatrix.trans
 accumulates in float32, is rounded once and leaves through shared memory as 16-byte rows.
 
 Causal: a block stops after the diagonal; a warp skips the tiles wholly right of its rows and
-masks only the tiles its diagonal crosses. The additive mask is read element-wise where given.
+masks only the tiles its diagonal crosses; with paired blocks, block i runs query blocks
+n - 1 - i and then i, so every block walks about the same number of key tiles. The additive mask
+is read element-wise where given.
 Scratch: shared memory only (O(rows * head dim) per block), nothing in device memory.
 
 Limits: head dims ``D`` and ``Dv`` multiples of 16, at most 128, 16-byte aligned rows
