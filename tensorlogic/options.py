@@ -63,15 +63,13 @@ def flag(v: Any) -> bool:
     raise TypeError(v)
 
 
-def flag_or_dtypes(v: Any) -> bool | tuple[str, ...]:
-    """True, False, or a list/tuple/set of dtype names (canonical: a sorted tuple)."""
+def flag_or_names(v: Any) -> bool | tuple[str, ...]:
+    """True, False, or a list/tuple/set of names (canonical: a sorted tuple; what the names
+    must be is checked by the option's reader)."""
     if isinstance(v, bool):
         return v
-    if isinstance(v, (list, tuple, set, frozenset)):
-        from .dtypes import SUPPORTED
-
-        if all(isinstance(x, str) and x in SUPPORTED for x in v):
-            return tuple(sorted(set(v)))
+    if isinstance(v, (list, tuple, set, frozenset)) and all(isinstance(x, str) for x in v):
+        return tuple(sorted(set(v)))
     raise TypeError(v)
 
 
@@ -129,7 +127,7 @@ _add("path_memory_limit", optional(positive_int), _BYTES, None,
      "largest intermediate a contraction path may build (default: memory_limit)")
 _add("assume_finite", flag, "True or False", False,
      "inputs hold no inf/NaN, so x*0 may fold to 0")
-_add("fuse_attention", flag_or_dtypes, "True, False or a list of dtype names", True,
+_add("fuse_attention", flag_or_names, "True, False or a list of dtype names", True,
      "rewrite attention written out with einsums to one attention node (O2); a list fuses only "
      "attentions of those dtypes. Default: every dtype on host backends; on a device backend the "
      "dtypes whose fused kernel measured faster than the written-out form "

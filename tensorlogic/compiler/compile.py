@@ -93,6 +93,15 @@ def check_dtypes(graph: EinsumGraph, backend) -> None:
                 f"and numba backends run every dtype: {', '.join(dtypes.SUPPORTED)})")
 
 
+def _check_dtype_names(value: Any, option: str) -> None:
+    """A tuple-valued option naming dtypes names only known ones."""
+    if isinstance(value, tuple):
+        bad = [n for n in value if n not in dtypes.SUPPORTED]
+        if bad:
+            raise GraphError(f"compile option {option} names unknown dtypes {bad}; expected "
+                             f"names from {list(dtypes.SUPPORTED)}")
+
+
 def _build_plan(graph: EinsumGraph, binding: dict[str, int], opt_level: int,
                 options: CompileOptions, backend: Any) -> ConcretePlan:
     graph = graph.bind(binding) if binding else graph
@@ -210,6 +219,7 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
     # checked before the graph: a typo in an option fails fast and never reaches the cache key
     opts = CompileOptions.resolve({**options, "memory_limit": memory_limit}, be.name,
                                   be.capabilities.options)
+    _check_dtype_names(opts["fuse_attention"], "fuse_attention")
     graph.validate()
     check_dtypes(graph, be)
     key = (graph.fingerprint(), be.name, opt_level, opts.key)
