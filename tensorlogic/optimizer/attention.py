@@ -29,6 +29,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from ..errors import GraphError
@@ -107,7 +108,8 @@ def _above(sq: int, sk: int) -> np.ndarray:
 
 def _is_hidden(values: np.ndarray, dtype: str) -> np.ndarray:
     """Entries that hide a key for sure: -inf, or at most half the dtype's lowest value."""
-    return values <= np.finfo(dtype).min / 2
+    # ml_dtypes.finfo also knows bfloat16, which np.finfo refuses
+    return values <= float(ml_dtypes.finfo(dtype).min) / 2
 
 
 def _causal_additive(g, nid, scores, qa, ka) -> bool:
@@ -357,13 +359,15 @@ def _attention(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
 
     The compile option ``fuse_attention=False`` keeps the written-out form (to compare, or for
     an autotuner to try both); ``"auto"`` rewrites only attentions whose scores hold at least
-    ``AUTO_MIN_SCORE_BYTES``.
+    ``AUTO_MIN_SCORE_BYTES``; a tuple of dtype names fuses only attentions of those dtypes.
     """
     enabled = options.get("fuse_attention", True)
-    if not isinstance(enabled, bool) and enabled != "auto":
-        raise GraphError(f"fuse_attention must be True, False or 'auto', got {enabled!r}")
-    if enabled is False:
+    if not isinstance(enabled, (bool, tuple)) and enabled != "auto":
+        raise GraphError(f"fuse_attention must be True, False, 'auto' or a tuple of dtype "
+                         f"names, got {enabled!r}")
+    if enabled is False or enabled == ():
         return PassResult(graph, False, {})
+    only = frozenset(enabled) if isinstance(enabled, tuple) else None
     g: EinsumGraph | None = None
     found_n = 0
     for node in graph.nodes:
@@ -371,7 +375,7 @@ def _attention(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
         if node.id not in cur:
             continue
         node = cur.node(node.id)
-        if node.kind != ops.EINSUM:
+        if node.kind != ops.EINSUM or (only is not None and node.dtype not in only):
             continue
         found = match(cur, node, output_ids(cur))
         if found is None:

@@ -233,6 +233,21 @@ def test_fuse_attention_option_keeps_the_written_out_form(rng):
         tl.compile(g, backend="numpy", cache=False, fuse_attention="no").steps  # noqa: B018
 
 
+def test_fuse_attention_by_dtype(rng):
+    g, _, _ = _build("causal_add")  # float32
+    plan = assert_same_as_o0(g, rng, 2, fuse_attention=["bfloat16", "float16"])
+    assert not any(s.kind == ops.ATTENTION for s in plan.steps)
+    plan = assert_same_as_o0(g, rng, 2, fuse_attention=("float32",))
+    assert any(s.kind == ops.ATTENTION for s in plan.steps)
+    # under the bf16 policy the attention is bfloat16 (its -inf mask constant included)
+    half = tl.compile(g, backend="numpy", cache=False, precision="bf16",
+                      fuse_attention={"bfloat16"})
+    assert any(s.kind == ops.ATTENTION for s in half.steps)
+    for bad in ("bfloat16", ["bf16"], [1]):
+        with pytest.raises(tl.errors.GraphError, match="fuse_attention"):
+            tl.compile(g, backend="numpy", cache=False, fuse_attention=bad)
+
+
 @settings(max_examples=30, deadline=None)
 @given(data=st.data())
 def test_any_layout_and_letters_is_found_and_exact(data):
