@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import io
 import os
+import tempfile
 from collections import Counter
 
 import numpy as np
@@ -124,7 +125,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--limit", type=int, default=0, help="replay at most N calls per suite")
     args = ap.parse_args()
-    os.environ.setdefault("TL_CACHE_DIR", os.path.join(os.getcwd(), ".peer-cache"))
+    # a throwaway cache: thousands of small plans would otherwise fill the user's
+    os.environ.setdefault("TL_CACHE_DIR", tempfile.mkdtemp(prefix="tl-peer-"))
     rows = []
     for suite in ("opt_einsum", "numpy"):
         calls = record(suite)
