@@ -16,8 +16,11 @@ import functools
 
 import numpy as np
 
-#: inputs shorter than this use numpy (no numba import, no kernel load)
-KERNEL_MIN = 1 << 16
+#: inputs shorter than this use numpy (no numba import, no kernel load: loading the kernels from
+#: the disk cache costs about what numpy spends on a million keys)
+KERNEL_MIN = 1 << 20
+#: a join's expansion (a loop numpy runs as five passes) takes the kernel from this many rows
+EXPAND_MIN = 1 << 22
 
 
 def words(space_bits: int) -> int:
@@ -181,7 +184,7 @@ def expand(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]
     row and the index position of every output row, and their count."""
     cnt = hi - lo
     total = int(cnt.sum())
-    if total >= KERNEL_MIN:
+    if total >= max(EXPAND_MIN, KERNEL_MIN):
         rows, pos = _kernel("expand")(_i64(lo), _i64(hi), total)
         return rows, pos, total
     rows = np.repeat(np.arange(len(lo)), cnt)

@@ -25,8 +25,8 @@ from .symbols import search, sorted_unique
 KEY_BITS = 62
 #: a join index over at most this many key values is a table of row starts (O(1) lookups)
 STARTS_BITS = 22
-#: a recursive relation whose keys span at most this many bits keeps a bitmap of its tuples
-#: (one bit per possible tuple) for the semi-naive difference
+#: a recursive relation whose keys span at most this many bits keeps a map of its tuples (one
+#: byte per possible tuple) for the semi-naive difference
 BITMAP_BITS = 26
 #: a larger key space gets a bitmap once its words are at most this many per known tuple
 #: (reading the sorted tuples back is then a scan of a few words per tuple)
@@ -232,7 +232,7 @@ class Rel:
             if positions == tuple(range(len(positions))):
                 sk = k  # rows are sorted on a prefix already
             else:
-                perm = np.argsort(k, kind="stable")
+                perm = np.argsort(k)
                 sk = k[perm]
                 cols = [c[perm] for c in cols]
                 w = None if w is None else w[perm]
@@ -291,10 +291,11 @@ def union(a: Rel, b: Rel, bits: int) -> Rel:
 class Known:
     """The tuples of one recursive relation found so far, for semi-naive rounds.
 
-    When the packed keys span a small space, or once the tuples are dense enough in it (the
-    bitmap's words at most ``BITMAP_WORDS_PER_TUPLE`` times the tuples, within a sixteenth of
-    the memory budget), a bitmap of one bit per possible key (``keysets``): a round's candidates
-    are deduplicated and told from known tuples in one pass, with no sort. Otherwise a few sorted
+    When the packed keys span at most ``BITMAP_BITS``, a byte per possible key (numpy fancy
+    indexing). In a larger space, once the tuples are dense enough (the words of a bitmap of one
+    bit per possible key at most ``BITMAP_WORDS_PER_TUPLE`` times the tuples, within a sixteenth
+    of the memory budget), that bitmap (``keysets``): a round's candidates are deduplicated and
+    told from known tuples in one pass, with no sort. Otherwise a few sorted
     chunks (each round's new tuples merged into the last chunk while that one is not much larger,
     so a round costs about its own size) behind a hashed filter that clears most new candidates
     without a binary search.
@@ -311,7 +312,12 @@ class Known:
         self.chunks = [start]
         self._whole: Rel | None = start
         self.filter = None
-        if self._use_bitmap(start.n):
+        self.bytemap: np.ndarray | None = None
+        if 0 < self.arity and self.space <= BITMAP_BITS and (1 << self.space) <= budget // 4:
+            # small key spaces: a byte per key, all numpy (fancy indexing is vectorized)
+            self.bytemap = np.zeros(1 << self.space, bool)
+            self.bytemap[start.keys(bits)] = True
+        elif self._use_bitmap(start.n):
             self._to_bitmap()
         elif self.arity and self.space <= KEY_BITS:
             self.filter = np.zeros(1 << FILTER_BITS, bool)
@@ -321,8 +327,7 @@ class Known:
         if not 0 < self.arity or self.space > KEY_BITS:
             return False
         w = keysets.words(self.space)
-        return 8 * w * 16 <= self.budget and (
-            self.space <= BITMAP_BITS or w <= BITMAP_WORDS_PER_TUPLE * n)
+        return 8 * w * 16 <= self.budget and w <= BITMAP_WORDS_PER_TUPLE * n
 
     def _to_bitmap(self) -> None:
         self.bitmap = keysets.bitmap(self.space)
@@ -344,6 +349,20 @@ class Known:
             return Rel(0, 0, [])
         if not parts:
             return Rel.empty(self.arity, False)
+        if self.bytemap is not None:
+            keys = np.concatenate([pack(p[0], self.bits) for p in parts])
+            keys = keys[~self.bytemap[keys]]
+            if len(keys) * 8 > len(self.bytemap):  # many: read them back from a byte map
+                mark = np.zeros(len(self.bytemap), bool)
+                mark[keys] = True
+                keys = np.flatnonzero(mark)
+            else:
+                keys = sorted_unique(keys)
+            self.bytemap[keys] = True
+            if len(keys):
+                self.n += len(keys)
+                self._whole = None
+            return Rel.from_keys(self.arity, keys, self.bits)
         if self.bitmap is not None:
             keys = np.concatenate([pack(p[0], self.bits) for p in parts])
             keys = keys[keysets.mark_new(self.bitmap, keys)]
@@ -390,7 +409,9 @@ class Known:
     def whole(self) -> Rel:
         """Every tuple known, as one sorted relation."""
         if self._whole is None:
-            if self.bitmap is not None:
+            if self.bytemap is not None:
+                self._whole = Rel.from_keys(self.arity, np.flatnonzero(self.bytemap), self.bits)
+            elif self.bitmap is not None:
                 self._whole = Rel.from_keys(self.arity, keysets.scan(self.bitmap), self.bits)
             elif len(self.chunks) > 2 and self.chunks[0].keys(self.bits) is not None:
                 k = np.concatenate([c.keys(self.bits) for c in self.chunks])

@@ -14,6 +14,7 @@ from tensorlogic.lang.relset import Known, Rel
 def path(request, monkeypatch):
     """Both implementations: the numba kernels from the first key on, or numpy only."""
     monkeypatch.setattr(keysets, "KERNEL_MIN", 1 if request.param == "kernel" else 1 << 62)
+    monkeypatch.setattr(keysets, "EXPAND_MIN", 1)
     return request.param
 
 
@@ -52,21 +53,26 @@ def test_mark_new_scan_distinct_expand(path, space):
     assert total == len(want_rows) and rows.tolist() == want_rows and pos.tolist() == want_pos
 
 
-@pytest.mark.parametrize("form", ["bitmap", "chunks", "grows"])
+def _form(known: Known) -> str:
+    return "byte" if known.bytemap is not None else "bit" if known.bitmap is not None else \
+        "chunks"
+
+
+@pytest.mark.parametrize("form", ["byte", "bit", "chunks", "grows"])
 def test_known_matches_python_sets(path, form, monkeypatch):
-    if form == "chunks":  # never a bitmap
+    if form != "byte":
         monkeypatch.setattr(relset, "BITMAP_BITS", 0)
-        monkeypatch.setattr(relset, "BITMAP_WORDS_PER_TUPLE", 0)
-    elif form == "grows":  # sorted chunks until the tuples are dense enough for a bitmap
-        monkeypatch.setattr(relset, "BITMAP_BITS", 0)
-        monkeypatch.setattr(relset, "BITMAP_WORDS_PER_TUPLE", 1)
+        # bit: a bitmap from the start; chunks: never one; grows: sorted chunks until the
+        # tuples are dense enough for a bitmap
+        monkeypatch.setattr(relset, "BITMAP_WORDS_PER_TUPLE",
+                            {"bit": 1 << 40, "chunks": 0, "grows": 1}[form])
     rng = np.random.default_rng(7)
     bits, arity = 5, 2
     start = rng.integers(0, 1 << bits, (10, arity))
     rel = Rel.build([start[:, 0], start[:, 1]], 10, None, bits)
     known = Known(rel, bits, 1 << 30)
     want = set(map(tuple, start.tolist()))
-    kinds = {known.bitmap is not None}
+    kinds = {_form(known)}
     for _ in range(12):
         parts = []
         for _ in range(int(rng.integers(1, 3))):
@@ -81,6 +87,5 @@ def test_known_matches_python_sets(path, form, monkeypatch):
         assert (np.diff(k) > 0).all()  # sorted, distinct
         want |= cand
         assert set(known.whole().rows()) == want
-        kinds.add(known.bitmap is not None)
-    assert kinds == ({True} if form == "bitmap" else {False} if form == "chunks"
-                     else {False, True})
+        kinds.add(_form(known))
+    assert kinds == ({"chunks", "bit"} if form == "grows" else {form})
