@@ -471,7 +471,7 @@ def main(argv=None) -> int:
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                           "processor": platform.processor()},
               "versions": versions()}
-    from tensorlogic.backends import numba_threads
+    from tensorlogic.backends.numba import threads as numba_threads
 
     result["stream"] = stream_bandwidth(args.quick, reps, rng)
     result["numba_threading_layer"] = numba_threads.active_layer()
@@ -494,7 +494,7 @@ def main(argv=None) -> int:
     for r in th["rows"]:
         print(f"  {r['n']:>8}: {r['chain_serial_us']:9.1f} {r['chain_parallel_us']:9.1f}   "
               f"{r['scale_serial_us']:9.1f} {r['scale_parallel_us']:9.1f}")
-    from tensorlogic.backends.numba_backend import PARALLEL_THRESHOLD
+    from tensorlogic.backends.numba.backend import PARALLEL_THRESHOLD
 
     print(f"crossover {th['crossover']}, suggested threshold {th['suggested_threshold']} "
           f"(default {PARALLEL_THRESHOLD}); parallel region overhead "

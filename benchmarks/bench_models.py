@@ -71,7 +71,7 @@ def _value(text: str):
 
 def _ours(name: str, model, arrays):
     import tensorlogic as tl
-    from tensorlogic.backends import host_pool
+    from tensorlogic.backends.numpy import host_pool
 
     parts = name.split()
     backend, level = parts[0], int(parts[1][1:])

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import tensorlogic as tl
-from tensorlogic.backends import host_pool
+from tensorlogic.backends.numpy import host_pool
 
 from _common import interleaved_times, machine
 

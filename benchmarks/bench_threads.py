@@ -31,7 +31,7 @@ CONFIGS = [("numpy", "pool"), ("numba", "pool"), ("numpy", "blas"), ("numba", "b
 
 def worker(backend: str, mode: str, mb: int, repeat: int) -> dict:
     import tensorlogic as tl
-    from tensorlogic.backends import host_pool
+    from tensorlogic.backends.numpy import host_pool
 
     k = 256
     n = int((mb * 2**20 / 4) ** 0.5) // 64 * 64  # an n x n float32 result of about mb MB

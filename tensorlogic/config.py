@@ -77,7 +77,7 @@ def gomp_environment() -> dict[str, str]:
     took 16 ms with libgomp's default or "active" vs 3 ms passive; a 1M-element kernel right
     after a matmul took 2.8-6.5 ms even with GOMP_SPINCOUNT=1000 (in 4 of 7 runs) vs 0.15-0.4 ms
     passive in every run. The price is a sleeping worker's wake-up on each parallel kernel
-    (50-80 us here, a VM), which ``numba_backend.PARALLEL_THRESHOLD`` accounts for.
+    (50-80 us here, a VM), which ``backends.numba.backend.PARALLEL_THRESHOLD`` accounts for.
     """
     if os.environ.get("OMP_WAIT_POLICY") or os.environ.get("GOMP_SPINCOUNT"):
         return {}

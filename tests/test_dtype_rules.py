@@ -271,7 +271,7 @@ def test_integer_overflow_wraps_like_numpy():
 def test_backends_refuse_dtypes_they_do_not_declare():
     # the cupy backend declares floats only (the Capabilities default); a backend like it
     from tensorlogic.backends import register_backend, unregister_backend
-    from tensorlogic.backends.numpy_backend import NumpyBackend
+    from tensorlogic.backends.numpy.backend import NumpyBackend
     from tensorlogic.backends.base import Capabilities
 
     class FloatOnly(NumpyBackend):

@@ -20,13 +20,8 @@ ALLOWED = {
     "backends": BASE | {"ir"},
     "compiler": BASE | {"ir", "optimizer", "backends"},
 }
-# known exceptions, each with its reason; remove an entry when its move lands
-EXCEPTIONS = {
-    # contraction planning still lives under backends (planned move to the optimizer)
-    # (path_search: the fast strategies by size; slicing: sliced plans to compare FLOPs)
-    ("optimizer", "backends"): {"tensorlogic/optimizer/contraction.py",
-                                "tensorlogic/optimizer/path_search.py"},
-}
+# known exceptions, each with its reason (none left)
+EXCEPTIONS: dict[tuple[str, str], set[str]] = {}
 
 
 def _imports(path: Path) -> list[str]:

@@ -18,15 +18,14 @@ from __future__ import annotations
 import math
 
 from ..errors import BackendError
-from ..ir import ops, spec as einspec
-from . import contract, slicing
+from ..ir import ops, pairwise, sliced, spec as einspec
 from .base import PreparedKernel
 
 
 def einsum_kernel(xp, node, in_nodes, matmul=None) -> PreparedKernel:
     """Kernel for an einsum node; it carries its FLOPs, scratch and (for 3+ operands) its path.
 
-    ``matmul(A, B, out)`` replaces ``xp.matmul`` for its products (``contract.plan_einsum``).
+    ``matmul(A, B, out)`` replaces ``xp.matmul`` for its products (``pairwise.plan_einsum``).
     """
     shapes = [tuple(n.shape) for n in in_nodes]
     es = einspec.parse(node.args["spec"], [len(s) for s in shapes])
@@ -36,10 +35,10 @@ def einsum_kernel(xp, node, in_nodes, matmul=None) -> PreparedKernel:
     widen = [n.dtype != node.dtype for n in in_nodes]
     dts = [node.dtype if w else n.dtype for n, w in zip(in_nodes, widen)]
     if node.args.get("path_slices"):
-        plan = slicing.plan_sliced(es, shapes, sizes, node.args["path_strategy"],
+        plan = sliced.plan_sliced(es, shapes, sizes, node.args["path_strategy"],
                                    list(node.args["path_slices"]), node.dtype, dts, matmul)
     else:
-        plan = contract.plan_einsum(es, shapes, sizes, node.args.get("path_strategy"), dts,
+        plan = pairwise.plan_einsum(es, shapes, sizes, node.args.get("path_strategy"), dts,
                                     matmul)
     run = plan.run
     n = len(in_nodes)
@@ -77,10 +76,10 @@ def path_note(node, plan) -> str:
     info = node.args.get("path_info")
     if not info:
         return f"path={plan.path}"
-    sliced = (f", sliced over {info['slices']} ({info['n_slices']} slices, per slice)"
-              if info.get("slices") else "")
+    slice_note = (f", sliced over {info['slices']} ({info['n_slices']} slices, per slice)"
+                  if info.get("slices") else "")
     return (f"path={[tuple(p) for p in plan.path]} ({info['strategy']}, "
-            f"largest intermediate {plan.largest_intermediate} elements{sliced})")
+            f"largest intermediate {plan.largest_intermediate} elements{slice_note})")
 
 
 def _arg(xp, a: list, k: int, shape: tuple, dtype: str):
@@ -279,7 +278,7 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
             return PreparedKernel(reshape_copy)
         return PreparedKernel(lambda a, out: a[0].reshape(shape))
     if kind == ops.ATTENTION:
-        from .attention_cpu import attention_kernel
+        from .numpy.attention import attention_kernel
 
         if xp.__name__ != "numpy":
             raise BackendError(f"node {node.name!r}: the host attention kernel needs numpy arrays")

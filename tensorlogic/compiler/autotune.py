@@ -2,7 +2,7 @@
 
 Candidates differ in what the optimizer does (every tunable pass on, or one of them skipped:
 einsum merging, elementwise fusion, attention fusion where that pass exists), in the CPU thread
-mode (``threads="pool"`` or ``"blas"``, see ``backends/cpu_threads.py``) and, for
+mode (``threads="pool"`` or ``"blas"``, see ``backends/numpy/threads.py``) and, for
 ``backend="auto"`` on a machine without a GPU, in the backend (numba or numpy). The search is
 coordinate-wise, one dimension at a time from the O2 plan: first the passes, then the thread
 mode on the best structure so far, then the backend, so a plan tries about six candidates

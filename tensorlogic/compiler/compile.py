@@ -186,7 +186,7 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
     ``matmul_precision="tf32"`` lets GPU float32 contractions use TF32 tensor cores (default
     ``"highest"``: exact float32; CPU backends accept it and stay exact).
 
-    CPU threads: ``threads`` ("pool", the default, or "blas"; ``backends/cpu_threads.py``).
+    CPU threads: ``threads`` ("pool", the default, or "blas"; ``backends/numpy/threads.py``).
     O3 autotunes (``compiler/autotune.py``): ``autotune_budget`` (seconds per plan, default
     10), ``autotune_cache``, ``autotune_timer``, ``autotune_backends``; ``skip_passes`` leaves
     optimizer passes out at any level.

@@ -1,7 +1,7 @@
 """Contraction planning: choose the pairwise path of every multi-operand einsum at compile time.
 
 The path lives in the einsum node's args, so every backend that runs einsums through
-``backends.contract.plan_einsum`` executes exactly the planned order:
+``ir.pairwise.plan_einsum`` executes exactly the planned order:
 
 * ``path_strategy``: the explicit path (pairs of positions over the operand list, opt_einsum's
   format), which ``plan_einsum`` honours as given;
@@ -25,11 +25,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..backends import contract, slicing
 from ..errors import MemoryBudgetError
-from ..ir import ops, spec as einspec
+from ..ir import ops, pairwise, sliced, spec as einspec
 from ..ir.graph import EinsumGraph, Node
-from . import path_search
+from . import path_search, slicing
 from .base import PassResult, function_pass
 
 def choose_path(terms: list[str], output: str, sizes: dict[str, int],
@@ -65,7 +64,7 @@ def _layout_tiebreak(es, shapes, sizes, plan, path, limit):
     for cand in _all_paths(len(shapes)):
         if cand == path:
             continue
-        other = contract.plan_einsum(es, shapes, sizes, cand)
+        other = pairwise.plan_einsum(es, shapes, sizes, cand)
         if other.flops > plan.flops * TIEBREAK_FLOPS_SLACK or other.copied >= best.copied:
             continue
         if limit is not None and other.largest_intermediate > limit:
@@ -87,14 +86,14 @@ def _under_limit(es, shapes, sizes, terms, plan, path, strategy, limit, dtype):
         lpath, lstrategy = choose_path(terms, es.output, sizes, limit)
     except RuntimeError:  # opt_einsum's dp finds no path under the limit
         lpath, lstrategy = path, strategy
-    lplan = contract.plan_einsum(es, shapes, sizes, lpath)
+    lplan = pairwise.plan_einsum(es, shapes, sizes, lpath)
     fits = lplan.largest_intermediate <= limit
     if fits and lplan.flops <= LIMITED_PATH_SLACK * plan.flops:
         return lplan, lpath, lstrategy, []
     options = []
-    sliced = slicing.choose_slices(terms, es.output, sizes, path, limit)
-    if sliced:
-        options.append((path, strategy + "+sliced", sliced))
+    letters = slicing.choose_slices(terms, es.output, sizes, path, limit)
+    if letters:
+        options.append((path, strategy + "+sliced", letters))
     budget = path_search.budget_for(plan.flops, len(terms))
     if budget.search:  # worth a search: paths and slices together
         found = slicing.search_sliced(terms, es.output, sizes, limit, budget.seconds)
@@ -102,8 +101,8 @@ def _under_limit(es, shapes, sizes, terms, plan, path, strategy, limit, dtype):
             options.append((found[0], "cotengra+sliced" if found[1] else "cotengra", found[1]))
     best = None
     for spath, sname, sl in options:
-        splan = (slicing.plan_sliced(es, shapes, sizes, spath, sl, dtype) if sl
-                 else contract.plan_einsum(es, shapes, sizes, spath))
+        splan = (sliced.plan_sliced(es, shapes, sizes, spath, sl, dtype) if sl
+                 else pairwise.plan_einsum(es, shapes, sizes, spath))
         if splan.largest_intermediate <= limit and (best is None or splan.flops < best[0].flops):
             best = (splan, spath, sname, sl)
     if best is not None and (not fits or best[0].flops < lplan.flops):
@@ -117,11 +116,11 @@ def plan_node(g: EinsumGraph, node: Node, memory_limit_bytes: int | None) -> Nod
     shapes = [tuple(int(d) for d in n.shape) for n in in_nodes]
     es = einspec.parse(node.args["spec"], [len(s) for s in shapes])
     sizes = einspec.letter_sizes(es, shapes)
-    terms = contract.prepared_terms(es, shapes, sizes)
+    terms = pairwise.prepared_terms(es, shapes, sizes)
     itemsize = np.dtype(node.dtype).itemsize
     limit = None if memory_limit_bytes is None else max(1, int(memory_limit_bytes) // itemsize)
     path, strategy = choose_path(terms, es.output, sizes)
-    plan = contract.plan_einsum(es, shapes, sizes, path)
+    plan = pairwise.plan_einsum(es, shapes, sizes, path)
     slices: list[str] = []
     if limit is not None and plan.largest_intermediate > limit:
         plan, path, strategy, slices = _under_limit(es, shapes, sizes, terms, plan, path,

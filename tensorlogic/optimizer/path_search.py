@@ -23,8 +23,7 @@ from pathlib import Path
 import opt_einsum
 
 from .. import config
-from ..backends import contract
-from ..ir import spec as einspec
+from ..ir import pairwise, spec as einspec
 
 # Cost model for the budget: a conservative rate for the pairwise GEMMs of small networks and a
 # per-pair overhead (transpose/reshape bookkeeping); it only has to get the order of magnitude.
@@ -62,7 +61,7 @@ def budget_for(flops: float, n_operands: int) -> Budget:
 def _fast_path(terms, output, sizes, memory_limit):
     shapes = [tuple(sizes[c] for c in t) for t in terms]
     eq = ",".join(terms) + "->" + output
-    strategy = contract.choose_path_strategy(len(terms))
+    strategy = pairwise.choose_path_strategy(len(terms))
     path, info = opt_einsum.contract_path(eq, *shapes, shapes=True, optimize=strategy,
                                           memory_limit=memory_limit)
     return [tuple(int(i) for i in p) for p in path], strategy, float(info.opt_cost)

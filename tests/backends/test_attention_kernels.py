@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import tensorlogic as tl
-from tensorlogic.backends import attention_cpu
+from tensorlogic.backends.numpy import attention as attention_cpu
 from tests.conftest import to_numpy
 
 

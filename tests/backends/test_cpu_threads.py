@@ -11,7 +11,7 @@ import pytest
 from threadpoolctl import threadpool_info
 
 import tensorlogic as tl
-from tensorlogic.backends import cpu_threads, fused_numpy, host_pool
+from tensorlogic.backends.numpy import threads as cpu_threads, fused as fused_numpy, host_pool
 from tensorlogic.errors import TensorLogicError
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tensorlogic as tl
-from tensorlogic.backends import fused_numpy, host_pool
+from tensorlogic.backends.numpy import fused as fused_numpy, host_pool
 from conftest import run_in_threads
 
 

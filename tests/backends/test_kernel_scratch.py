@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tensorlogic as tl
-from tensorlogic.backends import contract, kernels
-from tensorlogic.backends.numpy_backend import NumpyBackend
+from tensorlogic.backends import kernels
+from tensorlogic.ir import pairwise as contract
+from tensorlogic.backends.numpy.backend import NumpyBackend
 from tensorlogic.ir import ops, spec as einspec
 
 

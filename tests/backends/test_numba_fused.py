@@ -172,7 +172,7 @@ def test_long_chain_is_split_into_bounded_kernels():
 
 
 def test_kernel_that_cannot_compile_for_memory_falls_back_to_numpy(monkeypatch):
-    from tensorlogic.backends import numba_cache
+    from tensorlogic.backends.numba import cache as numba_cache
 
     def out_of_memory(*a, **k):
         raise MemoryError

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 import tensorlogic as tl
-from tensorlogic.backends import get_backend, numba_threads
+from tensorlogic.backends import get_backend
+from tensorlogic.backends.numba import threads as numba_threads
 from tensorlogic.ir.fused import FusedBody, FusedOp
 
 from numba_cases import fused_graph, random_inputs, reference, tol
@@ -21,7 +22,7 @@ from conftest import run_in_threads
 
 _SCRIPT = textwrap.dedent("""
     import json, numpy as np, tensorlogic as tl
-    from tensorlogic.backends import numba_cache
+    from tensorlogic.backends.numba import cache as numba_cache
     g = tl.EinsumGraph()
     x = g.input("x", (50, 20), "float32")
     g.output(g.softmax(g.exp(x) * 0.5 + 1.25), "y")
@@ -189,8 +190,8 @@ def test_fast_tanh_log1p_accuracy_dense_sweep(dtype, bound):
     # tanh through the generated kernel (the fast path must be the one taken), log1p directly
     import numba
 
-    from tensorlogic.backends import numba_fastmath
-    from tensorlogic.backends.numba_codegen import FAST_FLAGS
+    from tensorlogic.backends.numba import fastmath as numba_fastmath
+    from tensorlogic.backends.numba.codegen import FAST_FLAGS
 
     be = get_backend("numba")
     n = 1_000_003
@@ -230,7 +231,7 @@ def test_fast_tanh_log1p_accuracy_dense_sweep(dtype, bound):
 def test_float_keys_preserve_order_and_round_trip(dtype, rng):
     import numba
 
-    from tensorlogic.backends import numba_fastmath
+    from tensorlogic.backends.numba import fastmath as numba_fastmath
 
     sfx = "f32" if dtype == "float32" else "f64"
     key, unkey = getattr(numba_fastmath, f"key_{sfx}"), getattr(numba_fastmath, f"unkey_{sfx}")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tensorlogic as tl
-from tensorlogic.backends.numpy_backend import NumpyBackend
+from tensorlogic.backends.numpy.backend import NumpyBackend
 
 
 class CountingBackend(NumpyBackend):

@@ -130,7 +130,7 @@ def test_memory_limit():
 
 
 def test_register_backend():
-    from tensorlogic.backends.numpy_backend import NumpyBackend
+    from tensorlogic.backends.numpy.backend import NumpyBackend
 
     class Counting(NumpyBackend):
         name = "counting"

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import tensorlogic as tl
-from tensorlogic.backends import numba_codegen
-from tensorlogic.backends.cupy import cuda_c, ptx
+from tensorlogic.backends.numba import codegen as numba_codegen
+from tensorlogic.backends.cupy import cuda_c, ptx_kernel as ptx
 from tensorlogic.ir import cost, ops
 
 _NUMPY_COMBINE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tensorlogic as tl
-from tensorlogic.backends import fused_numpy, host_pool
+from tensorlogic.backends.numpy import fused as fused_numpy, host_pool
 from tensorlogic.ir import ops
 from tensorlogic.ir.fused import FusedBody
 from tensorlogic.optimizer import fusion, is_legal_group

@@ -174,7 +174,7 @@ def test_layer_norm_affine_on_every_backend(dtype, backend, rng):
 
 def test_numpy_blocks_and_aliasing(rng, monkeypatch):
     """Small blocks (many per row set) and an epilogue input of the output's shape."""
-    from tensorlogic.backends import fused_numpy
+    from tensorlogic.backends.numpy import fused as fused_numpy
     monkeypatch.setattr(fused_numpy, "BLOCK_BYTES", 512)
     g = tl.EinsumGraph()
     x = g.input("x", (6, 5, 40), "float64")
@@ -251,7 +251,7 @@ def test_numpy_fused_row_ops_over_any_axis(tail, axis, prologue, block_bytes, rn
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).parents[1] / "backends"))
     from cupy_cases import EPILOGUE, epilogue_reference, epilogue_shapes
-    from tensorlogic.backends import fused_numpy
+    from tensorlogic.backends.numpy import fused as fused_numpy
     monkeypatch.setattr(fused_numpy, "BLOCK_BYTES", block_bytes)
     space = (6, 5, 7)
     g = tl.EinsumGraph()

@@ -127,7 +127,7 @@ def test_cheap_large_network_keeps_the_fast_path(rng):
 def test_equal_flop_orders_are_broken_by_operand_copies(rng):
     """Of the orders with the fewest FLOPs, the planner keeps one that copies the fewest operand
     elements into BLAS layouts; every order still gives the same numbers."""
-    from tensorlogic.backends import contract
+    from tensorlogic.ir import pairwise as contract
     from tensorlogic.ir import spec as einspec
 
     es = einspec.parse("abc,bcd,cde->ae", [3, 3, 3])

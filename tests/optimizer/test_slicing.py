@@ -101,7 +101,8 @@ def test_output_larger_than_the_limit_still_raises():
 def test_joint_search_of_path_and_slices_runs_correctly():
     """cotengra's joint search returns a path and contracted letters whose sliced plan fits the
     limit and gives the network's value."""
-    from tensorlogic.backends import contract, slicing
+    from tensorlogic.ir import pairwise as contract, sliced
+    from tensorlogic.optimizer import slicing
     from tensorlogic.ir import spec as einspec
     eq, shapes = _lattice(5, 4, 2)
     es = einspec.parse(eq, [len(s) for s in shapes])
@@ -111,9 +112,9 @@ def test_joint_search_of_path_and_slices_runs_correctly():
     limit = free.largest_intermediate // 32
     found = slicing.search_sliced(terms, es.output, sizes, limit, 0.3)
     assert found is not None
-    path, sliced = found
-    assert sliced and not set(sliced) & set(es.output)
-    plan = slicing.plan_sliced(es, shapes, sizes, path, sliced, "float64")
+    path, sliced_letters = found
+    assert sliced_letters and not set(sliced_letters) & set(es.output)
+    plan = sliced.plan_sliced(es, shapes, sizes, path, sliced_letters, "float64")
     assert plan.largest_intermediate <= limit
     rng = np.random.default_rng(3)
     arrays = [rng.uniform(0.5, 1.5, s) for s in shapes]

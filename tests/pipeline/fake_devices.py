@@ -19,7 +19,7 @@ import numpy as np
 
 import tensorlogic as tl
 from tensorlogic.backends.base import as_prepared
-from tensorlogic.backends.numpy_backend import NumpyBackend
+from tensorlogic.backends.numpy.backend import NumpyBackend
 
 NAME = "fake_gpus"
 _current = threading.local()

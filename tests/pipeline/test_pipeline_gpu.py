@@ -13,7 +13,7 @@ from pipeline_models import mlp_graph
 import tensorlogic as tl
 from tensorlogic.backends import kernels
 from tensorlogic.backends.base import Capabilities
-from tensorlogic.backends.numpy_backend import NumpyBackend
+from tensorlogic.backends.numpy.backend import NumpyBackend
 from tensorlogic.pipeline.staging import DeviceStager, is_device_backend, make_stager
 
 pytestmark = pytest.mark.gpu

@@ -16,7 +16,7 @@ import tensorlogic as tl
 from tensorlogic.backends import base as backend_base
 from tensorlogic.backends import kernels
 from tensorlogic.backends.base import Capabilities, PreparedKernel
-from tensorlogic.backends.numpy_backend import NumpyBackend
+from tensorlogic.backends.numpy.backend import NumpyBackend
 from tensorlogic.errors import BackendError
 from tensorlogic.ir import ops
 from tensorlogic.ir.fused import FusedBody, FusedOp

@@ -292,7 +292,7 @@ def test_o0_chains_are_named_however_the_schedule_interleaves_them(rng):
 
 
 def test_one_thread_step_is_named_with_the_thread_count(rng, monkeypatch):
-    from tensorlogic.backends import fused_numpy
+    from tensorlogic.backends.numpy import fused as fused_numpy
 
     monkeypatch.setattr(fused_numpy, "PARALLEL_MIN_ELEMENTS", 1 << 30)  # every step on 1 thread
     g = tl.EinsumGraph()
@@ -309,7 +309,7 @@ def test_one_thread_step_is_named_with_the_thread_count(rng, monkeypatch):
 
 
 def test_one_thread_silent_when_the_step_uses_every_thread(rng, monkeypatch):
-    from tensorlogic.backends import fused_numpy, host_pool
+    from tensorlogic.backends.numpy import fused as fused_numpy, host_pool
 
     monkeypatch.setattr(fused_numpy, "PARALLEL_MIN_ELEMENTS", 1)
     monkeypatch.setattr(host_pool, "helper_count", lambda: 1)

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 
 import tensorlogic as tl
 from tensorlogic.backends import base as backend_base
-from tensorlogic.backends.numpy_backend import NumpyBackend
+from tensorlogic.backends.numpy.backend import NumpyBackend
 from tensorlogic.ir import ops
 from tensorlogic.testing import (
     assert_backends_agree, bounds, choose_ranges, derive_tolerances, graph_cases, random_inputs,

@@ -217,7 +217,7 @@ def _allreduce(s: _Src, tail: str, acc: str, threads: int, depth: int) -> None:
 
 class _Chunks:
     """Program values of a row chunk: scalar, or 16-byte vector loads of inputs contiguous along
-    the row with row-invariant inputs read once (mirrors ptx._RowValues)."""
+    the row with row-invariant inputs read once (mirrors ptx_rows._RowValues)."""
 
     def __init__(self, s: _Src, base: list[str | None], width: int, depth: int) -> None:
         self.s, self.base, self.width = s, base, width
@@ -275,7 +275,7 @@ class _Chunks:
 
 
 def _row_reg(s: _Src, lay: RowLayout) -> None:
-    """Register-held rows (mirrors ptx._row_reg): one read, one write."""
+    """Register-held rows (mirrors ptx_rows._row_reg): one read, one write."""
     spec, it, ct = s.spec, s.it, s.ct
     (go, _gr), (n_o, n_r) = spec.groups, spec.sizes
     T, R, W, CH = lay.threads, lay.rows, lay.width, lay.chunks
@@ -366,7 +366,7 @@ def _row_reg(s: _Src, lay: RowLayout) -> None:
 
 
 def _split(s: _Src, width: int) -> None:
-    """Stage one of a multi-block reduction (mirrors ptx._split)."""
+    """Stage one of a multi-block reduction (mirrors ptx_rows._split)."""
     spec, it, ct = s.spec, s.it, s.ct
     (go, _gr), (_n_o, n_r) = spec.groups, spec.sizes
     S, T = spec.splits, SPLIT_THREADS

@@ -19,7 +19,7 @@ from typing import Any
 import cupy
 import numpy as np
 
-from ...runtime.hostcopy import copyto
+from ...runtime.hostcopy import copy_in_pieces, copy_landed, copyto, row_pieces
 
 _H2D, _D2H = 1, 2  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost
 
@@ -30,6 +30,7 @@ class Ticket:
 
     event: Any = None
     host: dict[str, np.ndarray] = field(default_factory=dict)  # pinned views of the outputs
+    pieces: dict[str, list] = field(default_factory=dict)  # (lo, hi, event) per output piece
     keep: list = field(default_factory=list)
 
 
@@ -68,12 +69,19 @@ class CupyTransfers:
         sp = self.h2d.ptr
         for name, x in inputs.items():
             host, mem = self._pinned(x.shape, x.dtype)
-            copyto(host, x)  # pageable -> pinned, off the GPU's path (on copy threads)
             with self.h2d:
                 dev = cupy.empty(x.shape, x.dtype)
-            if host.nbytes:
-                cupy.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data, host.nbytes,
-                                              _H2D, sp)
+            row = x.nbytes // x.shape[0] if x.ndim and x.shape[0] else 0
+            # pageable -> pinned on the copy threads, piece by piece; each piece's
+            # host-to-device copy starts as soon as it is staged
+            for lo, hi in copy_in_pieces(host, x):
+                if hi > lo and row:
+                    cupy.cuda.runtime.memcpyAsync(dev.data.ptr + lo * row,
+                                                  host.ctypes.data + lo * row,
+                                                  (hi - lo) * row, _H2D, sp)
+                elif host.nbytes and not x.ndim:
+                    cupy.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data,
+                                                  host.nbytes, _H2D, sp)
             ticket.keep += [mem, dev]
             out[name] = dev
         self._uploaded = self.h2d.record()
@@ -98,11 +106,19 @@ class CupyTransfers:
                     arr = cupy.ascontiguousarray(arr)
                 self.d2h.wait_event(self.compute.record())
             host, mem = self._pinned(arr.shape, arr.dtype)
+            pieces = []
             if host.nbytes:
-                cupy.cuda.runtime.memcpyAsync(host.ctypes.data, arr.data.ptr, host.nbytes,
-                                              _D2H, sp)
+                # piece by piece, each with its event, so ``finish`` copies a landed piece
+                # out while the later ones are still crossing the bus
+                row = host.nbytes // host.shape[0] if host.ndim else host.nbytes
+                for lo, hi in row_pieces(host) if host.ndim else [(0, 1)]:
+                    cupy.cuda.runtime.memcpyAsync(host.ctypes.data + lo * row,
+                                                  arr.data.ptr + lo * row,
+                                                  (hi - lo) * row, _D2H, sp)
+                    pieces.append((lo, hi, self.d2h.record()))
             ticket.keep += [mem, arr]
             ticket.host[name] = host
+            ticket.pieces[name] = pieces
         ticket.event = self.d2h.record()
 
     def abandon(self, ticket: Ticket) -> None:
@@ -113,21 +129,29 @@ class CupyTransfers:
         self._uploaded = None
         ticket.keep.clear()
         ticket.host.clear()
+        ticket.pieces.clear()
 
     def finish(self, ticket: Ticket, dest: dict[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         """Wait for the batch's downloads; its outputs as numpy arrays (into ``dest`` where
         given, else new arrays)."""
-        if ticket.event is not None:
-            ticket.event.synchronize()
         results = {}
         for name, host in ticket.host.items():
             target = dest.get(name) if dest else None
             if target is None:
                 target = np.empty(host.shape, host.dtype)
-            copyto(target, host)
+            pieces = ticket.pieces.get(name) or []
+            if len(pieces) < 2:
+                for *_, event in pieces:
+                    event.synchronize()
+                copyto(target, host)
+            else:
+                copy_landed(target, host, pieces)
             results[name] = target
+        if ticket.event is not None:
+            ticket.event.synchronize()
         ticket.keep.clear()
         ticket.host.clear()
+        ticket.pieces.clear()
         return results
 
 

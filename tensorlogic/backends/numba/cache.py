@@ -41,7 +41,7 @@ import numba
 from numba.core.caching import CompileResultCacheImpl, FunctionCache, _CacheLocator
 from numba.core.runtime import rtsys
 
-from .. import config
+from ... import config
 
 _loaded: dict[str, Any] = {}
 _lock = threading.Lock()

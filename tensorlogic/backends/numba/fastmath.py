@@ -46,7 +46,7 @@ from numba import njit
 from numba.core import types as _types
 from numba.extending import intrinsic as _intrinsic
 
-from . import numba_cache
+from . import cache as numba_cache
 
 
 @_intrinsic

@@ -31,7 +31,7 @@ from typing import Iterator
 
 import numba
 
-from .. import config
+from ... import config
 
 _lock = threading.Lock()
 _configured = False

@@ -23,9 +23,9 @@ import threading
 
 import numpy as np
 
-from ..ir import attention as attn_ir
+from ...ir import attention as attn_ir
 from . import host_pool
-from .base import PreparedKernel
+from ..base import PreparedKernel
 
 # Query and key block sizes. A 256 x 512 float32 score block (512 KB) and its 256 x Dv
 # accumulator stay in L2; larger key blocks mean fewer rescales. On the 2-vCPU machine (S=4096,

@@ -15,8 +15,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
-from .. import config
-from ..runtime import fperrors
+from ... import config
+from ...runtime import fperrors
 
 _executor: ThreadPoolExecutor | None = None
 _lock = threading.Lock()

@@ -3,7 +3,7 @@
 When the largest intermediate of a contraction path exceeds ``path_memory_limit``, the
 contraction pass picks indices to slice (cotengra's slicing, inner indices only) and records
 them in the node's ``path_slices``. Each slice is the same network with those indices fixed: a
-smaller einsum planned once by ``contract.plan_einsum`` along the same path, so every
+smaller einsum planned once by ``pairwise.plan_einsum`` along the same path, so every
 intermediate shrinks by the sliced sizes while the FLOPs grow only by the redundancy slicing
 adds. The slices' results add up into the output (summing a contracted index is additive).
 """
@@ -14,8 +14,8 @@ import itertools
 import math
 from dataclasses import replace
 
-from ..ir.spec import EinsumSpec
-from . import contract
+from . import pairwise
+from .spec import EinsumSpec
 
 
 def sliced_spec(es: EinsumSpec, shapes: list[tuple[int, ...]], sliced: list[str]):
@@ -28,17 +28,17 @@ def sliced_spec(es: EinsumSpec, shapes: list[tuple[int, ...]], sliced: list[str]
 
 def plan_sliced(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int], path,
                 sliced: list[str], out_dtype: str,
-                dtypes: list[str] | None = None, matmul=None) -> contract.EinsumPlan:
+                dtypes: list[str] | None = None, matmul=None) -> pairwise.EinsumPlan:
     """An ``EinsumPlan`` that runs ``es`` slice by slice over the contracted letters ``sliced``.
 
-    ``path`` is a path over ``contract.prepared_terms`` of the whole network (slicing removes
+    ``path`` is a path over ``pairwise.prepared_terms`` of the whole network (slicing removes
     letters, not operands, so it stays valid for every slice); ``matmul`` as in ``plan_einsum``.
     """
     if any(c in es.output for c in sliced):
         raise ValueError(f"einsum {es}: sliced indices {sliced} must be contracted ones")
     inner_es, inner_shapes = sliced_spec(es, shapes, sliced)
     inner_sizes = {c: d for c, d in sizes.items() if c not in sliced}
-    inner = contract.plan_einsum(inner_es, inner_shapes, inner_sizes, path, dtypes, matmul)
+    inner = pairwise.plan_einsum(inner_es, inner_shapes, inner_sizes, path, dtypes, matmul)
     counts = [int(sizes[c]) for c in sliced]
     n_slices = math.prod(counts)
     out_shape = tuple(int(sizes[c]) for c in es.output)
@@ -76,51 +76,3 @@ def plan_sliced(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         description=f"{inner.description} sliced over {''.join(sliced)} ({n_slices} slices)",
         scratch=list(inner.scratch) + [(out_shape, out_dtype)],
         copied=inner.copied * n_slices)
-
-
-def choose_slices(terms: list[str], output: str, sizes: dict[str, int], path,
-                  limit: int) -> list[str] | None:
-    """Contracted letters to slice so that every intermediate along ``path`` has at most
-    ``limit`` elements (cotengra's slicing), or None when cotengra is missing or cannot."""
-    try:
-        import cotengra
-    except ImportError:
-        return None
-    used = {c for t in terms for c in t}
-    tree = cotengra.ContractionTree.from_path(
-        [tuple(t) for t in terms], tuple(output), {c: int(sizes[c]) for c in used},
-        path=[tuple(p) for p in path])
-    try:
-        sliced = tree.slice(target_size=max(int(limit), 1), allow_outer=False, seed=0)
-    except RuntimeError:  # the output alone, or an intermediate of output indices, is too large
-        return None
-    if sliced.max_size() > limit or not sliced.sliced_inds:
-        return None
-    return sorted(sliced.sliced_inds)
-
-
-def search_sliced(terms: list[str], output: str, sizes: dict[str, int], limit: int,
-                  seconds: float):
-    """(path, sliced letters, maybe none) from cotengra's hyper-optimizer searching paths and
-    slices together for about ``seconds`` (a path chosen without the limit may slice badly), or
-    None when cotengra is missing or finds nothing under the limit."""
-    try:
-        import cotengra
-    except ImportError:
-        return None
-    used = {c for t in terms for c in t}
-    opt = cotengra.HyperOptimizer(
-        # few repeats: each trial slices its tree, which can take seconds under a tight limit,
-        # and max_time is only checked between trials
-        methods=["greedy"], max_repeats=8, max_time=seconds, minimize="flops",
-        slicing_opts={"target_size": max(int(limit), 1), "allow_outer": False},
-        parallel=False, progbar=False)
-    try:
-        tree = opt.search([tuple(t) for t in terms], tuple(output),
-                          {c: int(sizes[c]) for c in used})
-    except RuntimeError:
-        return None
-    if tree.max_size() > limit:
-        return None
-    # no sliced letters: the search found a path that fits the limit as it is
-    return [tuple(int(i) for i in p) for p in tree.get_path()], sorted(tree.sliced_inds)

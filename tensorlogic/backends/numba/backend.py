@@ -21,16 +21,17 @@ from typing import Any
 
 import numpy as np
 
-from .. import dtypes
-from ..errors import BackendError
-from ..ir import ops
-from ..ir.fused import FusedBody, FusedOp
-from . import numba_cache, numba_threads, widen
-from .inputs import strided_copy_bytes
-from .numba_codegen import generates, render
-from .numba_layout import make_layout
-from .base import Capabilities, PreparedKernel
-from .numpy_backend import NumpyBackend, thread_mode
+from ... import dtypes
+from ...errors import BackendError
+from ...ir import ops
+from ...ir.fused import FusedBody, FusedOp
+from .. import widen
+from ..base import Capabilities, PreparedKernel
+from ..inputs import strided_copy_bytes
+from ..numpy.backend import NumpyBackend, thread_mode
+from . import cache as numba_cache, threads as numba_threads
+from .codegen import generates, render
+from .layout import make_layout
 
 # Below this many points a serial kernel wins. With OpenMP workers that sleep between kernels
 # (the passive wait policy, see config.gomp_environment) a parallel kernel pays a wake-up of
@@ -80,8 +81,8 @@ def _call(fn: Any, out: np.ndarray, oshape: tuple[int, ...], ins: list, dims: tu
 
 def _attention_kernel(node, in_nodes, opts):
     """The shared blocked host kernel, its softmax passes as one generated loop (fast_math)."""
-    from .attention_cpu import attention_kernel, compute_dtype
-    from .attention_numba import exp_rows
+    from ..numpy.attention import attention_kernel, compute_dtype
+    from .attention import exp_rows
 
     fast = opts.get("fast_math")
     if fast is False:  # libm exp in strict order: the numpy passes are that already

@@ -20,10 +20,11 @@ from typing import Any
 
 import numpy as np
 
-from ..ir import ops
-from ..ir.fused import FusedBody
-from . import host_pool, kernels
-from .base import PreparedKernel
+from ...ir import ops
+from ...ir.fused import FusedBody
+from .. import kernels
+from ..base import PreparedKernel
+from . import host_pool
 
 # Bytes per register block. A block's registers and operands stay in the L2/L3 caches; larger
 # blocks mean fewer ufunc calls (measured on the 16M 14-op chain, 2 threads: 256 KB 27 ms,

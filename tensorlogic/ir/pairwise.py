@@ -9,6 +9,9 @@ Every array the program materializes (a reduced or diagonal operand, an operand 
 copy, a pairwise result that is not the final one) is listed in ``EinsumPlan.scratch`` as
 (shape, dtype), assuming C-contiguous operands. The executor hands those buffers in from its
 arena so a steady-state call allocates nothing; called without them, the program allocates.
+
+It sits in the IR because both sides read it: the optimizer's contraction planning costs paths
+by their programs (FLOPs, copies, largest intermediate), the backends run them.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ _controllers: list | None = None
 
 def check_mode(mode: object) -> str:
     """The thread mode named by the ``threads`` compile option (default "pool")."""
-    from ..errors import BackendError
+    from ...errors import BackendError
 
     if mode is None:
         return DEFAULT_MODE

@@ -8,13 +8,14 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import SUPPORTED
-from ..errors import BackendError, InputError
-from ..ir import ops
-from ..ir.fused import FusedBody, FusedOp
-from . import cpu_threads, host_pool, kernels, widen
-from .base import Backend, Capabilities, PlanRunner, PreparedKernel, register_backend
-from .inputs import plain_host_array
+from ...dtypes import SUPPORTED
+from ...errors import BackendError, InputError
+from ...ir import ops
+from ...ir.fused import FusedBody, FusedOp
+from .. import kernels, widen
+from ..base import Backend, Capabilities, PlanRunner, PreparedKernel, register_backend
+from ..inputs import plain_host_array
+from . import host_pool, threads as cpu_threads
 
 _FLOATS = ("float32", "float64")
 
@@ -93,7 +94,7 @@ class NumpyBackend(Backend):
         return kernel if kernel.threads else replace(kernel, threads=1)
 
     def _host_kernel(self, step, node, in_nodes, graph, mode: str) -> PreparedKernel:
-        from .fused_numpy import PARALLEL_MIN_ELEMENTS, fused_kernel
+        from .fused import PARALLEL_MIN_ELEMENTS, fused_kernel
 
         threads = mode == "pool" or not self._calls_blas(graph)
         if node.kind == ops.FUSED:
@@ -146,7 +147,7 @@ class NumpyBackend(Backend):
         return np.empty(shape, dtype)
 
     def alloc_bytes(self, n):  # noqa: D102
-        from ..runtime.pool import host_bytes
+        from ...runtime.pool import host_bytes
 
         return host_bytes(n)
 

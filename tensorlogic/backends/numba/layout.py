@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import BackendError
-from ..ir import ops
+from ...errors import BackendError
+from ...ir import ops
 
 # Roles of a dimension: "e" elementwise, "k" kept / "r" reduced (reduction tail),
 # "o" outer / "a" axis / "i" inner (row op).

@@ -1,0 +1,2 @@
+"""The numba backend: kernels rendered from the op table to numba source, compiled and cached on
+disk. Nothing here is imported until the backend is first used (numba takes a second to load)."""
