@@ -6,7 +6,7 @@ When the key space is small enough for one bit per key, both are one pass over t
 instead: a candidate is new exactly when its bit is clear, and setting the bit makes later
 repeats old. The sorted keys of a bitmap are one scan of its words (popcount, then the set bits
 in order). Loops of that kind do not vectorize in numpy, so they are numba kernels, compiled once
-and cached on disk like the numba backend's (``backends.numba_cache``); below ``KERNEL_MIN``
+and cached on disk like the numba backend's (``backends.numba.cache``); below ``KERNEL_MIN``
 keys the numpy forms are used, so small programs never import numba.
 """
 
@@ -105,7 +105,7 @@ def expand(lo, hi, total):
 def _kernel(name: str):
     from numba import types as nb
 
-    from ..backends import numba_cache
+    from ..backends.numba import cache as numba_cache
 
     u64, i64 = nb.Array(nb.uint64, 1, "C"), nb.Array(nb.int64, 1, "C")
     sig, body = {
