@@ -348,3 +348,16 @@ def test_weighted_semantics_sparse_matches_dense(sem):
         assert out["dense"][p].keys() == out["sparse"][p].keys()
         for k, w in out["dense"][p].items():
             assert out["sparse"][p][k] == pytest.approx(w, rel=1e-4, abs=1e-5), (p, k)
+
+
+def test_relation_sets_from_shared_objects_and_from_columns():
+    """to_set and iteration gather from the symbol table's objects when it is small next to the
+    relation, else convert the decoded columns: the same tuples, values of the same types."""
+    rows = [(1, "a"), (2.5, "b"), (3, 3), ("c", -1)]
+    small = evaluate("q(X, Y) :- r(X, Y).", {"r": rows}, as_relations=True)["q"]
+    big = evaluate("q(X, Y) :- r(X, Y).", {"r": rows, "pad": np.arange(1000, 5000)[:, None]},
+                   as_relations=True)["q"]
+    for rel in (small, big):
+        got = rel.to_set()
+        assert got == set(rows) == set(iter(rel))
+        assert {type(v) for r in got for v in r} == {int, float, str}
