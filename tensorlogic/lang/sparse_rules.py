@@ -63,6 +63,8 @@ class Context:
         if bm is None:
             if 8 * keysets.words(space) * 16 > self.budget:
                 return None
+            if len(self._scratch) >= 2:  # key widths vary little: keep the two latest
+                del self._scratch[next(iter(self._scratch))]
             bm = self._scratch[space] = keysets.bitmap(space)
         return bm
 
