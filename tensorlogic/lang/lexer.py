@@ -98,6 +98,8 @@ def tokenize(text: str) -> list[Token]:
         if m:
             s = m.group()
             value: object = float(s) if any(c in s for c in ".eE") else int(s)
+            if isinstance(value, int) and value >= 1 << 63:
+                raise parse_error(f"integer {s} does not fit in 64 bits", pos)
             tokens.append(Token("NUMBER", s, value, pos))
             i = m.end()
             continue

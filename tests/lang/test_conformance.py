@@ -220,3 +220,25 @@ def test_comments_of_every_kind():
     with pytest.raises(tl.ProgramError) as info:
         evaluate("/* a\nb */ p(X :- e(X).")
     assert info.value.code == "parse_error" and "line 2, column 10" in str(info.value)
+
+
+def test_integers_past_64_bits_are_refused_with_a_code():
+    with pytest.raises(tl.ProgramError) as info:
+        evaluate("q(99999999999999999999999). p(X) :- q(X).")
+    assert info.value.code == "parse_error" and "64 bits" in str(info.value)
+    with pytest.raises(tl.ProgramError) as info:
+        evaluate("p(X) :- q(X).", {"q": [(1,), (2 ** 70,)]})
+    assert info.value.code == "invalid_fact" and "64-bit" in str(info.value)
+    top = 2 ** 63 - 1
+    assert evaluate(f"q({top}). p(X) :- q(X).")["p"] == {(top,)}
+
+
+def test_tuple_lists_of_every_kind_of_constant():
+    """Lists of int tuples take a vectorized path; mixed, float and string rows the general one:
+    the same models either way."""
+    for rows in ([(1, 2), (2, 3), (1, 2)], [(1, 2), (2, "a")], [(1, 2.5), (2, 3)],
+                 [(True, 2), (2, 3)], [(1, 2), [2, 3]]):
+        got = evaluate("p(X, Z) :- e(X, Y), e(Y, Z).\nq(X, Y) :- e(X, Y).", {"e": rows})
+        norm = {tuple(r) for r in rows}
+        assert got["q"] == norm
+        assert got["p"] == {(a, d) for a, b in norm for c, d in norm if b == c}
