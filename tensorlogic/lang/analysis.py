@@ -50,6 +50,9 @@ def check_constant(value: object, what: str) -> Scalar:
             value = value.item()  # numpy scalar -> Python scalar
         except (TypeError, ValueError):
             pass
+    if isinstance(value, int) and not -(1 << 63) <= value < (1 << 63):
+        raise program_error("invalid_fact", f"{what}: {value} does not fit in a 64-bit "
+                            "integer")
     if isinstance(value, (str, int, float)) and value == value:  # NaN never equals itself
         return value
     raise program_error("invalid_fact", f"{what}: {value!r} is not a constant; expected a str, "

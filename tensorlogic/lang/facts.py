@@ -127,6 +127,16 @@ def table_of(pred: str, rows: object) -> FactTable:
         cols = [check_column(c, pred, i) for i, c in enumerate(rows)]
         return FactTable(len(cols), lens.pop(), cols)
     weights = rows if isinstance(rows, Mapping) else None
+    if weights is None and isinstance(rows, list) and rows and isinstance(rows[0], tuple):
+        # a list of tuples of ints (the common case) converts in one C loop
+        try:
+            arr = np.array(rows)
+        except (ValueError, OverflowError, TypeError):
+            arr = None
+        if arr is not None and arr.ndim == 2 and arr.dtype.kind == "i" and arr.shape[1]:
+            return FactTable(arr.shape[1], arr.shape[0],
+                             [np.ascontiguousarray(arr[:, i], np.int64)
+                              for i in range(arr.shape[1])])
     try:
         items = list(weights.items()) if weights is not None else [(r, 1.0) for r in rows]
     except TypeError as exc:

@@ -2,8 +2,8 @@
 
 Newlines are tokens (a tensor equation ends at the end of its line) except inside brackets and
 parentheses, where a statement may continue on the next line. Comments start with ``#``, ``//``
-or ``%`` and run to the end of the line; a ``%`` right after an operand on the same line (a
-name, a number, a string or ``)``) is the modulo operator instead.
+or ``%`` and run to the end of the line, or are ``/* ... */`` blocks; a ``%`` right after an
+operand on the same line (a name, a number, a string or ``)``) is the modulo operator instead.
 """
 
 from __future__ import annotations
@@ -59,6 +59,17 @@ def tokenize(text: str) -> list[Token]:
             tokens.append(Token("%", "%", None, pos))
             i += 1
             continue
+        if text.startswith("/*", i):  # a block comment, possibly over several lines
+            end = text.find("*/", i + 2)
+            if end < 0:
+                raise parse_error("unterminated block comment", pos)
+            for k in range(i, end):
+                if text[k] == "\n":
+                    if depth == 0 and (not tokens or tokens[-1].kind != "NEWLINE"):
+                        tokens.append(Token("NEWLINE", "\n", None, pos))
+                    line, line_start = line + 1, k + 1
+            i = end + 2
+            continue
         if ch in "#%" or text.startswith("//", i):
             while i < n and text[i] != "\n":
                 i += 1
@@ -87,6 +98,8 @@ def tokenize(text: str) -> list[Token]:
         if m:
             s = m.group()
             value: object = float(s) if any(c in s for c in ".eE") else int(s)
+            if isinstance(value, int) and value >= 1 << 63:
+                raise parse_error(f"integer {s} does not fit in 64 bits", pos)
             tokens.append(Token("NUMBER", s, value, pos))
             i = m.end()
             continue

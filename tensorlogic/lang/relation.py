@@ -7,6 +7,7 @@ gather, so a ten-million-tuple result costs no Python object until it is iterate
 
 from __future__ import annotations
 
+import gc
 import math
 from collections.abc import Iterator
 
@@ -76,10 +77,21 @@ class Relation:
         """Each tuple's value under the fuzzy / probabilistic semantics, else None."""
         return self._ids().w if self._weighted else None
 
+    def _lists(self) -> list[list]:
+        """One Python list of values per argument. When the symbol table is not much larger
+        than the columns, values are gathered from its object table, so that equal values are
+        one shared object (no new int per tuple: less allocation, and set building hashes
+        objects already in cache)."""
+        rel = self._ids()
+        if len(self._sym) <= 2 * rel.n * max(self.arity, 1):
+            objs = self._sym.objects()
+            return [objs[c].tolist() for c in rel.cols]
+        return [c.tolist() for c in self.columns]
+
     def __iter__(self) -> Iterator[tuple]:
         if self.arity == 0:
             return iter([()] * len(self))
-        return zip(*(c.tolist() for c in self.columns))
+        return zip(*self._lists())
 
     def __contains__(self, row: object) -> bool:
         if not isinstance(row, tuple) or len(row) != self.arity:
@@ -101,7 +113,18 @@ class Relation:
 
     def to_set(self) -> set[tuple]:
         """Every tuple as a Python set."""
-        return set(iter(self))
+        if self.arity == 0:
+            return set(iter(self))
+        lists = self._lists()
+        # tuples of constants form no reference cycles: a collection pass during the build
+        # would only walk the growing set again and again
+        paused = gc.isenabled()
+        gc.disable()
+        try:
+            return set(zip(*lists))
+        finally:
+            if paused:
+                gc.enable()
 
     def to_pandas(self):
         """A pandas DataFrame, one column per argument (``weight`` added when weighted)."""
@@ -156,5 +179,11 @@ class Relation:
 
 def dense_index(domain: np.ndarray, ids: np.ndarray) -> np.ndarray:
     """Positions of ``ids`` in ``domain`` (ids in value order, not necessarily id order)."""
+    top = int(domain.max()) + 1 if len(domain) else 0
+    if len(ids) and top <= 4 * (len(ids) + len(domain)):
+        # ids of a small table: one gather from a table of positions (no sort of the ids)
+        where = np.empty(top, np.intp)
+        where[domain] = np.arange(len(domain))
+        return where[ids]
     order = np.argsort(domain, kind="stable")
     return order[search(domain[order], ids)]

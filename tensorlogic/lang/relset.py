@@ -18,15 +18,19 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import keysets
 from .symbols import search, sorted_unique
 
 #: bits of one packed key
 KEY_BITS = 62
 #: a join index over at most this many key values is a table of row starts (O(1) lookups)
 STARTS_BITS = 22
-#: a recursive relation whose keys span at most this many bits keeps a bitmap of its tuples
-#: (one byte per possible tuple) for the semi-naive difference
+#: a recursive relation whose keys span at most this many bits keeps a map of its tuples (one
+#: byte per possible tuple) for the semi-naive difference
 BITMAP_BITS = 26
+#: a larger key space gets a bitmap once its words are at most this many per known tuple
+#: (reading the sorted tuples back is then a scan of a few words per tuple)
+BITMAP_WORDS_PER_TUPLE = 4
 #: otherwise a filter of this many bits over hashed keys answers "surely new" for most
 #: candidates without a binary search in the sorted chunks
 FILTER_BITS = 25
@@ -213,24 +217,30 @@ class Rel:
         return member(a, b)  # a is sorted: ranks keep the lexicographic order
 
     def index(self, positions: tuple[int, ...], bits: int):
-        """A join index on ``positions``: ("starts", starts, perm) for small key spaces,
-        ("sorted", keys, perm) otherwise; None when the keys do not pack."""
+        """A join index on ``positions``: (kind, table, cols, w) with the rows sorted by the
+        keys of those positions; kind "starts": ``table`` is the first row of each key value
+        (small key spaces), "sorted": the sorted keys; ``cols`` and ``w`` are the columns and
+        weights in that row order (copies, so that a join gathers each once). None when the
+        keys do not pack."""
         ix = self._index.get((positions, bits))
         if ix is None:
             sub = [self.cols[i] for i in positions]
             k = pack(sub, bits)
             if k is None:
                 return None
+            cols, w = self.cols, self.w
             if positions == tuple(range(len(positions))):
-                perm, sk = None, k  # rows are sorted on a prefix already
+                sk = k  # rows are sorted on a prefix already
             else:
                 perm = np.argsort(k)
                 sk = k[perm]
+                cols = [c[perm] for c in cols]
+                w = None if w is None else w[perm]
             if len(positions) * bits <= STARTS_BITS:
                 ix = ("starts", np.searchsorted(sk, np.arange((1 << (len(positions) * bits)) + 1)),
-                      perm)
+                      cols, w)
             else:
-                ix = ("sorted", sk, perm)
+                ix = ("sorted", sk, cols, w)
             self._index[(positions, bits)] = ix
         return ix
 
@@ -279,26 +289,53 @@ def union(a: Rel, b: Rel, bits: int) -> Rel:
 
 
 class Known:
-    """The tuples of one recursive relation found so far, for semi-naive rounds: a bitmap over
-    the packed keys when the key space is small (membership is one load per tuple), else a few
-    sorted chunks (each round's new tuples merged into the last chunk while that one is not
-    much larger, so a round costs about its own size)."""
+    """The tuples of one recursive relation found so far, for semi-naive rounds.
+
+    When the packed keys span at most ``BITMAP_BITS``, a byte per possible key (numpy fancy
+    indexing). In a larger space, once the tuples are dense enough (the words of a bitmap of one
+    bit per possible key at most ``BITMAP_WORDS_PER_TUPLE`` times the tuples, within a sixteenth
+    of the memory budget), that bitmap (``keysets``): a round's candidates are deduplicated and
+    told from known tuples in one pass, with no sort. Otherwise a few sorted
+    chunks (each round's new tuples merged into the last chunk while that one is not much larger,
+    so a round costs about its own size) behind a hashed filter that clears most new candidates
+    without a binary search.
+    """
 
     def __init__(self, start: Rel, bits: int, budget: int) -> None:
         self.arity = start.arity
         self.bits = bits
-        space = self.arity * bits
-        self.bitmap = None
-        if 0 < self.arity and space <= BITMAP_BITS and (1 << space) <= budget // 4:
-            self.bitmap = np.zeros(1 << space, bool)
-            self.bitmap[start.keys(bits)] = True
+        self.space = self.arity * bits
+        self.budget = budget
+        self.bitmap: np.ndarray | None = None
+        self.scratch: np.ndarray | None = None
+        self.n = start.n
         self.chunks = [start]
         self._whole: Rel | None = start
         self.filter = None
-        if self.bitmap is None and self.arity and pack([np.zeros(1, np.int64)] * self.arity,
-                                                       bits) is not None:
+        self.bytemap: np.ndarray | None = None
+        if 0 < self.arity and self.space <= BITMAP_BITS and (1 << self.space) <= budget // 4:
+            # small key spaces: a byte per key, all numpy (fancy indexing is vectorized)
+            self.bytemap = np.zeros(1 << self.space, bool)
+            self.bytemap[start.keys(bits)] = True
+        elif self._use_bitmap(start.n):
+            self._to_bitmap()
+        elif self.arity and self.space <= KEY_BITS:
             self.filter = np.zeros(1 << FILTER_BITS, bool)
             self.filter[_hash(start.keys(bits))] = True
+
+    def _use_bitmap(self, n: int) -> bool:
+        if not 0 < self.arity or self.space > KEY_BITS:
+            return False
+        w = keysets.words(self.space)
+        return 8 * w * 16 <= self.budget and w <= BITMAP_WORDS_PER_TUPLE * n
+
+    def _to_bitmap(self) -> None:
+        self.bitmap = keysets.bitmap(self.space)
+        self.scratch = keysets.bitmap(self.space)
+        for c in self.chunks:
+            keysets.mark_new(self.bitmap, c.keys(self.bits))
+        self.filter = None
+        self.chunks = []
 
     def add(self, cand: list[tuple[list[np.ndarray], int, object]]) -> Rel:
         """The distinct candidate rows (``(columns, count, _)`` parts) not known yet; they
@@ -312,18 +349,27 @@ class Known:
             return Rel(0, 0, [])
         if not parts:
             return Rel.empty(self.arity, False)
-        if self.bitmap is not None:
+        if self.bytemap is not None:
             keys = np.concatenate([pack(p[0], self.bits) for p in parts])
-            keys = keys[~self.bitmap[keys]]
-            if len(keys) * 8 > len(self.bitmap):  # many: read them back from a bitmap
-                mark = np.zeros(len(self.bitmap), bool)
+            keys = keys[~self.bytemap[keys]]
+            if len(keys) * 8 > len(self.bytemap):  # many: read them back from a byte map
+                mark = np.zeros(len(self.bytemap), bool)
                 mark[keys] = True
                 keys = np.flatnonzero(mark)
             else:
                 keys = sorted_unique(keys)
-            self.bitmap[keys] = True
+            self.bytemap[keys] = True
+            if len(keys):
+                self.n += len(keys)
+                self._whole = None
+            return Rel.from_keys(self.arity, keys, self.bits)
+        if self.bitmap is not None:
+            keys = np.concatenate([pack(p[0], self.bits) for p in parts])
+            keys = keys[keysets.mark_new(self.bitmap, keys)]
+            keys = keysets.sort_distinct(keys, self.scratch)
             new = Rel.from_keys(self.arity, keys, self.bits)
             if len(keys):
+                self.n += len(keys)
                 self._whole = None
             return new
         cols = [np.concatenate([p[0][i] for p in parts]) for i in range(self.arity)]
@@ -346,8 +392,12 @@ class Known:
             for c in self.chunks:
                 new = difference(new, c, self.bits)
         if new.n:
+            self.n += new.n
             self._whole = None
             self.chunks.append(new)
+            if self._use_bitmap(self.n):
+                self._to_bitmap()
+                return new
             # with a filter, chunks are searched only for the few candidates it cannot clear,
             # so they are merged only when a rule reads the whole relation (or at the end)
             while self.filter is None and len(self.chunks) > 1 and \
@@ -359,8 +409,10 @@ class Known:
     def whole(self) -> Rel:
         """Every tuple known, as one sorted relation."""
         if self._whole is None:
-            if self.bitmap is not None:
-                self._whole = Rel.from_keys(self.arity, np.flatnonzero(self.bitmap), self.bits)
+            if self.bytemap is not None:
+                self._whole = Rel.from_keys(self.arity, np.flatnonzero(self.bytemap), self.bits)
+            elif self.bitmap is not None:
+                self._whole = Rel.from_keys(self.arity, keysets.scan(self.bitmap), self.bits)
             elif len(self.chunks) > 2 and self.chunks[0].keys(self.bits) is not None:
                 k = np.concatenate([c.keys(self.bits) for c in self.chunks])
                 k.sort()

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import ProgramError
 from .ast import Arith, Comparison, Const, Literal, Rule, Var, term_vars, where
+from . import keysets
 from .relset import Rel, combine, group, joint_keys, pack, search
 from .symbols import INT, STR, Symbols
 
@@ -52,7 +53,20 @@ class Context:
         self.weighted = sem != "boolean"
         self.budget = budget
         self.bits = 1
+        self._scratch: dict[int, np.ndarray] = {}
         self.refresh()
+
+    def scratch(self, space: int) -> np.ndarray | None:
+        """An empty bitmap over ``2**space`` keys for deduplication (kept empty between uses),
+        or None when it would take more than a sixteenth of the memory budget."""
+        bm = self._scratch.get(space)
+        if bm is None:
+            if 8 * keysets.words(space) * 16 > self.budget:
+                return None
+            if len(self._scratch) >= 2:  # key widths vary little: keep the two latest
+                del self._scratch[next(iter(self._scratch))]
+            bm = self._scratch[space] = keysets.bitmap(space)
+        return bm
 
     def refresh(self) -> bool:
         """Update the key width to the symbol table's size; True if it changed."""
@@ -296,8 +310,15 @@ class SparseRule:
         if not b:  # nothing shared: every row meets every tuple
             total = t.m * view.n
             ctx.charge(self.rule, total, len(t.cols) + len(free))
+            if t.m == 1:  # a scan (the first atom): the relation's columns as they are
+                cols = {v: np.repeat(c, view.n) for v, c in t.cols.items()}
+                for v, i in zip(free, fpos):
+                    cols[v] = view.cols[i]
+                w = None if t.w is None else t.w[0] * view.w
+                return Table(view.n, cols, w)
             rows = np.repeat(np.arange(t.m), view.n)
             pos = np.tile(np.arange(view.n), t.m)
+            vcols, vw = view.cols, view.w
         else:
             ix = view.index(bpos, ctx.bits)
             if ix is None:  # keys too wide to pack: rank the probe and the build together
@@ -306,25 +327,21 @@ class SparseRule:
                 perm = np.argsort(kb)
                 sk = kb[perm]
                 lo, hi = search(sk, kq, "left"), search(sk, kq, "right")
+                vcols = [c[perm] for c in view.cols]
+                vw = None if view.w is None else view.w[perm]
             else:
-                kind, table, perm = ix
+                kind, table, vcols, vw = ix
                 q = pack([t.cols[v] for v in b], ctx.bits)
                 if kind == "starts":
                     lo, hi = table[q], table[q + 1]
                 else:
                     lo, hi = search(table, q, "left"), search(table, q, "right")
-            cnt = hi - lo
-            total = int(cnt.sum())
-            ctx.charge(self.rule, total, len(t.cols) + len(free))
-            rows = np.repeat(np.arange(t.m), cnt)
-            # position of each output row inside its key's run of the index
-            pos = np.arange(total) + np.repeat(lo - (np.cumsum(cnt) - cnt), cnt)
-            if perm is not None:
-                pos = perm[pos]
+            ctx.charge(self.rule, int((hi - lo).sum()), len(t.cols) + len(free))
+            rows, pos, total = keysets.expand(lo, hi)
         cols = {v: c[rows] for v, c in t.cols.items()}
         for v, i in zip(free, fpos):
-            cols[v] = view.cols[i][pos]
-        w = None if t.w is None else t.w[rows] * view.w[pos]
+            cols[v] = vcols[i][pos]
+        w = None if t.w is None else t.w[rows] * vw[pos]
         return Table(len(rows), cols, w)
 
     def _neg(self, ctx, t: Table, source, k: int, lit: Literal) -> Table:
@@ -389,6 +406,13 @@ class SparseRule:
             w = None if t.w is None else combine(t.w, np.zeros(1, np.intp), ctx.sem)
             return Table(1, {}, w)
         cols = [t.cols[v] for v in names]
+        if t.w is None and t.m >= keysets.KERNEL_MIN:
+            # many rows: first occurrences through a bitmap, one pass, no sort
+            key = pack(cols, ctx.bits)
+            bm = None if key is None else ctx.scratch(len(cols) * ctx.bits)
+            if bm is not None:
+                pick = keysets.distinct(key, bm)
+                return Table(len(pick), {v: c[pick] for v, c in zip(names, cols)}, None)
         if t.w is None:
             r = Rel.build(cols, t.m, None, ctx.bits)
             return Table(r.n, dict(zip(names, r.cols)), None)

@@ -99,6 +99,7 @@ class Symbols:
         self._str_keys = strs
         self._str_ids = np.arange(len(fv), len(fv) + len(strs), dtype=np.int64)
         self._values: np.ndarray | None = None
+        self._objects: np.ndarray | None = None
         self._rank: np.ndarray | None = np.arange(len(self.kind), dtype=np.int64)
         self._identity: bool | None = None
         self._all_int: bool | None = None
@@ -188,7 +189,7 @@ class Symbols:
                 self._int_keys, self._int_ids = allk[o], alli[o]
             else:
                 self._flt_keys, self._flt_ids = allk[o], alli[o]
-            self._values = None
+            self._values = self._objects = None
             self._rank = None
             self._identity = self._all_int = None
             got = self._find(self._int_keys if kind == INT else self._flt_keys,
@@ -209,6 +210,18 @@ class Symbols:
                 v[self._str_ids] = self._str_keys
                 self._values = v
         return self._values
+
+    def objects(self) -> np.ndarray:
+        """Every constant by id as a Python object (an object array, built once): gathering
+        from it shares one object per constant instead of making one per tuple."""
+        if self._objects is None or len(self._objects) != len(self.kind):
+            v = self.values()
+            if v.dtype != object:
+                o = np.empty(len(v), object)
+                o[:] = v.tolist()
+                v = o
+            self._objects = v
+        return self._objects
 
     def decode(self, ids: np.ndarray) -> np.ndarray:
         """The constants of ``ids`` (int64, float64 or object, by what they hold)."""

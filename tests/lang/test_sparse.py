@@ -3,6 +3,8 @@ evaluator and against the dense representation, on fresh random programs and fac
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 
 import tensorlogic as tl
 from tensorlogic.datalog import Relation, evaluate
+from tensorlogic.lang import keysets, relset
 from tensorlogic.lang.analysis import desugar, has_arithmetic
 from tensorlogic.lang.facts import normalize_facts
 from tensorlogic.lang.fixpoint import Options, decode_all, evaluate_rules
@@ -32,8 +35,24 @@ def reference_model(text: str, facts: dict) -> dict:
                                                   facts.items()})
 
 
+@contextlib.contextmanager
+def engine_path(name: str):
+    """The sparse engine's other code paths on small inputs: "kernels" (numba kernels from the
+    first key, bit maps of known tuples), "chunks" (sorted chunks behind a hashed filter)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(relset, "BITMAP_BITS", 0)
+        if name == "kernels":
+            mp.setattr(keysets, "KERNEL_MIN", 1)
+            mp.setattr(keysets, "EXPAND_MIN", 1)
+            mp.setattr(relset, "BITMAP_WORDS_PER_TUPLE", 1 << 40)
+        else:
+            mp.setattr(relset, "BITMAP_WORDS_PER_TUPLE", 0)
+        yield
+
+
 def check_all(text: str, facts: dict, arithmetic: bool = False) -> dict:
-    """Every representation (dense only without arithmetic) against the reference."""
+    """Every representation (dense only without arithmetic) and the sparse engine's other
+    code paths against the reference."""
     try:
         want = reference_model(text, facts)
     except reference.RefError as exc:
@@ -50,6 +69,11 @@ def check_all(text: str, facts: dict, arithmetic: bool = False) -> dict:
         got, _ = run(text, facts, **kw)
         for p in want:
             assert got[p] == want[p], (kw, p, got[p] ^ want[p])
+    for path in ("kernels", "chunks"):
+        with engine_path(path):
+            got, _ = run(text, facts, representation="sparse")
+        for p in want:
+            assert got[p] == want[p], (path, p, got[p] ^ want[p])
     return want
 
 
@@ -324,3 +348,16 @@ def test_weighted_semantics_sparse_matches_dense(sem):
         assert out["dense"][p].keys() == out["sparse"][p].keys()
         for k, w in out["dense"][p].items():
             assert out["sparse"][p][k] == pytest.approx(w, rel=1e-4, abs=1e-5), (p, k)
+
+
+def test_relation_sets_from_shared_objects_and_from_columns():
+    """to_set and iteration gather from the symbol table's objects when it is small next to the
+    relation, else convert the decoded columns: the same tuples, values of the same types."""
+    rows = [(1, "a"), (2.5, "b"), (3, 3), ("c", -1)]
+    small = evaluate("q(X, Y) :- r(X, Y).", {"r": rows}, as_relations=True)["q"]
+    big = evaluate("q(X, Y) :- r(X, Y).", {"r": rows, "pad": np.arange(1000, 5000)[:, None]},
+                   as_relations=True)["q"]
+    for rel in (small, big):
+        got = rel.to_set()
+        assert got == set(rows) == set(iter(rel))
+        assert {type(v) for r in got for v in r} == {int, float, str}

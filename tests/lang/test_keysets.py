@@ -1,0 +1,91 @@
+"""Bitmap key sets (``keysets``): the numba kernels and the numpy forms against plain Python,
+and ``Known`` in its bitmap and sorted-chunk forms against Python sets, on fresh random keys."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tensorlogic.lang import keysets, relset
+from tensorlogic.lang.relset import Known, Rel
+
+
+@pytest.fixture(params=["numpy", "kernel"])
+def path(request, monkeypatch):
+    """Both implementations: the numba kernels from the first key on, or numpy only."""
+    monkeypatch.setattr(keysets, "KERNEL_MIN", 1 if request.param == "kernel" else 1 << 62)
+    monkeypatch.setattr(keysets, "EXPAND_MIN", 1)
+    return request.param
+
+
+@pytest.mark.parametrize("space", [3, 6, 13, 20])
+def test_mark_new_scan_distinct_expand(path, space):
+    rng = np.random.default_rng(space)
+    n = 3000
+    keys = rng.integers(0, 1 << space, n)
+    known = rng.integers(0, 1 << space, n // 3)
+    bm = keysets.bitmap(space)
+    keysets.mark_new(bm, known)
+    seen = set(known.tolist())
+    want = []
+    for i, k in enumerate(keys.tolist()):
+        if k not in seen:
+            seen.add(k)
+            want.append(i)
+    got = keysets.mark_new(bm, keys)
+    assert got.dtype == np.int64 and got.tolist() == want
+    assert keysets.scan(bm.copy()).tolist() == sorted(seen)
+    cleared = bm.copy()
+    assert keysets.scan(cleared, clear=True).tolist() == sorted(seen) and not cleared.any()
+    scratch = keysets.bitmap(space)
+    first = keysets.distinct(keys, scratch)
+    assert not scratch.any()
+    assert first.tolist() == sorted({k: i for i, k in reversed(list(enumerate(keys.tolist())))
+                                     }.values())
+    for m in (5, n):  # few keys for the bitmap (sorted) and many (read back from the bitmap)
+        assert keysets.sort_distinct(keys[:m], scratch).tolist() == sorted(set(keys[:m].tolist()))
+        assert not scratch.any()
+    lo = rng.integers(0, 50, 400)
+    hi = lo + rng.integers(0, 4, 400)
+    rows, pos, total = keysets.expand(lo, hi)
+    want_rows = [i for i in range(400) for _ in range(hi[i] - lo[i])]
+    want_pos = [j for i in range(400) for j in range(lo[i], hi[i])]
+    assert total == len(want_rows) and rows.tolist() == want_rows and pos.tolist() == want_pos
+
+
+def _form(known: Known) -> str:
+    return "byte" if known.bytemap is not None else "bit" if known.bitmap is not None else \
+        "chunks"
+
+
+@pytest.mark.parametrize("form", ["byte", "bit", "chunks", "grows"])
+def test_known_matches_python_sets(path, form, monkeypatch):
+    if form != "byte":
+        monkeypatch.setattr(relset, "BITMAP_BITS", 0)
+        # bit: a bitmap from the start; chunks: never one; grows: sorted chunks until the
+        # tuples are dense enough for a bitmap
+        monkeypatch.setattr(relset, "BITMAP_WORDS_PER_TUPLE",
+                            {"bit": 1 << 40, "chunks": 0, "grows": 1}[form])
+    rng = np.random.default_rng(7)
+    bits, arity = 5, 2
+    start = rng.integers(0, 1 << bits, (10, arity))
+    rel = Rel.build([start[:, 0], start[:, 1]], 10, None, bits)
+    known = Known(rel, bits, 1 << 30)
+    want = set(map(tuple, start.tolist()))
+    kinds = {_form(known)}
+    for _ in range(12):
+        parts = []
+        for _ in range(int(rng.integers(1, 3))):
+            m = int(rng.integers(0, 120))
+            c = rng.integers(0, 1 << bits, (m, arity))
+            parts.append(([c[:, 0], c[:, 1]], m, None))
+        new = known.add(parts)
+        cand = {tuple(r) for p in parts for r in zip(*(x.tolist() for x in p[0]))}
+        assert set(new.rows()) == cand - want
+        assert len(new.rows()) == new.n
+        k = new.keys(bits)
+        assert (np.diff(k) > 0).all()  # sorted, distinct
+        want |= cand
+        assert set(known.whole().rows()) == want
+        kinds.add(_form(known))
+    assert kinds == ({"chunks", "bit"} if form == "grows" else {form})
