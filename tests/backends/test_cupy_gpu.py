@@ -41,7 +41,7 @@ def test_every_elementwise_op(op, dtype, codegen, rng):
     arity = ops.ELEMENTWISE[op].arity
     g = tl.EinsumGraph()
     xs = [g.input(f"x{k}", (257, 33), dtype) for k in range(arity)]
-    g.output(g.unary(op, xs[0]) if arity == 1 else g.binary(op, xs[0], xs[1]), "y")
+    g.output(g.elementwise(op, *xs), "y")
     inputs = {f"x{k}": _data(rng, (257, 33), dtype, op in POSITIVE) for k in range(arity)}
     ref, got = _both(g, inputs, codegen=codegen, cuda_graph=False)
     np.testing.assert_allclose(_host(got["y"]), ref["y"], **TOL[dtype])
