@@ -11,9 +11,12 @@ and torch with ``scaled_dot_product_attention``. Reported: median ms, planned pe
 inputs, the max difference from torch's output.
 
 GPU part (``--gpu``): attention alone, B=1, 8 heads, head dim 64 and 128, S=1024..16384,
-causal and not: tensorlogic cupy (the generated flash kernel; float32 exact FFMA, and float16
-through the same FFMA kernel) against torch SDPA (float32: torch's choice; float16: the flash
-backend forced), CUDA-event medians, and the peak device memory each call adds.
+causal and not: tensorlogic cupy (the generated flash kernel: tensor-core mma.sync for bfloat16
+and float16, exact FFMA for float32) against torch SDPA (16-bit: the flash backend forced;
+float32: torch's choice), CUDA-event medians, and the peak device memory each call adds. Up to
+S=4096 the same attention written out as einsums and a softmax (``fuse_attention=False``:
+cuBLAS GEMMs and our softmax kernel) is timed too, the comparison behind the cupy backend's
+default of fusing attention per dtype.
 
 Usage: python benchmarks/bench_attention.py [--quick] [--gpu] [--out FILE]
 Writes benchmarks/results/bench_attention.json (CPU) or bench_attention_gpu.json.
@@ -227,7 +230,7 @@ def cpu(args) -> None:
     print(f"wrote {path}")
 
 
-def _gpu_case(hd: int, s: int, causal: bool, dtype: str) -> dict:
+def _gpu_case(hd: int, s: int, causal: bool, dtype: str, written: bool) -> dict:
     """One GPU row: ours and torch SDPA on the same inputs, times, memory, difference."""
     import cupy as cp
     import torch
@@ -238,16 +241,17 @@ def _gpu_case(hd: int, s: int, causal: bool, dtype: str) -> dict:
 
     shape = (1, 8, s, hd)
     rng = np.random.default_rng(0)
-    host = {n: rng.standard_normal(shape).astype(dtype) for n in "qkv"}
+    host = {n: rng.standard_normal(shape).astype(np.float32) for n in "qkv"}
     g = tl.EinsumGraph()
     q, k, v = (g.input(n, shape, dtype) for n in "qkv")
     g.output(g.attention(q, k, v, causal=causal), "y")
     plan = tl.compile(g, backend="cupy")
-    ins = {n: cp.asarray(a) for n, a in host.items()}
-    tq = {n: torch.as_tensor(a, device="cuda") for n, a in host.items()}
+    ins = {n: cp.asarray(a.astype(dtype)) for n, a in host.items()}
+    tdt = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    tq = {n: torch.as_tensor(a, device="cuda").to(tdt) for n, a in host.items()}
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    # float16: the flash backend forced; float32: torch's own choice (flash takes no float32)
-    backends = [SDPBackend.FLASH_ATTENTION] if dtype == "float16" else [
+    # 16-bit: the flash backend forced; float32: torch's own choice (flash takes no float32)
+    backends = [SDPBackend.FLASH_ATTENTION] if dtype != "float32" else [
         SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
     def torch_run():
@@ -275,11 +279,25 @@ def _gpu_case(hd: int, s: int, causal: bool, dtype: str) -> dict:
     ours = gpu_time(ours_run, inner, batches=5)
     theirs = gpu_time(torch_run, inner, batches=5)
     flops = 4 * 8 * s * s * hd / (2 if causal else 1)
-    return {"head_dim": hd, "S": s, "causal": causal, "dtype": dtype,
-            "ours_ms": ours * 1e3, "torch_ms": theirs * 1e3,
-            "ratio_torch_over_ours": theirs / ours, "ours_TFLOPs": flops / ours / 1e12,
-            "ours_mem_MiB": ours_mem / 2**20, "torch_mem_MiB": torch_mem / 2**20,
-            "max_abs_diff": diff}
+    out = {"head_dim": hd, "S": s, "causal": causal, "dtype": dtype,
+           "kernel": plan.steps[0].info, "ours_ms": ours * 1e3, "torch_ms": theirs * 1e3,
+           "ratio_torch_over_ours": theirs / ours, "ours_TFLOPs": flops / ours / 1e12,
+           "ours_mem_MiB": ours_mem / 2**20, "torch_mem_MiB": torch_mem / 2**20,
+           "max_abs_diff": diff}
+    if written and s <= 4096:
+        wg = tl.EinsumGraph()
+        q, k, v = (wg.input(n, shape, dtype) for n in "qkv")
+        sc = wg.einsum("bhqd,bhkd->bhqk", q, k) * (hd ** -0.5)
+        if causal:
+            hide = np.triu(np.full((s, s), -np.inf, np.float32), 1).astype(dtype)
+            sc = sc + wg.constant(hide)
+        wg.output(wg.einsum("bhqk,bhkd->bhqd", wg.softmax(sc, -1), v), "y")
+        wplan = tl.compile(wg, backend="cupy", fuse_attention=False)
+        out["written_out_ms"] = gpu_time(lambda: wplan(**ins), inner, batches=5) * 1e3
+        out["ratio_written_out_over_ours"] = out["written_out_ms"] / out["ours_ms"]
+        del wplan
+        cp.get_default_memory_pool().free_all_blocks()
+    return out
 
 
 def gpu(args) -> None:
@@ -287,16 +305,23 @@ def gpu(args) -> None:
     import torch
 
     seqs = args.seqs or ([1024, 4096] if args.quick else [1024, 2048, 4096, 8192, 16384])
+    from tensorlogic.backends.cupy import attention_gpu, attention_mma
+
     rows = []
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    for hd in (64, 128):
+    causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal_rows]
+    for hd in args.head_dims:
+        if args.config:  # a block shape forced, to compare shapes ("auto": query in registers
+            w, mt, qr, pair = args.config.split(",")  # up to head dim 64)
+            attention_gpu.MMA_CONFIG = attention_mma.Config(
+                int(w), int(mt), hd <= 64 if qr == "auto" else qr == "1", pair == "1")
         for s in seqs:
-            for causal in (False, True):
-                for dtype in ("float32", "float16"):
-                    rows.append(_gpu_case(hd, s, causal, dtype))
-                    print(table(rows[-1:], list(rows[-1])), flush=True)
-    print(f"GPU attention alone on {dev} (B=1, 8 heads; torch float16 = flash backend)")
-    print(table(rows, list(rows[0])))
+            for causal in causals:
+                for dtype in args.dtypes:
+                    rows.append(_gpu_case(hd, s, causal, dtype, not args.no_written))
+                    print(table(rows[-1:], [c for c in rows[-1] if c != "kernel"]), flush=True)
+    print(f"GPU attention alone on {dev} (B=1, 8 heads; torch 16-bit = flash backend)")
+    print(table(rows, [c for c in rows[0] if c != "kernel"]))
     extra = {"device": dev, "torch": torch.__version__, "cupy": cp.__version__}
     if args.out:
         Path(args.out).write_text(json.dumps(
@@ -314,6 +339,17 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="GPU part: JSON path")
     ap.add_argument("--seqs", type=int, nargs="*", default=None,
                     help="GPU part: sequence lengths (default 1024..16384)")
+    ap.add_argument("--dtypes", nargs="*", default=["bfloat16", "float16", "float32"],
+                    help="GPU part: dtypes")
+    ap.add_argument("--head-dims", type=int, nargs="*", default=[64, 128],
+                    help="GPU part: head dims")
+    ap.add_argument("--config", default=None,
+                    help="GPU part: the tensor-core kernel's block shape, 'warps,m-tiles,"
+                         "query-in-registers(0/1/auto),paired(0/1)' (default: chosen per shape)")
+    ap.add_argument("--causal-rows", choices=("both", "yes", "no"), default="both",
+                    help="GPU part: causal rows, plain rows or both")
+    ap.add_argument("--no-written", action="store_true",
+                    help="GPU part: skip the written-out attention rows")
     ap.add_argument("--seq", type=int, default=4096, help="CPU part: sequence length")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--causal", action="store_true", help=argparse.SUPPRESS)

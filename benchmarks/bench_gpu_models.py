@@ -138,7 +138,8 @@ def _to_np(t) -> np.ndarray:
     return np.asarray(t).astype(np.float64)
 
 
-def bench_block(s: int, p: dict, deadline: float, inner: int) -> None:
+def bench_block(s: int, p: dict, deadline: float, inner: int, modes=("fp32", "tf32", "bf16")
+                ) -> None:
     sec = f"block_S{s}"
     print(f"encoder block B={B} S={s} D={D} heads={HEADS} (device ms per call)")
     rng = np.random.default_rng(1)
@@ -182,30 +183,42 @@ def bench_block(s: int, p: dict, deadline: float, inner: int) -> None:
     for name, mode, opts in (("tensorlogic float32", "fp32", {}),
                              ("tensorlogic tf32", "tf32", {"matmul_precision": "tf32"}),
                              ("tensorlogic bf16 policy (f32 I/O)", "bf16", {"precision": "bf16"})):
+        if mode not in modes:
+            continue
         plan = tl.compile(g32, backend="cupy", cache=False, **opts)
         measure(name, lambda plan=plan: plan(x=xg)["y"], mode)
         plan.release_memory()
         del plan
         free()
-    plan16 = tl.compile(tl_block(p, s, "bfloat16"), backend="cupy", cache=False)
-    measure("tensorlogic bf16 graph", lambda plan=plan16: plan(x=xg16)["y"], "bf16")
-    RESULTS.setdefault("plans", {})[f"S{s}_bf16"] = str(plan16)
-    print(plan16)
-    plan16.release_memory()
-    del plan16
-    free()
+    # the default plan fuses bf16 attention (the tensor-core flash kernel); the written-out
+    # form (cuBLAS GEMMs, S x S scores in memory) beside it
+    for name, opts in (("tensorlogic bf16 graph", {}),
+                       ("tensorlogic bf16 graph, attention written out",
+                        {"fuse_attention": False})):
+        if "bf16" not in modes:
+            break
+        plan16 = tl.compile(tl_block(p, s, "bfloat16"), backend="cupy", cache=False, **opts)
+        measure(name, lambda plan=plan16: plan(x=xg16)["y"], "bf16")
+        if not opts:
+            RESULTS.setdefault("plans", {})[f"S{s}_bf16"] = str(plan16)
+            print(plan16)
+        plan16.release_memory()
+        del plan16
+        free()
     if torch is None:
         return
     # torch
-    modes = {"fp32": (torch.float32, False), "tf32": (torch.float32, True),
-             "bf16": (torch.bfloat16, False)}
+    tmodes = {"fp32": (torch.float32, False), "tf32": (torch.float32, True),
+              "bf16": (torch.bfloat16, False)}
     # eager rows, then torch.compile rows in the order the targets need them (a run that hits
     # its time budget drops the last ones)
-    order = [(False, m, sd) for m in modes for sd in (False, True)] + \
+    order = [(False, m, sd) for m in tmodes for sd in (False, True)] + \
         [(True, "bf16", True), (True, "bf16", False), (True, "fp32", True), (True, "tf32", True),
          (True, "fp32", False), (True, "tf32", False)]
     for use_compile, mode, sdpa in order:
-        tdt, tf32 = modes[mode]
+        if mode not in modes:
+            continue
+        tdt, tf32 = tmodes[mode]
         pp = {k: v.to(tdt) for k, v in tp.items()}
         xx = xt.to(tdt)
         flash = sdpa and mode == "bf16"
@@ -227,6 +240,7 @@ def bench_block(s: int, p: dict, deadline: float, inner: int) -> None:
     pairs = (("tensorlogic bf16 graph", "torch eager bf16 + SDPA (flash)", 1.0),
              ("tensorlogic bf16 graph", "torch.compile bf16 + SDPA (flash)", 0.9),
              ("tensorlogic bf16 graph", "torch.compile bf16", 0.9),
+             ("tensorlogic bf16 graph", "tensorlogic bf16 graph, attention written out", 1.0),
              ("tensorlogic bf16 policy (f32 I/O)", "torch eager bf16 + SDPA (flash)", 1.0),
              ("tensorlogic float32", "torch.compile fp32 + SDPA", 1.0),
              ("tensorlogic tf32", "torch.compile tf32 + SDPA", 1.0))
@@ -317,6 +331,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" /
                                          "bench_gpu_models.json"))
     ap.add_argument("--seqs", default="1024,4096")
+    ap.add_argument("--modes", default="fp32,tf32,bf16",
+                    help="comma-separated subset of fp32,tf32,bf16 (the rows run)")
     ap.add_argument("--budget-s", type=float, default=400.0,
                     help="contenders past this many seconds are recorded as skipped")
     args = ap.parse_args()
@@ -327,7 +343,7 @@ def main() -> None:
     p = weights(np.random.default_rng(0))
     for s in (int(v) for v in args.seqs.split(",")):
         inner = 20 if s <= 1024 else 4
-        bench_block(s, p, deadline, inner)
+        bench_block(s, p, deadline, inner, tuple(args.modes.split(",")))
         try:
             bench_steps(s, p, inner)
         except Exception:  # noqa: BLE001 - keep the block results

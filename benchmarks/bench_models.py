@@ -4,9 +4,12 @@ Models (benchmarks/_models.py): the transformer encoder block (B=4 S=256 D=256 H
 with a causal additive mask, B=2 S=512 D=512 H=8), a 4-layer MLP (batch 256, width 1024), and the
 examples/ programs with a torch equivalent (attention.tl, mlp.tl, kernel_machine.tl) at
 realistic sizes. Every contender runs in its own process (no library's idle threads slow
-another), takes the median of ``--rounds`` rounds (each round loops the call for at least
-``--min-time`` seconds) and saves its outputs; the parent checks every output against a float64
-numpy reference and against torch eager (float32 tolerance) and prints ms, ratios and threads.
+another) and saves its outputs. The processes stay up and are sampled in turn: each round
+takes one sample (the call looped for at least ``--min-time`` seconds) of every contender on
+every model, with ``--gap`` seconds of quiet after each, so a slow minute on a shared machine
+slows every contender alike; the median of ``--rounds`` rounds is reported. The parent checks
+every output against a float64 numpy reference and against torch eager (float32 tolerance) and
+prints ms, ratios and threads.
 
 Ratios are peer time / ours: above 1 we are faster. Missing peers (torch, onnxruntime: the
 ``peers`` extra) are reported as missing, the rest still runs.
@@ -15,7 +18,7 @@ Contenders of ours are "BACKEND O<level> [option=value ...]" (compile options, e
 "numpy O2 threads=blas" or "auto O3 autotune_budget=3").
 
 Usage: python benchmarks/bench_models.py [--quick] [--rounds N] [--contenders a,b,...]
-       [--models i,j,...] [--name NAME] [--keep DIR]
+       [--models i,j,...] [--name NAME] [--keep DIR] [--gap SECONDS]
 """
 
 from __future__ import annotations
@@ -52,15 +55,11 @@ def _models():
 
 
 # ------------------------------------------------------------------ worker side
-def _time(fn, rounds: int, min_time: float) -> list[float]:
-    """Seconds per call, one figure per round (each round loops fn for min_time seconds)."""
-    for _ in range(3):
-        fn()
-    return [_sample(fn, min_time) for _ in range(rounds)]
-
-
 def _value(text: str):
-    """A contender's option value: a number where it reads as one, else the text."""
+    """A contender's option value: True, False, None, a number where it reads as one, else
+    the text."""
+    if text in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[text]
     for kind in (int, float):
         try:
             return kind(text)
@@ -133,62 +132,129 @@ def _onnxruntime(model, arrays, path: Path):
     return (lambda: sess.run(None, feed)), (lambda res: list(res)), threads, None, None
 
 
-def worker(name: str, indices: list[int], rounds: int, min_time: float, tmp: Path) -> None:
-    """Time one contender on the given models; write tmp/<name>.json and the outputs."""
+def _setup(name: str, i: int, model, tmp: Path):
+    """(call, row) of one contender on one model: the call is None where it cannot run."""
+    arrays = model.arrays()
+    row: dict = {}
+    try:
+        t0 = time.perf_counter()
+        if name in PEERS and name != "onnxruntime":
+            if name == "torch SDPA" and not model.sdpa:
+                return None, {"error": "no attention in this model"}
+            call, outs, threads, resolved, plan = _torch(name, model, arrays, tmp, i)
+        elif name == "onnxruntime":
+            path = tmp / f"model{i}.onnx"
+            if not path.exists():
+                return None, {"error": "no ONNX export of this model"}
+            call, outs, threads, resolved, plan = _onnxruntime(model, arrays, path)
+        else:
+            call, outs, threads, resolved, plan = _ours(name, model, arrays)
+        res = outs(call())
+        for _ in range(3):  # warm-up
+            call()
+        row["setup_s"] = time.perf_counter() - t0
+        row["threads"] = threads
+        if resolved:
+            row["resolved"] = resolved
+        if plan is not None and plan.concrete.autotune is not None:
+            row["autotune"] = str(plan.concrete.autotune)
+        np.savez(tmp / f"{name.replace(' ', '_')}-{i}.npz", *[np.asarray(r) for r in res])
+        return call, row
+    except ImportError as exc:
+        return None, {"error": f"missing: {exc.name} (pip install tensorlogic[peers])"}
+    except Exception as exc:  # noqa: BLE001 - a failing contender is reported, not fatal
+        return None, {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
+
+
+def worker(name: str, indices: list[int], tmp: Path) -> None:
+    """Serve one contender: set up every model, print one JSON line of setup rows, then answer
+    ``sample <model index> <min_time>`` lines with the seconds per call (one line each) until
+    ``quit``. The parent asks the contenders in turn (round-robin), so a slow minute on a
+    shared machine slows every contender alike."""
     models = _models()
-    report: dict[str, dict] = {}
+    if name == "onnx export":
+        report = {}
+        for i in indices:
+            err = _export_onnx(models[i], models[i].arrays(), tmp / f"model{i}.onnx")
+            report[models[i].name] = {"error": err} if err else {"exported": True}
+        print(json.dumps(report), flush=True)
+        return
+    calls, report = {}, {}
     for i in indices:
-        model = models[i]
-        arrays = model.arrays()
-        row: dict = {}
-        try:
-            if name == "onnx export":
-                err = _export_onnx(model, arrays, tmp / f"model{i}.onnx")
-                report[model.name] = {"error": err} if err else {"exported": True}
-                continue
-            t0 = time.perf_counter()
-            if name in PEERS and name != "onnxruntime":
-                if name == "torch SDPA" and not model.sdpa:
-                    report[model.name] = {"error": "no attention in this model"}
-                    continue
-                call, outs, threads, resolved, plan = _torch(name, model, arrays, tmp, i)
-            elif name == "onnxruntime":
-                path = tmp / f"model{i}.onnx"
-                if not path.exists():
-                    report[model.name] = {"error": "no ONNX export of this model"}
-                    continue
-                call, outs, threads, resolved, plan = _onnxruntime(model, arrays, path)
-            else:
-                call, outs, threads, resolved, plan = _ours(name, model, arrays)
-            res = outs(call())
-            row["setup_s"] = time.perf_counter() - t0
-            times = _time(call, rounds, min_time)
-            row.update(ms=statistics.median(times) * 1e3, rounds_ms=[t * 1e3 for t in times],
-                       threads=threads)
-            if resolved:
-                row["resolved"] = resolved
-            if plan is not None and plan.concrete.autotune is not None:
-                row["autotune"] = str(plan.concrete.autotune)
-            np.savez(tmp / f"{name.replace(' ', '_')}-{i}.npz", *[np.asarray(r) for r in res])
-        except ImportError as exc:
-            row = {"error": f"missing: {exc.name} (pip install tensorlogic[peers])"}
-        except Exception as exc:  # noqa: BLE001 - a failing contender is reported, not fatal
-            row = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
-        report[model.name] = row
-        print(f"  {name:24s} {model.name:40s} {row.get('ms', float('nan')):9.3f} ms "
-              f"{row.get('error', '')}", flush=True)
-    (tmp / f"{name.replace(' ', '_')}.json").write_text(json.dumps(report))
+        call, row = _setup(name, i, models[i], tmp)
+        report[models[i].name] = row
+        if call is not None:
+            calls[i] = call
+    print(json.dumps(report), flush=True)
+    for line in sys.stdin:
+        parts = line.split()
+        if not parts or parts[0] == "quit":
+            return
+        i, min_time = int(parts[1]), float(parts[2])
+        print(_sample(calls[i], min_time) if i in calls else "nan", flush=True)
 
 
 # ------------------------------------------------------------------ parent side
-def _run_worker(name, indices, args, tmp: Path) -> dict:
-    cmd = [sys.executable, __file__, "--worker", name, "--models", ",".join(map(str, indices)),
-           "--rounds", str(args.rounds), "--min-time", str(args.min_time), "--tmp", str(tmp)]
-    rc = subprocess.call(cmd, cwd=HERE)
-    path = tmp / f"{name.replace(' ', '_')}.json"
-    if rc or not path.exists():
-        return {"__failed__": f"worker exited with status {rc}"}
-    return json.loads(path.read_text())
+class _Worker:
+    """A contender's serving process (``worker``)."""
+
+    def __init__(self, name: str, indices: list[int], tmp: Path) -> None:
+        cmd = [sys.executable, __file__, "--worker", name, "--models",
+               ",".join(map(str, indices)), "--tmp", str(tmp)]
+        self.name = name
+        self.proc = subprocess.Popen(cmd, cwd=HERE, stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        line = self.proc.stdout.readline()
+        try:
+            self.report = json.loads(line)
+        except json.JSONDecodeError:
+            self.report = {"__failed__": f"worker exited with status {self.proc.wait()}"}
+
+    def sample(self, i: int, min_time: float) -> float:
+        self.proc.stdin.write(f"sample {i} {min_time}\n")
+        self.proc.stdin.flush()
+        return float(self.proc.stdout.readline() or "nan")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.close()
+            except OSError:
+                pass
+            self.proc.wait()
+
+
+def _run_round_robin(names, models, indices, args, tmp: Path) -> dict:
+    """Every contender's rows: each in its own process, sampled in turn, ``--gap`` seconds of
+    quiet between samples (so one library's spinning threads have stopped before the next)."""
+    workers = []
+    for name in names:  # one at a time: setups (compiles) do not compete
+        print(f"== {name}: setting up", flush=True)
+        w = _Worker(name, indices, tmp)
+        workers.append(w)
+        for m, row in w.report.items():
+            if isinstance(row, dict) and row.get("error"):
+                print(f"  {name:24s} {m:40s} {row['error']}", flush=True)
+    results = {w.name: w.report for w in workers}
+    live = [w for w in workers if "__failed__" not in w.report]
+    times: dict[tuple[str, int], list[float]] = {}
+    for r in range(args.rounds):
+        for i in indices:
+            order = live[r % len(live):] + live[:r % len(live)] if live else []
+            for w in order:
+                if "error" in w.report.get(models[i].name, {}):
+                    continue
+                times.setdefault((w.name, i), []).append(w.sample(i, args.min_time))
+                if args.gap:
+                    time.sleep(args.gap)
+        print(f"round {r + 1}/{args.rounds} done", flush=True)
+    for w in workers:
+        w.close()
+    for (name, i), ts in times.items():
+        row = results[name][models[i].name]
+        row.update(ms=statistics.median(ts) * 1e3, rounds_ms=[t * 1e3 for t in ts])
+    return results
 
 
 def _load(tmp: Path, name: str, i: int):
@@ -246,6 +312,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 rounds of 0.05 s (smoke run)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--min-time", type=float, default=0.25)
+    ap.add_argument("--gap", type=float, default=0.1,
+                    help="seconds of quiet after each sample (idle threads of the last "
+                         "contender stop spinning)")
     ap.add_argument("--contenders", default=",".join(DEFAULT))
     ap.add_argument("--models", default=None, help="indices into the model list")
     ap.add_argument("--name", default="bench_models", help="results/<name>.json")
@@ -257,7 +326,7 @@ def main(argv=None) -> int:
     models = _models()
     indices = [int(i) for i in args.models.split(",")] if args.models else list(range(len(models)))
     if args.worker:
-        worker(args.worker, indices, args.rounds, args.min_time, Path(args.tmp))
+        worker(args.worker, indices, Path(args.tmp))
         return 0
     if args.quick:
         args.rounds, args.min_time = 3, 0.05
@@ -284,18 +353,13 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(args.keep or d)
         tmp.mkdir(parents=True, exist_ok=True)
-        for name in names:
-            if name.startswith("torch") and "torch" in missing or \
-                    name == "onnxruntime" and missing:
-                continue
-            if name == "onnxruntime":  # export the torch models first, in a process of its own
-                results["onnx export"] = _run_worker("onnx export", indices, args, tmp)
-            print(f"== {name}", flush=True)
-            results[name] = _run_worker(name, indices, args, tmp)
-            # partial results after every contender, so a run cut short still leaves its figures
-            write_results(args.name, _rows(models, indices, names, results, missing, tmp, refs),
-                          {"partial": True, "load_before": m0["loadavg_1min"]},
-                          peers=("torch", "onnxruntime", "threadpoolctl"))
+        run = [n for n in names if not (n.startswith("torch") and "torch" in missing
+                                        or n == "onnxruntime" and missing)]
+        if "onnxruntime" in run:  # export the torch models first, in a process of its own
+            export = _Worker("onnx export", indices, tmp)
+            export.close()
+            results["onnx export"] = export.report
+        results.update(_run_round_robin(run, models, indices, args, tmp))
         rows = _rows(models, indices, names, results, missing, tmp, refs)
     cols = ["model", "contender", "ms", "vs_eager", "vs_compile", "vs_sdpa", "vs_ort", "threads",
             "ok", "err_vs_ref", "error"]
@@ -305,7 +369,9 @@ def main(argv=None) -> int:
              "rounds": args.rounds, "min_time_s": args.min_time, "rtol": RTOL,
              "peers_missing": missing,
              "env": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "TL_NUM_THREADS",
-                                                "OMP_NUM_THREADS") if k in os.environ}}
+                                                "OMP_NUM_THREADS", "OMP_WAIT_POLICY",
+                                                "GOMP_SPINCOUNT") if k in os.environ},
+             "gap_s": args.gap}
     path = write_results(args.name, rows, extra, peers=("torch", "onnxruntime", "threadpoolctl"))
     print(f"load {m0['loadavg_1min']:.2f} -> {m1['loadavg_1min']:.2f}; wrote {path}")
     bad = [r for r in rows if r.get("ok") is False]

@@ -247,12 +247,18 @@ def _reduction_rule(op: str):
             if kind(dtype) == "c":
                 raise _NoLoop("numpy has no logaddexp loop for complex")
             return ufunc_result("exp", (dtype,))
-        sample = np.ones(1, _compute(dtype))
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return getattr(np, op)(sample).dtype.name
+        return _numpy_reduction(op, dtype)
 
     return result
+
+
+@functools.lru_cache(maxsize=None)
+def _numpy_reduction(op: str, dtype: str) -> str:
+    # cached: numpy's answer never changes, and graph builders ask it for every reduction node
+    sample = np.ones(1, _compute(dtype))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return getattr(np, op)(sample).dtype.name
 
 
 def reduction_result(op: str, dtype: str, where: str = "") -> str:

@@ -77,6 +77,13 @@ class ProgramError(TensorLogicError):
     code = "program_error"
 
 
+class GradError(TensorLogicError):
+    """A gradient that cannot be taken: an unknown or non-float ``wrt``, a non-scalar loss,
+    an op without a derivative where one is needed."""
+
+    code = "grad_error"
+
+
 class MissingDependencyError(TensorLogicError, ImportError):
     """An optional dependency (an extra such as ``plot``) that a feature needs is not installed."""
 

@@ -63,6 +63,21 @@ def flag(v: Any) -> bool:
     raise TypeError(v)
 
 
+def flag_or_names(v: Any) -> bool | tuple[str, ...]:
+    """True, False, or a list/tuple/set of names (canonical: a sorted tuple; what the names
+    must be is checked by the option's reader)."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, (list, tuple, set, frozenset)) and all(isinstance(x, str) for x in v):
+        return tuple(sorted(set(v)))
+    raise TypeError(v)
+
+
+def auto_flag_or_names(v: Any) -> bool | str | tuple[str, ...]:
+    """``flag_or_names``, or the string "auto"."""
+    return "auto" if isinstance(v, str) and v == "auto" else flag_or_names(v)
+
+
 def one_of(*choices: Any) -> Callable[[Any], Any]:
     """A value equal to one of ``choices`` and of the same type (so 1 is not True)."""
 
@@ -117,9 +132,13 @@ _add("path_memory_limit", optional(positive_int), _BYTES, None,
      "largest intermediate a contraction path may build (default: memory_limit)")
 _add("assume_finite", flag, "True or False", False,
      "inputs hold no inf/NaN, so x*0 may fold to 0")
-_add("fuse_attention", flag, "True or False", True,
-     "rewrite attention written out with einsums to one attention node (O2; default on for host "
-     "backends, off for device backends, where the written-out form measured faster)")
+_add("fuse_attention", auto_flag_or_names, "True, False, 'auto' or a list of dtype names",
+     "auto",
+     "rewrite attention written out with einsums to one attention node (O2); 'auto' fuses where "
+     "the written-out scores would be large (optimizer.attention.AUTO_MIN_SCORE_BYTES); a list "
+     "fuses only attentions of those dtypes. Default: 'auto' on host backends; on a device "
+     "backend the dtypes whose fused kernel measured faster than the written-out form "
+     "(Capabilities.fused_attention)")
 _add("precision", one_of(None, "float32", "fp32", "bf16", "bfloat16", "fp16", "float16"),
      "None, 'float32', 'bf16' or 'fp16'", None,
      "run a float32 graph in a 16-bit dtype, float32 at the boundary (optimizer.precision)")

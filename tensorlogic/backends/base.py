@@ -44,6 +44,9 @@ class Capabilities:
             dtype, are taken as they are (no checks, no conversion); None: always checked.
         multi_device: runs on several devices of one process (``device_count``, ``on_device``,
             ``use_device``, ``transfers``), so the pipeline's ``devices=`` can use them.
+        fused_attention: the dtypes whose fused attention kernel beats the written-out form,
+            the default of the ``fuse_attention`` option; None: the option's own default
+            (``'auto'``: fused where the written-out scores would be large).
     """
 
     device: bool = False
@@ -53,6 +56,7 @@ class Capabilities:
     dtypes: frozenset[str] = frozenset({"float16", "float32", "float64"})
     native_array: type | None = None
     multi_device: bool = False
+    fused_attention: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)

@@ -39,10 +39,11 @@ def einsum_kernel(xp, node, in_nodes, matmul=None) -> PreparedKernel:
     dts = [node.dtype if w else n.dtype for n, w in zip(in_nodes, widen)]
     if node.args.get("path_slices"):
         plan = sliced.plan_sliced(es, shapes, sizes, node.args["path_strategy"],
-                                   list(node.args["path_slices"]), node.dtype, dts, matmul)
+                                  list(node.args["path_slices"]), node.dtype, dts, matmul,
+                                  host=xp is np)
     else:
         plan = pairwise.plan_einsum(es, shapes, sizes, node.args.get("path_strategy"), dts,
-                                    matmul)
+                                    matmul, host=xp is np)
     run = plan.run
     n = len(in_nodes)
     k_plan = len(plan.scratch)

@@ -192,6 +192,10 @@ def autotune(plan, binding: dict[str, int], build: Callable) -> Any:
     def make(c: Candidate):
         be = plan.backend if c.backend == plan.backend.name else get_backend(c.backend)
         o = dict(base)
+        if "fuse_attention" not in base and not be.capabilities.device:
+            # the candidates with and without the attention pass decide what "auto" guesses
+            # from the scores' size
+            o["fuse_attention"] = True
         if c.skip:
             o["skip_passes"] = c.skip
         if c.threads is not None:

@@ -93,9 +93,20 @@ def check_dtypes(graph: EinsumGraph, backend) -> None:
                 f"and numba backends run every dtype: {', '.join(dtypes.SUPPORTED)})")
 
 
+def _check_dtype_names(value: Any, option: str) -> None:
+    """A tuple-valued option naming dtypes names only known ones."""
+    if isinstance(value, tuple):
+        bad = [n for n in value if n not in dtypes.SUPPORTED]
+        if bad:
+            raise GraphError(f"compile option {option} names unknown dtypes {bad}; expected "
+                             f"names from {list(dtypes.SUPPORTED)}")
+
+
 def _build_plan(graph: EinsumGraph, binding: dict[str, int], opt_level: int,
                 options: CompileOptions, backend: Any) -> ConcretePlan:
     graph = graph.bind(binding) if binding else graph
+    if graph.parameters:  # the plan binds parameters like inputs, from its own store
+        graph = graph.with_parameters_as_inputs()
     t0 = time.perf_counter()
     graph = precision.apply_policy(graph, options["precision"])
     optimized, report = optimize(graph, opt_level, options)
@@ -201,14 +212,15 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
         from .autotune import candidate_backends
 
         options = {**options, "autotune_backends": candidate_backends(backend, be)}
-    if "fuse_attention" not in options and be.capabilities.device:
-        # measured on an H100 (bench_gpu_models): the generated attention kernels are slower
-        # than the written-out form on cuBLAS (bf16 has no tensor-core variant yet), so device
-        # plans keep attention written out unless asked
-        options = {**options, "fuse_attention": False}
+    fused = be.capabilities.fused_attention
+    if "fuse_attention" not in options and fused is not None:
+        # the backend's measured choice: attention is fused only in the dtypes where its kernel
+        # beats the written-out form (on the GPU: the tensor-core dtypes against cuBLAS)
+        options = {**options, "fuse_attention": tuple(sorted(fused))}
     # checked before the graph: a typo in an option fails fast and never reaches the cache key
     opts = CompileOptions.resolve({**options, "memory_limit": memory_limit}, be.name,
                                   be.capabilities.options)
+    _check_dtype_names(opts["fuse_attention"], "fuse_attention")
     graph.validate()
     check_dtypes(graph, be)
     key = (graph.fingerprint(), be.name, opt_level, opts.key)
@@ -219,7 +231,9 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
             if hit is not None and hit.backend is be:
                 _cache.move_to_end(key)
                 hooks.compile_event("cache", "plan cache hit", time.perf_counter(), 0.0)
-                return hit
+                # a plan with parameters is shared only in its kernels: each caller gets its
+                # own parameter store, filled from the graph it passed
+                return hit.fork(graph) if graph.parameters else hit
         hooks.compile_event("cache", "plan cache miss", time.perf_counter(), 0.0)
     # the plan keeps its own copy so later edits to the user's graph cannot change it
     plan = CompiledPlan(graph.copy(), be, opt_level, opts, _build)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from ..runtime.units import format_bytes
 from .schedule import Buffer
 
@@ -169,15 +171,24 @@ def plan_memory(buffers: Sequence[Buffer], step_io: Sequence[StepIO],
     storages.sort(key=lambda s: (-s[0], s[1], s[3]))
     placed: list[tuple[int, int, int, int]] = []  # (offset, size, first, last)
     where: dict[int, int] = {}
-    for size, first, last, g in storages:
-        busy = sorted((o, sz) for o, sz, f, z in placed if f <= last and first <= z and sz)
-        best, best_gap, cursor = None, None, 0
-        for o, sz in busy:
-            gap = o - cursor
-            if gap >= size and (best_gap is None or gap < best_gap):
-                best, best_gap = cursor, gap
-            cursor = max(cursor, o + sz)
-        off = best if best is not None else cursor
+    # the placed storages as arrays, so each new one scans them in C, not Python: a plan of a
+    # few thousand buffers (a backward graph) would spend seconds in this loop otherwise
+    n = len(storages)
+    p_off, p_size, p_first, p_last = (np.zeros(n, np.int64) for _ in range(4))
+    for k, (size, first, last, g) in enumerate(storages):
+        hit = np.flatnonzero((p_first[:k] <= last) & (p_last[:k] >= first) & (p_size[:k] > 0))
+        off = 0
+        if hit.size:
+            order = hit[np.lexsort((p_size[hit], p_off[hit]))]  # by offset, then size
+            o, ends = p_off[order], p_off[order] + p_size[order]
+            cursor = np.maximum(np.concatenate(([0], np.maximum.accumulate(ends)[:-1])), 0)
+            gaps = o - cursor
+            fits = np.flatnonzero(gaps >= size)
+            if fits.size:  # the smallest gap that fits (the first of equal ones)
+                off = int(cursor[fits[np.argmin(gaps[fits])]])
+            else:
+                off = max(int(ends.max()), 0)
+        p_off[k], p_size[k], p_first[k], p_last[k] = off, size, first, last
         placed.append((off, size, first, last))
         where[g] = off
     peak = max((o + sz for o, sz, _, _ in placed), default=0)

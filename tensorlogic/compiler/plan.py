@@ -7,16 +7,18 @@ graph is specialized at compile time.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from ..backends.base import PlanRunner, PreparedKernel
 from ..backends.inputs import check_out_array, check_out_overlap
-from ..errors import GraphError, InputError, MemoryBudgetError
+from ..errors import DTypeError, GraphError, InputError, MemoryBudgetError, ShapeError
 from ..ir.graph import EinsumGraph
 from ..options import CompileOptions
 from ..runtime import fperrors, hooks
@@ -201,6 +203,10 @@ class CompiledPlan:
         self._last: ConcretePlan | None = None
         self._lock = threading.Lock()
         self._inputs = {name: graph.node(nid) for name, nid in graph.inputs.items()}
+        self._param_nodes = {name: graph.node(nid) for name, nid in graph.parameters.items()}
+        # the plan's own, mutable parameter values, on the backend (graph values stay as given)
+        self._params = {name: backend.to_device(np.array(graph.parameter_values[node.id]))
+                        for name, node in self._param_nodes.items()}
         self.symbols = graph.symbols
         if not self.symbols:
             self._last = self.specialize()
@@ -212,16 +218,83 @@ class CompiledPlan:
         # a backend's runner may offer a direct call for ready inputs (the cupy backend, for
         # plans of one kernel): tried first, it returns None for anything it does not take
         runner = self._last.runner if self._last is not None else None
-        self._direct = runner.direct if runner is not None else None
+        # a direct call takes exactly the plan's inputs; parameters come from the store
+        self._direct = runner.direct if runner is not None and not self._params else None
 
     def on_backend(self, backend: Any) -> "CompiledPlan":
         """This plan for another instance of its backend (another device of the same kind).
 
         The copy shares the graph, opt level and options; its kernels and buffers are built on
         ``backend`` when it is first specialized (for a graph without symbols: now), so call
-        this with that backend's device current.
+        this with that backend's device current. It starts from this plan's current parameter
+        values.
         """
-        return CompiledPlan(self.graph, backend, self.opt_level, self.options, self._build)
+        new = CompiledPlan(self.graph, backend, self.opt_level, self.options, self._build)
+        for name, arr in self._params.items():
+            new._params[name] = backend.to_device(np.array(self.backend.to_host(arr)))
+        return new
+
+    def fork(self, graph: EinsumGraph | None = None) -> "CompiledPlan":
+        """This plan with its own parameter store (kernels and specializations are shared),
+        filled from ``graph``'s parameter values (by default this plan's graph's)."""
+        new = copy.copy(self)
+        src = self.graph if graph is None else graph
+        new._params = {name: self.backend.to_device(np.array(src.parameter_value(name)))
+                       for name in self._param_nodes}
+        return new
+
+    # ------------------------------------------------------------------ parameters
+    @property
+    def parameters(self) -> Mapping[str, Any]:
+        """The plan's parameter values by name (backend arrays: numpy, or cupy on the device).
+
+        The arrays are the ones every call reads: writing into them in place (as the
+        ``tl.optim`` optimizers do) changes what the next call computes, without recompiling.
+        """
+        return MappingProxyType(self._params)
+
+    def set_parameters(self, values: Mapping[str, Any] | None = None, /, **kwargs: Any) -> None:
+        """Copy new values into parameters (by name), in place.
+
+        Every value is checked before any is written: an unknown name raises InputError, a
+        shape that differs from the declared one ShapeError, another dtype DTypeError.
+        """
+        if values is not None and not isinstance(values, Mapping):
+            raise InputError(f"set_parameters: expected a dict of name -> array, got "
+                             f"{type(values).__name__}")
+        given = {**(values or {}), **kwargs}
+        checked = {}
+        for name, value in given.items():
+            node = self._param_nodes.get(name)
+            if node is None:
+                raise InputError(f"set_parameters: unknown parameter {name!r}; the plan's "
+                                 f"parameters are {list(self._param_nodes)}")
+            checked[name] = self._check_parameter(name, node, value)
+        for name, value in checked.items():
+            self.backend.copy(value, self._params[name])
+
+    def _check_parameter(self, name: str, node: Any, value: Any) -> Any:
+        where = f"parameter {name!r}"
+        if not self.backend.is_array(value) and not isinstance(value, np.ndarray):
+            raise InputError(f"{where}: expected an array of shape {tuple(node.shape)} and dtype "
+                             f"{node.dtype}, got {type(value).__name__}")
+        if tuple(value.shape) != tuple(node.shape):
+            raise ShapeError(f"{where}: new value has shape {tuple(value.shape)}; expected the "
+                             f"declared shape {tuple(node.shape)}")
+        if np.dtype(value.dtype) != np.dtype(node.dtype):
+            raise DTypeError(f"{where}: new value has dtype {value.dtype}; expected the declared "
+                             f"{node.dtype} (convert it with .astype('{node.dtype}'))")
+        return self.backend.to_device(value) if isinstance(value, np.ndarray) else value
+
+    def graph_with_parameters(self) -> EinsumGraph:
+        """A copy of the plan's graph whose parameters hold the plan's current values (to save
+        a trained model, or to compile it elsewhere)."""
+        g = self.graph.copy()
+        for name, nid in g.parameters.items():
+            arr = np.array(self.backend.to_host(self._params[name]))
+            arr.setflags(write=False)
+            g.parameter_values[nid] = arr
+        return g
 
     # ------------------------------------------------------------------ specialization
     def specialize(self, **sizes: int) -> ConcretePlan:
@@ -297,7 +370,7 @@ class CompiledPlan:
     # ------------------------------------------------------------------ calling
     def _bind_inputs(self, given: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, int]]:
         missing = [n for n in self._inputs if n not in given]
-        extra = [n for n in given if n not in self._inputs]
+        extra = [n for n in given if n not in self._inputs and n not in self._param_nodes]
         if missing or extra:
             parts = []
             if missing:
@@ -335,6 +408,11 @@ class CompiledPlan:
                         f"(dimension {k}: expected {want}, got {got})"
                     )
             arrays[name] = x
+        for name, node in self._param_nodes.items():  # a per-call override of a parameter
+            if name in given:
+                x = self.backend.check_input(given[name], name)
+                self._check_parameter(name, node, x)
+                arrays[name] = x
         return arrays, sizes
 
     def __call__(
@@ -364,6 +442,8 @@ class CompiledPlan:
             for name, x in arrays.items():
                 if not self.backend.all_finite(x):
                     raise InputError(f"input {name!r} contains NaN or inf (check_finite=True)")
+        if self._params:
+            arrays = {**self._params, **arrays}
         cp = self.specialize(**sizes) if self.symbols and not fast else self._last
         if not fast and self.options.get("memory_limit") is not None:
             self._check_input_copies(cp, arrays)
@@ -387,17 +467,23 @@ class CompiledPlan:
         return results
 
     def _fast_inputs(self, inputs: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
-        """``kwargs`` itself when every input is already a ready native array (see __init__)."""
+        """The given inputs as they are when every one is already a ready native array (see
+        __init__)."""
         fast = self._fast
-        if fast is None or inputs is not None or len(kwargs) != len(fast[1]):
+        if fast is None:
+            return None
+        # the inputs come either as one dict or as keywords (both at once take the slow path)
+        given = kwargs if inputs is None else inputs if not kwargs and type(inputs) is dict \
+            else None
+        if given is None or len(given) != len(fast[1]):
             return None
         native = fast[0]
         for name, shape, dtype in fast[1]:
-            x = kwargs.get(name)
+            x = given.get(name)
             if type(x) is not native or x.shape != shape or x.dtype != dtype or \
                     not x.flags.c_contiguous:
                 return None
-        return kwargs
+        return given
 
     def _check_out(self, cp: ConcretePlan, out: Any, inputs: Mapping[str, Any]) -> None:
         if not isinstance(out, Mapping):
@@ -448,8 +534,9 @@ class CompiledPlan:
 
     # ------------------------------------------------------------------ display
     def __str__(self) -> str:
+        params = f", parameters={list(self._params)}" if self._params else ""
         head = (f"CompiledPlan(backend={self.backend.name}, opt_level={self.opt_level}, "
-                f"inputs={list(self._inputs)}, outputs={list(self.graph.outputs)})")
+                f"inputs={list(self._inputs)}{params}, outputs={list(self.graph.outputs)})")
         if self._last is None:
             return head + f"\n  symbolic dims {list(self.symbols)}: not specialized yet"
         cp = self._last

@@ -103,6 +103,44 @@ class GraphBuilder:
         self.constants[nid] = arr
         return Tensor(self, nid)
 
+    def parameter(self, name: str, value: Any, dtype: object = None) -> "Tensor":
+        """Add a learned parameter: a floating-point tensor with an initial ``value``.
+
+        Unlike a constant, a parameter is never folded, merged or specialized on by the
+        optimizer; a compiled plan keeps its own copy (``plan.parameters``, updated in place by
+        ``tl.optim`` optimizers or ``plan.set_parameters``), so new values need no recompiling.
+        ``tl.grad(..., wrt=[name])`` differentiates with respect to it.
+        """
+        if not isinstance(name, str) or not name.isidentifier():
+            raise GraphError(f"parameter name must be an identifier, got {name!r}")
+        where = f"parameter {name!r}: "
+        try:
+            arr = np.asarray(value)
+        except Exception as exc:  # noqa: BLE001 - any conversion failure is a user error
+            raise DTypeError(f"{where}cannot convert {type(value).__name__}") from exc
+        dt = dtypes.normalize(arr.dtype if dtype is None else dtype, where)
+        if not (dtypes.is_float(dt) or dtypes.kind(dt) == "c"):
+            raise DTypeError(f"{where}dtype {dt} cannot be learned by gradients; expected a "
+                             "floating-point dtype (float16, bfloat16, float32, float64) or "
+                             "complex")
+        _check_kinds(arr, dt, f"parameter {name!r}")
+        with np.errstate(over="ignore", invalid="ignore"):
+            cast = np.array(arr, dt, order="C")
+        _check_values(arr, cast, f"parameter {name!r}")
+        cast.setflags(write=False)
+        nid = self._insert(ops.PARAMETER, None, (), {}, self._unique_name(name, name),
+                           cast.shape, dt)
+        self.parameters[name] = nid
+        self.parameter_values[nid] = cast
+        return Tensor(self, nid)
+
+    def parameter_value(self, name: str) -> np.ndarray:
+        """The value a parameter was declared with (read-only)."""
+        if name not in self.parameters:
+            raise GraphError(f"no parameter named {name!r}; the graph's parameters are "
+                             f"{list(self.parameters)}")
+        return self.parameter_values[self.parameters[name]]
+
     @_atomic
     def output(self, t: "Tensor", name: str | None = None) -> "Tensor":
         """Mark ``t`` as a graph output under ``name`` (its node name by default)."""

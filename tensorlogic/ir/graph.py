@@ -18,7 +18,7 @@ import networkx as nx
 import numpy as np
 
 from .. import dtypes
-from ..errors import GraphError
+from ..errors import DTypeError, GraphError
 from . import infer, node_check, ops
 from .build import GraphBuilder, install_op_methods
 from .node import Dim, Node, check_dim, freeze
@@ -37,6 +37,10 @@ class EinsumGraph(GraphBuilder):
         self.inputs: dict[str, int] = {}
         self.outputs: dict[str, int] = {}
         self.constants: dict[int, np.ndarray] = {}
+        # learned leaves: name -> node id, and each one's initial value (read-only) by node id;
+        # a compiled plan holds its own mutable copies (``CompiledPlan.parameters``)
+        self.parameters: dict[str, int] = {}
+        self.parameter_values: dict[int, np.ndarray] = {}
         self._next = 0
         self._in_transaction = False
 
@@ -111,7 +115,44 @@ class EinsumGraph(GraphBuilder):
         g.inputs = dict(self.inputs)
         g.outputs = dict(self.outputs)
         g.constants = dict(self.constants)
+        g.parameters = dict(self.parameters)
+        g.parameter_values = dict(self.parameter_values)
         g._next = self._next
+        return g
+
+    def constants_as_parameters(self, names: Sequence[str]) -> "EinsumGraph":
+        """A copy in which the named float constants are parameters (same names and values):
+        to train a model whose builder made its weights constants."""
+        g = self.copy()
+        for name in [names] if isinstance(names, str) else list(names):
+            node = self.node(name) if isinstance(name, str) else None
+            if node is None or node.kind != ops.CONSTANT:
+                raise GraphError(f"constants_as_parameters: {name!r} is not a constant of the "
+                                 f"graph" + (f" (it is a {node.kind} node)" if node else ""))
+            if not name.isidentifier():
+                raise GraphError(f"constants_as_parameters: {name!r} is not an identifier; "
+                                 "parameters are named like inputs")
+            if not (dtypes.is_float(node.dtype) or dtypes.kind(node.dtype) == "c"):
+                raise DTypeError(f"constants_as_parameters: {name!r} has dtype {node.dtype}; "
+                                 "expected a floating-point or complex constant")
+            g._nodes[node.id] = replace(node, kind=ops.PARAMETER)
+            g.parameters[name] = node.id
+            g.parameter_values[node.id] = g.constants.pop(node.id)
+        return g
+
+    def with_parameters_as_inputs(self) -> "EinsumGraph":
+        """A copy in which every parameter is a graph input of the same name, shape and dtype.
+
+        The compiler works on this form: to the optimizer a parameter is as opaque as an input
+        (never folded, merged or specialized on its value), and a plan binds it from its own
+        parameter store at every call, so new values need no recompiling.
+        """
+        g = self.copy()
+        for name, nid in self.parameters.items():
+            g._nodes[nid] = replace(self._nodes[nid], kind=ops.INPUT)
+            g.inputs[name] = nid
+        g.parameters = {}
+        g.parameter_values = {}
         return g
 
     # ------------------------------------------------------------------ low level
@@ -148,7 +189,7 @@ class EinsumGraph(GraphBuilder):
         args = dict(args or {})
         if not isinstance(kind, str) or kind not in ops.NODE_KINDS:
             raise GraphError(f"unknown node kind {kind!r}; expected one of {ops.NODE_KINDS}")
-        if kind in (ops.INPUT, ops.CONSTANT):
+        if kind in (ops.INPUT, ops.CONSTANT, ops.PARAMETER):
             raise GraphError(f"add_node cannot make a {kind} node; use g.{kind}(...)")
         if op is None:
             op = ops.DEFAULT_OP.get(kind)
@@ -213,8 +254,11 @@ class EinsumGraph(GraphBuilder):
                 self._names.pop(node.name, None)
                 self._g.remove_node(nid)
                 self.constants.pop(nid, None)
+                self.parameter_values.pop(nid, None)
                 if self.inputs.get(node.name) == nid:
                     del self.inputs[node.name]
+                if self.parameters.get(node.name) == nid:
+                    del self.parameters[node.name]
             self._next = mark
             raise
         finally:
@@ -251,8 +295,11 @@ class EinsumGraph(GraphBuilder):
         del self._names[node.name]
         self._g.remove_node(node_id)
         self.constants.pop(node_id, None)
+        self.parameter_values.pop(node_id, None)
         if self.inputs.get(node.name) == node_id:
             del self.inputs[node.name]
+        if self.parameters.get(node.name) == node_id:
+            del self.parameters[node.name]
 
     def reorder(self) -> None:
         """Restore a topological insertion order after rewiring."""
@@ -272,7 +319,7 @@ class EinsumGraph(GraphBuilder):
             for i in node.inputs:
                 if i not in self._nodes:
                     raise GraphError(f"node {node.name!r} refers to missing input id {i}")
-            if node.kind in (ops.INPUT, ops.CONSTANT, ops.FUSED):
+            if node.kind in (ops.INPUT, ops.CONSTANT, ops.PARAMETER, ops.FUSED):
                 continue
             where = f"node {node.name!r} ({node.label})"
             shape, dtype = infer.infer(node.kind, node.op, [self._nodes[i] for i in node.inputs],
@@ -294,7 +341,7 @@ class EinsumGraph(GraphBuilder):
             if node.kind == ops.INPUT:
                 shape = tuple(sizes[d] if isinstance(d, str) else d for d in node.shape)
                 new = replace(node, shape=shape)
-            elif node.kind in (ops.CONSTANT, ops.FUSED):
+            elif node.kind in (ops.CONSTANT, ops.PARAMETER, ops.FUSED):
                 new = replace(node, shape=tuple(sizes.get(d, d) if isinstance(d, str) else d
                                                   for d in node.shape))
             else:
@@ -314,10 +361,13 @@ class EinsumGraph(GraphBuilder):
         g.inputs = dict(self.inputs)
         g.outputs = dict(self.outputs)
         g.constants = dict(self.constants)
+        g.parameters = dict(self.parameters)
+        g.parameter_values = dict(self.parameter_values)
         return g
 
     def fingerprint(self) -> str:
-        """A content hash of the graph: structure, arguments and constant values."""
+        """A content hash of the graph: structure, arguments and constant values (not the
+        values of parameters: a plan takes those as data, so it serves any values)."""
         h = hashlib.sha256()
         for node in self._nodes.values():
             rec = [node.id, node.kind, node.op, list(node.inputs), list(node.shape), node.dtype,
@@ -344,6 +394,8 @@ class EinsumGraph(GraphBuilder):
                 style = ", style=filled, fillcolor=lightblue"
             elif node.kind == ops.CONSTANT:
                 style = ", style=filled, fillcolor=lightgrey"
+            elif node.kind == ops.PARAMETER:
+                style = ", style=filled, fillcolor=khaki"
             elif node.id in outs:
                 style = ", style=filled, fillcolor=palegreen"
             label = label.replace('"', '\\"')
@@ -368,7 +420,8 @@ class EinsumGraph(GraphBuilder):
         return load(path)
 
     def __repr__(self) -> str:
-        return (f"EinsumGraph({len(self._nodes)} nodes, inputs={list(self.inputs)}, "
+        params = f", parameters={list(self.parameters)}" if self.parameters else ""
+        return (f"EinsumGraph({len(self._nodes)} nodes, inputs={list(self.inputs)}{params}, "
                 f"outputs={list(self.outputs)})")
 
 

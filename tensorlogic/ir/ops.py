@@ -25,6 +25,7 @@ from ..errors import DTypeError
 # Node kinds of the graph.
 INPUT = "input"
 CONSTANT = "constant"
+PARAMETER = "parameter"  # a learned leaf: a value the plan holds and training updates in place
 EINSUM = "einsum"
 UNARY = "unary"
 BINARY = "binary"
@@ -38,8 +39,8 @@ FUSED = "fused"  # made by the optimizer's fusion pass
 ATTENTION = "attention"  # softmax(scale * q k^T + mask) v in one node (see ir/attention.py)
 
 NODE_KINDS = (
-    INPUT, CONSTANT, EINSUM, UNARY, BINARY, WHERE, REDUCE, ROWOP, TRANSPOSE, RESHAPE, CAST, FUSED,
-    ATTENTION,
+    INPUT, CONSTANT, PARAMETER, EINSUM, UNARY, BINARY, WHERE, REDUCE, ROWOP, TRANSPOSE, RESHAPE,
+    CAST, FUSED, ATTENTION,
 )
 
 
@@ -399,4 +400,33 @@ PTX: dict[str, tuple[str, ...]] = {
     "ne": ("setp.neu.{T} {p0}, {a}, {b};", "selp.{T} {d}, {c:1}, {c:0}, {p0};"),
     # a NaN condition is nonzero (unordered !=), as in numpy
     "where": ("setp.neu.{T} {p0}, {cond}, {c:0};", "selp.{T} {d}, {a}, {b}, {p0};"),
+}
+
+# The VJP column of the op table (used by tensorlogic.autodiff): for each elementwise op, the
+# partial derivative of the result with respect to each operand, as an expression over the
+# operands ({x}, or {a} and {b}), the result {y}, numbers, + - * / and calls of the ops above
+# (and where). The cotangent is multiplied by it (its complex conjugate, as torch does for
+# complex numbers). "0" marks an op that is piecewise constant: no gradient flows through it.
+# relu and step take the derivative 0 at 0, maximum/minimum share a tie equally (as torch).
+_GELU_T = "tanh(0.7978845608028654 * x * (1 + 0.044715 * (x * x)))"  # as in the forward
+VJP: dict[str, tuple[str, ...]] = {
+    "neg": ("-1",), "abs": ("step(x) - step(-x)",), "exp": ("y",), "log": ("reciprocal(x)",),
+    "sqrt": ("0.5 / y",), "square": ("2 * x",), "reciprocal": ("-(y * y)",),
+    "relu": ("step(y)",), "sigmoid": ("y * one_minus(y)",), "tanh": ("one_minus(y * y)",),
+    "softplus": ("sigmoid(x)",),
+    "gelu": (f"0.5 * (1 + {_GELU_T}) + 0.3989422804014327 * x * one_minus({_GELU_T} * "
+             f"{_GELU_T}) * (1 + 0.134145 * (x * x))",),
+    "step": ("0",), "one_minus": ("-1",),
+    "add": ("1", "1"), "sub": ("1", "-1"), "mul": ("b", "a"),
+    "div": ("1 / b", "-(y / b)"),  # 1 / b, not reciprocal: b may be an integer tensor
+    # torch: no gradient to the exponent where the base is 0 and the exponent >= 0
+    "pow": ("b * pow(a, b - 1)", "where(eq(a, 0) * ge(b, 0), 0, y * log(a))"),
+    "maximum": ("gt(a, b) + 0.5 * eq(a, b)", "lt(a, b) + 0.5 * eq(a, b)"),
+    "minimum": ("lt(a, b) + 0.5 * eq(a, b)", "gt(a, b) + 0.5 * eq(a, b)"),
+    "gt": ("0", "0"), "ge": ("0", "0"), "lt": ("0", "0"), "le": ("0", "0"), "eq": ("0", "0"),
+    "ne": ("0", "0"),
+    # where(c, a, b): none to the condition; the rule (autodiff.rules.where) selects the
+    # cotangent with a where of its own rather than multiplying, so an inf cotangent on the
+    # branch not taken gives 0, not NaN (as torch)
+    "where": ("0", "ne(c, 0)", "eq(c, 0)"),
 }

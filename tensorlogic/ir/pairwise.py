@@ -16,6 +16,7 @@ by their programs (FLOPs, copies, largest intermediate), the backends run them.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -24,6 +25,7 @@ import numpy as np
 import opt_einsum
 
 from ..ir.spec import EinsumSpec, ascii_spec
+from . import pair_layout
 
 
 def choose_path_strategy(n_operands: int) -> str:
@@ -93,17 +95,62 @@ class _Scratch:
         # 16-bit einsum with these is widened to float32 first, so they too accumulate in it
         self.sums = False
         self.gemms: list[tuple[int, int, int, int]] = []  # (batch, m, n, k) of each matmul
+        # lifetimes, so that temporaries that are never live together share one buffer: each
+        # request lives [start, end] in pair steps (-1: before the first pair); a request that
+        # holds a value (an operand prepared, a pair's result) lives until the pair reading it
+        self.now = -1
+        self.value = -1  # the value slot the request being planned would hold
+        self.life: list[list[int]] = []
+        self.holds: dict[int, int] = {}  # value slot -> request
 
-    def add(self, shape: tuple[int, ...], dtype: str) -> int:
-        self.specs.append((tuple(int(s) for s in shape), np.dtype(dtype).name))
+    def add(self, shape: tuple[int, ...], dtype: str, value: bool = False) -> int:
+        self.specs.append((tuple(int(s) for s in shape), _dtype_name(dtype)))
+        self.life.append([self.now, self.now])
+        if value:
+            self.holds[self.value] = len(self.specs) - 1
         return len(self.specs) - 1
+
+    def slots(self, reads: list[tuple[int, int]], last: int):
+        """(buffer specs, request -> buffer) sharing buffers between requests of one dtype
+        whose lifetimes do not overlap. ``reads``: (value slot, pair step) of every read;
+        ``last``: the value slot left at the end (it lives past every step)."""
+        for v, step in reads:
+            if v in self.holds:
+                k = self.holds[v]
+                self.life[k][1] = max(self.life[k][1], step)
+        if last in self.holds:
+            self.life[self.holds[last]][1] = 1 << 30
+        order = sorted(range(len(self.specs)), key=lambda k: self.life[k][0])
+        bufs: list[list] = []  # [elements, dtype, free from step]
+        slot_of = [0] * len(self.specs)
+        for k in order:
+            start, end = self.life[k]
+            shape, dtype = self.specs[k]
+            size = math.prod(shape)
+            free = [b for b, buf in enumerate(bufs) if buf[1] == dtype and buf[2] < start]
+            if free:  # the largest free one: fewest regrowths
+                b = max(free, key=lambda b: bufs[b][0])
+                bufs[b][0] = max(bufs[b][0], size)
+                bufs[b][2] = end
+            else:
+                b = len(bufs)
+                bufs.append([size, dtype, end])
+            slot_of[k] = b
+        return [((n,), d) for n, d, _ in bufs], slot_of
+
+
+@functools.lru_cache(maxsize=None)
+def _dtype_name(dtype: Any) -> str:
+    return np.dtype(dtype).name  # numpy builds the name string on every access
 
 
 def _take(xp, scratch, k: int, shape: tuple[int, ...], dtype: str):
     """Scratch buffer k viewed as ``shape``, or a fresh array when the caller gave none."""
     if scratch is None:
         return xp.empty(shape, dtype)
-    return scratch[k].reshape(shape)
+    buf = scratch[k]  # a shared buffer may be larger than this request
+    n = math.prod(shape)
+    return (buf if buf.size == n else buf.reshape(-1)[:n]).reshape(shape)
 
 
 def merge_is_view(shape: tuple[int, ...], perm: list[int], group_lens: list[int]) -> bool:
@@ -166,7 +213,7 @@ def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], sizes: 
     spec = ascii_spec(f"{squeezed}->{target}")  # numpy's and CuPy's einsum read only letters
     sum_axes = tuple(k for k, c in enumerate(squeezed) if c not in target)
     t_shape = tuple(sizes[c] for c in target)
-    k_out = scr.add(t_shape, dtype) if (has_repeat or sum_axes) else -1
+    k_out = scr.add(t_shape, dtype, value=True) if (has_repeat or sum_axes) else -1
     scr.sums = scr.sums or has_repeat or bool(sum_axes)
 
     def prep(xp, x, scratch):
@@ -185,24 +232,17 @@ def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], sizes: 
     return target, prep
 
 
-def _regroup(xp, X, perm, shp, k, dtype, scratch):
-    """X transposed by perm and reshaped to shp; through scratch k when plan time saw a copy."""
-    T = X.transpose(perm)
-    if k < 0:
-        return T.reshape(shp)
-    buf = _take(xp, scratch, k, shp, dtype)
-    xp.copyto(buf.reshape(T.shape), T)
-    return buf
-
-
 def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str | None,
-          dts: tuple[str, str], scr: _Scratch, matmul: Callable | None = None):
+          dts: tuple[str, str], scr: _Scratch, matmul: Callable | None = None,
+          chooser: pair_layout.Chooser | None = None):
     """Plan one pairwise contraction.
 
     Returns (result_term, result_dtype, fn(xp, A, B, out, scratch) -> C, flops). With
     ``out_order`` set the result is the einsum's output and lands in ``out``; otherwise it goes
     into a scratch buffer. ``matmul(A, B, out)`` replaces ``xp.matmul`` for products written
-    into a C-contiguous buffer (the CPU backends' split GEMM).
+    into a C-contiguous buffer (the CPU backends' split GEMM). With a ``chooser`` (host
+    backends), a pair whose merged matmul layout needs copies may run as a strided batch
+    instead (``pair_layout``), whichever it picks.
     """
     batch = [c for c in a if c in b and c in keep]
     contr = [c for c in a if c in b and c not in keep]
@@ -231,9 +271,9 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
     res_shape = tuple(sizes[c] for c in result)
     flops = nb * nl * nr * max(nc, 1) * (2 if contr else 1)
     direct = out_order is not None and out_order == result
-    k_res = -1 if direct else scr.add(res_shape, rdt)
 
     if not contr:
+        k_res = -1 if direct else scr.add(res_shape, rdt, value=True)
         # no summed index: a broadcasting multiply (the reshapes only add unit axes: views)
         perm_a = [a.index(c) for c in batch + left]
         perm_b = [b.index(c) for c in batch + right]
@@ -251,6 +291,7 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
 
     if not (batch or left or right) and a == b:
         # a full inner product of two operands laid out alike: one BLAS dot
+        k_res = -1 if direct else scr.add(res_shape, rdt, value=True)
         scr.sums = True
         def dot(xp, A, B, out, scratch):
             if out is None:
@@ -260,6 +301,127 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
 
         return result, rdt, dot, flops
 
+    if chooser is not None:
+        picked = _choose_layout(a, b, batch, contr, left, right, sizes, out_order, (da, db), rdt,
+                                scr, matmul, chooser, flops)
+        if picked is not None:
+            result, fn = picked
+            return result, rdt, (_swapped(fn) if swap else fn), flops
+    result, fn = _gemm(a, b, batch, contr, left, right, sizes, out_order, (da, db), rdt, scr,
+                       matmul)
+    return result, rdt, (_swapped(fn) if swap else fn), flops
+
+
+def _choose_layout(a, b, batch, contr, left, right, sizes, out_order, dts, rdt, scr, matmul,
+                   chooser, flops):
+    """(result term, pair function) of the fastest way found to run a contracting pair, or
+    None for the merged layout as planned: the merged (copying where needed) or the strided
+    layout, each in both orientations (C = A B, or C^T = B^T A^T through the same BLAS call
+    with the roles exchanged, which differs in speed for skinny products)."""
+    size = np.dtype(rdt).itemsize
+    nb = math.prod(sizes[c] for c in batch)
+    copies = sum(_gemm_copies(a, b, batch, contr, left, right, sizes))
+    if not copies and pair_layout.estimate_ns(0, nb, flops) < pair_layout.MEASURE_MIN_NS:
+        return None  # no copy to save, too small to time the orientations: as planned
+    flipped = (b, a, batch, contr, right, left, sizes)
+    cands = []  # (estimate, flipped, strided layout or None, result term)
+    for flip, args in ((False, (a, b, batch, contr, left, right, sizes)), (True, flipped)):
+        res = "".join(batch + args[4] + args[5])  # batch + the first operand's free + ...
+        cands.append((flip, None, res, copies, nb))
+        sp = pair_layout.strided_pair(*args) if copies else None
+        if sp is not None:
+            cands.append((flip, sp, sp.result, 0, sp.calls))
+    if out_order is not None:
+        # the einsum's last pair: only layouts that land in the output as it is laid out (a
+        # transposing copy of the whole result afterwards would eat what they save)
+        cands = cands[:1] + [c for c in cands[1:] if c[2] == out_order]
+        if len(cands) == 1:
+            return None
+    ests = []
+    for _flip, _sp, res, copied, calls in cands:
+        final = 0 if out_order is None or res == out_order else math.prod(sizes[c] for c in res)
+        ests.append(pair_layout.estimate_ns((copied + final) * size, calls, flops))
+
+    def build(i: int, s: _Scratch):
+        flip, sp, _res, _c, _n = cands[i]
+        x, y, dx, dy = (b, a, dts[1], dts[0]) if flip else (a, b, dts[0], dts[1])
+        lx, ly = (right, left) if flip else (left, right)
+        if sp is not None:
+            fn = _strided(sp, out_order, sizes, rdt, s)
+        else:
+            fn = _gemm(x, y, batch, contr, lx, ly, sizes, out_order, (dx, dy), rdt, s, matmul)[1]
+        return _swapped(fn) if flip else fn
+
+    def trial(i: int):
+        s = _Scratch()
+        fn = build(i, s)
+        res = cands[i][2]
+        if out_order != res:
+            return fn, s.specs
+        # a final pair that writes straight into the einsum's output
+        out = np.empty(tuple(sizes[c] for c in res), rdt)
+        return (lambda xp, A, B, _out, scratch: fn(xp, A, B, out, scratch)), s.specs
+
+    shapes = [(tuple(sizes[c] for c in t), d) for t, d in zip((a, b), dts)]
+    best = chooser.choose(ests, [lambda i=i: trial(i) for i in range(len(cands))], shapes)
+    return None if best == 0 else (cands[best][2], build(best, scr))
+
+
+def _gemm_copies(a: str, b: str, batch, contr, left, right, sizes) -> tuple[int, int]:
+    """Elements of each operand copied into the merged (batch, rows, cols) matmul layout."""
+    nb, nl, nr, nc = (math.prod(sizes[c] for c in g) for g in (batch, left, right, contr))
+    a_lc = _first_layout(a, [batch, left, contr], [batch, contr, left])
+    b_cr = _first_layout(b, [batch, contr, right], [batch, right, contr])
+    order_a = batch + (left + contr if a_lc else contr + left)
+    order_b = batch + (contr + right if b_cr else right + contr)
+    lens_a = [len(batch), len(left), len(contr)] if a_lc else [len(batch), len(contr), len(left)]
+    lens_b = [len(batch), len(contr), len(right)] if b_cr else [len(batch), len(right), len(contr)]
+    view_a = merge_is_view(tuple(sizes[c] for c in a), [a.index(c) for c in order_a], lens_a)
+    view_b = merge_is_view(tuple(sizes[c] for c in b), [b.index(c) for c in order_b], lens_b)
+    return (0 if view_a and _unit_stride_matrix(a, left, contr, sizes) else nb * nl * nc,
+            0 if view_b and _unit_stride_matrix(b, contr, right, sizes) else nb * nc * nr)
+
+
+def _same(fn):
+    return fn
+
+
+def _strided(sp: "pair_layout.StridedPair", out_order: str | None, sizes: dict[str, int],
+             rdt: str, scr: _Scratch):
+    """The pair function of a strided batched matmul (no copies; see ``pair_layout``)."""
+    res_shape = tuple(sizes[c] for c in sp.result)
+    direct = out_order is not None and out_order == sp.result
+    k_res = -1 if direct else scr.add(res_shape, rdt, value=True)
+    scr.gemms.append((sp.calls, *sp.mm_shape[-2:], math.prod(
+        sp.shape_a[-1:] if not sp.swap_a else sp.shape_a[-2:-1])))
+    exact = np.dtype(rdt).kind in "iu"  # numpy's einsum loops: exact, wrapping as matmul's
+
+    def run(xp, A, B, out, scratch):
+        Av, Bv = sp.views(A, B)
+        C = out if out is not None and out.flags.c_contiguous else _take(
+            xp, scratch, k_res, res_shape, rdt)
+        target = C.reshape(sp.mm_shape)
+        if exact and xp is np:
+            np.einsum("...ij,...jk->...ik", Av, Bv, out=target)
+        else:
+            xp.matmul(Av, Bv, out=target)
+        if out is not None and C is not out:
+            out[...] = C
+            return out
+        return C
+
+    return run
+
+
+def _gemm(a: str, b: str, batch, contr, left, right, sizes, out_order, dts, rdt, scr, matmul):
+    """(result term, pair function) of the merged layout: one (batched) matmul after copying
+    each operand that is not a view of that layout."""
+    da, db = dts
+    result = "".join(batch + left + right)
+    res_shape = tuple(sizes[c] for c in result)
+    direct = out_order is not None and out_order == result
+    k_res = -1 if direct else scr.add(res_shape, rdt, value=True)
+    nb, nl, nr, nc = (math.prod(sizes[c] for c in g) for g in (batch, left, right, contr))
     # choose per operand the matrix layout that is a view of its memory
     a_lc = _first_layout(a, [batch, left, contr], [batch, contr, left])
     b_cr = _first_layout(b, [batch, contr, right], [batch, right, contr])
@@ -281,20 +443,23 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
     squeeze = nb == 1
     mm_shape = (nl, nr) if squeeze else (nb, nl, nr)
     scr.gemms.append((nb, nl, nr, nc))
-
+    # everything a call needs is decided here: a small call is mostly Python overhead
+    shp_a2, shp_b2 = (shp_a[1:], shp_b[1:]) if squeeze else (shp_a, shp_b)
+    tr_a = None if perm_a == sorted(perm_a) else perm_a  # None: no transpose needed
+    tr_b = None if perm_b == sorted(perm_b) else perm_b
     int_mm = _int_matmul(squeeze) if np.dtype(rdt).kind in "iu" else None
+    small = 2 * nb * nl * nr * nc < getattr(matmul, "min_flops", 0)
+    plain_mm = None if matmul is None or small else matmul  # None: the array module's own
+    host_mm = int_mm or plain_mm or np.matmul
 
     def mm(xp, A, B, out, scratch):
-        A2 = _regroup(xp, A, perm_a, shp_a, k_a, da, scratch)
-        B2 = _regroup(xp, B, perm_b, shp_b, k_b, db, scratch)
+        A2 = _operand(xp, A, tr_a, shp_a2, k_a, da, scratch)
+        B2 = _operand(xp, B, tr_b, shp_b2, k_b, db, scratch)
         if not a_lc:
-            A2 = A2.swapaxes(1, 2)
+            A2 = A2.swapaxes(-1, -2)
         if not b_cr:
-            B2 = B2.swapaxes(1, 2)
-        if squeeze:
-            A2, B2 = A2[0], B2[0]
-        mmul = (int_mm if int_mm is not None and xp is np else
-                xp.matmul if matmul is None else matmul)
+            B2 = B2.swapaxes(-1, -2)
+        mmul = host_mm if xp is np else plain_mm or xp.matmul
         if out is None:
             C = _take(xp, scratch, k_res, res_shape, rdt)
             mmul(A2, B2, out=C.reshape(mm_shape))
@@ -305,7 +470,18 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
         out[...] = (mmul if mmul is int_mm else xp.matmul)(A2, B2).reshape(res_shape)
         return out
 
-    return result, rdt, (_swapped(mm) if swap else mm), flops
+    return result, mm
+
+
+def _operand(xp, X, perm, shape, k: int, dtype: str, scratch):
+    """X transposed by perm (None: as it is) and reshaped to shape; through scratch k when
+    plan time saw that the reshape copies."""
+    T = X if perm is None else X.transpose(perm)
+    if k < 0:
+        return T.reshape(shape)
+    buf = _take(xp, scratch, k, shape, dtype)
+    xp.copyto(buf.reshape(T.shape), T)
+    return buf
 
 
 def _int_matmul(squeeze: bool):
@@ -349,8 +525,9 @@ def _prepare_all(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str,
     terms: list[str] = []
     preps = []
     flops = 0
-    for t, shp, kp, dt in zip(es.inputs, shapes, kept, dts):
+    for i, (t, shp, kp, dt) in enumerate(zip(es.inputs, shapes, kept, dts)):
         needed = {c for c in t if counts.get(c, 0) > 1 or c in out_letters}
+        scr.value = i
         nt, fn = _prepare_operand(t, shp, kp, sizes, needed, dt, scr)
         terms.append(nt)
         preps.append(fn)
@@ -361,13 +538,16 @@ def _prepare_all(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str,
 
 def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
                 strategy: Any = None, dtypes: list[str] | None = None,
-                matmul: Callable | None = None) -> EinsumPlan:
+                matmul: Callable | None = None, host: bool = False) -> EinsumPlan:
     """Compile an einsum with concrete shapes (and operand dtypes) into a pairwise-matmul program.
 
     ``strategy`` is an opt_einsum strategy name or an explicit path over ``prepared_terms``;
-    ``matmul(A, B, out)``, if given, computes the products (see ``_pair``).
+    ``matmul(A, B, out)``, if given, computes the products (see ``_pair``). ``host``: the
+    program runs on numpy arrays, so pairs may run as strided batches, chosen by timing them
+    (``pair_layout``).
     """
     n = len(es.inputs)
+    chooser = pair_layout.Chooser(measure=True) if host else None
     dts = [np.dtype(d).name for d in dtypes] if dtypes is not None else ["float64"] * n
     scr = _Scratch()
     terms, preps, flops = _prepare_all(es, shapes, sizes, dts, scr)
@@ -384,14 +564,21 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             out[...] = x
             return out
 
-        return EinsumPlan(run_single, flops, [(0,)], f"{es}", 0, scr.specs,
+        specs, run_single = _shared_scratch(scr, [(0, 0)], -2, run_single)
+        return EinsumPlan(run_single, flops, [(0,)], f"{es}", 0, specs,
                           sums_outside_matmul=scr.sums, gemms=scr.gemms)
 
     path, info = contraction_path(terms, es.output, sizes, strategy)
     program = []
     largest = 0
+    n_pairs = 0
     live = list(terms)
     live_dt = list(dts)
+    out_set = set(es.output)
+    uses: dict[str, int] = {}  # letter -> live operands holding it
+    for t in live:
+        for c in set(t):
+            uses[c] = uses.get(c, 0) + 1
     for k, step in enumerate(path):
         idx = sorted(step, reverse=True)
         picked = [live[i] for i in sorted(step)]
@@ -399,23 +586,32 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         for i in idx:
             live.pop(i)
             live_dt.pop(i)
+        for t in picked:
+            for c in set(t):
+                uses[c] -= 1
         final = k == len(path) - 1
-        keep = set(es.output).union(*[set(t) for t in live])
+        # letters of this step that another live operand or the output still needs (counted
+        # incrementally: rebuilding the set from every live operand is quadratic in the size)
+        keep = out_set | {c for t in picked for c in t if uses[c] > 0}
         # fold a multi-operand step pairwise, left to right
         acc, acc_dt = picked[0], picked_dt[0]
         pair_fns = []
         for j, other in enumerate(picked[1:]):
             last_pair = j == len(picked) - 2
             rest = set().union(*[set(t) for t in picked[j + 2:]]) if not last_pair else set()
+            scr.now, scr.value = n_pairs, n + n_pairs
+            n_pairs += 1
             res, res_dt, fn, f = _pair(acc, other, keep | rest, sizes,
                                        es.output if final and last_pair else None,
-                                       (acc_dt, picked_dt[j + 1]), scr, matmul)
+                                       (acc_dt, picked_dt[j + 1]), scr, matmul, chooser)
             pair_fns.append(fn)
             flops += f
             largest = max(largest, math.prod(sizes[c] for c in res))
             acc, acc_dt = res, res_dt
         live.append(acc)
         live_dt.append(acc_dt)
+        for c in set(acc):
+            uses[c] += 1
         program.append((tuple(sorted(step)), pair_fns))
     result_term = live[0]
     final_perm = [result_term.index(c) for c in es.output]
@@ -432,27 +628,61 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
                 out[...] = res
             return out
 
-        return EinsumPlan(run_pair, flops, path, f"{es} path={path}", largest, scr.specs,
+        specs, run_pair = _shared_scratch(scr, [(0, 0), (1, 0)], n, run_pair)
+        return EinsumPlan(run_pair, flops, path, f"{es} path={path}", largest, specs,
                           scr.copied, scr.sums, scr.gemms)
 
+    # the program as flat pairs over value slots (operands first, then each pair's result), so
+    # a call does no list bookkeeping: (fn, slot of A, slot of B, whether it writes ``out``)
+    flat = []
+    slots = list(range(n))
+    for k, (idx, fns) in enumerate(program):
+        picked = [slots[i] for i in idx]
+        for i in sorted(idx, reverse=True):
+            slots.pop(i)
+        acc = picked[0]
+        for j, fn in enumerate(fns):
+            to_out = k == len(program) - 1 and direct and j == len(fns) - 1
+            flat.append((fn, acc, picked[j + 1], to_out))
+            acc = n + len(flat) - 1
+        slots.append(acc)
+    flat = tuple(flat)
+    n_values = n + len(flat)
+    final_slot = slots[0]
+    any_prep = any(p is not None for p in preps)
+
     def run(xp, arrays, out, scratch=None):
-        ops_ = [a if p is None else p(xp, a, scratch) for a, p in zip(arrays, preps)]
-        for k, (idx, fns) in enumerate(program):
-            picked = [ops_[i] for i in idx]
-            for i in sorted(idx, reverse=True):
-                ops_.pop(i)
-            last = k == len(program) - 1
-            acc = picked[0]
-            for j, fn in enumerate(fns):
-                target = out if (last and direct and j == len(fns) - 1) else None
-                acc = fn(xp, acc, picked[j + 1], target, scratch)
-            ops_.append(acc)
-        res = ops_[0]
+        vals = [None] * n_values
+        vals[:n] = ([a if p is None else p(xp, a, scratch) for a, p in zip(arrays, preps)]
+                    if any_prep else arrays)
+        k = n
+        for fn, i, j, to_out in flat:
+            vals[k] = fn(xp, vals[i], vals[j], out if to_out else None, scratch)
+            vals[i] = vals[j] = None  # each value is read once: let a fresh one go early
+            k += 1
+        res = vals[final_slot]
         if res is out:
             return out
         out[...] = res if direct else res.transpose(final_perm)
         return out
 
+    reads = [(v, p) for p, (_fn, i, j, _o) in enumerate(flat) for v in (i, j)]
+    specs, run = _shared_scratch(scr, reads, final_slot, run)
     desc = f"{es} path={path}"
-    return EinsumPlan(run, flops, path, desc, largest, scr.specs, scr.copied, scr.sums,
+    return EinsumPlan(run, flops, path, desc, largest, specs, scr.copied, scr.sums,
                       scr.gemms)
+
+
+def _shared_scratch(scr: _Scratch, reads, last: int, run):
+    """(scratch specs, run) where temporaries never live together share buffers: ``run``
+    wrapped to hand each request its shared buffer (see ``_Scratch.slots``)."""
+    specs, slot_of = scr.slots(reads, last)
+    if len(specs) == len(slot_of):
+        return scr.specs, run  # nothing shared: every request keeps its own buffer
+
+    def shared(xp, arrays, out, scratch=None):
+        if scratch is not None:
+            scratch = [scratch[b] for b in slot_of]
+        return run(xp, arrays, out, scratch)
+
+    return specs, shared

@@ -55,7 +55,9 @@ def to_dict(g: EinsumGraph) -> tuple[dict, dict[str, np.ndarray]]:
         })
     doc = {"format": FORMAT, "version": VERSION, "nodes": nodes,
            "inputs": dict(g.inputs), "outputs": dict(g.outputs)}
-    return doc, {f"c{i}": a for i, a in g.constants.items()}
+    # parameters travel with the values the graph holds (``plan.graph_with_parameters()`` for
+    # trained ones), under the same ``c<id>`` names as constants
+    return doc, {f"c{i}": a for i, a in {**g.constants, **g.parameter_values}.items()}
 
 
 def _plain(v: Any) -> Any:
@@ -123,7 +125,8 @@ def constant_keys(doc: Any) -> list[str]:
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
         return []
     return [f"c{rec['id']}" for rec in doc["nodes"][:MAX_NODES]
-            if isinstance(rec, dict) and rec.get("kind") == ops.CONSTANT and _is_int(rec.get("id"))]
+            if isinstance(rec, dict) and rec.get("kind") in (ops.CONSTANT, ops.PARAMETER)
+            and _is_int(rec.get("id"))]
 
 
 def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") -> EinsumGraph:
@@ -207,22 +210,11 @@ def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> Einsum
             if kind == ops.INPUT:
                 _expect(not inputs, "an input node takes no inputs", w)
                 t = g.input(name, shape, rec["dtype"])
-            elif kind == ops.CONSTANT:
-                _expect(not inputs, "a constant node takes no inputs", w)
-                key = f"c{rec['id']}"
-                _expect(key in arrays, f"constant {name!r} has no array {key!r} in the .npz", w)
-                arr = arrays[key]
-                if (arr.dtype.kind == "V" and arr.dtype.itemsize == 2
-                        and rec["dtype"] == "bfloat16"):
-                    arr = arr.view(dtypes.bfloat16)  # .npz keeps bfloat16 as raw 2-byte records
-                _expect(list(arr.shape) == shape,
-                        f"constant {name!r}: array shape {arr.shape} != declared {shape}", w)
-                declared = dtypes.normalize(rec["dtype"], f"constant {name!r}: ")
-                # exact round trip: a stored dtype other than the declared one is refused
-                _expect(arr.dtype == np.dtype(declared),
-                        f"constant {name!r}: stored dtype {arr.dtype} differs from the declared "
-                        f"{declared!r}", w)
-                t = g.constant(arr, name=name, dtype=declared)
+            elif kind in (ops.CONSTANT, ops.PARAMETER):
+                _expect(not inputs, f"a {kind} node takes no inputs", w)
+                arr, declared = _stored_array(rec, arrays, shape, w)
+                t = (g.constant(arr, name=name, dtype=declared) if kind == ops.CONSTANT
+                     else g.parameter(name, arr, dtype=declared))
             else:
                 nid = g.add_node(kind, op, [id_map[i] for i in inputs], args, name=name)
                 t = g.tensor(nid)
@@ -249,6 +241,25 @@ def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> Einsum
                 f"output {name!r} refers to an unknown node {i!r}", where)
         g.outputs[name] = id_map[i]
     return g
+
+
+def _stored_array(rec: dict, arrays: Mapping[str, np.ndarray], shape: list,
+                  w: str) -> tuple[np.ndarray, str]:
+    """The array of a constant or parameter record, checked against its declared shape and
+    dtype (an exact round trip: a stored dtype other than the declared one is refused)."""
+    kind, name = rec["kind"], rec["name"]
+    key = f"c{rec['id']}"
+    _expect(key in arrays, f"{kind} {name!r} has no array {key!r} in the .npz", w)
+    arr = arrays[key]
+    if arr.dtype.kind == "V" and arr.dtype.itemsize == 2 and rec["dtype"] == "bfloat16":
+        arr = arr.view(dtypes.bfloat16)  # .npz keeps bfloat16 as raw 2-byte records
+    _expect(list(arr.shape) == shape,
+            f"{kind} {name!r}: array shape {arr.shape} != declared {shape}", w)
+    declared = dtypes.normalize(rec["dtype"], f"{kind} {name!r}: ")
+    _expect(arr.dtype == np.dtype(declared),
+            f"{kind} {name!r}: stored dtype {arr.dtype} differs from the declared "
+            f"{declared!r}", w)
+    return arr, declared
 
 
 # marks an .npz written by ``save``, so that ``save`` never overwrites an unrelated archive

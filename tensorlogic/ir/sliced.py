@@ -28,17 +28,20 @@ def sliced_spec(es: EinsumSpec, shapes: list[tuple[int, ...]], sliced: list[str]
 
 def plan_sliced(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int], path,
                 sliced: list[str], out_dtype: str,
-                dtypes: list[str] | None = None, matmul=None) -> pairwise.EinsumPlan:
+                dtypes: list[str] | None = None, matmul=None,
+                host: bool = False) -> pairwise.EinsumPlan:
     """An ``EinsumPlan`` that runs ``es`` slice by slice over the contracted letters ``sliced``.
 
     ``path`` is a path over ``pairwise.prepared_terms`` of the whole network (slicing removes
-    letters, not operands, so it stays valid for every slice); ``matmul`` as in ``plan_einsum``.
+    letters, not operands, so it stays valid for every slice); ``matmul`` and ``host`` as in
+    ``plan_einsum``.
     """
     if any(c in es.output for c in sliced):
         raise ValueError(f"einsum {es}: sliced indices {sliced} must be contracted ones")
     inner_es, inner_shapes = sliced_spec(es, shapes, sliced)
     inner_sizes = {c: d for c, d in sizes.items() if c not in sliced}
-    inner = pairwise.plan_einsum(inner_es, inner_shapes, inner_sizes, path, dtypes, matmul)
+    inner = pairwise.plan_einsum(inner_es, inner_shapes, inner_sizes, path, dtypes, matmul,
+                                 host)
     counts = [int(sizes[c]) for c in sliced]
     n_slices = math.prod(counts)
     out_shape = tuple(int(sizes[c]) for c in es.output)

@@ -10,14 +10,15 @@ concrete shapes of the data, so that every index has a size.
 
 from __future__ import annotations
 
+import itertools
 import string
 from collections.abc import Mapping
 
 import networkx as nx
 import numpy as np
 
-from ..errors import ProgramError
 from ..ir.graph import EinsumGraph, Tensor
+from ..ir.spec import symbol
 from .analysis import program_error
 from .ast import BinOp, Call, Equation, Expr, Neg, Number, Pos, Ref
 
@@ -82,10 +83,10 @@ class EquationBuilder:
     # ------------------------------------------------------------------ helpers
     def _letters(self, *groups: tuple[str, ...]) -> dict[str, str]:
         names = list(dict.fromkeys(n for grp in groups for n in grp))
-        if len(names) > 52:
-            raise ProgramError(f"more than 52 distinct indices in one product: {names}",
-                               code="too_many_indices")
-        return dict(zip(names, string.ascii_letters))
+        # lowercase letters first (readable specs), then the rest of the ASCII letters and
+        # opt_einsum's symbols: any number of indices
+        letters = itertools.chain(string.ascii_letters, (symbol(i) for i in itertools.count(52)))
+        return dict(zip(names, letters))
 
     def _size(self, name: str, n: int, pos: Pos, tensor: str) -> None:
         if self.sizes.setdefault(name, n) != n:

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..errors import ProgramError
 from ..ir.graph import EinsumGraph, Tensor
-from ..ir.spec import LETTERS
+from ..ir.spec import symbols
 from . import semantics as S
 from .analysis import Domains
 from .ast import Comparison, Const, Literal, Rule, Scalar, Var, where
@@ -134,16 +134,11 @@ class RuleBuilder:
         g = self.g
         names: dict[str, str] = {}
         doms: dict[str, int] = {}
-        fresh = iter(LETTERS)
+        fresh = symbols()  # ASCII letters, then opt_einsum's symbols: never runs out
 
         def letter_of(var: str) -> str:
             if var not in names:
-                try:
-                    names[var] = next(fresh)
-                except StopIteration:
-                    raise ProgramError(f"the rule for {rule.head.pred!r}{where(rule.pos)} has "
-                                       "more than 52 variables and constants",
-                                       code="too_many_variables") from None
+                names[var] = next(fresh)
                 doms[names[var]] = self.dom.of_var[(r, var)]
             return names[var]
 
@@ -172,10 +167,7 @@ class RuleBuilder:
             if isinstance(t, Var) and not t.anonymous:
                 terms.append(letter_of(t.name))
                 continue
-            ch = next(fresh, None)
-            if ch is None:
-                raise ProgramError(f"the rule for {rule.head.pred!r}{where(rule.pos)} has more "
-                                   "than 52 variables and constants", code="too_many_variables")
+            ch = next(fresh)
             doms[ch] = d
             terms.append(ch)
             if isinstance(t, Const):
@@ -250,7 +242,7 @@ class RuleBuilder:
 
     def _head(self, rule: Rule, t: Tensor, ls: str, names, r: int) -> Tensor:
         terms, ops_, out, used = [ls], [t], [], set(ls)
-        spare = iter(ch for ch in LETTERS if ch not in names.values())
+        spare = symbols(set(names.values()))
         for i, a in enumerate(rule.head.args):
             d = self.dom.of_position[(rule.head.pred, i)]
             if isinstance(a, Var):

@@ -33,6 +33,12 @@ class Program:
         self.ast = ast
         self.source = source
         self._last: tuple[Analysis, dict[str, Relation]] | None = None
+        # tensors learned by ``fit``: run() reads them where no data is given
+        self.params: dict[str, np.ndarray] = {}
+        # what ``fit_weights`` learned
+        self.rule_weights: dict[str, float] = {}
+        self.fact_weights: dict[str, dict[tuple, float]] = {}
+        self.weighted_relations: dict[str, np.ndarray] = {}
         lhs = {eq.lhs.name for eq in ast.equations}
         preds = {a.pred for r in ast.rules for a in [r.head] + [
             b.atom for b in r.body if hasattr(b, "atom")]}
@@ -96,7 +102,7 @@ class Program:
             opts.max_iterations = max_iterations
         if memory_budget is not None:
             opts.memory_budget = memory_budget
-        data = dict(data)
+        data = {**{k: v for k, v in self.params.items() if k not in data}, **data}
         given = dict(facts) if facts is not None else {}
         rel_names = set(self.relations)
         for name in [k for k in data if k in rel_names and not isinstance(data[k], np.ndarray)]:
@@ -122,6 +128,21 @@ class Program:
 
     def _run_equations(self, dense: Mapping[str, np.ndarray], data: Mapping[str, Any],
                        opts: Options) -> dict[str, np.ndarray]:
+        g, outs, arrays, _ = self._equation_graph(dense, data, {})
+        for name, t in outs.items():
+            g.output(t, name=f"o_{name}") if t.id not in g.inputs.values() else g.output(
+                t * 1.0, name=f"o_{name}")
+        plan = compile_graph(g, backend=opts.backend, opt_level=opts.opt_level)
+        res = plan(arrays, to_host=True)
+        return {name: np.asarray(res[f"o_{name}"]) for name in outs}
+
+    def _equation_graph(self, dense: Mapping[str, np.ndarray], data: Mapping[str, Any],
+                        params: Mapping[str, np.ndarray]):
+        """The equations as one graph: data and relations as inputs, ``params`` as parameters.
+
+        Returns the graph, each left side's tensor, the input arrays by input name, and the
+        input name of each data tensor and relation.
+        """
         decl = {d.name: d for d in self.ast.declarations}
         lhs = set(self.tensors)
         used = {r.name for eq in self.ast.equations for r in refs_of(eq.expr)}
@@ -132,7 +153,12 @@ class Program:
         g = EinsumGraph()
         env = {}
         arrays: dict[str, np.ndarray] = {}
+        names: dict[str, str] = {}
         for k, name in enumerate(sorted(used - lhs)):
+            if name in params:
+                env[name] = g.parameter(f"t{k}", params[name])
+                names[name] = f"t{k}"
+                continue
             if name in data:
                 d = decl.get(name)
                 arr = np.asarray(data[name], dtype=d.dtype if d else np.float32)
@@ -148,13 +174,153 @@ class Program:
             iname = f"t{k}"
             env[name] = g.input(iname, arr.shape, arr.dtype)
             arrays[iname] = arr
+            names[name] = iname
         outs = build_equations(g, self.ast.equations, env)
-        for name, t in outs.items():
-            g.output(t, name=f"o_{name}") if t.id not in g.inputs.values() else g.output(
-                t * 1.0, name=f"o_{name}")
-        plan = compile_graph(g, backend=opts.backend, opt_level=opts.opt_level)
-        res = plan(arrays, to_host=True)
-        return {name: np.asarray(res[f"o_{name}"]) for name in outs}
+        return g, outs, arrays, names
+
+    def fit(self, data: Mapping[str, Any] | Iterable[Mapping[str, Any]], *, loss: str,
+            params: Iterable[str], optimizer: Any = None, epochs: int = 1,
+            init: Mapping[str, Any] | None = None, seed: int = 0, backend: str = "auto",
+            opt_level: int = 2, facts: Mapping[str, Iterable] | None = None,
+            semantics: str = "boolean", **train_options: Any) -> Any:
+        """Learn the tensors ``params`` by gradient descent on the scalar tensor ``loss``.
+
+        ``loss`` is the left side of an equation without indices (``Loss avg= ...``);
+        ``params`` name tensors the equations read. Their starting values come from ``init``,
+        else from an earlier ``fit``, else from a declaration with a concrete shape (``W:
+        float32[16, 8]``: normal values scaled by 1/sqrt(size of the last axis), seeded by
+        ``seed``; vectors and scalars start at zero). ``data`` is one dict of arrays (every
+        epoch is then one step) or a list of such batches of equal shapes; the rules run
+        first (with ``facts``) and their relations are read as dense tensors. The gradients
+        come from ``tl.grad``, the loop is ``tl.train`` (``optimizer`` defaults to
+        ``tl.optim.Adam()``; ``train_options`` such as ``progress``, ``on_error`` and
+        ``checkpoint`` go to it). The learned values are kept in ``program.params``, which
+        ``run`` reads where no array is given. Returns the training ``History``.
+        """
+        from ..autodiff import grad
+        from ..learn import train
+        from ..optim import Adam
+
+        batches = [data] if isinstance(data, Mapping) else list(data)
+        if not batches or not all(isinstance(b, Mapping) for b in batches):
+            raise ProgramError("fit: data must be a dict of arrays or a non-empty list of them",
+                               code="missing_data")
+        if loss not in self.tensors:
+            raise ProgramError(f"fit: loss {loss!r} is not the left side of an equation; the "
+                               f"equations define {list(self.tensors)}", code="missing_data")
+        params = [params] if isinstance(params, str) else list(params)
+        used = {r.name for eq in self.ast.equations for r in refs_of(eq.expr)}
+        bad = [p for p in params if p not in used or p in self.tensors]
+        if not params or bad:
+            raise ProgramError(f"fit: params {bad or params} must name tensors the equations "
+                               f"read (not left sides); they read "
+                               f"{sorted(used - set(self.tensors))}", code="missing_data")
+        start = self._initial_params(params, dict(init or {}), seed)
+        opts = Options(backend=backend, semantics=semantics, opt_level=opt_level)
+        an, rels, _ = evaluate_rules(self.ast.rules, normalize_facts(dict(facts or {})), opts)
+        dense = {name: r.to_dense() for name, r in rels.items()}
+        g, outs, arrays, names = self._equation_graph(dense, batches[0], start)
+        node = outs[loss].node
+        if tuple(node.shape) != ():
+            raise ProgramError(f"fit: loss {loss!r} has shape {list(node.shape)}; expected a "
+                               "scalar (an equation whose left side has no indices)",
+                               code="shape_mismatch")
+        g.output(outs[loss], name="loss")
+        pnames = [names[p] for p in params]
+        plan = compile_graph(grad(g, of="loss", wrt=pnames), backend=backend,
+                             opt_level=opt_level)
+        fixed = {k: v for k, v in arrays.items() if k not in {names[d] for d in batches[0]
+                                                              if d in names}}
+
+        def feed(epoch: int):
+            for b in batches:
+                unknown = sorted(set(b) - set(names))
+                if unknown:
+                    raise ProgramError(f"fit: data {unknown} is not read by any equation",
+                                       code="missing_data")
+                yield {**fixed, **{names[k]: np.asarray(v, dtype=plan.graph.node(
+                    names[k]).dtype) for k, v in b.items()}}
+
+        hist = train(plan, feed, epochs=epochs, optimizer=optimizer or Adam(), **train_options)
+        self.params.update({p: np.array(plan.backend.to_host(plan.parameters[names[p]]))
+                            for p in params})
+        self._last = (an, rels)
+        return hist
+
+    def fit_weights(self, examples: Mapping[str, Mapping[tuple, float]], *,
+                    facts: Mapping[str, Iterable] | None = None,
+                    semantics: str = "probabilistic", learn_rules: bool = True,
+                    learn_facts: Iterable[str] = (), rounds: int | None = None,
+                    init_rule_weight: float = 0.5, optimizer: Any = None, epochs: int = 200,
+                    backend: str = "auto", opt_level: int = 2, **train_options: Any) -> Any:
+        """Learn rule and fact weights of the rules from examples of derived values.
+
+        Under ``semantics`` ``"probabilistic"`` (noisy-or) or ``"fuzzy"`` (max-product) the
+        rules are a differentiable function of their weights: each rule's derivations are
+        scaled by a learned weight in (0, 1) (``learn_rules``; starting at
+        ``init_rule_weight``) and the facts of the relations in ``learn_facts`` get learned
+        weights (starting at their given weights; facts not given stay false). ``examples``
+        maps a relation to ``{tuple: target}`` with targets in [0, 1]; the loss is their mean
+        cross-entropy. Recursive rules are unrolled for ``rounds`` rounds (default: the
+        largest dimension of their relations, enough for a closure over that many constants).
+        Each epoch is one step of ``optimizer`` (default ``tl.optim.Adam(lr=0.05)``).
+
+        Afterwards ``program.rule_weights`` maps ``"head (line N)"`` to its weight,
+        ``program.fact_weights`` maps each learned relation to ``{tuple: weight}`` and
+        ``program.weighted_relations`` holds every relation's dense values under the learned
+        weights (over ``symbols``-ordered constants, as ``run`` gives them). Returns the
+        training ``History``.
+        """
+        from ..autodiff import grad
+        from ..learn import train
+        from ..optim import Adam
+        from .weights import WeightedGraph
+
+        if not isinstance(examples, Mapping):
+            raise ProgramError("fit_weights: examples must map a relation to {tuple: target}",
+                               code="invalid_fact")
+        wg = WeightedGraph(self.ast.rules, facts or {}, semantics, learn_rules, learn_facts,
+                           rounds, init_rule_weight, Options().memory_budget)
+        wg.add_loss(examples)
+        wrt = list(wg.g.parameters)
+        if not wrt:
+            raise ProgramError("fit_weights: nothing to learn (learn_rules=False and no "
+                               "learn_facts)", code="invalid_option")
+        plan = compile_graph(grad(wg.g, of="loss", wrt=wrt), backend=backend,
+                             opt_level=opt_level)
+        hist = train(plan, [{}], epochs=epochs, optimizer=optimizer or Adam(lr=0.05),
+                     **train_options)
+        self.rule_weights, self.fact_weights, self.weighted_relations = wg.read(plan)
+        return hist
+
+    def _initial_params(self, params: list[str], init: dict[str, Any],
+                        seed: int) -> dict[str, np.ndarray]:
+        decl = {d.name: d for d in self.ast.declarations}
+        rng = np.random.default_rng(seed)
+        unknown = sorted(set(init) - set(params))
+        if unknown:
+            raise ProgramError(f"fit: init {unknown} names no entry of params {params}",
+                               code="missing_data")
+        out = {}
+        for p in params:
+            d = decl.get(p)
+            if p in init:
+                arr = np.asarray(init[p], dtype=d.dtype if d else np.float32)
+                if d is not None and d.shape is not None:
+                    self._check_shape(d, arr.shape)
+            elif p in self.params:
+                arr = self.params[p]
+            elif d is not None and d.shape is not None and all(
+                    isinstance(n, int) for n in d.shape):
+                shape = tuple(d.shape)
+                arr = (np.zeros(shape) if len(shape) < 2 else
+                       rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(d.dtype)
+            else:
+                raise program_error("missing_data", f"fit: parameter {p!r} needs a starting "
+                                    "value: give init={...} or declare its shape "
+                                    f"({p}: float32[...])", d.pos if d else None)
+            out[p] = arr
+        return out
 
     @staticmethod
     def _check_shape(d, shape: tuple[int, ...]) -> None:

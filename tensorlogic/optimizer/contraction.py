@@ -76,9 +76,12 @@ def _layout_tiebreak(es, shapes, sizes, plan, path, limit):
 # a path planned under the memory limit is kept over slicing the unlimited one while it costs at
 # most this many times the unlimited path's FLOPs
 LIMITED_PATH_SLACK = 2.0
+# at most this many slices: each one runs the whole network again, so a limit that needs more
+# is refused at compile time instead of running for hours
+MAX_SLICES = 1 << 16
 
 
-def _under_limit(es, shapes, sizes, terms, plan, path, strategy, limit, dtype):
+def _under_limit(es, shapes, sizes, terms, plan, path, strategy, limit, dtype, where: str):
     """(plan, path, strategy, sliced letters) whose intermediates fit ``limit`` elements: a path
     searched under the limit when it costs little more, else the unlimited path sliced
     (cotengra), else the limited path (the caller raises if it still does not fit)."""
@@ -90,6 +93,8 @@ def _under_limit(es, shapes, sizes, terms, plan, path, strategy, limit, dtype):
     fits = lplan.largest_intermediate <= limit
     if fits and lplan.flops <= LIMITED_PATH_SLACK * plan.flops:
         return lplan, lpath, lstrategy, []
+    itemsize = np.dtype(dtype).itemsize
+    too_many = 0  # the fewest slices of an option refused for needing more than MAX_SLICES
     options = []
     letters = slicing.choose_slices(terms, es.output, sizes, path, limit)
     if letters:
@@ -101,12 +106,21 @@ def _under_limit(es, shapes, sizes, terms, plan, path, strategy, limit, dtype):
             options.append((found[0], "cotengra+sliced" if found[1] else "cotengra", found[1]))
     best = None
     for spath, sname, sl in options:
+        n_slices = math.prod(int(sizes[c]) for c in sl)
+        if n_slices > MAX_SLICES:
+            too_many = min(too_many or n_slices, n_slices)
+            continue
         splan = (sliced.plan_sliced(es, shapes, sizes, spath, sl, dtype) if sl
                  else pairwise.plan_einsum(es, shapes, sizes, spath))
         if splan.largest_intermediate <= limit and (best is None or splan.flops < best[0].flops):
             best = (splan, spath, sname, sl)
     if best is not None and (not fits or best[0].flops < lplan.flops):
         return best
+    if not fits and too_many:
+        raise MemoryBudgetError(
+            f"{where}: its intermediates fit path_memory_limit={limit * itemsize} bytes only "
+            f"when sliced into {too_many} slices, more than the {MAX_SLICES} allowed (each "
+            f"slice runs the whole network again); raise the limit or split the network")
     return lplan, lpath, lstrategy, []
 
 
@@ -123,8 +137,9 @@ def plan_node(g: EinsumGraph, node: Node, memory_limit_bytes: int | None) -> Nod
     plan = pairwise.plan_einsum(es, shapes, sizes, path)
     slices: list[str] = []
     if limit is not None and plan.largest_intermediate > limit:
-        plan, path, strategy, slices = _under_limit(es, shapes, sizes, terms, plan, path,
-                                                    strategy, limit, node.dtype)
+        plan, path, strategy, slices = _under_limit(
+            es, shapes, sizes, terms, plan, path, strategy, limit, node.dtype,
+            f"einsum {node.name!r} ({einspec._show(node.args['spec'])})")
     if len(terms) <= TIEBREAK_MAX_OPERANDS and plan.copied and not slices:
         plan, path = _layout_tiebreak(es, shapes, sizes, plan, path, limit)
     if limit is not None and plan.largest_intermediate > limit:

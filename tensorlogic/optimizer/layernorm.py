@@ -144,11 +144,12 @@ def _layernorm(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     """Replace every hand-written layer normalization by one ``layer_norm`` row op."""
     g: EinsumGraph | None = None
     found = 0
+    outs = output_ids(graph)  # a rewrite keeps every id that an output names
     for node in graph.nodes:
         cur = g if g is not None else graph
         if node.id not in cur:
             continue
-        hit = match(cur, cur.node(node.id), output_ids(cur))
+        hit = match(cur, cur.node(node.id), outs)
         if hit is None:
             continue
         x, axis, eps, chain = hit

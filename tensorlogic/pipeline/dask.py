@@ -38,8 +38,12 @@ def plan_payload(plan: Any) -> tuple[str, dict[str, Any]]:
     """The plan as plain data (graph blob, backend, opt level, options) and its content key.
 
     Made once per plan (a plan's graph is its own copy and never changes): serializing and
-    hashing the constants of a large model takes about a second.
+    hashing the constants of a large model takes about a second. A plan with parameters is
+    serialized with its current parameter values at every call (training changes them), so
+    workers run the values the plan holds now.
     """
+    if plan.parameters:
+        return _make_payload(plan)
     with _WORKER_LOCK:
         hit = _PAYLOADS.get(plan)
     if hit is None:
@@ -58,7 +62,7 @@ def _make_payload(plan: Any) -> tuple[str, dict[str, Any]]:
     except TypeError as exc:
         raise InputError(f"plan options {sorted(options)} must be plain data to ship to Dask "
                          f"workers ({exc})") from exc
-    blob = dumps(plan.graph)
+    blob = dumps(plan.graph_with_parameters() if plan.parameters else plan.graph)
     meta = json.dumps([plan.backend.name, plan.opt_level, options], sort_keys=True)
     key = hashlib.sha256(blob + meta.encode()).hexdigest()[:32]
     payload = {"graph": blob, "backend": plan.backend.name, "opt_level": plan.opt_level,

@@ -11,13 +11,15 @@ from typing import Any, TextIO
 class Progress:
     """Counts batches (tqdm's own rate: batches/s) and items (shown as items/s).
 
-    The bar is off when ``enabled`` is False or when ``file`` is not a terminal.
+    The bar is off when ``enabled`` is False or when ``file`` is not a terminal. ``note`` is
+    shown after the rates (training puts the latest loss there).
     """
 
     def __init__(self, enabled: bool, total: int | None, file: TextIO | None = None,
                  desc: str = "batches") -> None:
         self.items = 0
         self.failed = 0
+        self.note = ""
         self._t0 = time.perf_counter()
         self._bar: Any = None
         file = file if file is not None else sys.stderr
@@ -44,6 +46,8 @@ class Progress:
         post = f"{_si(rate)} items/s"
         if self.failed:
             post += f", {self.failed} failed"
+        if self.note:
+            post += f", {self.note}"
         self._bar.set_postfix_str(post, refresh=False)
         self._bar.update(1)
 

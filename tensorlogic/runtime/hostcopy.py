@@ -19,7 +19,7 @@ PIECE_BYTES = 8 << 20  # below this a copy stays on the calling thread
 # pieces of a copy streamed to or from a device: several per copy thread, so the first ones
 # are on the bus while the later ones are still being copied
 STREAM_PIECE_BYTES = 2 << 20
-MAX_THREADS = 8
+MAX_THREADS = 16
 
 _pool: ThreadPoolExecutor | None = None
 _lock = threading.Lock()

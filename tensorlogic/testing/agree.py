@@ -198,8 +198,11 @@ def assert_backends_agree(graph, backends: Iterable[str] | None = None,
         check_reference: also check numpy O0 against the independent float64 interpreter.
 
     Returns an ``AgreementReport``; raises AssertionError naming the backend, opt level, output,
-    worst element and seed on the first disagreement.
+    worst element and seed on the first disagreement. Parameters are checked like inputs (on
+    random values), since a plan takes them as data.
     """
+    if graph.parameters:
+        graph = graph.with_parameters_as_inputs()
     names = tuple(backends) if backends is not None else _backends.available_backends()
     levels = tuple(opt_levels) if opt_levels is not None else OPT_LEVELS
     sizes = {s: int((sizes or {}).get(s, DEFAULT_SYMBOL_SIZE)) for s in graph.symbols}

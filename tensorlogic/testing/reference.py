@@ -78,6 +78,9 @@ def evaluate(graph, inputs: Mapping[str, np.ndarray], binding: Mapping[str, int]
             r = np.asarray(inputs[node.name], dtype=np.float64)
         elif kind == ops.CONSTANT:
             r = np.asarray(graph.constants[node.id], dtype=np.float64)
+        elif kind == ops.PARAMETER:  # the given value, else the graph's
+            r = np.asarray(inputs.get(node.name, graph.parameter_values[node.id]),
+                           dtype=np.float64)
         elif kind == ops.EINSUM:
             r = np_einsum(a["spec"], *xs)
         elif kind in ops.ELEMENTWISE_KINDS:

@@ -20,8 +20,13 @@ CASES = [  # d, dv, dtype, causal, mask
 ]
 
 
-MMA_CASES = [(64, 64, False, False), (128, 128, True, True), (32, 8, True, False),
-             (80, 48, False, True), (16, 128, True, True)]
+_C = attention_mma.Config
+MMA_CASES = [  # d, dv, dtype, causal, mask, block shape
+    (64, 64, "bfloat16", False, False, _C(8)), (128, 128, "bfloat16", True, True, _C(8)),
+    (32, 32, "float16", True, False, _C(4)), (96, 48, "bfloat16", False, True, _C(4)),
+    (16, 128, "float16", True, True, _C(8, 2, False, True)),
+    (128, 64, "float16", False, False, _C(4, 2, False)),
+    (64, 64, "bfloat16", True, False, _C(4, 2, True, True))]
 
 
 def _tool(name: str) -> str:
@@ -41,8 +46,9 @@ def _sources() -> str:
                 src = src.replace(attention_c.HALF_PRELUDE, "")
             prelude_seen = True
         out.append(src)
-    for k, (d, dv, causal, mask) in enumerate(MMA_CASES):
-        out.append(attention_mma.render(f"mma{k}", d, dv, causal, mask, helpers=k == 0))
+    for k, (d, dv, dt, causal, mask, cfg) in enumerate(MMA_CASES):
+        out.append(attention_mma.render(f"mma{k}", d, dv, dt, causal, mask, cfg,
+                                        helpers=k == 0))
     return "\n".join(out)
 
 
@@ -58,7 +64,11 @@ def test_cuda_c_compiles_and_its_ptx_assembles(arch, tmp_path):
                         str(tmp_path / "att.cubin")], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr[:4000]
     assert r.stderr.count("Compiling entry function") == len(CASES) + len(MMA_CASES)
-    assert "mma.sync.aligned.m16n8k16" in ptx.read_text()
+    text = ptx.read_text()
+    for instr in ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+                  "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned",
+                  ".trans", "cp.async.cg.shared.global", "ex2.approx"):
+        assert instr in text, instr
 
 
 def test_shared_memory_and_bad_head_dims():
@@ -79,11 +89,45 @@ def test_flags_reach_the_source():
 
 
 def test_tensor_core_path_limits():
-    assert attention_mma.supports(64, 64, "float16") and attention_mma.supports(128, 8, "float16")
+    assert attention_mma.supports(64, 64, "float16") and attention_mma.supports(128, 16, "bfloat16")
+    assert attention_mma.supports(96, 96, "bfloat16")
     assert not attention_mma.supports(64, 64, "float32")
     assert not attention_mma.supports(72, 64, "float16")  # head dim not a multiple of 16
-    assert not attention_mma.supports(64, 60, "float16")
+    assert not attention_mma.supports(64, 56, "bfloat16")
     assert not attention_mma.supports(256, 64, "float16")
     with pytest.raises(BackendError, match="multiples"):
-        attention_mma.render("k", 72, 64, False, False)
-    assert attention_mma.shared_bytes(64, 64) == 2 * 3 * 64 * 72
+        attention_mma.render("k", 72, 64, "bfloat16", False, False)
+    with pytest.raises(BackendError, match="warps"):
+        attention_mma.render("k", 64, 64, "bfloat16", False, False, _C(warps=2))
+    with pytest.raises(BackendError, match="m-tiles"):
+        attention_mma.render("k", 64, 64, "bfloat16", False, False, _C(mt=3))
+    # 128 query rows (64 + 8 padded), two stages of 64 keys and 64 values
+    assert attention_mma.shared_bytes(64, 64, _C(8)) == 2 * (128 * 72 + 4 * 64 * 72)
+    assert _C(4, 2).rows == 128 and _C(4, 2).threads == 128
+    src = attention_mma.render("k", 64, 64, "bfloat16", True, False, _C(warps=4))
+    assert "tl_att_mma_bf16(" in src and "WARPS = 4" in src and "CAUSAL = true" in src
+    # paired blocks: half the query blocks along x, and only under a causal mask
+    assert attention_mma.grid_x(1000, True, _C(4, 2, pair=True)) == 4  # 8 blocks of 128
+    assert attention_mma.grid_x(1000, False, _C(4, 2, pair=True)) == 8
+    assert attention_mma.grid_x(1100, True, _C(8, 1, pair=True)) == 5  # 9 blocks: one alone
+    assert "PAIR = false" in attention_mma.render("k", 64, 64, "float16", False, False,
+                                                  _C(pair=True))
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_tensor_core_kernel_keeps_its_registers(arch, tmp_path):
+    # spills in the plain kernel (no causal or mask branches) would slow every tile; ptxas
+    # reports them (the causal and masked variants may spill a few bytes under the 128-register
+    # cap that keeps two blocks of 64-wide heads per multiprocessor)
+    cu = tmp_path / "mma.cu"
+    cu.write_text("\n".join(
+        attention_mma.render(f"k{i}", d, d, dt, False, False, cfg, helpers=i == 0)
+        for i, (d, dt, cfg) in enumerate([(64, "bfloat16", _C(8)), (128, "float16", _C(8)),
+                                          (64, "bfloat16", _C(4, 2, True)),
+                                          (128, "bfloat16", _C(4, 2, False))])))
+    r = subprocess.run([_tool("nvcc"), f"-arch={arch}", "-cubin", "-Xptxas", "-v", str(cu),
+                        "-o", str(tmp_path / "mma.cubin")], capture_output=True, text=True,
+                       check=False)
+    assert r.returncode == 0, r.stderr[:4000]
+    # sm_80's ptxas spills ~88 bytes in the 32-row, head dim 128 shape (the last); sm_90's none
+    assert r.stderr.count(" 0 bytes spill stores") == (4 if arch == "sm_90" else 3), r.stderr

@@ -123,6 +123,8 @@ def test_pool_mode_runs_gemms_with_one_blas_thread_and_restores(three_threads, m
     before = _blas_threads()
     g, xv, want = _mlp()
     plan = tl.compile(g, backend="numpy", opt_level=2, cache=False)
+    assert all(n == 1 for t in seen for n in t)  # layouts timed at compile time as they run
+    seen.clear()
     np.testing.assert_allclose(plan(x=xv)["y"], want, rtol=2e-5, atol=1e-6)
     assert len(seen) == 2 and all(n == 1 for t in seen for n in t)
     assert _blas_threads() == before

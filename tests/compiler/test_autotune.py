@@ -161,3 +161,22 @@ def test_bad_tuning_options(opts, match):
     g, _ = _graph()
     with pytest.raises(GraphError, match=match):
         tl.compile(g, backend="numpy", opt_level=3, cache=False, **opts)
+
+
+def test_small_attention_is_tried_fused_and_written_out():
+    # "auto" leaves attention with small scores written out at O2; O3 times both forms
+    rng = np.random.default_rng(1)
+    g = tl.EinsumGraph()
+    q, k, v = (g.input(n, (2, 16, 8), "float32") for n in "qkv")
+    p = g.softmax(g.einsum("bqd,bkd->bqk", q, k) * 0.3, axis=-1)
+    g.output(g.einsum("bqk,bkd->bqd", p, v), name="y")
+    o2 = tl.compile(g, backend="numpy", opt_level=2, cache=False)
+    assert not any(s.kind == "attention" for s in o2.steps)
+    calls: list[str] = []
+    times = {"numpy O2 threads=pool": 0.1}
+    plan = tl.compile(g, backend="numpy", opt_level=3, cache=False, **BIG,
+                      autotune_timer=_timer(times, calls))
+    assert "numpy O2 threads=pool" in calls and "numpy O2 without attention threads=pool" in calls
+    assert any(s.kind == "attention" for s in plan.steps)  # the fused candidate won here
+    feed = {n: rng.standard_normal((2, 16, 8)).astype(np.float32) for n in "qkv"}
+    np.testing.assert_allclose(plan(**feed)["y"], o2(**feed)["y"], rtol=1e-5, atol=1e-6)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
+import math
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
-from optim_helpers import assert_same_as_o0, count
+from optim_helpers import assert_same_as_o0, count, random_inputs
 
 import tensorlogic as tl
 from tensorlogic.ir import ops
@@ -198,9 +201,28 @@ def test_fused_plan_memory_is_a_fraction_of_the_unfused_one():
     p = g.softmax(g.einsum("bhqd,bhkd->bhqk", q, k) * 0.2, -1)
     g.output(g.einsum("bhqk,bhkd->bhqd", p, v), "y")
     o0 = tl.compile(g, backend="numpy", opt_level=0, cache=False)
-    o2 = tl.compile(g, backend="numpy", opt_level=2, cache=False)
+    o2 = tl.compile(g, backend="numpy", opt_level=2, cache=False, fuse_attention=True)
     assert o0.memory.peak_bytes >= s * s * 4
     assert o2.memory.peak_bytes * 8 <= o0.memory.peak_bytes
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_auto_fuses_only_large_scores(backend, rng, monkeypatch):
+    att_pass = importlib.import_module("tensorlogic.optimizer.attention")
+    g, _, _ = _build("causal_add")
+    scores = max(math.prod(n.shape) * 4 for n in g if n.kind == ops.ROWOP)
+    inputs = random_inputs(g, rng)
+    ref = tl.compile(g, backend="numpy", opt_level=0, cache=False)(**inputs)["y"]
+
+    def fused(limit: int) -> bool:
+        monkeypatch.setattr(att_pass, "AUTO_MIN_SCORE_BYTES", limit)
+        plan = tl.compile(g, backend=backend, opt_level=2, cache=False)
+        np.testing.assert_allclose(plan(**inputs)["y"], ref, rtol=2e-5, atol=2e-5)
+        return any(s.kind == ops.ATTENTION for s in plan.steps)
+
+    # the host default is "auto": written out below the limit, fused from it on
+    assert not fused(scores + 1)
+    assert fused(scores)
 
 
 def test_fuse_attention_option_keeps_the_written_out_form(rng):
@@ -209,6 +231,21 @@ def test_fuse_attention_option_keeps_the_written_out_form(rng):
     assert not any(s.kind == ops.ATTENTION for s in plan.steps)
     with pytest.raises(tl.errors.GraphError, match="fuse_attention"):
         tl.compile(g, backend="numpy", cache=False, fuse_attention="no").steps  # noqa: B018
+
+
+def test_fuse_attention_by_dtype(rng):
+    g, _, _ = _build("causal_add")  # float32
+    plan = assert_same_as_o0(g, rng, 2, fuse_attention=["bfloat16", "float16"])
+    assert not any(s.kind == ops.ATTENTION for s in plan.steps)
+    plan = assert_same_as_o0(g, rng, 2, fuse_attention=("float32",))
+    assert any(s.kind == ops.ATTENTION for s in plan.steps)
+    # under the bf16 policy the attention is bfloat16 (its -inf mask constant included)
+    half = tl.compile(g, backend="numpy", cache=False, precision="bf16",
+                      fuse_attention={"bfloat16"})
+    assert any(s.kind == ops.ATTENTION for s in half.steps)
+    for bad in ("bfloat16", ["bf16"], [1]):
+        with pytest.raises(tl.errors.GraphError, match="fuse_attention"):
+            tl.compile(g, backend="numpy", cache=False, fuse_attention=bad)
 
 
 @settings(max_examples=30, deadline=None)

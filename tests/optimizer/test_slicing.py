@@ -120,3 +120,15 @@ def test_joint_search_of_path_and_slices_runs_correctly():
     arrays = [rng.uniform(0.5, 1.5, s) for s in shapes]
     got = plan.run(np, arrays, np.empty(tuple(sizes[c] for c in es.output)))
     np.testing.assert_allclose(got, opt_einsum.contract(eq, *arrays), rtol=1e-9)
+
+
+def test_too_many_slices_are_refused(monkeypatch):
+    # the chain needs 4+ slices under this limit; with at most 2 allowed the compile refuses,
+    # naming the slice count and the cap
+    import sys
+    # the module (the package re-exports its pass under the same name)
+    monkeypatch.setattr(sys.modules["tensorlogic.optimizer.contraction"], "MAX_SLICES", 2)
+    g = _graph("ij,jk,kl->il", [(4, 64), (64, 64), (64, 4)])
+    with pytest.raises(MemoryBudgetError, match=r"slices, more than the 2 allowed") as info:
+        tl.compile(g, "numpy", 2, cache=False, path_memory_limit=100 * 8)
+    assert "path_memory_limit=800 bytes" in str(info.value)

@@ -158,3 +158,22 @@ def test_devices_need_a_device_backend_and_no_client(plan, ref_plan):
         tl.run_batched(ref_plan, {"x": x}, 2, devices="all", progress=False)
     with pytest.raises(tl.InputError, match="not both"):
         tl.run_batches(plan, [{"x": x}], devices="all", client=object(), progress=False)
+
+
+def test_one_device_by_default_runs_as_a_lane(plan, ref_plan, rng, monkeypatch):
+    x = rng.standard_normal((300, 32)).astype(np.float32)
+    lanes = []
+    real = tl_devices.DevicesExecutor.__init__
+
+    def spy(self, plan_, device_ids, check_finite):
+        lanes.append(tuple(device_ids))
+        real(self, plan_, device_ids, check_finite)
+
+    monkeypatch.setattr(tl_devices.DevicesExecutor, "__init__", spy)
+    got = tl.run_batched(plan, {"x": x}, 64, progress=False)
+    _close(got, ref_plan(x=x))
+    assert lanes == [(plan.backend.device_id,)] and set(FakeGpus.runs) == {0}
+    # several workers keep the thread executor
+    lanes.clear()
+    _close(tl.run_batched(plan, {"x": x}, 64, workers=2, progress=False), ref_plan(x=x))
+    assert lanes == []

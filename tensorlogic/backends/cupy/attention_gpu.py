@@ -1,8 +1,8 @@
 """The cupy backend's attention step: the generated flash-attention kernel, compiled once.
 
-float16 with head dims that are multiples of 16 (and value dims of 8) up to 128 runs the
-tensor-core kernel of ``attention_mma`` on sm_80 and later; everything else runs the exact FFMA
-kernel of ``attention_c``. Inputs that are not C-contiguous (a transposed view from the
+bfloat16 and float16 with head dims that are multiples of 16 up to 128 run the tensor-core
+kernel of ``attention_mma`` on sm_80 and later; everything else runs the exact FFMA kernel of
+``attention_c``. Inputs that are not C-contiguous (a transposed view from the
 attention pass) are copied to a contiguous layout first, O(S * D); the mask is read in place
 through one offset per batch index and two strides (zero for broadcast axes), so a ``(Sq, Sk)``
 mask shared by every head is never expanded.
@@ -19,11 +19,15 @@ from ...errors import BackendError
 from ...ir import attention as attn_ir
 from . import attention_c, attention_mma
 
-# float16 attention runs on tensor cores (attention_mma) where the head dims allow; False keeps
+# 16-bit attention runs on tensor cores (attention_mma) where the head dims allow; False keeps
 # every dtype on the exact FFMA kernel (tests compare the two)
 USE_MMA = True
+# the tensor-core kernel's block shape (attention_mma.Config); None: chosen per shape by
+# mma_config, from the measurements in benchmarks/RESULTS.md
+MMA_CONFIG: attention_mma.Config | None = None
 
 _MAX_GRID_Y = 65535
+_SM_COUNT_ATTR = 16  # cudaDevAttrMultiProcessorCount
 _SMEM_OPTIN_ATTR = 97  # cudaDevAttrMaxSharedMemoryPerBlockOptin
 _FUNC_MAX_DYN_SMEM = 8  # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
 
@@ -52,6 +56,26 @@ def _mask_layout(mask_shape, batch, sq, sk):
     for flat, idx in enumerate(np.ndindex(*batch) if batch else [()]):
         offsets[flat] = sum(i * s for i, s in zip(idx, strides))
     return offsets, strides[-2], strides[-1]
+
+
+def mma_config(sq: int, nb: int, d: int, dv: int, causal: bool,
+               sms: int) -> attention_mma.Config:
+    """The tensor-core kernel's block shape for ``nb`` batch indices of ``sq`` query rows on a
+    GPU of ``sms`` multiprocessors.
+
+    Where blocks of 128 rows would leave multiprocessors idle (a short sequence, few heads):
+    64-row blocks of 4 warps. Otherwise FlashAttention-2's shape, 4 warps of 32 rows (each key
+    and value fragment feeds two MMAs), the query fragments in registers up to head dim 64;
+    under a causal mask, paired blocks (every block walks about as many key tiles), and for
+    wider heads 8 warps of 16 rows there (the 32-row variant runs out of registers).
+    """
+    if -(-sq // 128) * nb < sms:
+        return attention_mma.Config(warps=4)
+    if max(d, dv) <= 64:
+        return attention_mma.Config(warps=4, mt=2, q_in_regs=True, pair=causal)
+    if causal:
+        return attention_mma.Config(warps=8, mt=1, q_in_regs=True, pair=True)
+    return attention_mma.Config(warps=4, mt=2, q_in_regs=False)
 
 
 class AttentionKernel:
@@ -87,18 +111,32 @@ class AttentionKernel:
         macs = self.nb * self.sq * self.sk * (self.d + self.dv)
         self.flops = 2 * macs // (2 if causal else 1)
         self.info = (f"flash attention ({'tensor-core mma' if self.mma else 'FFMA'}, "
-                     f"{self.launch[2]}-row tiles, {self.launch[1] // 1024} KiB shared)"
+                     f"{self.launch[4]}, {self.launch[1] // 1024} KiB shared)"
                      f"{' causal' if causal else ''}{' +mask' if self.has_mask else ''}")
 
+    def _mma_config(self) -> attention_mma.Config:
+        if MMA_CONFIG is not None:
+            return MMA_CONFIG
+        sms = cupy.cuda.runtime.deviceGetAttribute(_SM_COUNT_ATTR, self.backend.device_id)
+        return mma_config(self.sq, self.nb, self.d, self.dv, self.causal, sms)
+
     def _compile(self, mma: bool):
-        """(function, shared bytes, rows per block, threads) of one of the two kernels."""
+        """(function, shared bytes, grid x, threads, block shape in words) of one of the two
+        kernels."""
         dt, d, dv = self.dtype, self.d, self.dv
         if mma:
-            smem = attention_mma.shared_bytes(d, dv)
-            rows, threads = attention_mma.BM, attention_mma.THREADS
+            cfg = self._mma_config()
+            smem = attention_mma.shared_bytes(d, dv, cfg)
+            grid_x = attention_mma.grid_x(self.sq, self.causal, cfg)
+            threads = cfg.threads
+            rows = (f"{cfg.rows}-row tiles: {cfg.warps} warps x {16 * cfg.mt} rows"
+                    f"{'' if cfg.q_in_regs else ', query from shared memory'}"
+                    f"{', paired blocks' if cfg.pair and self.causal else ''}")
         else:
             smem = attention_c.shared_bytes(d, dv, dt)
-            rows, threads = 16 * attention_c.tiles(dt)[0], attention_c.THREADS
+            threads = 16 * attention_c.tiles(dt)[0]
+            grid_x = -(-self.sq // threads)
+            rows, threads = f"{threads}-row tiles", attention_c.THREADS
         limit = cupy.cuda.runtime.deviceGetAttribute(_SMEM_OPTIN_ATTR, self.backend.device_id)
         if smem > limit:
             raise BackendError(
@@ -107,13 +145,14 @@ class AttentionKernel:
         name = (f"tl_attention{'_mma' if mma else ''}_{dt}_d{d}_v{dv}"
                 f"{'_causal' if self.causal else ''}{'_mask' if self.has_mask else ''}")
         if mma:
-            src = attention_mma.render(name, d, dv, self.causal, self.has_mask)
+            name += f"_w{cfg.warps}m{cfg.mt}{'q' if cfg.q_in_regs else ''}{'p' if cfg.pair else ''}"
+            src = attention_mma.render(name, d, dv, dt, self.causal, self.has_mask, cfg)
         else:
             src = attention_c.render(name, d, dv, dt, self.causal, self.has_mask)
         self.source = src
         fn = self.backend.compiler.function(src, name, "cuda")
         _set_dynamic_smem(fn, smem)
-        return fn, smem, rows, threads
+        return fn, smem, grid_x, threads, rows
 
     def __call__(self, args, out):
         if self.sq == 0 or self.dv == 0 or self.nb == 0:
@@ -128,8 +167,7 @@ class AttentionKernel:
             if self._ffma is None:
                 self._ffma = self._compile(False)
             launch = self._ffma
-        fn, smem, rows, threads = launch
-        grid_x = -(-self.sq // rows)
+        fn, smem, grid_x, threads, _ = launch
         null = np.uint64(0)
         for b0 in range(0, self.nb, _MAX_GRID_Y):
             nb = min(_MAX_GRID_Y, self.nb - b0)

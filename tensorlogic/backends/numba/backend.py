@@ -40,6 +40,16 @@ from .layout import make_layout
 # (1M: 93-101 vs 117-125 us; 2M: 260-280 vs 154-190 us). 512K takes the chain's gain and costs a
 # light kernel between 512K and 2M at most ~30 us.
 PARALLEL_THRESHOLD = 1 << 19
+# With more threads a parallel kernel saves more of the serial time while its launch costs about
+# the same (43 us to wake 16 passive OpenMP threads on a 16-core host), so the default threshold
+# shrinks as ``PARALLEL_THRESHOLD * 2 / threads``, down to this: on 16 cores a serial bias+ReLU
+# over 256 x 1024 points took 245 us, a quarter of a 256 x 1024 x 1024 GEMM beside it.
+MIN_PARALLEL_THRESHOLD = 1 << 16
+
+
+def default_parallel_threshold(threads: int) -> int:
+    """Points from which a generated kernel runs in parallel on ``threads`` threads."""
+    return max(MIN_PARALLEL_THRESHOLD, PARALLEL_THRESHOLD * 2 // max(threads, 1))
 
 
 def _body_of(node, in_nodes) -> FusedBody | None:
@@ -108,7 +118,8 @@ class NumbaBackend(NumpyBackend):
     def _settings(self, options) -> dict:
         threshold = options.get("parallel_threshold")
         return {**super()._settings(options), "fast_math": bool(options.get("fast_math", True)),
-                "parallel_threshold": PARALLEL_THRESHOLD if threshold is None else int(threshold)}
+                "parallel_threshold": (default_parallel_threshold(numba_threads.thread_count())
+                                       if threshold is None else int(threshold))}
 
     def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """A generated kernel for elementwise/reduction/row-op/fused steps; BLAS for einsum."""

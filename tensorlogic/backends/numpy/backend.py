@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections.abc import Mapping
@@ -119,7 +120,9 @@ class NumpyBackend(Backend):
     def einsum_kernel(node, in_nodes, mode: str) -> PreparedKernel:
         """An einsum kernel whose products run as the thread mode says."""
         mm = cpu_threads.parallel_matmul if mode == "pool" else None
-        kernel = kernels.einsum_kernel(np, node, in_nodes, mm)
+        # layouts are timed while planning (``pair_layout``): with BLAS threaded as calls run
+        with cpu_threads.single_threaded_blas() if mode == "pool" else contextlib.nullcontext():
+            kernel = kernels.einsum_kernel(np, node, in_nodes, mm)
         if mode == "pool":
             split = (kernel.flops or 0) >= cpu_threads.MIN_SPLIT_FLOPS
             return replace(kernel, threads=host_pool.helper_count() + 1 if split else 1)

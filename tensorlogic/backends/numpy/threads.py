@@ -17,11 +17,14 @@ kernels on the calling thread); the O3 autotuner times both on the real shapes.
 from __future__ import annotations
 
 import contextlib
+import functools
+import math
 import threading
 from collections.abc import Iterator
 
 import numpy as np
 
+from .. import gemm_numba
 from . import host_pool
 
 THREAD_MODES = ("pool", "blas")
@@ -30,6 +33,9 @@ DEFAULT_MODE = "pool"
 # Below this many FLOPs a matmul runs on the calling thread: waking helpers (tens of us) costs
 # more than splitting saves (a 64x256x256 product is 8 MFLOP, ~0.1 ms on one core).
 MIN_SPLIT_FLOPS = 4_000_000
+# How "pool" mode splits a GEMM: "numba" (one numba parallel loop of BLAS calls, gemm_numba;
+# Python threads where that is unavailable) or "python" (blocks on the host_pool threads)
+SPLIT = "numba"
 # Blocks along a row/column axis are multiples of this many elements (full SIMD tiles of the
 # GEMM micro-kernels, so no block gets a ragged edge in the middle of the output).
 ALIGN = 16
@@ -87,6 +93,11 @@ def single_threaded_blas() -> Iterator[None]:
                 _saved.clear()
 
 
+def blas_libraries() -> list[str]:
+    """Paths of the BLAS libraries whose threads a plan call limits (numpy's first)."""
+    return [c.filepath for c in _blas_controllers()]
+
+
 def blas_threads() -> int:
     """Threads BLAS uses now (the largest count among the libraries found)."""
     return max((c.get_num_threads() or 1 for c in _blas_controllers()), default=1)
@@ -101,18 +112,27 @@ def _cuts(n: int, parts: int, align: int) -> list[int]:
 
 
 def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``np.matmul(A, B, out=out)`` split over the caller and the helper pool.
+    """``np.matmul(A, B, out=out)`` split over the threads.
 
-    A is (nb, m, k) or (m, k), B (nb, k, n) or (k, n), ``out`` C-contiguous. The split goes
-    along the batch axis when it has a block per thread, else along the longer of m and n (a
-    column block keeps B's slab and the output's columns together; a row block reuses all of
-    B). Each block is one single-threaded BLAS call into its slice of ``out``.
+    A is (*batch, m, k) or (m, k), B (*batch, k, n) or (k, n), ``out`` C-contiguous. Where
+    numpy's BLAS can be entered directly (``gemm_numba``), the blocks run as one numba parallel
+    loop of single-threaded BLAS calls. Otherwise they run on the caller and the helper pool:
+    the split goes along the batch axis when it has a block per thread, else along the longer
+    of m and n (a column block keeps B's slab and the output's columns together; a row block
+    reuses all of B), each block one single-threaded BLAS call into its slice of ``out``.
     """
-    threads = host_pool.helper_count() + 1
     k = A.shape[-1]
     m, n = A.shape[-2], B.shape[-1]
-    nb = A.shape[0] if A.ndim == 3 else 1
-    if threads == 1 or 2 * nb * m * n * k < MIN_SPLIT_FLOPS:
+    nb = math.prod(out.shape[:-2])
+    if 2 * nb * m * n * k < MIN_SPLIT_FLOPS:  # checked first: most GEMMs of a network are small
+        return np.matmul(A, B, out=out)
+    threads = host_pool.helper_count() + 1
+    if threads == 1:
+        return np.matmul(A, B, out=out)
+    if SPLIT == "numba" and _numba_split(A, B, out):
+        with single_threaded_blas():  # already so inside a plan call; BLAS calls from
+            return gemm_numba.matmul(A, B, out, _grid(nb, m, n))  # many threads need it
+    if out.ndim > 3:  # batch views with several batch axes: numpy's own loop over them
         return np.matmul(A, B, out=out)
     if nb >= threads:
         cuts = _cuts(nb, threads, 1)
@@ -137,11 +157,38 @@ def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray
     return out
 
 
+# products under this many FLOPs skip the call (``contract`` reads it at plan time)
+parallel_matmul.min_flops = MIN_SPLIT_FLOPS  # type: ignore[attr-defined]
+
+
+def _numba_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
+    """Whether this product runs as one numba loop of BLAS blocks (``gemm_numba``)."""
+    return (out.dtype.name in ("float32", "float64") and A.dtype == out.dtype
+            and B.dtype == out.dtype and out.flags.c_contiguous
+            and A.shape[:-2] == B.shape[:-2] == out.shape[:-2]
+            and A.shape[-1] > 0 and gemm_numba.available())
+
+
+def _grid(nb: int, m: int, n: int) -> np.ndarray:
+    from ..numba import threads as numba_threads
+
+    # one block per thread, at most TL_NUM_THREADS of them (config.host_threads)
+    parts = min(host_pool.helper_count() + 1, numba_threads.thread_count())
+    return _grid_of(nb, m, n, parts)
+
+
+@functools.lru_cache(maxsize=256)
+def _grid_of(nb: int, m: int, n: int, parts: int) -> np.ndarray:
+    return gemm_numba.grid(nb, m, n, parts)
+
+
 def describe(mode: str) -> str:
     """The line print(plan) shows about a CPU plan's threads."""
     threads = host_pool.helper_count() + 1
     if mode == "pool":
+        where = ("one numba loop" if SPLIT == "numba" and gemm_numba.available()
+                 else "the helper threads")
         return (f"threads: pool ({threads} threads for every step; GEMMs split into "
-                f"single-threaded BLAS blocks)")
+                f"single-threaded BLAS blocks on {where})")
     return f"threads: blas (GEMMs on BLAS's own threads; {threads} threads for other steps)"
 

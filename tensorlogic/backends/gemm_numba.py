@@ -1,0 +1,199 @@
+"""GEMMs split over numba's threads, each block one single-threaded call into numpy's BLAS.
+
+The "pool" thread mode (``numpy/threads.py``) runs a plan with BLAS limited to one thread and splits
+each large matmul into blocks. Handing those blocks to Python threads costs a GIL round per
+block (slicing, the ufunc call's setup): on many cores that serializes tens of microseconds per
+thread on every GEMM. Here the blocks run inside one numba ``prange`` loop that calls the BLAS
+library numpy loaded (found through threadpoolctl, entered through ctypes): no GIL, one
+parallel-region launch per GEMM, on the same OpenMP threads that run the numba backend's
+generated kernels, so a plan's GEMMs and its row ops share one pool.
+
+``available()`` is False where numpy's BLAS exports no CBLAS ``sgemm``/``dgemm`` under one
+of the names in ``_SYMBOLS`` (or threadpoolctl finds no BLAS library); callers then keep the
+Python-thread split. Only float32 and float64 go through here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+
+import numpy as np
+
+# (sgemm, dgemm) symbol names and whether their integers are 64-bit, in the order tried:
+# numpy >= 2 ships scipy-openblas (ILP64, prefixed and suffixed), numpy 1.x openblas64_
+_SYMBOLS = (("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", True),
+            ("cblas_sgemm64_", "cblas_dgemm64_", True),
+            ("scipy_cblas_sgemm", "scipy_cblas_dgemm", False),
+            ("cblas_sgemm", "cblas_dgemm", False))
+_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+
+_lock = threading.RLock()
+_gemms: dict | None = None  # dtype name -> (ctypes gemm, item size); {} when unavailable
+_kernels: dict = {}  # dtype name -> compiled split loop
+
+
+def _find_gemms():
+    """ctypes (sgemm, dgemm) of numpy's BLAS, or None."""
+    from .numpy.threads import blas_libraries
+
+    for path in blas_libraries():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for s_name, d_name, ilp64 in _SYMBOLS:
+            if hasattr(lib, s_name) and hasattr(lib, d_name):
+                idx = ctypes.c_int64 if ilp64 else ctypes.c_int
+                fns = []
+                for name, real in ((s_name, ctypes.c_float), (d_name, ctypes.c_double)):
+                    fn = getattr(lib, name)
+                    # pointers travel as 64-bit integers (same registers as a pointer on x86-64
+                    # and aarch64), so the numba kernel passes addresses it computed itself
+                    ptr = ctypes.c_int64
+                    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, idx, idx, idx, real,
+                                   ptr, idx, ptr, idx, real, ptr, idx]
+                    fn.restype = None
+                    fns.append(fn)
+                return tuple(fns)
+    return None
+
+
+def _compile(gemm, itemsize: int):
+    import numba
+
+    from .numba import threads as numba_threads
+
+    numba_threads.configure()
+
+    @numba.njit(parallel=True, nogil=True, cache=False)
+    def split(blocks, a_ptr, a_off, a_sr, ta, lda, b_ptr, b_off, b_sc, tb, ldb, c_ptr, c_off,
+              c_sr, k):
+        # blocks[i] = (batch, row0, row1, col0, col1); offsets (per batch entry), strides and
+        # leading dims in elements, the transposition flags chosen by the caller
+        for i in numba.prange(blocks.shape[0]):
+            bt, r0, r1 = blocks[i, 0], blocks[i, 1], blocks[i, 2]
+            c0, c1 = blocks[i, 3], blocks[i, 4]
+            pa = a_ptr + (a_off[bt] + r0 * a_sr) * itemsize
+            pb = b_ptr + (b_off[bt] + c0 * b_sc) * itemsize
+            pc = c_ptr + (c_off[bt] + r0 * c_sr + c0) * itemsize
+            gemm(_ROW_MAJOR, ta, tb, r1 - r0, c1 - c0, k, 1.0, pa, lda, pb, ldb, 0.0, pc, c_sr)
+
+    return split
+
+
+def _load() -> dict:
+    """dtype name -> its CBLAS gemm (empty where numpy's BLAS has none we can enter)."""
+    global _gemms
+    if _gemms is None:
+        with _lock:
+            if _gemms is None:
+                found = _find_gemms()
+                _gemms = {} if found is None else {"float32": (found[0], 4),
+                                                   "float64": (found[1], 8)}
+    return _gemms
+
+
+def _kernel(dtype: str):
+    """The split loop for one dtype, compiled on first use (about a second; not cacheable on
+    disk, since it holds the library's function address)."""
+    k = _kernels.get(dtype)
+    if k is None:
+        with _lock:
+            k = _kernels.get(dtype)
+            if k is None:
+                k = _kernels[dtype] = _compile(*_load()[dtype])
+    return k
+
+
+def available() -> bool:
+    """Whether GEMMs can be split over numba's threads here (numpy's BLAS has CBLAS gemm)."""
+    return bool(_load())
+
+
+def grid(nb: int, m: int, n: int, parts: int, align_m: int = 8, align_n: int = 32) -> np.ndarray:
+    """Blocks (batch, row0, row1, col0, col1) that cut a batch of m x n products into about
+    ``parts`` pieces: whole batch entries first; within a product, a grid whose blocks are
+    near square in (rows x k) + (k x cols) traffic (gm / gn ~ m / n), edges aligned to the
+    micro-kernel tiles where the sizes allow."""
+    per = max(1, parts // nb) if nb < parts else 1
+    gm, gn = 1, per
+    best = None
+    for a in range(1, per + 1):
+        if per % a:
+            continue
+        b = per // a
+        if a > max(1, m // align_m) or b > max(1, n // align_n):
+            continue
+        cost = b * m + a * n  # bytes packed (x k): every block reads its rows of A, cols of B
+        if best is None or cost < best:
+            best, gm, gn = cost, a, b
+    rows = _cuts(m, gm, align_m)
+    cols = _cuts(n, gn, align_n)
+    out = [(b, rows[i], rows[i + 1], cols[j], cols[j + 1])
+           for b in range(nb) for i in range(len(rows) - 1) for j in range(len(cols) - 1)]
+    return np.array(out, dtype=np.int64).reshape(-1, 5)
+
+
+def _cuts(n: int, parts: int, align: int) -> list[int]:
+    step = -(-n // max(parts, 1))
+    if n >= parts * align:
+        step = -(-step // align) * align
+    return list(range(0, n, step)) + [n] if n else [0, 0]
+
+
+def _blas_layout(x: np.ndarray) -> tuple[int, int] | None:
+    """(transpose flag, leading dimension) under which BLAS reads this (batch of) row-major
+    matrices as they are, or None when neither matrix dim has a unit stride."""
+    s0, s1 = x.strides[-2:]
+    it = x.itemsize
+    rows, cols = x.shape[-2:]
+    if s1 == it and s0 % it == 0 and s0 >= max(1, cols) * it:
+        return _NO_TRANS, s0 // it
+    if s0 == it and s1 % it == 0 and s1 >= max(1, rows) * it:
+        return _TRANS, s1 // it
+    if rows == 1 and s1 == it:  # one row: any leading dimension >= cols reads it
+        return _NO_TRANS, max(1, cols)
+    if cols == 1 and s0 == it:
+        return _TRANS, max(1, rows)
+    return None
+
+
+@functools.lru_cache(maxsize=512)
+def _offsets(batch: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
+    """Element offset of every batch entry (C order) for these batch sizes and strides."""
+    if not batch:
+        return np.zeros(1, np.int64)
+    idx = np.indices(batch, dtype=np.int64).reshape(len(batch), -1)
+    return (idx * np.array(strides, np.int64)[:, None]).sum(axis=0)
+
+
+def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+    """``out = A @ B`` over the given blocks (``grid``): A (*batch, m, k), B (*batch, k, n),
+    ``out`` (*batch, m, n) C-contiguous, one batch shape for all three (or none), float32 or
+    float64 alike. Batch axes may have any strides (views of heads inside a sequence layout);
+    an operand BLAS cannot read as it is (no unit stride in its matrix dims) is copied first."""
+    split = _kernel(out.dtype.name)
+    la = _blas_layout(A)
+    if la is None:
+        A = np.ascontiguousarray(A)
+        la = _blas_layout(A)
+    lb = _blas_layout(B)
+    if lb is None:
+        B = np.ascontiguousarray(B)
+        lb = _blas_layout(B)
+    it = out.itemsize
+    batch = out.shape[:-2]
+
+    def offs(x: np.ndarray) -> np.ndarray:
+        st = tuple(0 if d == 1 else s // it for d, s in zip(x.shape[:-2], x.strides[:-2]))
+        return _offsets(batch, st)
+
+    from .numba import threads as numba_threads
+
+    with numba_threads.launch_lock():  # serializes launches only on a non-thread-safe layer
+        split(blocks, A.ctypes.data, offs(A), A.strides[-2] // it, la[0], la[1],
+              B.ctypes.data, offs(B), B.strides[-1] // it, lb[0], lb[1],
+              out.ctypes.data, offs(out), out.strides[-2] // it, A.shape[-1])
+    return out

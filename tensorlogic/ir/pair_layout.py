@@ -1,0 +1,158 @@
+"""Pairwise contractions without layout copies, and the measured choice between layouts.
+
+A pairwise contraction ``A[batch, left, contr] x B[batch, contr, right]`` becomes one matmul
+once each operand is viewed as a stack of matrices. Merging all of ``left`` (and of ``right``)
+into one matrix dimension often needs a transposing copy (a 16^5 tensor whose contracted index
+sits in the middle: 1M elements copied to contract 16 numbers each). A strided batch needs
+none: the contracted letters and the ``left`` letters next to them in memory form the matrix,
+every other letter becomes a batch axis of numpy's matmul (which walks any strides and
+broadcasts over the other operand), and each matrix goes to BLAS as it lies, transposed where
+its unit stride is on the other side. It pays one BLAS call per batch element instead of the
+copy; which is faster depends on the shapes and the machine, so the host backends time both on
+the real shapes when the step is large enough for it to matter (``choose``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+# Rough costs for steps too small to be worth timing: a transposing copy per byte and a BLAS
+# call of numpy's batched matmul loop (2-vCPU AVX-512 machine, measured on 16^5 float64).
+COPY_NS_PER_BYTE = 0.25
+CALL_NS = 400.0
+NS_PER_FLOP = 0.1  # small GEMMs on one core
+# Steps whose cheaper estimate is below this are chosen by the estimates alone.
+MEASURE_MIN_NS = 20_000.0
+# Operands larger than this are not materialized to time a step (the estimates decide).
+MEASURE_MAX_BYTES = 64 << 20
+# Estimates further apart than this are trusted without timing.
+CLEAR_RATIO = 4.0
+# At most this many seconds of timing per einsum (later steps use the estimates).
+MEASURE_BUDGET_S = 0.03
+
+
+@dataclass(frozen=True)
+class StridedPair:
+    """How ``matmul`` runs a pair with no copy: each operand transposed by ``perm``, reshaped
+    to ``shape`` (merging only axes adjacent in memory) and, with ``swap``, its last two axes
+    swapped; the product has shape ``mm_shape`` and letters ``result``."""
+
+    result: str
+    perm_a: tuple[int, ...]
+    shape_a: tuple[int, ...]
+    swap_a: bool
+    perm_b: tuple[int, ...]
+    shape_b: tuple[int, ...]
+    swap_b: bool
+    mm_shape: tuple[int, ...]
+    calls: int  # matrices in the batch (BLAS calls)
+
+    def views(self, A, B):
+        """The operands as matmul stacks (views of their memory)."""
+        Av = A.transpose(self.perm_a).reshape(self.shape_a)
+        Bv = B.transpose(self.perm_b).reshape(self.shape_b)
+        return (Av.swapaxes(-1, -2) if self.swap_a else Av,
+                Bv.swapaxes(-1, -2) if self.swap_b else Bv)
+
+
+def _run(term: str, letters: list[str]) -> str | None:
+    """``letters`` as they appear in ``term`` when they are adjacent there, else None."""
+    pos = sorted(term.index(c) for c in letters)
+    if pos[-1] - pos[0] != len(pos) - 1:
+        return None
+    return term[pos[0]:pos[-1] + 1]
+
+
+def _matrix(term: str, k_run: str, free: set[str]) -> tuple[str, bool] | None:
+    """The free letters that form the matrix with ``k_run`` in ``term`` without a copy, and
+    whether the matrix is stored with K innermost ([M][K]); None if none has a unit stride."""
+    p = term.index(k_run[0])
+    after = term[p + len(k_run):]
+    if not after:  # K innermost: the free letters just before it join the matrix
+        q = p
+        while q > 0 and term[q - 1] in free:
+            q -= 1
+        return term[q:p], True
+    if all(c in free for c in after):  # the free letters after K are innermost: [K][M]
+        return after, False
+    return None
+
+
+def strided_pair(a: str, b: str, batch: list[str], contr: list[str], left: list[str],
+                 right: list[str], sizes: dict[str, int]) -> StridedPair | None:
+    """The copy-free matmul of C-contiguous operands ``a`` and ``b``, or None when their
+    contracted letters are not adjacent in the same order in both, or a matrix would have no
+    unit stride."""
+    if not contr:
+        return None
+    k_run = _run(a, contr)
+    if k_run is None or _run(b, contr) != k_run:
+        return None
+    ma = _matrix(a, k_run, set(left))
+    mb = _matrix(b, k_run, set(right))
+    if ma is None or mb is None:
+        return None
+    m_letters, a_mk = ma
+    n_letters, b_nk = mb
+    pa = [c for c in left if c not in m_letters]
+    pb = [c for c in right if c not in n_letters]
+    m, n, k = (math.prod(sizes[c] for c in g) for g in (m_letters, n_letters, k_run))
+    lead_a = [sizes[c] for c in batch + pa] + [1] * len(pb)
+    lead_b = [sizes[c] for c in batch] + [1] * len(pa) + [sizes[c] for c in pb]
+    # the matrix letters keep their memory order, so merging them is a view
+    mat_a = m_letters + k_run if a_mk else k_run + m_letters
+    mat_b = n_letters + k_run if b_nk else k_run + n_letters
+    perm_a = tuple(a.index(c) for c in batch + pa + list(mat_a))
+    perm_b = tuple(b.index(c) for c in batch + pb + list(mat_b))
+    shape_a = tuple(lead_a) + ((m, k) if a_mk else (k, m))
+    shape_b = tuple(lead_b) + ((n, k) if b_nk else (k, n))
+    lead = [sizes[c] for c in batch + pa + pb]
+    return StridedPair("".join(batch + pa + pb) + m_letters + n_letters,
+                       perm_a, shape_a, not a_mk, perm_b, shape_b, b_nk,
+                       tuple(lead) + (m, n), math.prod(lead))
+
+
+def estimate_ns(copied_bytes: int, calls: int, flops: int = 0) -> float:
+    """The estimated time of a layout: its copies, its BLAS calls and its arithmetic."""
+    return copied_bytes * COPY_NS_PER_BYTE + calls * CALL_NS + flops * NS_PER_FLOP
+
+
+class Chooser:
+    """Picks the faster of two ways to run a pair, by timing them on the real shapes when the
+    step is large enough and the einsum's timing budget lasts, else by the estimates."""
+
+    def __init__(self, measure: bool) -> None:
+        self.measure = measure
+        self.spent = 0.0
+
+    def choose(self, est: list[float], build: list[Callable[[], tuple[Callable, list]]],
+               shapes: list[tuple[tuple[int, ...], str]]) -> int:
+        """Index of the candidate to use. ``build[i]()`` gives (fn, scratch specs) of candidate
+        i; ``shapes`` are the two operands' (shape, dtype)."""
+        best = min(range(len(est)), key=est.__getitem__)
+        nbytes = sum(math.prod(s) * np.dtype(d).itemsize for s, d in shapes)
+        if (not self.measure or est[best] < MEASURE_MIN_NS or nbytes > MEASURE_MAX_BYTES
+                or self.spent > MEASURE_BUDGET_S or max(est) > CLEAR_RATIO * est[best]):
+            return best
+        t0 = time.perf_counter()
+        ops = [np.ones(s, d) for s, d in shapes]
+        times = [_time(*b(), ops) for b in build]
+        self.spent += time.perf_counter() - t0
+        return min(range(len(times)), key=times.__getitem__)
+
+
+def _time(fn: Callable, specs: list[tuple[tuple[int, ...], str]], ops: list[Any]) -> float:
+    """Best of two timed runs of a pair function (after one warm-up) with its own scratch."""
+    scratch = [np.empty(s, d) for s, d in specs]
+    fn(np, ops[0], ops[1], None, scratch)
+    best = math.inf
+    for _ in range(2):
+        t0 = time.perf_counter()
+        fn(np, ops[0], ops[1], None, scratch)
+        best = min(best, time.perf_counter() - t0)
+    return best

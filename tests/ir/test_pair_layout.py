@@ -1,0 +1,169 @@
+"""Strided batched matmuls for pairs whose merged layout needs copies (``pair_layout``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from tensorlogic.ir import pair_layout, pairwise
+from tensorlogic.ir import spec as einspec
+
+
+def _plan(spec, shapes, dtypes, monkeypatch, strided: bool, path=None):
+    # the estimates decide alone (no timing), tilted all the way to one side
+    monkeypatch.setattr(pair_layout, "CALL_NS", 0.0 if strided else 1e12)
+    monkeypatch.setattr(pair_layout, "MEASURE_MIN_NS", float("inf"))
+    es = einspec.parse(spec, [len(s) for s in shapes])
+    sizes = einspec.letter_sizes(es, shapes)
+    return es, pairwise.plan_einsum(es, shapes, sizes, path or "optimal", dtypes, host=True)
+
+
+def _run(plan, es, arrays, dtype, scratch: bool):
+    sizes = einspec.letter_sizes(es, [a.shape for a in arrays])
+    out = np.empty(tuple(sizes[c] for c in es.output), dtype)
+    bufs = [np.full(s, 7, d) for s, d in plan.scratch] if scratch else None
+    return plan.run(np, arrays, out, bufs)
+
+
+def test_middle_index_runs_without_copy(monkeypatch):
+    sp = pair_layout.strided_pair("abltK", "t", [], ["t"], list("ablK"), [], dict.fromkeys(
+        "abltK", 4))
+    assert sp is not None and sp.calls == 4 ** 3 and sp.result == "ablK"
+    A = np.random.default_rng(0).random((4,) * 5)
+    Av, Bv = sp.views(A, np.ones(4))
+    assert np.shares_memory(Av, A)  # a view: nothing copied
+    es, strided = _plan("abltK,t->ablK", [(4,) * 5, (4,)], ["float64"] * 2, monkeypatch, True)
+    _, merged = _plan("abltK,t->ablK", [(4,) * 5, (4,)], ["float64"] * 2, monkeypatch, False)
+    assert strided.copied == 0 and merged.copied == 4 ** 5
+    assert len(strided.scratch) < len(merged.scratch)
+
+
+def test_contracted_letters_out_of_order_fall_back():
+    sizes = dict.fromkeys("abcd", 3)
+    # b and c are adjacent in both but in opposite orders: no common K matrix dimension
+    assert pair_layout.strided_pair("abc", "cbd", [], ["b", "c"], ["a"], ["d"], sizes) is None
+    # a batch letter after the summed one: neither of the matrix dims has a unit stride
+    assert pair_layout.strided_pair("abc", "cbd", ["c"], ["b"], ["a"], ["d"], sizes) is None
+
+
+_DTYPES = ["float64", "complex128", "int8", "uint16", "bool"]
+
+
+def _arrays(rng, shapes, dtype):
+    out = []
+    for s in shapes:
+        if dtype == "bool":
+            out.append(rng.random(s) < 0.5)
+        elif np.dtype(dtype).kind in "iu":
+            info = np.iinfo(dtype)
+            out.append(rng.integers(info.min, info.max, s, dtype=dtype, endpoint=True))
+        elif dtype.startswith("complex"):
+            out.append((rng.random(s) + 1j * rng.random(s) + 0.5).astype(dtype))
+        else:
+            out.append(rng.random(s).astype(dtype) + 0.5)
+    return out
+
+
+@st.composite
+def _pairs(draw):
+    """Two operands with shared letters in random places, some summed, some kept."""
+    letters = "abcdefg"
+    n = draw(st.integers(3, 6))
+    used = letters[:n]
+    sizes = {c: draw(st.integers(1, 4)) for c in used}
+    a = "".join(draw(st.permutations(used))[: draw(st.integers(2, n))])
+    rest = [c for c in used if c not in a]
+    shared = draw(st.lists(st.sampled_from(a), min_size=1, max_size=len(a), unique=True))
+    b = "".join(draw(st.permutations(shared + rest)))
+    kept = [c for c in dict.fromkeys(a + b) if c not in shared or draw(st.booleans())]
+    out = "".join(draw(st.permutations(kept)))
+    # a third operand joins after the pair, so the pair is an inner step (the last pair of an
+    # einsum keeps the layout that lands in its output)
+    return (f"{a},{b},z->{out}z", [tuple(sizes[c] for c in t) for t in (a, b)] + [(2,)])
+
+
+@settings(max_examples=120, deadline=None)
+@given(case=_pairs(), dtype=st.sampled_from(_DTYPES), scratch=st.booleans(),
+       seed=st.integers(0, 2 ** 16))
+def test_strided_pairs_match_numpy(case, dtype, scratch, seed):
+    spec, shapes = case
+    rng = np.random.default_rng(seed)
+    arrays = _arrays(rng, shapes, dtype)
+    ref = np.einsum(spec, *arrays)
+    with pytest.MonkeyPatch.context() as mp:
+        es, plan = _plan(spec, shapes, [dtype] * 3, mp, True, [(0, 1), (0, 1)])
+    got = _run(plan, es, arrays, ref.dtype, scratch)
+    assert got.dtype == ref.dtype
+    if np.dtype(dtype).kind in "iub":
+        np.testing.assert_array_equal(got, ref)  # exact, wraparound included
+    else:
+        np.testing.assert_allclose(got, ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int32"])
+def test_network_with_strided_steps_matches_numpy(dtype, monkeypatch, rng):
+    spec = "abctd,t,cdu,ue->abe"
+    shapes = [(3, 4, 2, 5, 3), (5,), (2, 3, 6), (6, 4)]
+    arrays = _arrays(rng, shapes, dtype)
+    es, plan = _plan(spec, shapes, [dtype] * 4, monkeypatch, True, [(0, 1), (0, 1), (0, 1)])
+    got = _run(plan, es, arrays, np.dtype(dtype), True)
+    np.testing.assert_allclose(got, np.einsum(spec, *arrays), rtol=1e-12)
+    assert plan.copied == 0
+
+
+def test_timed_choice_is_one_of_the_two(rng):
+    # left to time both layouts (a 16^4 operand with the summed index in the middle: large
+    # enough for timing), the plan is right whichever wins
+    spec = "abtc,t->abc"
+    shapes = [(16, 16, 16, 16), (16,)]
+    arrays = _arrays(rng, shapes, "float64")
+    es = einspec.parse(spec, [4, 1])
+    sizes = einspec.letter_sizes(es, shapes)
+    plan = pairwise.plan_einsum(es, shapes, sizes, "optimal", ["float64"] * 2, host=True)
+    np.testing.assert_allclose(_run(plan, es, arrays, np.float64, True),
+                               np.einsum(spec, *arrays), rtol=1e-12)
+
+
+@pytest.mark.parametrize("pick", [0, 1, 2, 3])
+@pytest.mark.parametrize("spec,shapes", [
+    ("abtc,tcd,z->abdz", [(3, 4, 5, 2), (5, 2, 3), (2,)]),
+    ("abtc,dt,z->dcbaz", [(3, 4, 5, 2), (6, 5), (2,)]),
+    ("btc,bct,z->bz", [(3, 5, 2), (3, 2, 5), (2,)]),
+    ("xabt,ty,z->yxabz", [(2, 3, 4, 5), (5, 3), (2,)]),
+    ("abtc,dt->dcba", [(3, 4, 5, 2), (6, 5)]),  # a last pair: the layouts that land in ``out``
+])
+def test_every_candidate_layout_matches_numpy(pick, spec, shapes, monkeypatch, rng):
+    # each candidate (merged or strided, either orientation) forced in turn
+    monkeypatch.setattr(pair_layout.Chooser, "choose",
+                        lambda self, est, build, shapes: min(pick, len(est) - 1))
+    arrays = _arrays(rng, shapes, "float64")
+    es = einspec.parse(spec, [len(s) for s in shapes])
+    sizes = einspec.letter_sizes(es, shapes)
+    path = [(0, 1), (0, 1)][:len(shapes) - 1]
+    plan = pairwise.plan_einsum(es, shapes, sizes, path, ["float64"] * len(shapes), host=True)
+    for scratch in (True, False):
+        np.testing.assert_allclose(_run(plan, es, arrays, np.float64, scratch),
+                                   np.einsum(spec, *arrays), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "int16", "complex128"])
+def test_temporaries_share_buffers_when_never_live_together(dtype, rng):
+    # a chain of six: five pair results and the copies they need, but only a few alive at once
+    spec = "ba,cb,dc,ed,fe,gf->ag"
+    shapes = [(3, 4), (5, 3), (4, 5), (6, 4), (2, 6), (3, 2)]
+    arrays = _arrays(rng, shapes, dtype)
+    es = einspec.parse(spec, [2] * 6)
+    sizes = einspec.letter_sizes(es, shapes)
+    plan = pairwise.plan_einsum(es, shapes, sizes, [(0, 1), (0, 4), (0, 3), (0, 2), (0, 1)],
+                                [dtype] * 6)
+    # fewer buffers than temporaries, none larger than the largest temporary
+    assert 0 < len(plan.scratch) < 5
+    assert max(s[0][0] for s in plan.scratch) <= max(sizes[a] * sizes[b] for a in sizes
+                                                       for b in sizes)
+    ref = np.einsum(spec, *arrays)
+    got = _run(plan, es, arrays, ref.dtype, True)  # buffers start full of garbage
+    if np.dtype(dtype).kind in "iu":
+        np.testing.assert_array_equal(got, ref)
+    else:
+        np.testing.assert_allclose(got, ref, rtol=1e-12)
