@@ -198,24 +198,37 @@ class GraphBuilder:
         """An elementwise unary op from the op table."""
         if op not in ops.UNARY_OPS:
             raise GraphError(f"unknown unary op {op!r}; expected one of {ops.UNARY_OPS}")
-        x = self._own(x)
-        return Tensor(self, self.add_node(ops.UNARY, op, [x.id], name=name))
+        return self.elementwise(op, x, name=name)
 
     @_atomic
     def binary(self, op: str, a: Any, b: Any, name: str | None = None) -> "Tensor":
         """An elementwise binary op with numpy broadcasting; Python scalars are weak (NEP 50)."""
         if op not in ops.BINARY_OPS:
             raise GraphError(f"unknown binary op {op!r}; expected one of {ops.BINARY_OPS}")
-        like = _dtype_of(a if isinstance(a, Tensor) else b if isinstance(b, Tensor) else None)
-        ta, tb = self._own(a, like), self._own(b, like)
-        return Tensor(self, self.add_node(ops.BINARY, op, [ta.id, tb.id], name=name))
+        return self.elementwise(op, a, b, name=name)
+
+    @_atomic
+    def elementwise(self, op: str, *operands: Any, name: str | None = None) -> "Tensor":
+        """Any elementwise op of the op table over as many operands as its arity (unary,
+        binary, ``where``'s three), with numpy broadcasting; Python scalars are weak (NEP 50)
+        against the first tensor operand whose dtype the result follows."""
+        row = ops.ELEMENTWISE.get(op) if isinstance(op, str) else None
+        if row is None:
+            raise GraphError(f"unknown elementwise op {op!r}; expected one of "
+                             f"{tuple(ops.ELEMENTWISE)}")
+        if len(operands) != row.arity:
+            raise GraphError(f"{op} takes {row.arity} operand(s), got {len(operands)}")
+        order = [k for k in range(row.arity) if k not in row.own_dtype] + list(row.own_dtype)
+        like = _dtype_of(next((operands[k] for k in order if isinstance(operands[k], Tensor)),
+                              None))
+        ts = [self._own(t, like) for t in operands]
+        return Tensor(self, self.add_node(ops.KIND_OF_ARITY[row.arity], op, [t.id for t in ts],
+                                          name=name))
 
     @_atomic
     def where(self, cond: Any, a: Any, b: Any, name: str | None = None) -> "Tensor":
         """``a`` where ``cond`` is nonzero, else ``b``."""
-        like = _dtype_of(next((t for t in (a, b, cond) if isinstance(t, Tensor)), None))
-        ts = [self._own(t, like) for t in (cond, a, b)]
-        return Tensor(self, self.add_node(ops.WHERE, "where", [t.id for t in ts], name=name))
+        return self.elementwise("where", cond, a, b, name=name)
 
     @_atomic
     def reduce(

@@ -57,7 +57,7 @@ def test_every_elementwise_op_rounds_once(backend, dtype, op, rng):
     xs = [rng.uniform(0.25, 2.0, shape).astype(dtype) for _ in range(row.arity)]
     g = tl.EinsumGraph()
     ins = [g.input(f"x{k}", shape, dtype) for k in range(row.arity)]
-    y = g.add_node(ops.UNARY if row.arity == 1 else ops.BINARY, op, [t.id for t in ins])
+    y = g.add_node(ops.KIND_OF_ARITY[row.arity], op, [t.id for t in ins])
     g.output(g.tensor(y), "y")
     got = tl.compile(g, backend=backend, opt_level=0)(**{f"x{k}": x for k, x in enumerate(xs)})["y"]
     assert got.dtype == np.dtype(dtype)

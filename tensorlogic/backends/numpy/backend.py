@@ -74,9 +74,13 @@ class NumpyBackend(Backend):
     thread_mode: str = cpu_threads.DEFAULT_MODE
 
     def with_options(self, options: Mapping[str, Any]) -> NumpyBackend:
-        """A view of this backend holding what a plan's compile options set (``_settings``)."""
+        """This backend, or a view of it holding what a plan's compile options set
+        (``_settings``) where they differ from its own."""
+        settings = self._settings(options)
+        if all(getattr(self, k) == v for k, v in settings.items()):  # its own attributes
+            return self
         view = copy.copy(self)
-        view.__dict__.update(self._settings(options))
+        view.__dict__.update(settings)
         return view
 
     def _settings(self, options: Mapping[str, Any]) -> dict[str, Any]:
