@@ -22,7 +22,8 @@ demo: install
 	$(VENV)/bin/tensorlogic demo
 
 test: install-test
-	$(VENV)/bin/ruff check tensorlogic tests benchmarks
+	$(VENV)/bin/ruff check tensorlogic tests benchmarks examples
+	$(VENV)/bin/ruff format --check tensorlogic tests benchmarks examples
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: install-test

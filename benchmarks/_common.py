@@ -16,8 +16,9 @@ from typing import Callable
 RESULTS = Path(__file__).parent / "results"
 
 
-def median_time(fn: Callable[[], object], repeat: int = 20, warmup: int = 3,
-                min_time: float = 0.0) -> float:
+def median_time(
+    fn: Callable[[], object], repeat: int = 20, warmup: int = 3, min_time: float = 0.0
+) -> float:
     """Median seconds of ``fn()`` over ``repeat`` runs after ``warmup`` runs.
 
     With ``min_time``, each sample loops fn until that many seconds pass (for microsecond calls).
@@ -38,8 +39,9 @@ def _sample(fn: Callable[[], object], min_time: float) -> float:
             return dt / n
 
 
-def interleaved_times(fns: dict[str, Callable[[], object]], repeat: int = 20, warmup: int = 3,
-                      min_time: float = 0.0) -> dict[str, float]:
+def interleaved_times(
+    fns: dict[str, Callable[[], object]], repeat: int = 20, warmup: int = 3, min_time: float = 0.0
+) -> dict[str, float]:
     """Median seconds per call of each function, sampled round-robin.
 
     Every round takes one sample of each function (looping it for ``min_time`` seconds), so a
@@ -117,6 +119,7 @@ def write_results(
 
 def table(rows: list[dict], columns: list[str]) -> str:
     """A plain text table of the given columns."""
+
     def fmt(v):
         if isinstance(v, float):
             return f"{v:.4g}"

@@ -49,8 +49,8 @@ def _block_arrays(b, s, d, h, causal, seed=0):
         dk = d // h
         a = {"x": _rand(rng, b, s, d)}
         for w in ("wq", "wk", "wv", "wo"):
-            a[w] = _rand(rng, h, dk, d, scale=d ** -0.5)
-        a["w1"] = _rand(rng, d, 4 * d, scale=d ** -0.5)
+            a[w] = _rand(rng, h, dk, d, scale=d**-0.5)
+        a["w1"] = _rand(rng, d, 4 * d, scale=d**-0.5)
         a["b1"] = _rand(rng, 4 * d, scale=0.1)
         a["w2"] = _rand(rng, 4 * d, d, scale=(4 * d) ** -0.5)
         a["b2"] = _rand(rng, d, scale=0.1)
@@ -60,6 +60,7 @@ def _block_arrays(b, s, d, h, causal, seed=0):
         if causal:  # the additive mask a user builds: 0 on and below the diagonal, -inf above
             a["mask"] = np.triu(np.full((s, s), -np.inf, np.float32), 1)
         return a
+
     return make
 
 
@@ -92,7 +93,7 @@ def _np_layer_norm(x, gamma, beta, eps=1e-5):
 
 
 def _np_gelu(x):
-    return 0.5 * x * (1 + np.tanh(GELU_C * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + np.tanh(GELU_C * (x + 0.044715 * x**3)))
 
 
 def _np_softmax(x, axis=-1):
@@ -141,14 +142,23 @@ def _block_torch(a, sdpa):
         y = F.layer_norm(x + att, (d,), t["g1"], t["be1"])
         m = F.gelu(F.linear(y, w1t, t["b1"]), approximate="tanh")
         return (F.layer_norm(y + F.linear(m, w2t, t["b2"]), (d,), t["g2"], t["be2"]),)
+
     return block
 
 
 def block(b, s, d, h, causal=False) -> Model:
     """The transformer encoder block of the issue (einsum projections, post-norm, GELU MLP)."""
     name = f"block B={b} S={s} D={d} H={h}" + (" causal" if causal else "")
-    return Model(name, _block_arrays(b, s, d, h, causal), ("x", "mask") if causal else ("x",),
-                 _block_graph, _block_reference, _block_torch, ("out",), sdpa=True)
+    return Model(
+        name,
+        _block_arrays(b, s, d, h, causal),
+        ("x", "mask") if causal else ("x",),
+        _block_graph,
+        _block_reference,
+        _block_torch,
+        ("out",),
+        sdpa=True,
+    )
 
 
 # ---------------------------------------------------------------- 4-layer MLP
@@ -160,6 +170,7 @@ def _mlp_arrays(batch, width, layers, seed=1):
             a[f"w{i}"] = _rand(rng, width, width, scale=(2 / width) ** 0.5)
             a[f"b{i}"] = _rand(rng, width, scale=0.1)
         return a
+
     return make
 
 
@@ -173,7 +184,8 @@ def _mlp_graph(a):
     n = _n_layers(a)
     for i in range(n):
         h = g.einsum("bi,ij->bj", h, g.constant(a[f"w{i}"], name=f"w{i}")) + g.constant(
-            a[f"b{i}"], name=f"b{i}")
+            a[f"b{i}"], name=f"b{i}"
+        )
         if i < n - 1:
             h = g.relu(h)
     g.output(h, name="out")
@@ -204,21 +216,30 @@ def _mlp_torch(a, sdpa):
             if i < n - 1:
                 x = F.relu(x)
         return (x,)
+
     return mlp
 
 
 def mlp(batch=256, width=1024, layers=4) -> Model:
     """A ReLU MLP of ``layers`` square layers."""
-    return Model(f"MLP {batch}x{width}, {layers} layers", _mlp_arrays(batch, width, layers),
-                 ("x",), _mlp_graph, _mlp_reference, _mlp_torch, ("out",))
+    return Model(
+        f"MLP {batch}x{width}, {layers} layers",
+        _mlp_arrays(batch, width, layers),
+        ("x",),
+        _mlp_graph,
+        _mlp_reference,
+        _mlp_torch,
+        ("out",),
+    )
 
 
 # ---------------------------------------------------------------- the examples/ programs
 def _program(file: str) -> tl.Program:
     """An examples/ program without its declarations (they fix toy sizes; the data sets them)."""
     text = (EXAMPLES / file).read_text()
-    body = "\n".join(line for line in text.splitlines()
-                     if not re.match(r"\s*[A-Za-z_]\w*\s*:", line))
+    body = "\n".join(
+        line for line in text.splitlines() if not re.match(r"\s*[A-Za-z_]\w*\s*:", line)
+    )
     return tl.parse(body, file)
 
 
@@ -228,21 +249,29 @@ def _program_graph(file, outputs, inputs):
 
         prog = _program(file)
         g = tl.EinsumGraph()
-        env = {k: (g.input(k, v.shape, "float32") if k in inputs else g.constant(v, name=k))
-               for k, v in a.items()}
+        env = {
+            k: (g.input(k, v.shape, "float32") if k in inputs else g.constant(v, name=k))
+            for k, v in a.items()
+        }
         outs = build_equations(g, prog.equations, env)
         for name in outputs:
             g.output(outs[name], name=name)
         return g
+
     return build
 
 
 def _attention_arrays(p, d, k, v, seed=2):
     def make():
         rng = np.random.default_rng(seed)
-        return {"Emb": _rand(rng, p, d), "WQ": _rand(rng, k, d, scale=d ** -0.5),
-                "WK": _rand(rng, k, d, scale=d ** -0.5), "WV": _rand(rng, v, d, scale=d ** -0.5),
-                "Dk": np.array(k, np.float32)}
+        return {
+            "Emb": _rand(rng, p, d),
+            "WQ": _rand(rng, k, d, scale=d**-0.5),
+            "WK": _rand(rng, k, d, scale=d**-0.5),
+            "WV": _rand(rng, v, d, scale=d**-0.5),
+            "Dk": np.array(k, np.float32),
+        }
+
     return make
 
 
@@ -264,15 +293,21 @@ def _attention_torch(a, sdpa):
         if sdpa:
             return (F.scaled_dot_product_attention(q[None], k[None], v[None])[0],)
         return (torch.softmax(q @ k.T * scale, dim=-1) @ v,)
+
     return attention
 
 
 def _pmlp_arrays(b, i, h, o, seed=3):
     def make():
         rng = np.random.default_rng(seed)
-        return {"X": _rand(rng, b, i), "W1": _rand(rng, h, i, scale=(2 / i) ** 0.5),
-                "B1": _rand(rng, h, scale=0.1), "W2": _rand(rng, o, h, scale=h ** -0.5),
-                "B2": _rand(rng, o, scale=0.1)}
+        return {
+            "X": _rand(rng, b, i),
+            "W1": _rand(rng, h, i, scale=(2 / i) ** 0.5),
+            "B1": _rand(rng, h, scale=0.1),
+            "W2": _rand(rng, o, h, scale=h**-0.5),
+            "B2": _rand(rng, o, scale=0.1),
+        }
+
     return make
 
 
@@ -289,17 +324,26 @@ def _pmlp_torch(a, sdpa):
     t = {n: torch.from_numpy(x) for n, x in a.items() if n != "X"}
 
     def pmlp(x):
-        return (torch.softmax(F.linear(F.relu(F.linear(x, t["W1"], t["B1"])), t["W2"], t["B2"]),
-                              dim=-1),)
+        return (
+            torch.softmax(
+                F.linear(F.relu(F.linear(x, t["W1"], t["B1"])), t["W2"], t["B2"]), dim=-1
+            ),
+        )
+
     return pmlp
 
 
 def _kernel_arrays(n, f, q, seed=4):
     def make():
         rng = np.random.default_rng(seed)
-        return {"X": _rand(rng, n, f, scale=f ** -0.5), "Xq": _rand(rng, q, f, scale=f ** -0.5),
-                "A": np.abs(_rand(rng, n)) / n, "Ys": np.sign(_rand(rng, n)).astype(np.float32),
-                "B": np.array(0.01, np.float32)}
+        return {
+            "X": _rand(rng, n, f, scale=f**-0.5),
+            "Xq": _rand(rng, q, f, scale=f**-0.5),
+            "A": np.abs(_rand(rng, n)) / n,
+            "Ys": np.sign(_rand(rng, n)).astype(np.float32),
+            "B": np.array(0.01, np.float32),
+        }
+
     return make
 
 
@@ -319,24 +363,50 @@ def _kernel_torch(a, sdpa):
     def kernel_machine(xq):
         k = torch.square(xq @ x.T + 1)
         return (k @ ay + bias,)
+
     return kernel_machine
 
 
 def examples() -> list[Model]:
     """The examples/ programs that have a torch equivalent, at realistic sizes."""
     return [
-        Model("attention.tl P=2048 D=512 K=V=64", _attention_arrays(2048, 512, 64, 64),
-              ("Emb",), _program_graph("attention.tl", ("Attn",), ("Emb",)),
-              _attention_reference, _attention_torch, ("Attn",), sdpa=True),
-        Model("mlp.tl B=2048 1024-1024-512", _pmlp_arrays(2048, 1024, 1024, 512), ("X",),
-              _program_graph("mlp.tl", ("Y",), ("X",)), _pmlp_reference, _pmlp_torch, ("Y",)),
-        Model("kernel_machine.tl N=4096 F=256 Q=2048", _kernel_arrays(4096, 256, 2048), ("Xq",),
-              _program_graph("kernel_machine.tl", ("Score",), ("Xq",)), _kernel_reference,
-              _kernel_torch, ("Score",)),
+        Model(
+            "attention.tl P=2048 D=512 K=V=64",
+            _attention_arrays(2048, 512, 64, 64),
+            ("Emb",),
+            _program_graph("attention.tl", ("Attn",), ("Emb",)),
+            _attention_reference,
+            _attention_torch,
+            ("Attn",),
+            sdpa=True,
+        ),
+        Model(
+            "mlp.tl B=2048 1024-1024-512",
+            _pmlp_arrays(2048, 1024, 1024, 512),
+            ("X",),
+            _program_graph("mlp.tl", ("Y",), ("X",)),
+            _pmlp_reference,
+            _pmlp_torch,
+            ("Y",),
+        ),
+        Model(
+            "kernel_machine.tl N=4096 F=256 Q=2048",
+            _kernel_arrays(4096, 256, 2048),
+            ("Xq",),
+            _program_graph("kernel_machine.tl", ("Score",), ("Xq",)),
+            _kernel_reference,
+            _kernel_torch,
+            ("Score",),
+        ),
     ]
 
 
 def all_models() -> list[Model]:
     """Every bench model, in report order."""
-    return [block(4, 256, 256, 4), block(4, 256, 256, 4, causal=True), block(2, 512, 512, 8),
-            mlp(256, 1024, 4), *examples()]
+    return [
+        block(4, 256, 256, 4),
+        block(4, 256, 256, 4, causal=True),
+        block(2, 512, 512, 8),
+        mlp(256, 1024, 4),
+        *examples(),
+    ]

@@ -40,15 +40,22 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import machine, table, versions, write_results
 
-CPU_CONTENDERS = ("tl_numpy_fused", "tl_numpy_unfused", "tl_numba_fused", "tl_numba_unfused",
-                  "torch_sdpa")
+CPU_CONTENDERS = (
+    "tl_numpy_fused",
+    "tl_numpy_unfused",
+    "tl_numba_fused",
+    "tl_numba_unfused",
+    "torch_sdpa",
+)
 
 
 def _weights(d_model: int, heads: int):
     rng = np.random.default_rng(1)
     k = d_model // heads
-    return [(rng.standard_normal((heads, k, d_model)) / np.sqrt(d_model)).astype(np.float32)
-            for _ in range(4)]
+    return [
+        (rng.standard_normal((heads, k, d_model)) / np.sqrt(d_model)).astype(np.float32)
+        for _ in range(4)
+    ]
 
 
 def _x(s: int, d_model: int):
@@ -66,7 +73,7 @@ def _tl_graph(s: int, d_model: int, heads: int, causal: bool):
     if causal:
         hide = np.zeros((s, s), np.float32)  # filled row by row: no S x S temporaries
         for i in range(s - 1):
-            hide[i, i + 1:] = -np.inf
+            hide[i, i + 1 :] = -np.inf
         scores = scores + g.constant(hide, name="causal_mask")
         del hide
     o = g.einsum("bhqs,bhsk->bqhk", g.softmax(scores, -1), v)
@@ -97,8 +104,9 @@ def _reset_hwm() -> int | None:
     return None
 
 
-def _cpu_worker(name: str, s: int, d_model: int, heads: int, causal: bool, rounds: int,
-                out_path: str) -> dict:
+def _cpu_worker(
+    name: str, s: int, d_model: int, heads: int, causal: bool, rounds: int, out_path: str
+) -> dict:
     """One contender in this process: times, planned and measured peaks; output saved."""
     x = _x(s, d_model)
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -127,6 +135,7 @@ def _cpu_worker(name: str, s: int, d_model: int, heads: int, causal: bool, round
                 q, k, v = (torch.einsum("bsd,hkd->bhsk", xt, w) for w in (wq, wk, wv))
                 o = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
                 return torch.einsum("bhqk,hkd->bqd", o, wo).numpy()
+
     run_base = _reset_hwm()  # the calls' peak: the first call allocates the plan's arena
     y = run()  # warm-up (and first-call compilation)
     ts = []
@@ -146,11 +155,30 @@ def _cpu_worker(name: str, s: int, d_model: int, heads: int, causal: bool, round
 
 def _spawn(name, s, d_model, heads, causal, rounds, tmp) -> dict | None:
     out = os.path.join(tmp, f"{name}_{int(causal)}.npy")
-    cmd = [sys.executable, __file__, "--worker", name, "--seq", str(s), "--rounds", str(rounds),
-           "--out-array", out] + (["--causal"] if causal else [])
-    r = subprocess.run(cmd, capture_output=True, text=True, check=False,
-                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-                           [str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")])))
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        name,
+        "--seq",
+        str(s),
+        "--rounds",
+        str(rounds),
+        "--out-array",
+        out,
+    ] + (["--causal"] if causal else [])
+    r = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(
+                [str(Path(__file__).parent.parent), os.environ.get("PYTHONPATH", "")]
+            ),
+        ),
+    )
     if r.returncode != 0:
         why = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode
         print(f"  {name}: failed ({why})")
@@ -186,8 +214,11 @@ def cpu(args) -> None:
                     prev = got.get(name)
                     if prev is not None:
                         info["samples_ms"] = prev["samples_ms"] + info["samples_ms"]
-                        for key in ("process_peak_bytes", "peak_growth_bytes",
-                                    "run_peak_growth_bytes"):
+                        for key in (
+                            "process_peak_bytes",
+                            "peak_growth_bytes",
+                            "run_peak_growth_bytes",
+                        ):
                             if key in prev:
                                 info[key] = max(prev[key], info.get(key, 0))
                     got[name] = info
@@ -196,37 +227,70 @@ def cpu(args) -> None:
             ref = np.load(got["torch_sdpa"]["y"]) if "torch_sdpa" in got else None
             for info in got.values():
                 y = np.load(info.pop("y"))
-                info["max_abs_diff_vs_torch"] = (float(np.abs(y - ref).max())
-                                                 if ref is not None else None)
+                info["max_abs_diff_vs_torch"] = (
+                    float(np.abs(y - ref).max()) if ref is not None else None
+                )
                 info.update(causal=causal, S=s, D=d_model, H=heads)
                 rows.append(info)
             for be in ("numpy", "numba"):
                 f, u = got.get(f"tl_{be}_fused"), got.get(f"tl_{be}_unfused")
                 if f and u:
                     f["speedup_vs_unfused"] = u["ms"] / f["ms"]
-                    f["planned_peak_fraction_of_unfused"] = (f["planned_peak_bytes"]
-                                                             / u["planned_peak_bytes"])
-                    f["process_peak_saving_bytes"] = (u["process_peak_bytes"]
-                                                      - f["process_peak_bytes"])
+                    f["planned_peak_fraction_of_unfused"] = (
+                        f["planned_peak_bytes"] / u["planned_peak_bytes"]
+                    )
+                    f["process_peak_saving_bytes"] = (
+                        u["process_peak_bytes"] - f["process_peak_bytes"]
+                    )
                     f["saving_over_one_SxS"] = f["process_peak_saving_bytes"] / sxs_bytes
                     f["saving_over_all_heads"] = f["process_peak_saving_bytes"] / scores_bytes
                     if "torch_sdpa" in got:
                         f["ratio_torch_over_ours"] = got["torch_sdpa"]["ms"] / f["ms"]
     for r in rows:
-        for key in ("planned_peak_bytes", "process_peak_bytes", "peak_growth_bytes",
-                    "process_peak_saving_bytes", "run_peak_growth_bytes"):
+        for key in (
+            "planned_peak_bytes",
+            "process_peak_bytes",
+            "peak_growth_bytes",
+            "process_peak_saving_bytes",
+            "run_peak_growth_bytes",
+        ):
             if key in r:
                 r[key.replace("_bytes", "_MiB")] = r[key] / 2**20
-    print(f"CPU attention, S={s}, B=1, D={d_model}, H={heads}, float32 (S x S scores of all "
-          f"heads: {scores_bytes / 2**20:.0f} MiB); load {os.getloadavg()[0]:.2f}")
-    print(table(rows, ["contender", "causal", "ms", "threads", "planned_peak_MiB",
-                       "process_peak_MiB", "run_peak_growth_MiB", "speedup_vs_unfused",
-                       "planned_peak_fraction_of_unfused", "saving_over_one_SxS",
-                       "saving_over_all_heads", "ratio_torch_over_ours", "max_abs_diff_vs_torch"]))
-    path = write_results("bench_attention", rows, {"scores_bytes": scores_bytes,
-                                                   "sxs_bytes": sxs_bytes,
-                                                   "passes": passes, "calls_per_pass": rounds},
-                         peers=("torch",))
+    print(
+        f"CPU attention, S={s}, B=1, D={d_model}, H={heads}, float32 (S x S scores of all "
+        f"heads: {scores_bytes / 2**20:.0f} MiB); load {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        table(
+            rows,
+            [
+                "contender",
+                "causal",
+                "ms",
+                "threads",
+                "planned_peak_MiB",
+                "process_peak_MiB",
+                "run_peak_growth_MiB",
+                "speedup_vs_unfused",
+                "planned_peak_fraction_of_unfused",
+                "saving_over_one_SxS",
+                "saving_over_all_heads",
+                "ratio_torch_over_ours",
+                "max_abs_diff_vs_torch",
+            ],
+        )
+    )
+    path = write_results(
+        "bench_attention",
+        rows,
+        {
+            "scores_bytes": scores_bytes,
+            "sxs_bytes": sxs_bytes,
+            "passes": passes,
+            "calls_per_pass": rounds,
+        },
+        peers=("torch",),
+    )
     print(f"wrote {path}")
 
 
@@ -251,8 +315,11 @@ def _gpu_case(hd: int, s: int, causal: bool, dtype: str, written: bool) -> dict:
     tq = {n: torch.as_tensor(a, device="cuda").to(tdt) for n, a in host.items()}
     sdpa = torch.nn.functional.scaled_dot_product_attention
     # 16-bit: the flash backend forced; float32: torch's own choice (flash takes no float32)
-    backends = [SDPBackend.FLASH_ATTENTION] if dtype != "float32" else [
-        SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    backends = (
+        [SDPBackend.FLASH_ATTENTION]
+        if dtype != "float32"
+        else [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    )
 
     def torch_run():
         with sdpa_kernel(backends):
@@ -279,15 +346,24 @@ def _gpu_case(hd: int, s: int, causal: bool, dtype: str, written: bool) -> dict:
     ours = gpu_time(ours_run, inner, batches=5)
     theirs = gpu_time(torch_run, inner, batches=5)
     flops = 4 * 8 * s * s * hd / (2 if causal else 1)
-    out = {"head_dim": hd, "S": s, "causal": causal, "dtype": dtype,
-           "kernel": plan.steps[0].info, "ours_ms": ours * 1e3, "torch_ms": theirs * 1e3,
-           "ratio_torch_over_ours": theirs / ours, "ours_TFLOPs": flops / ours / 1e12,
-           "ours_mem_MiB": ours_mem / 2**20, "torch_mem_MiB": torch_mem / 2**20,
-           "max_abs_diff": diff}
+    out = {
+        "head_dim": hd,
+        "S": s,
+        "causal": causal,
+        "dtype": dtype,
+        "kernel": plan.steps[0].info,
+        "ours_ms": ours * 1e3,
+        "torch_ms": theirs * 1e3,
+        "ratio_torch_over_ours": theirs / ours,
+        "ours_TFLOPs": flops / ours / 1e12,
+        "ours_mem_MiB": ours_mem / 2**20,
+        "torch_mem_MiB": torch_mem / 2**20,
+        "max_abs_diff": diff,
+    }
     if written and s <= 4096:
         wg = tl.EinsumGraph()
         q, k, v = (wg.input(n, shape, dtype) for n in "qkv")
-        sc = wg.einsum("bhqd,bhkd->bhqk", q, k) * (hd ** -0.5)
+        sc = wg.einsum("bhqd,bhkd->bhqk", q, k) * (hd**-0.5)
         if causal:
             hide = np.triu(np.full((s, s), -np.inf, np.float32), 1).astype(dtype)
             sc = sc + wg.constant(hide)
@@ -314,7 +390,8 @@ def gpu(args) -> None:
         if args.config:  # a block shape forced, to compare shapes ("auto": query in registers
             w, mt, qr, pair = args.config.split(",")  # up to head dim 64)
             attention_gpu.MMA_CONFIG = attention_mma.Config(
-                int(w), int(mt), hd <= 64 if qr == "auto" else qr == "1", pair == "1")
+                int(w), int(mt), hd <= 64 if qr == "auto" else qr == "1", pair == "1"
+            )
         for s in seqs:
             for causal in causals:
                 for dtype in args.dtypes:
@@ -324,9 +401,18 @@ def gpu(args) -> None:
     print(table(rows, [c for c in rows[0] if c != "kernel"]))
     extra = {"device": dev, "torch": torch.__version__, "cupy": cp.__version__}
     if args.out:
-        Path(args.out).write_text(json.dumps(
-            {"benchmark": "bench_attention_gpu", "machine": machine(),
-             "versions": versions("torch", "cupy"), "rows": rows, **extra}, indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "benchmark": "bench_attention_gpu",
+                    "machine": machine(),
+                    "versions": versions("torch", "cupy"),
+                    "rows": rows,
+                    **extra,
+                },
+                indent=1,
+            )
+        )
         print(f"wrote {args.out}")
     else:
         print(f"wrote {write_results('bench_attention_gpu', rows, extra, peers=('torch', 'cupy'))}")
@@ -337,19 +423,34 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--gpu", action="store_true")
     ap.add_argument("--out", default=None, help="GPU part: JSON path")
-    ap.add_argument("--seqs", type=int, nargs="*", default=None,
-                    help="GPU part: sequence lengths (default 1024..16384)")
-    ap.add_argument("--dtypes", nargs="*", default=["bfloat16", "float16", "float32"],
-                    help="GPU part: dtypes")
-    ap.add_argument("--head-dims", type=int, nargs="*", default=[64, 128],
-                    help="GPU part: head dims")
-    ap.add_argument("--config", default=None,
-                    help="GPU part: the tensor-core kernel's block shape, 'warps,m-tiles,"
-                         "query-in-registers(0/1/auto),paired(0/1)' (default: chosen per shape)")
-    ap.add_argument("--causal-rows", choices=("both", "yes", "no"), default="both",
-                    help="GPU part: causal rows, plain rows or both")
-    ap.add_argument("--no-written", action="store_true",
-                    help="GPU part: skip the written-out attention rows")
+    ap.add_argument(
+        "--seqs",
+        type=int,
+        nargs="*",
+        default=None,
+        help="GPU part: sequence lengths (default 1024..16384)",
+    )
+    ap.add_argument(
+        "--dtypes", nargs="*", default=["bfloat16", "float16", "float32"], help="GPU part: dtypes"
+    )
+    ap.add_argument(
+        "--head-dims", type=int, nargs="*", default=[64, 128], help="GPU part: head dims"
+    )
+    ap.add_argument(
+        "--config",
+        default=None,
+        help="GPU part: the tensor-core kernel's block shape, 'warps,m-tiles,"
+        "query-in-registers(0/1/auto),paired(0/1)' (default: chosen per shape)",
+    )
+    ap.add_argument(
+        "--causal-rows",
+        choices=("both", "yes", "no"),
+        default="both",
+        help="GPU part: causal rows, plain rows or both",
+    )
+    ap.add_argument(
+        "--no-written", action="store_true", help="GPU part: skip the written-out attention rows"
+    )
     ap.add_argument("--seq", type=int, default=4096, help="CPU part: sequence length")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--causal", action="store_true", help=argparse.SUPPRESS)
@@ -357,8 +458,7 @@ def main() -> None:
     ap.add_argument("--out-array", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        info = _cpu_worker(args.worker, args.seq, 256, 4, args.causal, args.rounds,
-                           args.out_array)
+        info = _cpu_worker(args.worker, args.seq, 256, 4, args.causal, args.rounds, args.out_array)
         print(json.dumps(info))
     elif args.gpu:
         gpu(args)

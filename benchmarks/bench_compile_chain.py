@@ -55,8 +55,13 @@ CHILD = textwrap.dedent("""
 def run(n: int, bounded: bool) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         env = dict(os.environ, TL_CACHE_DIR=cache)
-        out = subprocess.run([sys.executable, "-c", CHILD, str(n), "1" if bounded else "0"],
-                             env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", CHILD, str(n), "1" if bounded else "0"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -70,9 +75,13 @@ def main() -> None:
         rows.append(run(n, True))
         if n <= 300:
             rows.append(run(n, False))
-        print(table(rows[-2:] if n <= 300 else rows[-1:],
-                    ["ops", "bounded", "kernels", "cpu_s", "cpu_s_per_kernel", "peak_rss_mb"]),
-              flush=True)
+        print(
+            table(
+                rows[-2:] if n <= 300 else rows[-1:],
+                ["ops", "bounded", "kernels", "cpu_s", "cpu_s_per_kernel", "peak_rss_mb"],
+            ),
+            flush=True,
+        )
     path = write_results("compile_chain", rows, {"load_at_end": machine()["loadavg_1min"]})
     print(f"wrote {path}")
 

@@ -40,17 +40,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import write_results
 from datalog_workloads import WORKLOADS
 
-DEFAULT_CASES = ("ancestors:10000,ancestors:100000,closure:1000,closure:2000,ancestors:1000000,"
-                 "closure:5000,samegen:20000,pointsto:100000")
+DEFAULT_CASES = (
+    "ancestors:10000,ancestors:100000,closure:1000,closure:2000,ancestors:1000000,"
+    "closure:5000,samegen:20000,pointsto:100000"
+)
 #: engines that cannot return arrays run in the sets mode only
 SETS_ONLY = {"clingo"}
 
 # ---------------------------------------------------------------------- DuckDB programs
 _DUCK = {
     "ancestors": "WITH RECURSIVE p(x, y) AS (SELECT c0, c1 FROM e UNION SELECT p.x, e.c1 FROM p "
-                 "JOIN e ON p.y = e.c0) SELECT x, y FROM p",
+    "JOIN e ON p.y = e.c0) SELECT x, y FROM p",
     "samegen": "WITH RECURSIVE sg(x, y) AS (SELECT c0, c0 FROM node UNION SELECT a.c0, b.c0 "
-               "FROM sg JOIN par a ON a.c1 = sg.x JOIN par b ON b.c1 = sg.y) SELECT x, y FROM sg",
+    "FROM sg JOIN par a ON a.c1 = sg.x JOIN par b ON b.c1 = sg.y) SELECT x, y FROM sg",
 }
 _DUCK["closure"] = _DUCK["ancestors"]
 
@@ -105,18 +107,21 @@ def _clingo(workload: str, facts: dict, mode: str) -> int:
     ctl.add("base", [], _clingo_text(program, facts) + f"#show {out}/2.\n")
     ctl.ground([("base", [])])
     got: list = []
-    ctl.solve(on_model=lambda m: got.append(
-        {tuple(a.number for a in s.arguments) for s in m.symbols(shown=True)}))
+    ctl.solve(
+        on_model=lambda m: got.append(
+            {tuple(a.number for a in s.arguments) for s in m.symbols(shown=True)}
+        )
+    )
     return len(got[-1])
 
 
-def _tensorlogic(workload: str, facts: dict, mode: str, representation: str,
-                 backend: str) -> int:
+def _tensorlogic(workload: str, facts: dict, mode: str, representation: str, backend: str) -> int:
     from tensorlogic.datalog import evaluate
 
     program, out, _ = WORKLOADS[workload]
-    rel = evaluate(program, facts, as_relations=True, representation=representation,
-                   backend=backend)[out]
+    rel = evaluate(
+        program, facts, as_relations=True, representation=representation, backend=backend
+    )[out]
     if mode == "arrays":
         return len(rel.columns[0])
     return len(rel.to_set())
@@ -136,14 +141,18 @@ def child(args: argparse.Namespace) -> None:
         import numba  # noqa: F401  (a library import, like duckdb's: its kernels load timed)
 
         import tensorlogic.datalog  # noqa: F401
-        fn = functools.partial(_tensorlogic, args.workload, facts, args.mode,
-                               args.representation, args.backend)
+
+        fn = functools.partial(
+            _tensorlogic, args.workload, facts, args.mode, args.representation, args.backend
+        )
     elif args.child == "duckdb":
         import duckdb  # noqa: F401
         import pandas  # noqa: F401
+
         fn = functools.partial(_duckdb, args.workload, facts, args.mode)
     else:
         import clingo  # noqa: F401
+
         fn = functools.partial(_clingo, args.workload, facts, args.mode)
     t0 = time.perf_counter()
     n = fn()
@@ -152,10 +161,31 @@ def child(args: argparse.Namespace) -> None:
     print(json.dumps({"seconds": secs, "tuples": n, "peak_bytes": peak}))
 
 
-def run_child(engine: str, workload: str, data: str, mode: str, timeout: float,
-              representation: str, backend: str) -> dict:
-    cmd = [sys.executable, __file__, "--child", engine, "--workload", workload, "--data", data,
-           "--mode", mode, "--representation", representation, "--backend", backend]
+def run_child(
+    engine: str,
+    workload: str,
+    data: str,
+    mode: str,
+    timeout: float,
+    representation: str,
+    backend: str,
+) -> dict:
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        engine,
+        "--workload",
+        workload,
+        "--data",
+        data,
+        "--mode",
+        mode,
+        "--representation",
+        representation,
+        "--backend",
+        backend,
+    ]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -178,18 +208,28 @@ def versions() -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--cases", default=DEFAULT_CASES,
-                    help="comma-separated workload:size (workloads: " + ", ".join(WORKLOADS) + ")")
+    ap.add_argument(
+        "--cases",
+        default=DEFAULT_CASES,
+        help="comma-separated workload:size (workloads: " + ", ".join(WORKLOADS) + ")",
+    )
     ap.add_argument("--engines", default="tensorlogic,duckdb,clingo")
     ap.add_argument("--modes", default="arrays,sets")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300.0)
-    ap.add_argument("--clingo-max", type=int, default=3_000_000,
-                    help="skip clingo where DuckDB's tuple count exceeds this")
+    ap.add_argument(
+        "--clingo-max",
+        type=int,
+        default=3_000_000,
+        help="skip clingo where DuckDB's tuple count exceeds this",
+    )
     ap.add_argument("--representation", default="auto", choices=("auto", "dense", "sparse"))
     ap.add_argument("--name", default="bench_datalog", help="results/<name>.json")
-    ap.add_argument("--backend", default="auto", help="tensorlogic backend (cupy: dense strata "
-                    "on the GPU while they fit)")
+    ap.add_argument(
+        "--backend",
+        default="auto",
+        help="tensorlogic backend (cupy: dense strata on the GPU while they fit)",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--workload", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
@@ -208,11 +248,13 @@ def main(argv: list[str] | None = None) -> int:
         _, _, gen = WORKLOADS[workload]
         facts = gen(int(size))
         path = os.path.join(tmp, f"{workload}_{size}.npz")
-        np.savez(path, **{f"{name}__{i}": c for name, cols in facts.items()
-                          for i, c in enumerate(cols)})
+        np.savez(
+            path, **{f"{name}__{i}": c for name, cols in facts.items() for i, c in enumerate(cols)}
+        )
         for mode in modes:
-            runs: dict[str, list[dict]] = {e: [] for e in engines
-                                           if mode == "sets" or e not in SETS_ONLY}
+            runs: dict[str, list[dict]] = {
+                e: [] for e in engines if mode == "sets" or e not in SETS_ONLY
+            }
             load0 = os.getloadavg()[0]
             for _ in range(args.repeat):
                 for e, done in runs.items():
@@ -222,17 +264,29 @@ def main(argv: list[str] | None = None) -> int:
                     if done and done[-1]["status"] != "ok":
                         done.append(done[-1])  # timed out or failed once: do not retry
                         continue
-                    done.append(run_child(e, workload, path, mode, args.timeout,
-                                          args.representation, args.backend))
-            row = {"case": f"{workload} n={size}", "workload": workload, "size": int(size),
-                   "mode": mode, "load_avg": [load0, os.getloadavg()[0]], "engines": {}}
+                    done.append(
+                        run_child(
+                            e, workload, path, mode, args.timeout, args.representation, args.backend
+                        )
+                    )
+            row = {
+                "case": f"{workload} n={size}",
+                "workload": workload,
+                "size": int(size),
+                "mode": mode,
+                "load_avg": [load0, os.getloadavg()[0]],
+                "engines": {},
+            }
             for e, rs in runs.items():
                 ok = [r for r in rs if r["status"] == "ok"]
                 if len(ok) == len(rs):
                     row["engines"][e] = {
-                        "status": "ok", "seconds": statistics.median(r["seconds"] for r in ok),
-                        "all_seconds": [r["seconds"] for r in ok], "tuples": ok[0]["tuples"],
-                        "peak_bytes": max(r["peak_bytes"] for r in ok)}
+                        "status": "ok",
+                        "seconds": statistics.median(r["seconds"] for r in ok),
+                        "all_seconds": [r["seconds"] for r in ok],
+                        "tuples": ok[0]["tuples"],
+                        "peak_bytes": max(r["peak_bytes"] for r in ok),
+                    }
                 else:
                     row["engines"][e] = next(r for r in rs if r["status"] != "ok")
             ours = row["engines"].get("tensorlogic", {})
@@ -243,12 +297,19 @@ def main(argv: list[str] | None = None) -> int:
                     v["ratio"] = v["seconds"] / ours["seconds"]  # >1: tensorlogic faster
             rows.append(row)
             _print(row)
-    extra = {"engines": engines, "modes": modes, "repeat": args.repeat, "backend": args.backend,
-             "representation": args.representation, "peer_versions": versions(),
-             "note": "ratio = peer seconds / tensorlogic seconds (medians; each run a fresh "
-                     "process, engines round-robin); load_avg = 1-minute load before/after"}
-    out = write_results(args.name, rows, extra, peers=tuple(e for e in engines
-                                                                   if e != "tensorlogic"))
+    extra = {
+        "engines": engines,
+        "modes": modes,
+        "repeat": args.repeat,
+        "backend": args.backend,
+        "representation": args.representation,
+        "peer_versions": versions(),
+        "note": "ratio = peer seconds / tensorlogic seconds (medians; each run a fresh "
+        "process, engines round-robin); load_avg = 1-minute load before/after",
+    }
+    out = write_results(
+        args.name, rows, extra, peers=tuple(e for e in engines if e != "tensorlogic")
+    )
     print(f"wrote {out}")
     return 0
 
@@ -256,8 +317,11 @@ def main(argv: list[str] | None = None) -> int:
 def _too_big(rows: list[dict], case: str, limit: int) -> bool:
     """Whether an earlier mode of this case found more than ``limit`` tuples."""
     name = case.replace(":", " n=")
-    return any(r["case"] == name and r["engines"].get(e, {}).get("tuples", 0) > limit
-               for r in rows for e in ("duckdb", "tensorlogic"))
+    return any(
+        r["case"] == name and r["engines"].get(e, {}).get("tuples", 0) > limit
+        for r in rows
+        for e in ("duckdb", "tensorlogic")
+    )
 
 
 def _print(row: dict) -> None:
@@ -270,8 +334,12 @@ def _print(row: dict) -> None:
             cells.append(f"{e} {v['status']}")
     tuples = next((v["tuples"] for v in row["engines"].values() if v["status"] == "ok"), "?")
     flag = "" if row["agree"] else "  COUNTS DISAGREE"
-    print(f"{row['case']:<22} {row['mode']:<6} {tuples:>10}  " + " | ".join(cells) +
-          f"  load {row['load_avg'][0]:.1f}-{row['load_avg'][1]:.1f}{flag}", flush=True)
+    print(
+        f"{row['case']:<22} {row['mode']:<6} {tuples:>10}  "
+        + " | ".join(cells)
+        + f"  load {row['load_avg'][0]:.1f}-{row['load_avg'][1]:.1f}{flag}",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

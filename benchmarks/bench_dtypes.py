@@ -25,8 +25,12 @@ CASES = [
     ("bool matmul", "ij,jk->ik", [(256, 256), (256, 256)], "bool"),
     ("complex64 matmul", "ij,jk->ik", [(256, 256), (256, 256)], "complex64"),
     ("complex128 chain", "ab,bc,cd,de->ae", [(24, 24)] * 4, "complex128"),
-    ("complex128 circuit", "abcd,ce,df,efgh->abgh", [(8, 8, 8, 8), (8, 8), (8, 8),
-                                                      (8, 8, 8, 8)], "complex128"),
+    (
+        "complex128 circuit",
+        "abcd,ce,df,efgh->abgh",
+        [(8, 8, 8, 8), (8, 8), (8, 8), (8, 8, 8, 8)],
+        "complex128",
+    ),
 ]
 
 
@@ -50,23 +54,49 @@ def main() -> None:
             assert np.array_equal(got, want), name
         else:
             assert np.allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max()), name
-        t = interleaved_times({
-            "ours": lambda: plan(feeds),
-            "np.einsum": lambda: np.einsum(spec, *ops_),
-            "np.einsum(optimize)": lambda: np.einsum(spec, *ops_, optimize=True),
-            "opt_einsum": lambda: opt_einsum.contract(spec, *ops_),
-        }, repeat=repeat, warmup=1)
-        rows.append({"case": name, "spec": spec, "dtype": dt,
-                     **{f"{k} ms": v * 1e3 for k, v in t.items()},
-                     "np.einsum/ours": t["np.einsum"] / t["ours"],
-                     "opt_einsum/ours": t["opt_einsum"] / t["ours"]})
-        print(f"{name}: ours {t['ours'] * 1e3:.3g} ms, np.einsum {t['np.einsum'] * 1e3:.3g} ms",
-              flush=True)
-    print(table(rows, ["case", "ours ms", "np.einsum ms", "np.einsum(optimize) ms",
-                       "opt_einsum ms", "np.einsum/ours", "opt_einsum/ours"]))
+        t = interleaved_times(
+            {
+                "ours": lambda: plan(feeds),
+                "np.einsum": lambda: np.einsum(spec, *ops_),
+                "np.einsum(optimize)": lambda: np.einsum(spec, *ops_, optimize=True),
+                "opt_einsum": lambda: opt_einsum.contract(spec, *ops_),
+            },
+            repeat=repeat,
+            warmup=1,
+        )
+        rows.append(
+            {
+                "case": name,
+                "spec": spec,
+                "dtype": dt,
+                **{f"{k} ms": v * 1e3 for k, v in t.items()},
+                "np.einsum/ours": t["np.einsum"] / t["ours"],
+                "opt_einsum/ours": t["opt_einsum"] / t["ours"],
+            }
+        )
+        print(
+            f"{name}: ours {t['ours'] * 1e3:.3g} ms, np.einsum {t['np.einsum'] * 1e3:.3g} ms",
+            flush=True,
+        )
+    print(
+        table(
+            rows,
+            [
+                "case",
+                "ours ms",
+                "np.einsum ms",
+                "np.einsum(optimize) ms",
+                "opt_einsum ms",
+                "np.einsum/ours",
+                "opt_einsum/ours",
+            ],
+        )
+    )
     m = machine()
-    print(f"machine: {m['cpu']}, {m['cores_usable']} cores, load {m['loadavg_1min']:.1f}"
-          + ("" if cores_look_free() else " (busy: timings are noisy)"))
+    print(
+        f"machine: {m['cpu']}, {m['cores_usable']} cores, load {m['loadavg_1min']:.1f}"
+        + ("" if cores_look_free() else " (busy: timings are noisy)")
+    )
     print("wrote", write_results("bench_dtypes", rows))
 
 

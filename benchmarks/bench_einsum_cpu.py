@@ -15,8 +15,7 @@ import opt_einsum
 
 import tensorlogic as tl
 
-from _common import (cores_look_free, interleaved_times, machine, median_time, table,
-                     write_results)
+from _common import cores_look_free, interleaved_times, machine, median_time, table, write_results
 
 CASES = [
     ("matmul", "ij,jk->ik", [(1000, 1000), (1000, 1000)]),
@@ -62,15 +61,23 @@ def bench_specs(repeat: int) -> list[dict]:
             name
         )
         expr = opt_einsum.contract_expression(spec, *shapes)
-        t = interleaved_times({
-            "tensorlogic": lambda: plan(feed),
-            "numpy_optimal": lambda: np.einsum(spec, *arrays, optimize="optimal"),
-            "opt_einsum": lambda: expr(*arrays),
-        }, repeat, min_time=0.02)
+        t = interleaved_times(
+            {
+                "tensorlogic": lambda: plan(feed),
+                "numpy_optimal": lambda: np.einsum(spec, *arrays, optimize="optimal"),
+                "opt_einsum": lambda: expr(*arrays),
+            },
+            repeat,
+            min_time=0.02,
+        )
         best_peer = min(t["numpy_optimal"], t["opt_einsum"])
-        row = {"case": name, "spec": spec, **{f"{k}_ms": v * 1e3 for k, v in t.items()},
-               "speedup_vs_best_np_oe": best_peer / t["tensorlogic"],
-               "speedup_vs_opt_einsum": t["opt_einsum"] / t["tensorlogic"]}
+        row = {
+            "case": name,
+            "spec": spec,
+            **{f"{k}_ms": v * 1e3 for k, v in t.items()},
+            "speedup_vs_best_np_oe": best_peer / t["tensorlogic"],
+            "speedup_vs_opt_einsum": t["opt_einsum"] / t["tensorlogic"],
+        }
         rows.append(row)
         print(
             f"  {name:10s} ours {t['tensorlogic'] * 1e3:8.3f} ms   best(np,oe) "
@@ -130,8 +137,12 @@ def bench_overhead(repeat: int) -> dict:
         f"us, overhead {per_node * 1e6:.2f} us/node (target <= 2)",
         flush=True,
     )
-    return {"steps": len(steps), "plan_us": t_plan * 1e6, "raw_numpy_us": t_raw * 1e6,
-            "overhead_us_per_node": per_node * 1e6}
+    return {
+        "steps": len(steps),
+        "plan_us": t_plan * 1e6,
+        "raw_numpy_us": t_raw * 1e6,
+        "overhead_us_per_node": per_node * 1e6,
+    }
 
 
 def bench_compile(repeat: int) -> dict:
@@ -163,12 +174,20 @@ def main() -> None:
     rows = bench_specs(repeat)
     overhead = bench_overhead(repeat)
     comp = bench_compile(repeat)
-    cols = ["case", "tensorlogic_ms", "numpy_optimal_ms", "opt_einsum_ms", "torch_ms",
-            "speedup_vs_best_np_oe", "speedup_vs_opt_einsum"]
+    cols = [
+        "case",
+        "tensorlogic_ms",
+        "numpy_optimal_ms",
+        "opt_einsum_ms",
+        "torch_ms",
+        "speedup_vs_best_np_oe",
+        "speedup_vs_opt_einsum",
+    ]
     print()
     print(table(rows, cols))
-    path = write_results("bench_einsum_cpu", rows, {"executor": overhead, "compile": comp},
-                         peers=("torch",))
+    path = write_results(
+        "bench_einsum_cpu", rows, {"executor": overhead, "compile": comp}, peers=("torch",)
+    )
     print(f"\nwrote {path}")
 
 

@@ -67,33 +67,58 @@ def fused_plan(shapes, dtype, instrs, space, tail=None, axes=(), keepdims=False,
     g = tl.EinsumGraph()
     xs = [g.input(f"x{k}", s, dtype) for k, s in enumerate(shapes)]
     if not instrs:  # a lone reduction / row op is a plain node, rendered as one kernel too
-        y = g._rowop(tail, xs[0], axes[0], None) if tail in ops.ROW_OPS else \
-            g.reduce(tail, xs[0], list(axes), keepdims)
+        y = (
+            g._rowop(tail, xs[0], axes[0], None)
+            if tail in ops.ROW_OPS
+            else g.reduce(tail, xs[0], list(axes), keepdims)
+        )
         g.output(y, "y")
         return tl.compile(g, backend="numba", opt_level=0, **opts)
-    body = FusedBody(tuple(FusedOp(op, tuple(a)) for op, a in instrs), tuple(space), tail,
-                     tuple(axes), keepdims)
+    body = FusedBody(
+        tuple(FusedOp(op, tuple(a)) for op, a in instrs), tuple(space), tail, tuple(axes), keepdims
+    )
     if tail is None or tail in ops.ROW_OPS:
         oshape = tuple(space)
     else:
-        oshape = tuple(1 if d in axes else n for d, n in enumerate(space)) if keepdims else \
-            tuple(n for d, n in enumerate(space) if d not in axes)
-    nid = g.add_node(ops.FUSED, "fused", [x.id for x in xs],
-                     {"body": body.to_args(), "flops": math.prod(space)}, shape=oshape,
-                     dtype=dtype)
+        oshape = (
+            tuple(1 if d in axes else n for d, n in enumerate(space))
+            if keepdims
+            else tuple(n for d, n in enumerate(space) if d not in axes)
+        )
+    nid = g.add_node(
+        ops.FUSED,
+        "fused",
+        [x.id for x in xs],
+        {"body": body.to_args(), "flops": math.prod(space)},
+        shape=oshape,
+        dtype=dtype,
+    )
     g.output(g.tensor(nid), "y")
     return tl.compile(g, backend="numba", opt_level=0, **opts)
 
 
-CHAIN = [("mul", [("in", 0), ("in", 1)]), ("add", [("tmp", 0), ("in", 2)]), ("relu", [("tmp", 1)]),
-         ("mul", [("tmp", 2), ("in", 3)]), ("sub", [("tmp", 3), ("in", 4)])]
+CHAIN = [
+    ("mul", [("in", 0), ("in", 1)]),
+    ("add", [("tmp", 0), ("in", 2)]),
+    ("relu", [("tmp", 1)]),
+    ("mul", [("tmp", 2), ("in", 3)]),
+    ("sub", [("tmp", 3), ("in", 4)]),
+]
 # 12 ops: exp(-(a*a)) * tanh(b) + c*0.5 - d/(1+|e|), scaled and shifted
-CHAIN12 = [("mul", [("in", 0), ("in", 0)]), ("neg", [("tmp", 0)]), ("exp", [("tmp", 1)]),
-           ("tanh", [("in", 1)]), ("mul", [("tmp", 2), ("tmp", 3)]),
-           ("mul", [("in", 2), ("const", 0.5)]), ("add", [("tmp", 4), ("tmp", 5)]),
-           ("abs", [("in", 4)]), ("add", [("tmp", 7), ("const", 1.0)]),
-           ("div", [("in", 3), ("tmp", 8)]), ("sub", [("tmp", 6), ("tmp", 9)]),
-           ("mul", [("tmp", 10), ("const", 1.5)])]
+CHAIN12 = [
+    ("mul", [("in", 0), ("in", 0)]),
+    ("neg", [("tmp", 0)]),
+    ("exp", [("tmp", 1)]),
+    ("tanh", [("in", 1)]),
+    ("mul", [("tmp", 2), ("tmp", 3)]),
+    ("mul", [("in", 2), ("const", 0.5)]),
+    ("add", [("tmp", 4), ("tmp", 5)]),
+    ("abs", [("in", 4)]),
+    ("add", [("tmp", 7), ("const", 1.0)]),
+    ("div", [("in", 3), ("tmp", 8)]),
+    ("sub", [("tmp", 6), ("tmp", 9)]),
+    ("mul", [("tmp", 10), ("const", 1.5)]),
+]
 
 
 def _np_chain12(a, b, c, d, e):
@@ -125,18 +150,34 @@ def chain_cases(quick, reps, rng):
             out = np.empty(n, dt)
             kw = {f"x{k}": x for k, x in enumerate(xs)}
             a, b, c, d, e = xs
-            peers = {"numpy": lambda: np.maximum(a * b + c, 0) * d - e,
-                     "numexpr": (lambda: ne.evaluate("where(a*b+c > 0, a*b+c, 0)*d - e",
-                                                     local_dict=dict(a=a, b=b, c=c, d=d, e=e),
-                                                     out=out)) if ne else None}
+            peers = {
+                "numpy": lambda: np.maximum(a * b + c, 0) * d - e,
+                "numexpr": (
+                    lambda: ne.evaluate(
+                        "where(a*b+c > 0, a*b+c, 0)*d - e",
+                        local_dict=dict(a=a, b=b, c=c, d=d, e=e),
+                        out=out,
+                    )
+                )
+                if ne
+                else None,
+            }
             if torch is not None:
                 ta, tb, tc, td, te = (torch.from_numpy(x) for x in xs)
                 peers["torch"] = lambda: torch.relu(ta * tb + tc) * td - te
             nbytes = 6 * n * np.dtype(dt).itemsize
-            rows.append(run_case(f"chain relu(a*b+c)*d-e n={n} {dt}",
-                                 lambda: plan(out={"y": out}, **kw), peers, nbytes, reps))
-            np.testing.assert_allclose(plan(**kw)["y"], np.maximum(a * b + c, 0) * d - e,
-                                       rtol=1e-5, atol=1e-6)
+            rows.append(
+                run_case(
+                    f"chain relu(a*b+c)*d-e n={n} {dt}",
+                    lambda: plan(out={"y": out}, **kw),
+                    peers,
+                    nbytes,
+                    reps,
+                )
+            )
+            np.testing.assert_allclose(
+                plan(**kw)["y"], np.maximum(a * b + c, 0) * d - e, rtol=1e-5, atol=1e-6
+            )
     n = 1 << (20 if quick else 24)
     xs = [rng.uniform(-1, 1, n).astype(np.float32) for _ in range(5)]
     a, b, c, d, e = xs
@@ -157,10 +198,18 @@ def chain_cases(quick, reps, rng):
     }
     if torch is not None:
         ta, tb, tc, td, te = (torch.from_numpy(x) for x in xs)
-        peers["torch"] = lambda: (torch.exp(-(ta * ta)) * torch.tanh(tb) + tc * 0.5
-                                  - td / (1 + torch.abs(te))) * 1.5
-    rows.append(run_case(f"12-op chain with exp, tanh n={n} float32",
-                         lambda: plan(out={"y": out}, **kw), peers, 6 * n * 4, reps))
+        peers["torch"] = lambda: (
+            (torch.exp(-(ta * ta)) * torch.tanh(tb) + tc * 0.5 - td / (1 + torch.abs(te))) * 1.5
+        )
+    rows.append(
+        run_case(
+            f"12-op chain with exp, tanh n={n} float32",
+            lambda: plan(out={"y": out}, **kw),
+            peers,
+            6 * n * 4,
+            reps,
+        )
+    )
     np.testing.assert_allclose(plan(**kw)["y"], _np_chain12(*xs), rtol=1e-5, atol=1e-5)
     return rows
 
@@ -191,17 +240,38 @@ def reduction_cases(quick, reps, rng):
     if torch is not None:
         tx = torch.from_numpy(x)
         peers["torch"] = lambda: torch.softmax(tx, dim=1)
-    rows.append(run_case(f"row softmax {m}x{k} float32", lambda: sm(x0=x, out={"y": out}),
-                         peers, 2 * x.nbytes, reps))
+    rows.append(
+        run_case(
+            f"row softmax {m}x{k} float32",
+            lambda: sm(x0=x, out={"y": out}),
+            peers,
+            2 * x.nbytes,
+            reps,
+        )
+    )
     np.testing.assert_allclose(sm(x0=x)["y"], np_softmax(), rtol=1e-5, atol=1e-7)
     # layer norm as the fusion pass would emit it: mean tail, centered-square mean tail, normalize
     mean = fused_plan([(m, k)], "float32", [], (m, k), "mean", (1,), True)
-    var = fused_plan([(m, k), (m, 1)], "float32",
-                     [("sub", [("in", 0), ("in", 1)]), ("square", [("tmp", 0)])], (m, k),
-                     "mean", (1,), True)
-    norm = fused_plan([(m, k), (m, 1), (m, 1)], "float32",
-                      [("sub", [("in", 0), ("in", 1)]), ("add", [("in", 2), ("const", 1e-5)]),
-                       ("sqrt", [("tmp", 1)]), ("div", [("tmp", 0), ("tmp", 2)])], (m, k))
+    var = fused_plan(
+        [(m, k), (m, 1)],
+        "float32",
+        [("sub", [("in", 0), ("in", 1)]), ("square", [("tmp", 0)])],
+        (m, k),
+        "mean",
+        (1,),
+        True,
+    )
+    norm = fused_plan(
+        [(m, k), (m, 1), (m, 1)],
+        "float32",
+        [
+            ("sub", [("in", 0), ("in", 1)]),
+            ("add", [("in", 2), ("const", 1e-5)]),
+            ("sqrt", [("tmp", 1)]),
+            ("div", [("tmp", 0), ("tmp", 2)]),
+        ],
+        (m, k),
+    )
     mu, va = np.empty((m, 1), np.float32), np.empty((m, 1), np.float32)
 
     def ours_ln():
@@ -217,13 +287,21 @@ def reduction_cases(quick, reps, rng):
     peers = {"numpy": np_ln, "numexpr": None}
     if torch is not None:
         peers["torch"] = lambda: torch.nn.functional.layer_norm(tx, (k,), eps=1e-5)
-    rows.append(run_case(f"layer norm {m}x{k} float32 (3 kernels)", ours_ln, peers,
-                         2 * x.nbytes, reps))
+    rows.append(
+        run_case(f"layer norm {m}x{k} float32 (3 kernels)", ours_ln, peers, 2 * x.nbytes, reps)
+    )
     np.testing.assert_allclose(ours_ln()["y"], np_ln(), rtol=1e-4, atol=1e-4)
     # the layer_norm row op (eps 1e-5): one parallel kernel, a row per iteration
     ln = fused_plan([(m, k)], "float32", [], (m, k), "layer_norm", (1,))
-    rows.append(run_case(f"layer norm {m}x{k} float32 (layer_norm row op)",
-                         lambda: ln(x0=x, out={"y": out}), peers, 2 * x.nbytes, reps))
+    rows.append(
+        run_case(
+            f"layer norm {m}x{k} float32 (layer_norm row op)",
+            lambda: ln(x0=x, out={"y": out}),
+            peers,
+            2 * x.nbytes,
+            reps,
+        )
+    )
     np.testing.assert_allclose(ln(x0=x)["y"], np_ln(), rtol=1e-4, atol=1e-4)
     return rows
 
@@ -288,8 +366,9 @@ _NUMBA_FLOOR = textwrap.dedent("""
 
 
 def _fresh(script, env, *args):
-    out = subprocess.run([sys.executable, "-c", script, *args], env=env, text=True,
-                         capture_output=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", script, *args], env=env, text=True, capture_output=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -315,15 +394,20 @@ def first_call_latency(quick):
             cold.append(_fresh(_FIRST_CALL, env))
         env = dict(base, TL_CACHE_DIR=os.path.join(d, "cold0"))
         probe = Path(d, "tl_floor_probe.py")
-        probe.write_text("import numba\n\n\n@numba.njit(cache=True)\ndef f(x):\n"
-                         "    return x + 1.0\n")
+        probe.write_text(
+            "import numba\n\n\n@numba.njit(cache=True)\ndef f(x):\n    return x + 1.0\n"
+        )
         fenv = dict(base, NUMBA_CACHE_DIR=os.path.join(d, "numba_floor"))
         _fresh(_NUMBA_FLOOR, fenv, d)  # fills numba's cache for the probe
         for _ in range(n_warm):  # interleaved, so load changes hit both alike
             warm.append(_fresh(_FIRST_CALL, env))
             floor.append(_fresh(_NUMBA_FLOOR, fenv, d))
-    res = {"cold": _medians(cold), "warm": _medians(warm), "numba_floor": _medians(floor),
-           "runs": {"cold": cold, "warm": warm, "numba_floor": floor}}
+    res = {
+        "cold": _medians(cold),
+        "warm": _medians(warm),
+        "numba_floor": _medians(floor),
+        "runs": {"cold": cold, "warm": warm, "numba_floor": floor},
+    }
     for key in ("cold", "warm"):
         r = res[key]
         # after the imports: backend set-up + tl.compile (kernels compiled or loaded) + call 1
@@ -334,13 +418,15 @@ def first_call_latency(quick):
         r["first_use_overhead_s"] = r["first_call_s"] - r["call2_s"]
     res["target_s"] = 0.150
     res["warm_target_met_excluding_numba_import"] = res["warm"]["first_call_s"] < 0.150
-    res["warm_overhead_met_excluding_numba_import"] = (
-        res["warm"]["first_use_overhead_s"] < 0.150)
+    res["warm_overhead_met_excluding_numba_import"] = res["warm"]["first_use_overhead_s"] < 0.150
     res["warm_target_met_including_numba_import"] = (
-        res["warm"]["first_call_with_numba_import_s"] < 0.150)
-    res["note"] = ("first call = tl.compile() + first plan call of a 6-step O0 plan "
-                   "(relu(a*b+c)*d-e and a 100x1000 softmax on 1e5 float32, 5 distinct kernels); "
-                   f"medians of {n_cold} cold / {n_warm} warm fresh processes")
+        res["warm"]["first_call_with_numba_import_s"] < 0.150
+    )
+    res["note"] = (
+        "first call = tl.compile() + first plan call of a 6-step O0 plan "
+        "(relu(a*b+c)*d-e and a 100x1000 softmax on 1e5 float32, 5 distinct kernels); "
+        f"medians of {n_cold} cold / {n_warm} warm fresh processes"
+    )
     return res
 
 
@@ -441,17 +527,25 @@ def threshold_sweep(quick, rng):
     known = [c for c in cross.values() if c is not None]
     suggest = 1 << (max(known) - 1).bit_length() if len(known) == len(cross) else None
     small = [r["scale_parallel_us"] - r["scale_serial_us"] for r in rows if r["n"] <= 4096]
-    return {"rows": rows, "crossover": cross, "suggested_threshold": suggest,
-            "parallel_region_overhead_us": statistics.median(small),
-            "note": "20th percentiles of direct kernel calls; overhead = parallel minus serial "
-                    "time of the scale kernel at n <= 4096"}
+    return {
+        "rows": rows,
+        "crossover": cross,
+        "suggested_threshold": suggest,
+        "parallel_region_overhead_us": statistics.median(small),
+        "note": "20th percentiles of direct kernel calls; overhead = parallel minus serial "
+        "time of the scale kernel at n <= 4096",
+    }
 
 
 def versions():
     import numba
 
-    v = {"python": platform.python_version(), "numpy": np.__version__, "numba": numba.__version__,
-         "tensorlogic": getattr(tl, "__version__", "?")}
+    v = {
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "tensorlogic": getattr(tl, "__version__", "?"),
+    }
     if ne:
         v["numexpr"] = ne.__version__
     if torch is not None:
@@ -467,10 +561,16 @@ def main(argv=None) -> int:
     rng = np.random.default_rng(0)
     if torch is not None:
         torch.set_num_threads(os.cpu_count() or 1)
-    result = {"date": datetime.now(timezone.utc).isoformat(), "quick": args.quick,
-              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                          "processor": platform.processor()},
-              "versions": versions()}
+    result = {
+        "date": datetime.now(timezone.utc).isoformat(),
+        "quick": args.quick,
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "processor": platform.processor(),
+        },
+        "versions": versions(),
+    }
     from tensorlogic.backends.numba import threads as numba_threads
 
     result["stream"] = stream_bandwidth(args.quick, reps, rng)
@@ -482,38 +582,53 @@ def main(argv=None) -> int:
     result["first_call"] = first_call_latency(args.quick)
     print(f"threading layer: {result['numba_threading_layer']}; stream: {result['stream']}")
     for r in rows:
-        peers = "  ".join(f"{p} {r[f'{p}_ms']:.2f} ms (x{r[f'speedup_vs_{p}']:.2f})"
-                          for p in ("numpy", "numexpr", "torch") if f"{p}_ms" in r)
-        print(f"{r['case']:<48} ours {r['tensorlogic_numba_ms']:.2f} ms "
-              f"({r['tensorlogic_GBps']:.1f} GB/s)  {peers}")
+        peers = "  ".join(
+            f"{p} {r[f'{p}_ms']:.2f} ms (x{r[f'speedup_vs_{p}']:.2f})"
+            for p in ("numpy", "numexpr", "torch")
+            if f"{p}_ms" in r
+        )
+        print(
+            f"{r['case']:<48} ours {r['tensorlogic_numba_ms']:.2f} ms "
+            f"({r['tensorlogic_GBps']:.1f} GB/s)  {peers}"
+        )
     if torch is None:
         print("torch not installed: torch columns skipped")
     print("blas interplay:", {k: round(v, 3) for k, v in result["blas_interplay"].items()})
     th = result["threshold"]
     print("threshold sweep (n: chain serial/parallel us, scale serial/parallel us):")
     for r in th["rows"]:
-        print(f"  {r['n']:>8}: {r['chain_serial_us']:9.1f} {r['chain_parallel_us']:9.1f}   "
-              f"{r['scale_serial_us']:9.1f} {r['scale_parallel_us']:9.1f}")
+        print(
+            f"  {r['n']:>8}: {r['chain_serial_us']:9.1f} {r['chain_parallel_us']:9.1f}   "
+            f"{r['scale_serial_us']:9.1f} {r['scale_parallel_us']:9.1f}"
+        )
     from tensorlogic.backends.numba.backend import PARALLEL_THRESHOLD
 
-    print(f"crossover {th['crossover']}, suggested threshold {th['suggested_threshold']} "
-          f"(default {PARALLEL_THRESHOLD}); parallel region overhead "
-          f"~{th['parallel_region_overhead_us']:.1f} us")
+    print(
+        f"crossover {th['crossover']}, suggested threshold {th['suggested_threshold']} "
+        f"(default {PARALLEL_THRESHOLD}); parallel region overhead "
+        f"~{th['parallel_region_overhead_us']:.1f} us"
+    )
     fc = result["first_call"]
     for key in ("cold", "warm"):
         r = fc[key]
-        print(f"first call {key}: backend {r['backend_init_s'] * 1e3:.0f} ms + compile "
-              f"{r['compile_s'] * 1e3:.0f} ms + call {r['call1_s'] * 1e3:.0f} ms = "
-              f"{r['first_call_s'] * 1e3:.0f} ms after imports (first-use overhead "
-              f"{r['first_use_overhead_s'] * 1e3:.0f} ms); "
-              f"import numba {r['import_numba_s'] * 1e3:.0f} ms, import tensorlogic "
-              f"{r['import_tensorlogic_s'] * 1e3:.0f} ms; second call {r['call2_s'] * 1e3:.1f} ms")
+        print(
+            f"first call {key}: backend {r['backend_init_s'] * 1e3:.0f} ms + compile "
+            f"{r['compile_s'] * 1e3:.0f} ms + call {r['call1_s'] * 1e3:.0f} ms = "
+            f"{r['first_call_s'] * 1e3:.0f} ms after imports (first-use overhead "
+            f"{r['first_use_overhead_s'] * 1e3:.0f} ms); "
+            f"import numba {r['import_numba_s'] * 1e3:.0f} ms, import tensorlogic "
+            f"{r['import_tensorlogic_s'] * 1e3:.0f} ms; second call {r['call2_s'] * 1e3:.1f} ms"
+        )
     fl = fc["numba_floor"]
-    print(f"numba alone, warm: import {fl['import_numba_s'] * 1e3:.0f} ms + first call of a "
-          f"cached trivial function {fl['first_call_s'] * 1e3:.0f} ms")
-    print(f"warm first call < 150 ms: {fc['warm_target_met_excluding_numba_import']} without "
-          f"numba's import ({fc['warm_overhead_met_excluding_numba_import']} counting only the "
-          f"first-use overhead), {fc['warm_target_met_including_numba_import']} with it")
+    print(
+        f"numba alone, warm: import {fl['import_numba_s'] * 1e3:.0f} ms + first call of a "
+        f"cached trivial function {fl['first_call_s'] * 1e3:.0f} ms"
+    )
+    print(
+        f"warm first call < 150 ms: {fc['warm_target_met_excluding_numba_import']} without "
+        f"numba's import ({fc['warm_overhead_met_excluding_numba_import']} counting only the "
+        f"first-use overhead), {fc['warm_target_met_including_numba_import']} with it"
+    )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2))
     print(f"wrote {RESULTS}")

@@ -60,8 +60,14 @@ def _torch(x):
 
 def fused_node(g, inputs, instrs, space, dtype, tail=None, axes=(), shape=None):
     body = FusedBody(tuple(instrs), tuple(space), tail, tuple(axes))
-    nid = g.add_node(ops.FUSED, None, [t.id for t in inputs], {"body": body.to_args()},
-                     shape=shape or tuple(space), dtype=dtype)
+    nid = g.add_node(
+        ops.FUSED,
+        None,
+        [t.id for t in inputs],
+        {"body": body.to_args()},
+        shape=shape or tuple(space),
+        dtype=dtype,
+    )
     return g.tensor(nid)
 
 
@@ -76,8 +82,9 @@ def bench_copy(n: int) -> float:
 
 
 def bench_chain(sizes, copy_bw: float, quick: bool) -> None:
-    chain_k = cp.ElementwiseKernel("T a, T b, T c, T d, T e", "T y",
-                                   "y = max(a * b + c, (T)0) * d - e", "tl_bench_chain")
+    chain_k = cp.ElementwiseKernel(
+        "T a, T b, T c, T d, T e", "T y", "y = max(a * b + c, (T)0) * d - e", "tl_bench_chain"
+    )
 
     @cp.fuse()
     def chain_fuse(a, b, c, d, e):
@@ -96,17 +103,27 @@ def bench_chain(sizes, copy_bw: float, quick: bool) -> None:
         bytes_ = 6 * 4 * n
         g = tl.EinsumGraph()
         ins = [g.input(k, (n,)) for k in "abcde"]
-        y = fused_node(g, ins, [FusedOp("mul", (("in", 0), ("in", 1))),
-                                FusedOp("add", (("tmp", 0), ("in", 2))),
-                                FusedOp("relu", (("tmp", 1),)),
-                                FusedOp("mul", (("tmp", 2), ("in", 3))),
-                                FusedOp("sub", (("tmp", 3), ("in", 4)))], (n,), "float32")
+        y = fused_node(
+            g,
+            ins,
+            [
+                FusedOp("mul", (("in", 0), ("in", 1))),
+                FusedOp("add", (("tmp", 0), ("in", 2))),
+                FusedOp("relu", (("tmp", 1),)),
+                FusedOp("mul", (("tmp", 2), ("in", 3))),
+                FusedOp("sub", (("tmp", 3), ("in", 4))),
+            ],
+            (n,),
+            "float32",
+        )
         g.output(y, "y")
         feed = dict(zip("abcde", xs))
         inner = 10 if n >= 2**24 else 50
         res = {}
-        for label, opts in (("tensorlogic ptx", {"codegen": "ptx"}),
-                            ("tensorlogic cuda-c", {"codegen": "cuda"})):
+        for label, opts in (
+            ("tensorlogic ptx", {"codegen": "ptx"}),
+            ("tensorlogic cuda-c", {"codegen": "cuda"}),
+        ):
             plan = tl.compile(g, backend="cupy", opt_level=0, **opts)
             out = plan(**feed)["y"]
             ref = chain_k(*xs)
@@ -165,18 +182,24 @@ def bench_rows(shapes) -> None:
             plan = tl.compile(g, backend="cupy", opt_level=0, codegen=cg)
             if tx is not None:
                 assert float((_torch(plan(x=x)["y"]) - torch.softmax(tx, 1)).abs().max()) < 1e-5
-            res[label] = (lambda p=plan: p(x=x))
+            res[label] = lambda p=plan: p(x=x)
 
         def cupy_softmax():
             e = cp.exp(x - x.max(1, keepdims=True))
             return e / e.sum(1, keepdims=True)
+
         res["cupy unfused"] = cupy_softmax
         if tx is not None:
             res["torch eager"] = lambda: torch.softmax(tx, 1)
         res = gpu_times(res, inner)
         for k, t in res.items():
-            row(f"softmax_{shape[0]}x{shape[1]}", k, t, GBps=8 * x.size / t / 1e9,
-                vs_torch=res.get("torch eager", t) / t)
+            row(
+                f"softmax_{shape[0]}x{shape[1]}",
+                k,
+                t,
+                GBps=8 * x.size / t / 1e9,
+                vs_torch=res.get("torch eager", t) / t,
+            )
         print(f"log_softmax {shape[0]}x{shape[1]} float32")
         g = tl.EinsumGraph()
         g.output(g.log_softmax(g.input("x", shape), 1), "y")
@@ -185,32 +208,45 @@ def bench_rows(shapes) -> None:
         if tx is not None:
             err = float((_torch(plan(x=x)["y"]) - torch.log_softmax(tx, 1)).abs().max())
             assert err < 1e-4, err
-        res["tensorlogic ptx"] = (lambda p=plan: p(x=x))
+        res["tensorlogic ptx"] = lambda p=plan: p(x=x)
         if tx is not None:
             res["torch eager"] = lambda: torch.log_softmax(tx, 1)
         res = gpu_times(res, inner)
         for k, t in res.items():
-            row(f"log_softmax_{shape[0]}x{shape[1]}", k, t, GBps=8 * x.size / t / 1e9,
-                vs_torch=res.get("torch eager", t) / t)
+            row(
+                f"log_softmax_{shape[0]}x{shape[1]}",
+                k,
+                t,
+                GBps=8 * x.size / t / 1e9,
+                vs_torch=res.get("torch eager", t) / t,
+            )
         print(f"layer norm {shape[0]}x{shape[1]} float32 (no affine)")
         res = {}
         tref = torch.nn.functional.layer_norm(tx, (shape[1],)) if tx is not None else None
-        for label, how, cg, lvl in (("tensorlogic layer_norm ptx", "op", "ptx", 0),
-                                    ("tensorlogic layer_norm cuda-c", "op", "cuda", 0),
-                                    ("tensorlogic hand-written O2 (rewritten)", "hand", "ptx", 2),
-                                    ("tensorlogic hand-written O0 (7 kernels)", "hand", "ptx", 0)):
-            plan = tl.compile(_layernorm_graph(shape, how), backend="cupy", opt_level=lvl,
-                              codegen=cg)
+        for label, how, cg, lvl in (
+            ("tensorlogic layer_norm ptx", "op", "ptx", 0),
+            ("tensorlogic layer_norm cuda-c", "op", "cuda", 0),
+            ("tensorlogic hand-written O2 (rewritten)", "hand", "ptx", 2),
+            ("tensorlogic hand-written O0 (7 kernels)", "hand", "ptx", 0),
+        ):
+            plan = tl.compile(
+                _layernorm_graph(shape, how), backend="cupy", opt_level=lvl, codegen=cg
+            )
             if tref is not None:
                 err = float((_torch(plan(x=x)["y"]) - tref).abs().max())
                 assert err < 1e-4, (label, err)
-            res[label] = (lambda p=plan: p(x=x))
+            res[label] = lambda p=plan: p(x=x)
         if tx is not None:
             res["torch eager"] = lambda: torch.nn.functional.layer_norm(tx, (shape[1],))
         res = gpu_times(res, inner)
         for k, t in res.items():
-            row(f"layernorm_{shape[0]}x{shape[1]}", k, t, GBps=8 * x.size / t / 1e9,
-                vs_torch=res.get("torch eager", t) / t)
+            row(
+                f"layernorm_{shape[0]}x{shape[1]}",
+                k,
+                t,
+                GBps=8 * x.size / t / 1e9,
+                vs_torch=res.get("torch eager", t) / t,
+            )
         print(f"layer norm {shape[0]}x{shape[1]} float32 with affine (weight, bias)")
         w = np.random.default_rng(0).standard_normal(shape[1]).astype(np.float32)
         bias = np.random.default_rng(1).standard_normal(shape[1]).astype(np.float32)
@@ -218,21 +254,32 @@ def bench_rows(shapes) -> None:
         if tx is not None:
             tw, tb = torch.from_numpy(w).to(tx.device), torch.from_numpy(bias).to(tx.device)
         for label, cg in (("tensorlogic O2", "ptx"), ("tensorlogic O2 cuda-c", "cuda")):
-            plan = tl.compile(_layernorm_affine_graph(shape, w, bias), backend="cupy",
-                              opt_level=2, codegen=cg)
+            plan = tl.compile(
+                _layernorm_affine_graph(shape, w, bias), backend="cupy", opt_level=2, codegen=cg
+            )
             assert len(plan.steps) == 1, "layer norm + affine should be one fused kernel"
             if tx is not None:
-                err = float((_torch(plan(x=x)["y"])
-                             - torch.nn.functional.layer_norm(tx, (shape[1],), tw, tb)).abs().max())
+                err = float(
+                    (
+                        _torch(plan(x=x)["y"])
+                        - torch.nn.functional.layer_norm(tx, (shape[1],), tw, tb)
+                    )
+                    .abs()
+                    .max()
+                )
                 assert err < 1e-4, err
-            res[label] = (lambda p=plan: p(x=x))
+            res[label] = lambda p=plan: p(x=x)
         if tx is not None:
-            res["torch eager"] = (
-                lambda: torch.nn.functional.layer_norm(tx, (shape[1],), tw, tb))
+            res["torch eager"] = lambda: torch.nn.functional.layer_norm(tx, (shape[1],), tw, tb)
         res = gpu_times(res, inner)
         for k, t in res.items():
-            row(f"layernorm_affine_{shape[0]}x{shape[1]}", k, t, GBps=8 * x.size / t / 1e9,
-                vs_torch=res.get("torch eager", t) / t)
+            row(
+                f"layernorm_affine_{shape[0]}x{shape[1]}",
+                k,
+                t,
+                GBps=8 * x.size / t / 1e9,
+                vs_torch=res.get("torch eager", t) / t,
+            )
 
 
 def bench_full_reduction(sizes, copy_bw: float) -> None:
@@ -251,43 +298,64 @@ def bench_full_reduction(sizes, copy_bw: float) -> None:
             want = float(getattr(cp, op)(x))
             err = abs(float(plan(x=x)["y"]) - want)
             assert err <= (1e-6 * n if op == "sum" else 0.0), (op, err)
-            res = {"tensorlogic ptx": gpu_time(lambda: plan(x=x), inner),
-                   "cupy": gpu_time(lambda: getattr(cp, op)(x), inner)}
+            res = {
+                "tensorlogic ptx": gpu_time(lambda: plan(x=x), inner),
+                "cupy": gpu_time(lambda: getattr(cp, op)(x), inner),
+            }
             if tx is not None:
                 res["torch eager"] = gpu_time(lambda: getattr(torch, op)(tx), inner)
             for k, t in res.items():
-                row(f"full_{op}_{n}", k, t, bw_frac=4 * n / t / copy_bw,
-                    vs_torch=res.get("torch eager", t) / t)
+                row(
+                    f"full_{op}_{n}",
+                    k,
+                    t,
+                    bw_frac=4 * n / t / copy_bw,
+                    vs_torch=res.get("torch eager", t) / t,
+                )
 
 
 def bench_overhead() -> None:
     print("host time per call, launch-bound (1024 float32 elements, synchronized per batch)")
     n = 1024
     xs = [cp.random.standard_normal(n, dtype=cp.float32) for _ in range(5)]
-    chain_k = cp.ElementwiseKernel("T a, T b, T c, T d, T e", "T y",
-                                   "y = max(a * b + c, (T)0) * d - e", "tl_bench_chain_small")
+    chain_k = cp.ElementwiseKernel(
+        "T a, T b, T c, T d, T e", "T y", "y = max(a * b + c, (T)0) * d - e", "tl_bench_chain_small"
+    )
     g = tl.EinsumGraph()
     ins = [g.input(k, (n,)) for k in "abcde"]
     g.output(g.relu(ins[0] * ins[1] + ins[2]) * ins[3] - ins[4], "y")
     plan = tl.compile(g, backend="cupy", opt_level=2, cuda_graph=False)  # O2: 5 steps
     gf = tl.EinsumGraph()
     fi = [gf.input(k, (n,)) for k in "abcde"]
-    gf.output(fused_node(gf, fi, [FusedOp("mul", (("in", 0), ("in", 1))),
-                                  FusedOp("add", (("tmp", 0), ("in", 2))),
-                                  FusedOp("relu", (("tmp", 1),)),
-                                  FusedOp("mul", (("tmp", 2), ("in", 3))),
-                                  FusedOp("sub", (("tmp", 3), ("in", 4)))], (n,), "float32"), "y")
+    gf.output(
+        fused_node(
+            gf,
+            fi,
+            [
+                FusedOp("mul", (("in", 0), ("in", 1))),
+                FusedOp("add", (("tmp", 0), ("in", 2))),
+                FusedOp("relu", (("tmp", 1),)),
+                FusedOp("mul", (("tmp", 2), ("in", 3))),
+                FusedOp("sub", (("tmp", 3), ("in", 4))),
+            ],
+            (n,),
+            "float32",
+        ),
+        "y",
+    )
     fused = tl.compile(gf, backend="cupy", opt_level=0, cuda_graph=False)
     feed = dict(zip("abcde", xs))
     g1 = tl.EinsumGraph()
     g1.output(g1.exp(g1.input("x", (n,))), "y")
     p1 = tl.compile(g1, backend="cupy", opt_level=0, cuda_graph=False)
-    res = {"tensorlogic plan, 5 inputs 1 fused kernel": wall_time(lambda: fused(**feed), 2000),
-           "tensorlogic plan, 5 inputs 5 steps (O2)": wall_time(lambda: plan(**feed), 2000),
-           "tensorlogic plan, 1 input 1 kernel": wall_time(lambda: p1(x=xs[0]), 2000),
-           "cupy ElementwiseKernel, 5 inputs": wall_time(lambda: chain_k(*xs), 2000),
-           "cupy exp": wall_time(lambda: cp.exp(xs[0]), 2000),
-           "cupy.empty": wall_time(lambda: cp.empty(n, cp.float32), 2000)}
+    res = {
+        "tensorlogic plan, 5 inputs 1 fused kernel": wall_time(lambda: fused(**feed), 2000),
+        "tensorlogic plan, 5 inputs 5 steps (O2)": wall_time(lambda: plan(**feed), 2000),
+        "tensorlogic plan, 1 input 1 kernel": wall_time(lambda: p1(x=xs[0]), 2000),
+        "cupy ElementwiseKernel, 5 inputs": wall_time(lambda: chain_k(*xs), 2000),
+        "cupy exp": wall_time(lambda: cp.exp(xs[0]), 2000),
+        "cupy.empty": wall_time(lambda: cp.empty(n, cp.float32), 2000),
+    }
     if torch is not None:
         tx = _torch(xs[0])
         res["torch exp"] = wall_time(lambda: torch.exp(tx), 2000)
@@ -309,12 +377,15 @@ def bench_attention(shape) -> None:
     g2.output(g2.einsum("bhqd,bhkd->bhqk", a2, b2), "s")
     plan_s = tl.compile(g2, backend="cupy", opt_level=0)
     plan_g = tl.compile(g, backend="cupy", opt_level=0, cuda_graph=True)
-    res = {"tensorlogic attention": gpu_time(lambda: plan(q=q, k=k, v=v), 10),
-           "tensorlogic attention (cuda graph)": gpu_time(lambda: plan_g(q=q, k=k, v=v), 10),
-           "tensorlogic QK^T einsum": gpu_time(lambda: plan_s(q=q, k=k), 10)}
+    res = {
+        "tensorlogic attention": gpu_time(lambda: plan(q=q, k=k, v=v), 10),
+        "tensorlogic attention (cuda graph)": gpu_time(lambda: plan_g(q=q, k=k, v=v), 10),
+        "tensorlogic QK^T einsum": gpu_time(lambda: plan_s(q=q, k=k), 10),
+    }
     print(f"  {plan_g.concrete.runner}")
     res["cupy attention"] = gpu_time(
-        lambda: cp.matmul(_cp_softmax(cp.matmul(q, k.swapaxes(-1, -2))), v), 10)
+        lambda: cp.matmul(_cp_softmax(cp.matmul(q, k.swapaxes(-1, -2))), v), 10
+    )
     if torch is not None:
         tq_, tk_, tv_ = _torch(q), _torch(k), _torch(v)
         ref = torch.einsum(
@@ -332,8 +403,13 @@ def bench_attention(shape) -> None:
     flops = 4 * b * h * n * n * d
     for k_, t in res.items():
         peer = res.get("torch QK^T einsum" if "QK" in k_ else "torch attention (einsum)", t)
-        row("attention", k_, t, TFLOPs=(flops / 2 if "QK" in k_ else flops) / t / 1e12,
-            vs_torch=peer / t)
+        row(
+            "attention",
+            k_,
+            t,
+            TFLOPs=(flops / 2 if "QK" in k_ else flops) / t / 1e12,
+            vs_torch=peer / t,
+        )
 
 
 def _cp_softmax(s):
@@ -380,8 +456,15 @@ def bench_ptx_generation(quick: bool) -> None:
         prog = S.Program(
             (FusedOp(op, tuple(("in", k) for k in range(arity))),), ("tmp", 0), (4096, 1024)
         )
-        specs.append(S.make_spec(prog, "float32", [(4096, 1024)] * arity, ["float32"] * arity,
-                                 [S.contiguous_strides((4096, 1024))] * arity))
+        specs.append(
+            S.make_spec(
+                prog,
+                "float32",
+                [(4096, 1024)] * arity,
+                ["float32"] * arity,
+                [S.contiguous_strides((4096, 1024))] * arity,
+            )
+        )
     prog = S.Program((FusedOp("exp", (("in", 0),)),), ("tmp", 0), (4096, 1024), "softmax", (1,))
     specs.append(
         S.make_spec(
@@ -430,8 +513,12 @@ def bench_first_call() -> None:
             env = {**os.environ, "TL_CACHE_DIR": d, "CUPY_CACHE_DIR": os.path.join(d, "cupy")}
             runs = []
             for _ in range(2):
-                r = subprocess.run([sys.executable, "-c", _FIRST_CALL, path], env=env,
-                                   capture_output=True, text=True)
+                r = subprocess.run(
+                    [sys.executable, "-c", _FIRST_CALL, path],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                )
                 if r.returncode:
                     print(r.stderr[-2000:])
                     raise SystemExit(1)
@@ -447,10 +534,16 @@ SECTIONS = ("chain", "rows", "reduce", "attention", "overhead", "small", "ptx", 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small sizes, few repeats")
-    ap.add_argument("--out", default=None,
-                    help="JSON path (default results/bench_gpu_<card>.json, one file per card)")
-    ap.add_argument("--sections", default=",".join(SECTIONS),
-                    help=f"comma-separated subset of {','.join(SECTIONS)}")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="JSON path (default results/bench_gpu_<card>.json, one file per card)",
+    )
+    ap.add_argument(
+        "--sections",
+        default=",".join(SECTIONS),
+        help=f"comma-separated subset of {','.join(SECTIONS)}",
+    )
     args = ap.parse_args()
     want = set(args.sections.split(","))
     props = cp.cuda.runtime.getDeviceProperties(0)
@@ -476,11 +569,17 @@ def main() -> None:
         bench_ptx_generation(args.quick)
     if "first" in want:
         bench_first_call()
-    meta = {"card": card, "compute_capability": cp.cuda.Device().compute_capability,
-            "cupy": cp.__version__, "torch": getattr(torch, "__version__", None),
-            "numpy": np.__version__, "python": platform.python_version(),
-            "host": platform.node(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "quick": args.quick}
+    meta = {
+        "card": card,
+        "compute_capability": cp.cuda.Device().compute_capability,
+        "cupy": cp.__version__,
+        "torch": getattr(torch, "__version__", None),
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "quick": args.quick,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"meta": meta, "results": RESULTS}, indent=1))
     print(f"wrote {args.out}")

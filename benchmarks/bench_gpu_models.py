@@ -44,6 +44,7 @@ try:
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
+
     # every (dtype, TF32, SDPA, S) variant is its own compiled graph of one function
     for _knob in ("cache_size_limit", "recompile_limit"):
         if hasattr(torch._dynamo.config, _knob):
@@ -56,10 +57,13 @@ B, D, HEADS = 8, 512, 8
 
 
 def row(section: str, name: str, seconds: float | None, **extra) -> None:
-    RESULTS.setdefault(section, {})[name] = {"ms": None if seconds is None else seconds * 1e3,
-                                             **extra}
-    more = "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
-                     for k, v in extra.items())
+    RESULTS.setdefault(section, {})[name] = {
+        "ms": None if seconds is None else seconds * 1e3,
+        **extra,
+    }
+    more = "  ".join(
+        f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in extra.items()
+    )
     ms = "     n/a" if seconds is None else f"{seconds * 1e3:9.4f}"
     print(f"  {name:<40} {ms} ms  {more}", flush=True)
 
@@ -70,11 +74,20 @@ def weights(rng, d=D) -> dict[str, np.ndarray]:
     def w(shape, scale):
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
-    return {"wq": w((d, HEADS, dh), d ** -0.5), "wk": w((d, HEADS, dh), d ** -0.5),
-            "wv": w((d, HEADS, dh), d ** -0.5), "wo": w((HEADS, dh, d), d ** -0.5),
-            "g1": 1 + w((d,), 0.1), "b1": w((d,), 0.1), "w1": w((d, 4 * d), d ** -0.5),
-            "c1": w((4 * d,), 0.1), "w2": w((4 * d, d), (4 * d) ** -0.5), "c2": w((d,), 0.1),
-            "g2": 1 + w((d,), 0.1), "b2": w((d,), 0.1)}
+    return {
+        "wq": w((d, HEADS, dh), d**-0.5),
+        "wk": w((d, HEADS, dh), d**-0.5),
+        "wv": w((d, HEADS, dh), d**-0.5),
+        "wo": w((HEADS, dh, d), d**-0.5),
+        "g1": 1 + w((d,), 0.1),
+        "b1": w((d,), 0.1),
+        "w1": w((d, 4 * d), d**-0.5),
+        "c1": w((4 * d,), 0.1),
+        "w2": w((4 * d, d), (4 * d) ** -0.5),
+        "c2": w((d,), 0.1),
+        "g2": 1 + w((d,), 0.1),
+        "b2": w((d,), 0.1),
+    }
 
 
 def tl_block(p: dict[str, np.ndarray], s: int, dtype: str = "float32") -> tl.EinsumGraph:
@@ -86,7 +99,7 @@ def tl_block(p: dict[str, np.ndarray], s: int, dtype: str = "float32") -> tl.Ein
     q = g.einsum("bsd,dhe->bhse", x, c["wq"])
     k = g.einsum("bsd,dhe->bhse", x, c["wk"])
     v = g.einsum("bsd,dhe->bhse", x, c["wv"])
-    att = g.softmax(g.einsum("bhqe,bhke->bhqk", q, k) * (dh ** -0.5), axis=-1)
+    att = g.softmax(g.einsum("bhqe,bhke->bhqk", q, k) * (dh**-0.5), axis=-1)
     o = g.einsum("bhqe,hed->bqd", g.einsum("bhqk,bhke->bhqe", att, v), c["wo"])
     h = g.layer_norm(x + o, axis=-1) * c["g1"] + c["b1"]
     m = g.gelu(g.einsum("bsd,df->bsf", h, c["w1"]) + c["c1"])
@@ -104,7 +117,7 @@ def torch_block(p, x, sdpa: bool):
     if sdpa:
         o = F.scaled_dot_product_attention(q, k, v)
     else:
-        o = torch.softmax(q @ k.transpose(-1, -2) * dh ** -0.5, dim=-1) @ v
+        o = torch.softmax(q @ k.transpose(-1, -2) * dh**-0.5, dim=-1) @ v
     o = torch.einsum("bhqe,hed->bqd", o, p["wo"])
     h = F.layer_norm(x + o, (d,), p["g1"], p["b1"], eps=1e-5)
     m = F.gelu(h @ p["w1"] + p["c1"], approximate="tanh") @ p["w2"] + p["c2"]
@@ -138,8 +151,9 @@ def _to_np(t) -> np.ndarray:
     return np.asarray(t).astype(np.float64)
 
 
-def bench_block(s: int, p: dict, deadline: float, inner: int, modes=("fp32", "tf32", "bf16")
-                ) -> None:
+def bench_block(
+    s: int, p: dict, deadline: float, inner: int, modes=("fp32", "tf32", "bf16")
+) -> None:
     sec = f"block_S{s}"
     print(f"encoder block B={B} S={s} D={D} heads={HEADS} (device ms per call)")
     rng = np.random.default_rng(1)
@@ -180,9 +194,11 @@ def bench_block(s: int, p: dict, deadline: float, inner: int, modes=("fp32", "tf
 
     # ours
     g32 = tl_block(p, s)
-    for name, mode, opts in (("tensorlogic float32", "fp32", {}),
-                             ("tensorlogic tf32", "tf32", {"matmul_precision": "tf32"}),
-                             ("tensorlogic bf16 policy (f32 I/O)", "bf16", {"precision": "bf16"})):
+    for name, mode, opts in (
+        ("tensorlogic float32", "fp32", {}),
+        ("tensorlogic tf32", "tf32", {"matmul_precision": "tf32"}),
+        ("tensorlogic bf16 policy (f32 I/O)", "bf16", {"precision": "bf16"}),
+    ):
         if mode not in modes:
             continue
         plan = tl.compile(g32, backend="cupy", cache=False, **opts)
@@ -192,9 +208,10 @@ def bench_block(s: int, p: dict, deadline: float, inner: int, modes=("fp32", "tf
         free()
     # the default plan fuses bf16 attention (the tensor-core flash kernel); the written-out
     # form (cuBLAS GEMMs, S x S scores in memory) beside it
-    for name, opts in (("tensorlogic bf16 graph", {}),
-                       ("tensorlogic bf16 graph, attention written out",
-                        {"fuse_attention": False})):
+    for name, opts in (
+        ("tensorlogic bf16 graph", {}),
+        ("tensorlogic bf16 graph, attention written out", {"fuse_attention": False}),
+    ):
         if "bf16" not in modes:
             break
         plan16 = tl.compile(tl_block(p, s, "bfloat16"), backend="cupy", cache=False, **opts)
@@ -208,13 +225,21 @@ def bench_block(s: int, p: dict, deadline: float, inner: int, modes=("fp32", "tf
     if torch is None:
         return
     # torch
-    tmodes = {"fp32": (torch.float32, False), "tf32": (torch.float32, True),
-              "bf16": (torch.bfloat16, False)}
+    tmodes = {
+        "fp32": (torch.float32, False),
+        "tf32": (torch.float32, True),
+        "bf16": (torch.bfloat16, False),
+    }
     # eager rows, then torch.compile rows in the order the targets need them (a run that hits
     # its time budget drops the last ones)
-    order = [(False, m, sd) for m in tmodes for sd in (False, True)] + \
-        [(True, "bf16", True), (True, "bf16", False), (True, "fp32", True), (True, "tf32", True),
-         (True, "fp32", False), (True, "tf32", False)]
+    order = [(False, m, sd) for m in tmodes for sd in (False, True)] + [
+        (True, "bf16", True),
+        (True, "bf16", False),
+        (True, "fp32", True),
+        (True, "tf32", True),
+        (True, "fp32", False),
+        (True, "tf32", False),
+    ]
     for use_compile, mode, sdpa in order:
         if mode not in modes:
             continue
@@ -237,13 +262,15 @@ def bench_block(s: int, p: dict, deadline: float, inner: int, modes=("fp32", "tf
         measure(f"{'torch.compile' if use_compile else 'torch eager'} {tag}", call, mode)
         free()
     ratios = {}
-    pairs = (("tensorlogic bf16 graph", "torch eager bf16 + SDPA (flash)", 1.0),
-             ("tensorlogic bf16 graph", "torch.compile bf16 + SDPA (flash)", 0.9),
-             ("tensorlogic bf16 graph", "torch.compile bf16", 0.9),
-             ("tensorlogic bf16 graph", "tensorlogic bf16 graph, attention written out", 1.0),
-             ("tensorlogic bf16 policy (f32 I/O)", "torch eager bf16 + SDPA (flash)", 1.0),
-             ("tensorlogic float32", "torch.compile fp32 + SDPA", 1.0),
-             ("tensorlogic tf32", "torch.compile tf32 + SDPA", 1.0))
+    pairs = (
+        ("tensorlogic bf16 graph", "torch eager bf16 + SDPA (flash)", 1.0),
+        ("tensorlogic bf16 graph", "torch.compile bf16 + SDPA (flash)", 0.9),
+        ("tensorlogic bf16 graph", "torch.compile bf16", 0.9),
+        ("tensorlogic bf16 graph", "tensorlogic bf16 graph, attention written out", 1.0),
+        ("tensorlogic bf16 policy (f32 I/O)", "torch eager bf16 + SDPA (flash)", 1.0),
+        ("tensorlogic float32", "torch.compile fp32 + SDPA", 1.0),
+        ("tensorlogic tf32", "torch.compile tf32 + SDPA", 1.0),
+    )
     print("  ratios (peer time / ours; target in brackets):")
     for ours, peer, target in pairs:
         if ours in results and peer in results:
@@ -328,13 +355,21 @@ def bench_steps(s: int, p: dict, inner: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" /
-                                         "bench_gpu_models.json"))
+    ap.add_argument(
+        "--out", default=str(Path(__file__).parent / "results" / "bench_gpu_models.json")
+    )
     ap.add_argument("--seqs", default="1024,4096")
-    ap.add_argument("--modes", default="fp32,tf32,bf16",
-                    help="comma-separated subset of fp32,tf32,bf16 (the rows run)")
-    ap.add_argument("--budget-s", type=float, default=400.0,
-                    help="contenders past this many seconds are recorded as skipped")
+    ap.add_argument(
+        "--modes",
+        default="fp32,tf32,bf16",
+        help="comma-separated subset of fp32,tf32,bf16 (the rows run)",
+    )
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=400.0,
+        help="contenders past this many seconds are recorded as skipped",
+    )
     args = ap.parse_args()
     deadline = time.monotonic() + args.budget_s
     props = cp.cuda.runtime.getDeviceProperties(0)
@@ -348,14 +383,19 @@ def main() -> None:
             bench_steps(s, p, inner)
         except Exception:  # noqa: BLE001 - keep the block results
             traceback.print_exc()
-    meta = {"card": card, "compute_capability": cp.cuda.Device().compute_capability,
-            "cupy": cp.__version__, "torch": getattr(torch, "__version__", None),
-            "numpy": np.__version__, "python": platform.python_version(),
-            "host": platform.node(), "date": datetime.datetime.now().isoformat(timespec="seconds"),
-            "block": {"B": B, "D": D, "heads": HEADS, "mlp": 4 * D}}
+    meta = {
+        "card": card,
+        "compute_capability": cp.cuda.Device().compute_capability,
+        "cupy": cp.__version__,
+        "torch": getattr(torch, "__version__", None),
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "block": {"B": B, "D": D, "heads": HEADS, "mlp": 4 * D},
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"meta": meta, "results": RESULTS}, indent=1,
-                                         default=str))
+    Path(args.out).write_text(json.dumps({"meta": meta, "results": RESULTS}, indent=1, default=str))
     print(f"wrote {args.out}")
 
 

@@ -159,8 +159,9 @@ TORCH_CHILD = textwrap.dedent("""
 
 
 def child(code: str, *args: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -179,21 +180,42 @@ def main() -> None:
                 runs[which].append(child(COMPILE_CHILD, which, str(args.nodes), family))
         fwd = statistics.median(r["total_s"] for r in runs["forward"])
         grd = statistics.median(r["total_s"] for r in runs["grad"])
-        rows.append({
-            "section": "compile", "family": family, "forward_nodes": runs["forward"][0]["nodes"],
-            "grad_nodes": runs["grad"][0]["nodes"], "wrt": runs["grad"][0]["wrt"],
-            "forward_compile_s": fwd,
-            "grad_transform_s": statistics.median(r["grad_s"] for r in runs["grad"]),
-            "grad_and_compile_s": grd, "ratio": grd / fwd, "target_ratio": 3.0,
-            "met": grd / fwd <= 3.0, "rounds": rounds,
-            "forward_all_s": [r["total_s"] for r in runs["forward"]],
-            "grad_all_s": [r["total_s"] for r in runs["grad"]],
-        })
-        print(table(rows[-1:], ["family", "forward_nodes", "grad_nodes", "forward_compile_s",
-                                "grad_transform_s", "grad_and_compile_s", "ratio", "met"]),
-              flush=True)
+        rows.append(
+            {
+                "section": "compile",
+                "family": family,
+                "forward_nodes": runs["forward"][0]["nodes"],
+                "grad_nodes": runs["grad"][0]["nodes"],
+                "wrt": runs["grad"][0]["wrt"],
+                "forward_compile_s": fwd,
+                "grad_transform_s": statistics.median(r["grad_s"] for r in runs["grad"]),
+                "grad_and_compile_s": grd,
+                "ratio": grd / fwd,
+                "target_ratio": 3.0,
+                "met": grd / fwd <= 3.0,
+                "rounds": rounds,
+                "forward_all_s": [r["total_s"] for r in runs["forward"]],
+                "grad_all_s": [r["total_s"] for r in runs["grad"]],
+            }
+        )
+        print(
+            table(
+                rows[-1:],
+                [
+                    "family",
+                    "forward_nodes",
+                    "grad_nodes",
+                    "forward_compile_s",
+                    "grad_transform_s",
+                    "grad_and_compile_s",
+                    "ratio",
+                    "met",
+                ],
+            ),
+            flush=True,
+        )
     mem = []
-    for name in (("mlp",) if args.quick else ("mlp", "block")):
+    for name in ("mlp",) if args.quick else ("mlp", "block"):
         with tempfile.TemporaryDirectory() as tmp:
             path = str(Path(tmp) / "grads.npz")
             r = child(MEMORY_CHILD, name, str(HERE), path)
@@ -204,11 +226,25 @@ def main() -> None:
         r["section"] = "memory"
         r["ratio"] = r["grad_planned_mb"] / r["forward_planned_mb"]
         mem.append(r)
-    print(table(mem, ["model", "forward_planned_mb", "grad_planned_mb", "grad_arena_mb",
-                      "grad_outputs_mb", "weight_mb", "ratio", "max_rel_err_vs_torch"]),
-          flush=True)
-    path = write_results("bench_grad_compile", rows + mem,
-                         {"load_at_end": machine()["loadavg_1min"]})
+    print(
+        table(
+            mem,
+            [
+                "model",
+                "forward_planned_mb",
+                "grad_planned_mb",
+                "grad_arena_mb",
+                "grad_outputs_mb",
+                "weight_mb",
+                "ratio",
+                "max_rel_err_vs_torch",
+            ],
+        ),
+        flush=True,
+    )
+    path = write_results(
+        "bench_grad_compile", rows + mem, {"load_at_end": machine()["loadavg_1min"]}
+    )
     print(f"wrote {path}")
 
 

@@ -43,8 +43,10 @@ SQ2PI = 0.7978845608028654
 def mlp(layers: int, batch: int, width: int, seed: int = 0):
     """Graph, inputs and a plain-numpy function of an MLP alternating gelu and relu."""
     rng = np.random.default_rng(seed)
-    ws = [(rng.standard_normal((width, width)) * width**-0.5).astype(np.float32)
-          for _ in range(layers)]
+    ws = [
+        (rng.standard_normal((width, width)) * width**-0.5).astype(np.float32)
+        for _ in range(layers)
+    ]
     bs = [(rng.standard_normal(width) * 0.1).astype(np.float32) for _ in range(layers)]
     g = tl.EinsumGraph()
     h = g.input("x", (batch, width))
@@ -57,8 +59,11 @@ def mlp(layers: int, batch: int, width: int, seed: int = 0):
         h = x
         for i in range(layers):
             h = h @ ws[i] + bs[i]
-            h = 0.5 * h * (1 + np.tanh(SQ2PI * (h + 0.044715 * h**3))) if i % 2 == 0 else \
-                np.maximum(h, 0)
+            h = (
+                0.5 * h * (1 + np.tanh(SQ2PI * (h + 0.044715 * h**3)))
+                if i % 2 == 0
+                else np.maximum(h, 0)
+            )
         return h
 
     x = rng.standard_normal((batch, width)).astype(np.float32)
@@ -73,9 +78,16 @@ def attention(blocks: int, batch: int, seq: int, width: int, heads: int, seed: i
     def w(*shape, fan_in):
         return (rng.standard_normal(shape) * fan_in**-0.5).astype(np.float32)
 
-    params = [dict(q=w(width, heads, d, fan_in=width), k=w(width, heads, d, fan_in=width),
-                   v=w(width, heads, d, fan_in=width), o=w(heads, d, width, fan_in=width),
-                   m=w(width, width, fan_in=4 * width)) for _ in range(blocks)]
+    params = [
+        dict(
+            q=w(width, heads, d, fan_in=width),
+            k=w(width, heads, d, fan_in=width),
+            v=w(width, heads, d, fan_in=width),
+            o=w(heads, d, width, fan_in=width),
+            m=w(width, width, fan_in=4 * width),
+        )
+        for _ in range(blocks)
+    ]
     g = tl.EinsumGraph()
     h = g.input("x", (batch, seq, width))
     for p in params:
@@ -119,8 +131,11 @@ def make_runner(graph_name: str, config: str):
     g, inputs, numpy_fn = GRAPHS[graph_name]()
     if config == "numpy":
         return (lambda: {"y": numpy_fn(inputs["x"])}), None, inputs, numpy_fn
-    opts = {"pooled": {}, "no-pool": {"pool": False},
-            "naive": {"pool": False, "reuse_memory": False}}[config]
+    opts = {
+        "pooled": {},
+        "no-pool": {"pool": False},
+        "naive": {"pool": False, "reuse_memory": False},
+    }[config]
     plan = tl.compile(g, backend="numpy", opt_level=2, cache=False, **opts)
     return (lambda: plan(inputs)), plan, inputs, numpy_fn
 
@@ -201,8 +216,12 @@ def child_rss(graph_name: str, config: str) -> None:
 
 def rss_growth(graph_name: str, config: str) -> int | None:
     """Peak-RSS growth of a fresh process running this configuration (None on failure)."""
-    proc = subprocess.run([sys.executable, __file__, "--child", graph_name, config],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", graph_name, config],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if proc.returncode != 0:
         print(proc.stderr, file=sys.stderr)
         return None
@@ -219,11 +238,16 @@ def machine_info() -> dict:
 
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "platform": platform.platform(), "processor": platform.processor(),
-        "cpus": os.cpu_count(), "python": platform.python_version(),
-        "numpy": np.__version__, "tensorlogic": tl.__version__,
-        "blas": [{k: i.get(k) for k in ("internal_api", "version", "num_threads")}
-                 for i in threadpool_info()],
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "tensorlogic": tl.__version__,
+        "blas": [
+            {k: i.get(k) for k in ("internal_api", "version", "num_threads")}
+            for i in threadpool_info()
+        ],
     }
 
 
@@ -261,9 +285,13 @@ def main() -> int:
         for config, (call, plan, _, _) in runners.items():
             t = medians[config]
             peak, outs = traced(call)
-            row = {"median_s": t, "traced_peak_bytes": peak, "output_bytes": outs,
-                   "extra_alloc_bytes": peak - outs,
-                   "rss_growth_bytes": rss_growth(gname, config) if do_rss else None}
+            row = {
+                "median_s": t,
+                "traced_peak_bytes": peak,
+                "output_bytes": outs,
+                "extra_alloc_bytes": peak - outs,
+                "rss_growth_bytes": rss_growth(gname, config) if do_rss else None,
+            }
             if plan is not None:
                 row["naive_bytes"] = plan.memory.naive_bytes
                 row["planned_peak_bytes"] = plan.memory.peak_bytes
@@ -278,28 +306,38 @@ def main() -> int:
             "pool_speedup_vs_numpy": rows["numpy"]["median_s"] / p["median_s"],
         }
         results["graphs"][gname] = {"configs": rows, "summary": summary}
-        print(f"\n== {gname}: planned peak {mib(p['planned_peak_bytes'])} MiB vs naive "
-              f"{mib(p['naive_bytes'])} MiB (ratio {summary['planned_over_naive']:.3f}), "
-              f"{p['in_place_steps']} steps in place")
-        print(f"{'config':<9} {'median ms':>10} {'traced peak MiB':>16} {'beyond outputs KiB':>19} "
-              f"{'RSS growth MiB':>15} {'pooled speedup':>15}")
+        print(
+            f"\n== {gname}: planned peak {mib(p['planned_peak_bytes'])} MiB vs naive "
+            f"{mib(p['naive_bytes'])} MiB (ratio {summary['planned_over_naive']:.3f}), "
+            f"{p['in_place_steps']} steps in place"
+        )
+        print(
+            f"{'config':<9} {'median ms':>10} {'traced peak MiB':>16} {'beyond outputs KiB':>19} "
+            f"{'RSS growth MiB':>15} {'pooled speedup':>15}"
+        )
         for config, r in rows.items():
-            print(f"{config:<9} {r['median_s'] * 1e3:>10.3f} {mib(r['traced_peak_bytes']):>16} "
-                  f"{r['extra_alloc_bytes'] / 1024:>19.1f} {mib(r['rss_growth_bytes']):>15} "
-                  f"{r['median_s'] / p['median_s']:>15.2f}")
+            print(
+                f"{config:<9} {r['median_s'] * 1e3:>10.3f} {mib(r['traced_peak_bytes']):>16} "
+                f"{r['extra_alloc_bytes'] / 1024:>19.1f} {mib(r['rss_growth_bytes']):>15} "
+                f"{r['median_s'] / p['median_s']:>15.2f}"
+            )
         ok &= summary["planned_over_naive"] <= 0.5
         ok &= p["extra_alloc_bytes"] < 64 * 1024
     results["targets_met"] = {
         "planned_peak_at_most_half_naive": all(
-            v["summary"]["planned_over_naive"] <= 0.5 for v in results["graphs"].values()),
+            v["summary"]["planned_over_naive"] <= 0.5 for v in results["graphs"].values()
+        ),
         "steady_state_allocations_outputs_only": all(
-            v["summary"]["extra_alloc_bytes_pooled"] < 64 * 1024
-            for v in results["graphs"].values()),
-        "pool_not_slower": all(v["summary"]["pool_speedup_vs_no_pool"] >= 0.95
-                               for v in results["graphs"].values()),
+            v["summary"]["extra_alloc_bytes_pooled"] < 64 * 1024 for v in results["graphs"].values()
+        ),
+        "pool_not_slower": all(
+            v["summary"]["pool_speedup_vs_no_pool"] >= 0.95 for v in results["graphs"].values()
+        ),
         "pool_faster_on_small_graphs": all(
             v["summary"]["pool_speedup_vs_naive"] > 1.05
-            for k, v in results["graphs"].items() if k.endswith("small")),
+            for k, v in results["graphs"].items()
+            if k.endswith("small")
+        ),
     }
     print("\ntargets:", json.dumps(results["targets_met"]))
     out = HERE / "results" / "bench_memory.json"

@@ -40,11 +40,28 @@ sys.path.insert(0, str(HERE))
 
 from _common import _sample, machine, table, write_results  # noqa: E402
 
-OURS = ("numpy O0", "numpy O2", "numba O0", "numba O2", "auto O2", "auto O3",
-        "numpy O2 threads=blas", "numba O2 threads=blas")
+OURS = (
+    "numpy O0",
+    "numpy O2",
+    "numba O0",
+    "numba O2",
+    "auto O2",
+    "auto O3",
+    "numpy O2 threads=blas",
+    "numba O2 threads=blas",
+)
 PEERS = ("torch eager", "torch SDPA", "torch.compile", "onnxruntime")
-DEFAULT = ("numpy O0", "numpy O2", "numba O0", "numba O2", "auto O2", "auto O3",
-           "numpy O2 threads=blas", "numba O2 threads=blas", *PEERS)
+DEFAULT = (
+    "numpy O0",
+    "numpy O2",
+    "numba O0",
+    "numba O2",
+    "auto O2",
+    "auto O3",
+    "numpy O2 threads=blas",
+    "numba O2 threads=blas",
+    *PEERS,
+)
 RTOL = 2e-4  # float32 outputs: max abs error over max abs value of the reference
 
 
@@ -80,13 +97,19 @@ def _ours(name: str, model, arrays):
 
     def call():
         return plan(**feed)
+
     threads = host_pool.helper_count() + 1
     if plan.backend.name == "numba":
         import numba
 
         threads = max(threads, numba.get_num_threads())
-    return call, (lambda res: [res[o] for o in model.outputs]), threads, \
-        f"{plan.backend.name} O{level}", plan
+    return (
+        call,
+        (lambda res: [res[o] for o in model.outputs]),
+        threads,
+        f"{plan.backend.name} O{level}",
+        plan,
+    )
 
 
 def _torch(name: str, model, arrays, tmp: Path, idx: int):
@@ -97,8 +120,13 @@ def _torch(name: str, model, arrays, tmp: Path, idx: int):
     feed = [torch.from_numpy(arrays[k]) for k in model.inputs]
     if name == "torch.compile":
         fn = torch.compile(fn, dynamic=False)
-    return (lambda: fn(*feed)), (lambda res: [r.numpy() for r in res]), \
-        torch.get_num_threads(), None, None
+    return (
+        (lambda: fn(*feed)),
+        (lambda res: [r.numpy() for r in res]),
+        torch.get_num_threads(),
+        None,
+        None,
+    )
 
 
 def _export_onnx(model, arrays, path: Path) -> str | None:
@@ -116,8 +144,14 @@ def _export_onnx(model, arrays, path: Path) -> str | None:
 
     feed = tuple(torch.from_numpy(arrays[k]) for k in model.inputs)
     try:
-        torch.onnx.export(Wrap(), feed, str(path), input_names=list(model.inputs),
-                          output_names=list(model.outputs), dynamo=False)
+        torch.onnx.export(
+            Wrap(),
+            feed,
+            str(path),
+            input_names=list(model.inputs),
+            output_names=list(model.outputs),
+            dynamo=False,
+        )
     except Exception as exc:  # noqa: BLE001 - any export failure: the peer is reported absent
         return f"not exportable: {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
     return None
@@ -199,11 +233,20 @@ class _Worker:
     """A contender's serving process (``worker``)."""
 
     def __init__(self, name: str, indices: list[int], tmp: Path) -> None:
-        cmd = [sys.executable, __file__, "--worker", name, "--models",
-               ",".join(map(str, indices)), "--tmp", str(tmp)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            name,
+            "--models",
+            ",".join(map(str, indices)),
+            "--tmp",
+            str(tmp),
+        ]
         self.name = name
-        self.proc = subprocess.Popen(cmd, cwd=HERE, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            cmd, cwd=HERE, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         line = self.proc.stdout.readline()
         try:
             self.report = json.loads(line)
@@ -241,7 +284,7 @@ def _run_round_robin(names, models, indices, args, tmp: Path) -> dict:
     times: dict[tuple[str, int], list[float]] = {}
     for r in range(args.rounds):
         for i in indices:
-            order = live[r % len(live):] + live[:r % len(live)] if live else []
+            order = live[r % len(live) :] + live[: r % len(live)] if live else []
             for w in order:
                 if "error" in w.report.get(models[i].name, {}):
                     continue
@@ -266,8 +309,10 @@ def _load(tmp: Path, name: str, i: int):
 
 
 def _rel_err(got, want) -> float:
-    return max(float(np.max(np.abs(np.asarray(g, np.float64) - w)) / (np.max(np.abs(w)) + 1e-30))
-               for g, w in zip(got, want))
+    return max(
+        float(np.max(np.abs(np.asarray(g, np.float64) - w)) / (np.max(np.abs(w)) + 1e-30))
+        for g, w in zip(got, want)
+    )
 
 
 def _rows(models, indices, names, results, missing, tmp: Path, refs) -> list[dict]:
@@ -281,26 +326,35 @@ def _rows(models, indices, names, results, missing, tmp: Path, refs) -> list[dic
         for name in names:
             r = results.get(name, {}).get(model.name)
             if r is None:
-                why = (missing.get("torch") if name.startswith("torch") else
-                       missing.get("onnxruntime") or missing.get("torch"))
+                why = (
+                    missing.get("torch")
+                    if name.startswith("torch")
+                    else missing.get("onnxruntime") or missing.get("torch")
+                )
                 if why:
-                    rows.append({"model": model.name, "contender": name,
-                                 "error": f"peer missing: {why}"})
+                    rows.append(
+                        {"model": model.name, "contender": name, "error": f"peer missing: {why}"}
+                    )
                 continue
-            row = {"model": model.name, "contender": name, **{k: v for k, v in r.items()
-                                                              if k != "rounds_ms"},
-                   "rounds_ms": r.get("rounds_ms")}
+            row = {
+                "model": model.name,
+                "contender": name,
+                **{k: v for k, v in r.items() if k != "rounds_ms"},
+                "rounds_ms": r.get("rounds_ms"),
+            }
             got = _load(tmp, name, i)
             if got is not None:
                 row["err_vs_ref"] = _rel_err(got, ref)
                 if torch_out is not None:
-                    row["err_vs_torch"] = _rel_err(got, [t.astype(np.float64)
-                                                         for t in torch_out])
-                row["ok"] = bool(row["err_vs_ref"] <= RTOL and
-                                 row.get("err_vs_torch", 0.0) <= RTOL)
+                    row["err_vs_torch"] = _rel_err(got, [t.astype(np.float64) for t in torch_out])
+                row["ok"] = bool(row["err_vs_ref"] <= RTOL and row.get("err_vs_torch", 0.0) <= RTOL)
             if "ms" in r:
-                for p, label in (("torch eager", "vs_eager"), ("torch.compile", "vs_compile"),
-                                 ("torch SDPA", "vs_sdpa"), ("onnxruntime", "vs_ort")):
+                for p, label in (
+                    ("torch eager", "vs_eager"),
+                    ("torch.compile", "vs_compile"),
+                    ("torch SDPA", "vs_sdpa"),
+                    ("onnxruntime", "vs_ort"),
+                ):
                     if base.get(p):
                         row[label] = base[p] / r["ms"]
             rows.append(row)
@@ -312,16 +366,21 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="3 rounds of 0.05 s (smoke run)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--min-time", type=float, default=0.25)
-    ap.add_argument("--gap", type=float, default=0.1,
-                    help="seconds of quiet after each sample (idle threads of the last "
-                         "contender stop spinning)")
+    ap.add_argument(
+        "--gap",
+        type=float,
+        default=0.1,
+        help="seconds of quiet after each sample (idle threads of the last "
+        "contender stop spinning)",
+    )
     ap.add_argument("--contenders", default=",".join(DEFAULT))
     ap.add_argument("--models", default=None, help="indices into the model list")
     ap.add_argument("--name", default="bench_models", help="results/<name>.json")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--tmp", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--keep", default=None,
-                    help="keep each contender's raw timings and outputs in this folder")
+    ap.add_argument(
+        "--keep", default=None, help="keep each contender's raw timings and outputs in this folder"
+    )
     args = ap.parse_args(argv)
     models = _models()
     indices = [int(i) for i in args.models.split(",")] if args.models else list(range(len(models)))
@@ -343,8 +402,10 @@ def main(argv=None) -> int:
     for peer, why in missing.items():
         print(f"peer {peer}: {why}; its rows are skipped")
     m0 = machine()
-    print(f"machine: {m0['cpu']}, {m0['cores_usable']} cores, load {m0['loadavg_1min']:.2f}",
-          flush=True)
+    print(
+        f"machine: {m0['cpu']}, {m0['cores_usable']} cores, load {m0['loadavg_1min']:.2f}",
+        flush=True,
+    )
     results: dict[str, dict] = {}
     refs = {}
     for i in indices:
@@ -353,25 +414,52 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(args.keep or d)
         tmp.mkdir(parents=True, exist_ok=True)
-        run = [n for n in names if not (n.startswith("torch") and "torch" in missing
-                                        or n == "onnxruntime" and missing)]
+        run = [
+            n
+            for n in names
+            if not (n.startswith("torch") and "torch" in missing or n == "onnxruntime" and missing)
+        ]
         if "onnxruntime" in run:  # export the torch models first, in a process of its own
             export = _Worker("onnx export", indices, tmp)
             export.close()
             results["onnx export"] = export.report
         results.update(_run_round_robin(run, models, indices, args, tmp))
         rows = _rows(models, indices, names, results, missing, tmp, refs)
-    cols = ["model", "contender", "ms", "vs_eager", "vs_compile", "vs_sdpa", "vs_ort", "threads",
-            "ok", "err_vs_ref", "error"]
+    cols = [
+        "model",
+        "contender",
+        "ms",
+        "vs_eager",
+        "vs_compile",
+        "vs_sdpa",
+        "vs_ort",
+        "threads",
+        "ok",
+        "err_vs_ref",
+        "error",
+    ]
     print(table(rows, cols))
     m1 = machine()
-    extra = {"load_before": m0["loadavg_1min"], "load_after": m1["loadavg_1min"],
-             "rounds": args.rounds, "min_time_s": args.min_time, "rtol": RTOL,
-             "peers_missing": missing,
-             "env": {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "TL_NUM_THREADS",
-                                                "OMP_NUM_THREADS", "OMP_WAIT_POLICY",
-                                                "GOMP_SPINCOUNT") if k in os.environ},
-             "gap_s": args.gap}
+    extra = {
+        "load_before": m0["loadavg_1min"],
+        "load_after": m1["loadavg_1min"],
+        "rounds": args.rounds,
+        "min_time_s": args.min_time,
+        "rtol": RTOL,
+        "peers_missing": missing,
+        "env": {
+            k: os.environ[k]
+            for k in (
+                "CUDA_VISIBLE_DEVICES",
+                "TL_NUM_THREADS",
+                "OMP_NUM_THREADS",
+                "OMP_WAIT_POLICY",
+                "GOMP_SPINCOUNT",
+            )
+            if k in os.environ
+        },
+        "gap_s": args.gap,
+    }
     path = write_results(args.name, rows, extra, peers=("torch", "onnxruntime", "threadpoolctl"))
     print(f"load {m0['loadavg_1min']:.2f} -> {m1['loadavg_1min']:.2f}; wrote {path}")
     bad = [r for r in rows if r.get("ok") is False]

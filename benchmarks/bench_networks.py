@@ -59,8 +59,13 @@ def lattice(n, bond=3):
     idx = iter(range(100_000))
     h = {(r, c): get_symbol(next(idx)) for r in range(n) for c in range(n - 1)}
     v = {(r, c): get_symbol(next(idx)) for r in range(n - 1) for c in range(n)}
-    terms = ["".join(x for x in (h.get((r, c - 1)), h.get((r, c)), v.get((r - 1, c)),
-                                 v.get((r, c))) if x) for r in range(n) for c in range(n)]
+    terms = [
+        "".join(
+            x for x in (h.get((r, c - 1)), h.get((r, c)), v.get((r - 1, c)), v.get((r, c))) if x
+        )
+        for r in range(n)
+        for c in range(n)
+    ]
     return ",".join(terms) + "->", {c: bond for t in terms for c in t}
 
 
@@ -80,8 +85,9 @@ def mps_overlap(sites, bond=8, phys=2):
 
 
 def regular(n, reg, d_max, seed):
-    eq, _, sizes = rand_equation(n, reg, n_out=2, d_min=2, d_max=d_max, seed=seed,
-                                 return_size_dict=True)
+    eq, _, sizes = rand_equation(
+        n, reg, n_out=2, d_min=2, d_max=d_max, seed=seed, return_size_dict=True
+    )
     return eq, sizes
 
 
@@ -121,6 +127,7 @@ def worker(contender: str, name: str, path_file: str | None, repeat: int) -> dic
     res: dict = {}
     if contender == "ours":
         import tensorlogic as tl
+
         g = tl.EinsumGraph()
         ts = [g.input(f"x{i}", a.shape, dtype) for i, a in enumerate(arrays)]
         g.output(g.einsum(eq, *ts), "y")
@@ -148,9 +155,11 @@ def worker(contender: str, name: str, path_file: str | None, repeat: int) -> dic
             fn = lambda: expr(*arrays)  # noqa: E731
         else:
             import cotengra
+
             lhs, out = eq.split("->")
             tree = cotengra.ContractionTree.from_path(
-                [tuple(t) for t in lhs.split(",")], tuple(out), sizes, path=path)
+                [tuple(t) for t in lhs.split(",")], tuple(out), sizes, path=path
+            )
             fn = lambda: tree.contract(arrays)  # noqa: E731
         y = fn()
     ref = opt_einsum.contract(eq, *arrays, optimize="greedy")
@@ -162,6 +171,7 @@ def worker(contender: str, name: str, path_file: str | None, repeat: int) -> dic
 def slicing_demo(n: int = 7, bond: int = 8, divide: int = 8) -> dict:
     """A lattice compiled without and with ``path_memory_limit`` = its peak / ``divide``."""
     import tensorlogic as tl
+
     eq, sizes = lattice(n, bond)
     arrays = _arrays(eq, sizes, "float64")
     g = tl.EinsumGraph()
@@ -178,9 +188,14 @@ def slicing_demo(n: int = 7, bond: int = 8, divide: int = 8) -> dict:
         ys.append(plan(feed)["y"])
         t2 = time.perf_counter()
         info = plan.optimized_graph.node(plan.optimized_graph.outputs["y"]).args["path_info"]
-        row[label] = {"compile_s": t1 - t0, "call_s": t2 - t1, "flops": info["flops"],
-                      "peak_bytes": info["largest_intermediate"] * 8,
-                      "n_slices": info.get("n_slices", 1), "strategy": info["strategy"]}
+        row[label] = {
+            "compile_s": t1 - t0,
+            "call_s": t2 - t1,
+            "flops": info["flops"],
+            "peak_bytes": info["largest_intermediate"] * 8,
+            "n_slices": info.get("n_slices", 1),
+            "strategy": info["strategy"],
+        }
         limit = row["unlimited"]["peak_bytes"] // divide
     row["limit_bytes"] = limit
     row["rel_diff"] = float(abs(ys[1] - ys[0]) / abs(ys[0]))
@@ -203,13 +218,19 @@ def slicing_8gb(limit: int = 1 << 30, n: int = 160, seed: int = 2) -> dict:
     g = tl.EinsumGraph()
     ts = [g.input(f"x{i}", a.shape, "float64") for i, a in enumerate(arrays)]
     g.output(g.einsum(eq, *ts), "y")
-    row: dict = {"instance": f"rrg{n}_bond2_seed{seed}", "operands": len(arrays),
-                 "limit_bytes": limit}
+    row: dict = {
+        "instance": f"rrg{n}_bond2_seed{seed}",
+        "operands": len(arrays),
+        "limit_bytes": limit,
+    }
     t0 = time.perf_counter()
     free = plan_node(g, g.node(g.outputs["y"]), None).args["path_info"]
-    row["unlimited"] = {"plan_s": time.perf_counter() - t0, "flops": free["flops"],
-                        "peak_bytes": free["largest_intermediate"] * 8,
-                        "strategy": free["strategy"]}
+    row["unlimited"] = {
+        "plan_s": time.perf_counter() - t0,
+        "flops": free["flops"],
+        "peak_bytes": free["largest_intermediate"] * 8,
+        "strategy": free["strategy"],
+    }
     print(json.dumps(row, indent=1), flush=True)
     t0 = time.perf_counter()
     plan = tl.compile(g, "numpy", 2, cache=False, path_memory_limit=limit)
@@ -217,11 +238,16 @@ def slicing_8gb(limit: int = 1 << 30, n: int = 160, seed: int = 2) -> dict:
     y = plan({f"x{i}": a for i, a in enumerate(arrays)})["y"]
     t2 = time.perf_counter()
     info = plan.optimized_graph.node(plan.optimized_graph.outputs["y"]).args["path_info"]
-    row["sliced"] = {"compile_s": t1 - t0, "call_s": t2 - t1, "flops": info["flops"],
-                     "peak_bytes": info["largest_intermediate"] * 8,
-                     "planned_memory_bytes": plan.memory.peak_bytes,
-                     "n_slices": info.get("n_slices", 1), "slices": info.get("slices", ""),
-                     "strategy": info["strategy"]}
+    row["sliced"] = {
+        "compile_s": t1 - t0,
+        "call_s": t2 - t1,
+        "flops": info["flops"],
+        "peak_bytes": info["largest_intermediate"] * 8,
+        "planned_memory_bytes": plan.memory.peak_bytes,
+        "n_slices": info.get("n_slices", 1),
+        "slices": info.get("slices", ""),
+        "strategy": info["strategy"],
+    }
     row["result"] = np.asarray(y).tolist()
     return row
 
@@ -239,14 +265,24 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--repeat", type=int, default=9)
-    ap.add_argument("--rounds", type=int, default=3,
-                    help="processes of ours and of contract_expression per instance (medians)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="processes of ours and of contract_expression per instance (medians)",
+    )
     ap.add_argument("--worker", nargs=2)
     ap.add_argument("--path")
-    ap.add_argument("--slicing", action="store_true",
-                    help="only the slicing run: a 7x7 lattice of bond 8 under 1/8 of its peak")
-    ap.add_argument("--slicing-8gb", action="store_true",
-                    help="a network whose unlimited path peaks at 8 GiB, run under 1 GiB")
+    ap.add_argument(
+        "--slicing",
+        action="store_true",
+        help="only the slicing run: a 7x7 lattice of bond 8 under 1/8 of its peak",
+    )
+    ap.add_argument(
+        "--slicing-8gb",
+        action="store_true",
+        help="a network whose unlimited path peaks at 8 GiB, run under 1 GiB",
+    )
     args = ap.parse_args()
     if args.slicing:
         row = slicing_demo()
@@ -271,8 +307,10 @@ def main() -> None:
             path_file = os.path.join(tmp, name + ".path.json")
             with open(path_file, "w") as f:
                 json.dump(ours["path"], f)
-            others = {c: _spawn(c, name, path_file, args.repeat, cold)
-                      for c in ("contract", "expression", "cotengra")}
+            others = {
+                c: _spawn(c, name, path_file, args.repeat, cold)
+                for c in ("contract", "expression", "cotengra")
+            }
             # ours and contract_expression again, alternating, each in a fresh process: on a
             # shared machine the load drifts between processes, and the per-call target
             # compares these two, so each keeps the median of its rounds
@@ -280,15 +318,20 @@ def main() -> None:
             for _ in range(args.rounds - 1):
                 ours_calls.append(_spawn("ours", name, None, args.repeat, cold)["call_s"])
                 expr_calls.append(
-                    _spawn("expression", name, path_file, args.repeat, cold)["call_s"])
+                    _spawn("expression", name, path_file, args.repeat, cold)["call_s"]
+                )
             ours["call_s"] = statistics.median(ours_calls)
             others["expression"]["call_s"] = statistics.median(expr_calls)
             n_idx = len({c for c in eq if c not in ",->"})
             row = {
-                "instance": name, "operands": eq.count(",") + 1, "indices": n_idx,
-                "dtype": dtype, "strategy": ours["strategy"],
+                "instance": name,
+                "operands": eq.count(",") + 1,
+                "indices": n_idx,
+                "dtype": dtype,
+                "strategy": ours["strategy"],
                 "compile_ms": 1e3 * ours["compile_s"],
-                "compile_cpu_ms": 1e3 * ours["compile_cpu_s"], "ours_ms": 1e3 * ours["call_s"],
+                "compile_cpu_ms": 1e3 * ours["compile_cpu_s"],
+                "ours_ms": 1e3 * ours["call_s"],
                 "contract_ms": 1e3 * others["contract"]["call_s"],
                 "expression_ms": 1e3 * others["expression"]["call_s"],
                 "cotengra_ms": 1e3 * others["cotengra"]["call_s"],
@@ -299,18 +342,35 @@ def main() -> None:
             row["compile_calls"] = row["compile_ms"] / row["ours_ms"]
             # the target: a first compile of at most 10 calls or 100 ms, whichever is larger,
             # for networks whose call takes under 10 ms
-            row["compile_target_met"] = (row["ours_ms"] >= 10
-                                         or row["compile_ms"] <= max(10 * row["ours_ms"], 100))
+            row["compile_target_met"] = row["ours_ms"] >= 10 or row["compile_ms"] <= max(
+                10 * row["ours_ms"], 100
+            )
             rows.append(row)
             print(table([row], list(row)), flush=True)
     gm = statistics.geometric_mean(r["vs_contract"] for r in rows)
-    print(table(rows, ["instance", "operands", "indices", "strategy", "compile_ms",
-                       "compile_cpu_ms", "compile_target_met", "ours_ms", "contract_ms",
-                       "expression_ms", "cotengra_ms", "vs_contract", "vs_expression",
-                       "max_rel_err"]))
+    print(
+        table(
+            rows,
+            [
+                "instance",
+                "operands",
+                "indices",
+                "strategy",
+                "compile_ms",
+                "compile_cpu_ms",
+                "compile_target_met",
+                "ours_ms",
+                "contract_ms",
+                "expression_ms",
+                "cotengra_ms",
+                "vs_contract",
+                "vs_expression",
+                "max_rel_err",
+            ],
+        )
+    )
     print(f"geometric mean speedup vs opt_einsum.contract: {gm:.2f}x")
-    path = write_results("bench_networks", rows, {"geomean_vs_contract": gm},
-                         peers=("cotengra",))
+    path = write_results("bench_networks", rows, {"geomean_vs_contract": gm}, peers=("cotengra",))
     print(f"wrote {path}")
 
 

@@ -58,24 +58,25 @@ def attention_block(B=8, T=256, d=64):
     return g, {n: rng.standard_normal((B, T, d)).astype(np.float32) for n in "qkv"}
 
 
-CHAIN_EXPR = ("-(minimum(sqrt(maximum(abs(x * 1.5 + 0.25) - x, 0.1)) * x + 0.5, 2.0)"
-              " * 0.75 - x * 0.5 + 1.0)")
+CHAIN_EXPR = (
+    "-(minimum(sqrt(maximum(abs(x * 1.5 + 0.25) - x, 0.1)) * x + 0.5, 2.0) * 0.75 - x * 0.5 + 1.0)"
+)
 
 
 def elementwise_chain(n=1 << 24):
     g = tl.EinsumGraph()
     x = g.input("x", (n,), "float32")
-    t = x * 1.5            # 1
-    t = t + 0.25           # 2
-    t = g.abs(t)           # 3
-    t = t - x              # 4
+    t = x * 1.5  # 1
+    t = t + 0.25  # 2
+    t = g.abs(t)  # 3
+    t = t - x  # 4
     t = g.maximum(t, 0.1)  # 5
-    t = g.sqrt(t)          # 6
-    t = t * x              # 7
-    t = t + 0.5            # 8
+    t = g.sqrt(t)  # 6
+    t = t * x  # 7
+    t = t + 0.5  # 8
     t = g.minimum(t, 2.0)  # 9
     t = t * 0.75 - x * 0.5  # 10, 11, 12 (x * 0.5 is op 11)
-    t = -(t + 1.0)         # 13, 14: still one chain; 12+ elementwise ops
+    t = -(t + 1.0)  # 13, 14: still one chain; 12+ elementwise ops
     g.output(t, name="y")
     rng = np.random.default_rng(2)
     return g, {"x": rng.uniform(-1, 1, n).astype(np.float32)}
@@ -106,8 +107,11 @@ def main() -> int:
     args = ap.parse_args()
     repeats = 3 if args.quick else 15
     rows = []
-    for name, build in (("mlp_block", mlp_block), ("attention_block", attention_block),
-                        ("chain_16M", elementwise_chain)):
+    for name, build in (
+        ("mlp_block", mlp_block),
+        ("attention_block", attention_block),
+        ("chain_16M", elementwise_chain),
+    ):
         g, inputs = build()
         res = {"case": name}
         outs, runs = {}, {}
@@ -159,22 +163,31 @@ def main() -> int:
         t2 = time.perf_counter()
         opt_times.append(t1 - t0)
         compile_times.append(t2 - t1)
-    compile_row = {"nodes": len(g), "optimize_O2_ms": statistics.median(opt_times) * 1e3,
-                   "compile_O2_ms": statistics.median(compile_times) * 1e3}
+    compile_row = {
+        "nodes": len(g),
+        "optimize_O2_ms": statistics.median(opt_times) * 1e3,
+        "compile_O2_ms": statistics.median(compile_times) * 1e3,
+    }
 
-    print(f"{'case':<16} {'O0 ms':>9} {'O2 ms':>9} {'O0/O2':>7} "
-          f"{'steps O0->O2':>13} {'mem passes O0->O2':>18}")
+    print(
+        f"{'case':<16} {'O0 ms':>9} {'O2 ms':>9} {'O0/O2':>7} "
+        f"{'steps O0->O2':>13} {'mem passes O0->O2':>18}"
+    )
     for r in rows:
         print(
             f"{r['case']:<16} {r['O0_s'] * 1e3:9.2f} {r['O2_s'] * 1e3:9.2f} {r['speedup']:7.2f} "
             f"{r['O0_steps']:>6} -> {r['O2_steps']:<4} {r['O0_passes']:>8} -> {r['O2_passes']:<7}"
         )
         if r.get("O2_1thread_s"):
-            print(f"{'  O2, 1 thread':<16} {'':>9} {r['O2_1thread_s'] * 1e3:9.2f} "
-                  f"{r['speedup_1thread']:7.2f}   (the O2 row used {r['threads']} threads)")
+            print(
+                f"{'  O2, 1 thread':<16} {'':>9} {r['O2_1thread_s'] * 1e3:9.2f} "
+                f"{r['speedup_1thread']:7.2f}   (the O2 row used {r['threads']} threads)"
+            )
         if r.get("numexpr_s"):
-            print(f"{'  numexpr peer':<16} {r['numexpr_s'] * 1e3:9.2f} ms "
-                  f"(O2/numexpr time ratio {r['O2_s'] / r['numexpr_s']:.2f})")
+            print(
+                f"{'  numexpr peer':<16} {r['numexpr_s'] * 1e3:9.2f} ms "
+                f"(O2/numexpr time ratio {r['O2_s'] / r['numexpr_s']:.2f})"
+            )
     print(
         f"1000-node graph ({compile_row['nodes']} nodes): optimize at O2 "
         f"{compile_row['optimize_O2_ms']:.1f} ms, whole compile "
@@ -190,12 +203,19 @@ def main() -> int:
     except ImportError:
         ne_version = None
     result = {
-        "benchmark": "optimizer", "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "quick": args.quick, "repeats": repeats,
+        "benchmark": "optimizer",
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "repeats": repeats,
         "machine": machine(),
-        "versions": {"tensorlogic": tl.__version__, "numpy": np.__version__,
-                     "opt_einsum": opt_einsum.__version__, "numexpr": ne_version},
-        "cases": rows, "compile": compile_row,
+        "versions": {
+            "tensorlogic": tl.__version__,
+            "numpy": np.__version__,
+            "opt_einsum": opt_einsum.__version__,
+            "numexpr": ne_version,
+        },
+        "cases": rows,
+        "compile": compile_row,
     }
     out = Path(__file__).parent / "results" / "optimizer.json"
     out.parent.mkdir(exist_ok=True)

@@ -37,8 +37,9 @@ def mlp_graph(seed: int = 0, depth: int = DEPTH) -> tl.EinsumGraph:
     g = tl.EinsumGraph()
     h = g.input("x", shape=("B", WIDTH))
     for k in range(depth):
-        w = g.constant((rng.standard_normal((WIDTH, WIDTH)) * WIDTH**-0.5).astype(np.float32),
-                       name=f"w{k}")
+        w = g.constant(
+            (rng.standard_normal((WIDTH, WIDTH)) * WIDTH**-0.5).astype(np.float32), name=f"w{k}"
+        )
         b = g.constant((rng.standard_normal(WIDTH) * 0.1).astype(np.float32), name=f"b{k}")
         h = g.relu(g.einsum("bi,ij->bj", h, w) + b)
     g.output(h, name="y")
@@ -53,8 +54,9 @@ def attention_graph(seed: int = 0) -> tl.EinsumGraph:
     x = g.input("x", shape=("B", SEQ, DIM))
 
     def w(name):
-        return g.constant((rng.standard_normal((DIM, HEADS, d)) * DIM**-0.5).astype(np.float32),
-                          name=name)
+        return g.constant(
+            (rng.standard_normal((DIM, HEADS, d)) * DIM**-0.5).astype(np.float32), name=name
+        )
 
     q, k, v = (g.einsum("bsi,ihd->bhsd", x, w(n)) for n in ("wq", "wk", "wv"))
     attn = g.softmax(g.einsum("bhqd,bhkd->bhqk", q, k) * d**-0.5, axis=-1)
@@ -97,7 +99,8 @@ def persist_run(client, plan, xd, keep: bool):
     del y
     deadline = time.perf_counter() + 30
     while time.perf_counter() < deadline and client.run_on_scheduler(
-            lambda dask_scheduler, keys=keys: any(k in dask_scheduler.tasks for k in keys)):
+        lambda dask_scheduler, keys=keys: any(k in dask_scheduler.tasks for k in keys)
+    ):
         time.sleep(0.005)  # until the scheduler has forgotten them
     return None
 
@@ -114,24 +117,54 @@ def bench_model(model: str, n: int, batches: list[int], repeat: int, client) -> 
     ref = plan(inputs)
     rows = []
     t_big = timed(lambda: plan(inputs), repeat)
-    rows.append({"model": model, "mode": "one big call", "batch": n, "items_per_s": n / t_big,
-                 "vs_big": 1.0})
+    rows.append(
+        {
+            "model": model,
+            "mode": "one big call",
+            "batch": n,
+            "items_per_s": n / t_big,
+            "vs_big": 1.0,
+        }
+    )
     for bs in batches:
         for workers in (1, 2):
             check(tl.run_batched(plan, inputs, bs, workers=workers, progress=False), ref, "threads")
-            t = timed(lambda bs=bs, w=workers: tl.run_batched(plan, inputs, bs, workers=w,
-                                                              progress=False), repeat)
-            rows.append({"model": model, "mode": f"run_batched threads={workers}", "batch": bs,
-                         "items_per_s": n / t, "vs_big": t_big / t})
+            t = timed(
+                lambda bs=bs, w=workers: tl.run_batched(
+                    plan, inputs, bs, workers=w, progress=False
+                ),
+                repeat,
+            )
+            rows.append(
+                {
+                    "model": model,
+                    "mode": f"run_batched threads={workers}",
+                    "batch": bs,
+                    "items_per_s": n / t,
+                    "vs_big": t_big / t,
+                }
+            )
         if client is not None:
             check(tl.run_batched(plan, inputs, bs, client=client, progress=False), ref, "dask")
-            t = timed(lambda bs=bs: tl.run_batched(plan, inputs, bs, client=client,
-                                                   progress=False), max(1, repeat // 2))
-            rows.append({"model": model, "mode": "run_batched dask 2 workers", "batch": bs,
-                         "items_per_s": n / t, "vs_big": t_big / t})
+            t = timed(
+                lambda bs=bs: tl.run_batched(plan, inputs, bs, client=client, progress=False),
+                max(1, repeat // 2),
+            )
+            rows.append(
+                {
+                    "model": model,
+                    "mode": "run_batched dask 2 workers",
+                    "batch": bs,
+                    "items_per_s": n / t,
+                    "vs_big": t_big / t,
+                }
+            )
     for r in rows:
-        print(f"  {model:9s} {r['mode']:28s} batch={r['batch']:<7d} "
-              f"{r['items_per_s']:12.0f} items/s  {r['vs_big']:.2f}x big call", flush=True)
+        print(
+            f"  {model:9s} {r['mode']:28s} batch={r['batch']:<7d} "
+            f"{r['items_per_s']:12.0f} items/s  {r['vs_big']:.2f}x big call",
+            flush=True,
+        )
     return rows
 
 
@@ -156,15 +189,25 @@ def bench_last_batch(model: str, full: int, last: int, repeat: int) -> dict:
     np.testing.assert_allclose(pad(), plan(x=part)["y"], rtol=1e-5, atol=1e-5)
     own = timed(lambda: plan(x=part), repeat)
     padded = timed(pad, repeat)
-    row = {"model": model, "full": full, "last": last, "own_plan_first_call_s": first_own,
-           "own_plan_cached_s": own, "padded_s": padded}
-    print(f"  last batch {model:9s} {last}/{full}: own plan first call {first_own * 1e3:.1f} ms, "
-          f"cached {own * 1e3:.1f} ms; padded {padded * 1e3:.1f} ms", flush=True)
+    row = {
+        "model": model,
+        "full": full,
+        "last": last,
+        "own_plan_first_call_s": first_own,
+        "own_plan_cached_s": own,
+        "padded_s": padded,
+    }
+    print(
+        f"  last batch {model:9s} {last}/{full}: own plan first call {first_own * 1e3:.1f} ms, "
+        f"cached {own * 1e3:.1f} ms; padded {padded * 1e3:.1f} ms",
+        flush=True,
+    )
     return row
 
 
-def bench_device_overlap(backend: str, n_batches: int = 40, batch: int = 4096,
-                         max_depth: int = 64) -> dict:
+def bench_device_overlap(
+    backend: str, n_batches: int = 40, batch: int = 4096, max_depth: int = 64
+) -> dict:
     """How much of the host-to-device copy time the pipeline hides behind compute.
 
     Overlap can hide at most the shorter of the two, so the workload is an MLP deep enough that
@@ -209,14 +252,25 @@ def bench_device_overlap(backend: str, n_batches: int = 40, batch: int = 4096,
         depth = min(max_depth, max(2 * depth, int(depth * 1.25 * t_copy / t_compute) + 1))
         t_compute, t_copy, t_pipe = measure(depth)
     hidden = (t_compute + t_copy - t_pipe) / min(t_copy, t_compute)
-    row = {"backend": backend, "batches": n_batches, "batch": batch, "depth": depth,
-           "compute_s": t_compute, "copy_s": t_copy, "pipelined_s": t_pipe,
-           "copy_hidden": hidden, "target_met": hidden >= 0.8}
-    print(f"  device overlap ({backend}, MLP depth {depth}, {n_batches} batches of {batch}): "
-          f"compute {t_compute * 1e3:.1f} ms, copies {t_copy * 1e3:.1f} ms (pinned staging "
-          f"path), pipelined {t_pipe * 1e3:.1f} ms, serial sum {(t_compute + t_copy) * 1e3:.1f} "
-          f"ms -> {hidden:.0%} of min(copy, compute) hidden (target >= 80%: "
-          f"{'met' if hidden >= 0.8 else 'NOT met'})", flush=True)
+    row = {
+        "backend": backend,
+        "batches": n_batches,
+        "batch": batch,
+        "depth": depth,
+        "compute_s": t_compute,
+        "copy_s": t_copy,
+        "pipelined_s": t_pipe,
+        "copy_hidden": hidden,
+        "target_met": hidden >= 0.8,
+    }
+    print(
+        f"  device overlap ({backend}, MLP depth {depth}, {n_batches} batches of {batch}): "
+        f"compute {t_compute * 1e3:.1f} ms, copies {t_copy * 1e3:.1f} ms (pinned staging "
+        f"path), pipelined {t_pipe * 1e3:.1f} ms, serial sum {(t_compute + t_copy) * 1e3:.1f} "
+        f"ms -> {hidden:.0%} of min(copy, compute) hidden (target >= 80%: "
+        f"{'met' if hidden >= 0.8 else 'NOT met'})",
+        flush=True,
+    )
     return row
 
 
@@ -226,8 +280,9 @@ def gelu_mlp(width: int = 4096, depth: int = 8, seed: int = 0) -> tl.EinsumGraph
     g = tl.EinsumGraph()
     h = g.input("x", shape=("B", width))
     for k in range(depth):
-        w = g.constant((rng.standard_normal((width, width)) * width**-0.5).astype(np.float32),
-                       name=f"w{k}")
+        w = g.constant(
+            (rng.standard_normal((width, width)) * width**-0.5).astype(np.float32), name=f"w{k}"
+        )
         b = g.constant((rng.standard_normal(width) * 0.1).astype(np.float32), name=f"b{k}")
         h = g.gelu(g.einsum("bi,ij->bj", h, w) + b)
     g.output(h, name="y")
@@ -253,25 +308,44 @@ def _save(name: str, rows: list[dict], extra: dict, copy_to: str | None) -> None
 
 
 def _row(rows: list[dict], mode: str, seconds: float, n: int, base: float | None, **info) -> None:
-    row = {"mode": mode, "seconds": seconds, "items_per_s": n / seconds,
-           "vs_one_device": None if base is None else base / seconds, **info}
+    row = {
+        "mode": mode,
+        "seconds": seconds,
+        "items_per_s": n / seconds,
+        "vs_one_device": None if base is None else base / seconds,
+        **info,
+    }
     rows.append(row)
     ratio = "" if base is None else f"  {base / seconds:.2f}x one device"
     print(f"  {mode:58s} {seconds * 1e3:9.1f} ms {n / seconds:12.0f} rows/s{ratio}", flush=True)
 
 
-def bench_multi_gpu(backend: str, width: int, depth: int, n: int, batch: int, repeat: int,
-                    devices: list[int], dask_gpus: bool, copy_to: str | None,
-                    in_process: bool = True) -> None:
+def bench_multi_gpu(
+    backend: str,
+    width: int,
+    depth: int,
+    n: int,
+    batch: int,
+    repeat: int,
+    devices: list[int],
+    dask_gpus: bool,
+    copy_to: str | None,
+    in_process: bool = True,
+) -> None:
     """One GPU vs several: in-process (devices=) and Dask (one worker per GPU)."""
     graph = gelu_mlp(width, depth)
     plan = tl.compile(graph, backend=backend)
     x = np.random.default_rng(1).standard_normal((n, width), dtype=np.float32)
-    probe = np.r_[0:32, n - 32:n]  # rows checked against the float64 host reference
+    probe = np.r_[0:32, n - 32 : n]  # rows checked against the float64 host reference
     ref = reference_rows(graph, x[probe])
     rows: list[dict] = []
-    extra: dict = {"model": f"{depth}-layer GELU MLP width {width}", "n_rows": n, "batch": batch,
-                   "backend": backend, "devices": devices}
+    extra: dict = {
+        "model": f"{depth}-layer GELU MLP width {width}",
+        "n_rows": n,
+        "batch": batch,
+        "backend": backend,
+        "devices": devices,
+    }
 
     def check(out: np.ndarray, what: str) -> float:
         err = rel_err(out[probe], ref)
@@ -280,7 +354,7 @@ def bench_multi_gpu(backend: str, width: int, depth: int, n: int, batch: int, re
 
     # GPU compute alone (batches already on the device): the floor of any pipeline
     be = plan.backend
-    dev = [be.to_device(x[i:i + batch]) for i in range(0, min(n, 2 * batch), batch)]
+    dev = [be.to_device(x[i : i + batch]) for i in range(0, min(n, 2 * batch), batch)]
 
     def compute_only():
         for k in range(0, n, batch):
@@ -293,21 +367,30 @@ def bench_multi_gpu(backend: str, width: int, depth: int, n: int, batch: int, re
     _row(rows, "GPU compute only, batches on the device (1 GPU)", t_compute, n, None)
     _row(rows, "in-process, 1 GPU (devices=None)", one, n, one, rel_err=err)
     if in_process:
-        lane = timed(lambda: tl.run_batched(plan, {"x": x}, batch, devices=devices[:1],
-                                            progress=False), repeat)
-        err = check(tl.run_batched(plan, {"x": x}, batch, devices=devices[:1],
-                                   progress=False)["y"], "devices=[0]")
+        lane = timed(
+            lambda: tl.run_batched(plan, {"x": x}, batch, devices=devices[:1], progress=False),
+            repeat,
+        )
+        err = check(
+            tl.run_batched(plan, {"x": x}, batch, devices=devices[:1], progress=False)["y"],
+            "devices=[0]",
+        )
         _row(rows, f"in-process, devices={devices[:1]}", lane, n, one, rel_err=err)
         base = min(one, lane)
-        multi = timed(lambda: tl.run_batched(plan, {"x": x}, batch, devices=devices,
-                                             progress=False), repeat)
-        err = check(tl.run_batched(plan, {"x": x}, batch, devices=devices,
-                                   progress=False)["y"], "devices")
+        multi = timed(
+            lambda: tl.run_batched(plan, {"x": x}, batch, devices=devices, progress=False), repeat
+        )
+        err = check(
+            tl.run_batched(plan, {"x": x}, batch, devices=devices, progress=False)["y"], "devices"
+        )
         _row(rows, f"in-process, devices={devices}", multi, n, base, rel_err=err)
         extra["in_process_speedup"] = base / multi
         extra["in_process_target_met"] = base / multi >= 1.8
-        print(f"  in-process {len(devices)} GPUs vs the best 1-GPU row: {base / multi:.2f}x "
-              f"(target >= 1.8: {'met' if base / multi >= 1.8 else 'NOT met'})", flush=True)
+        print(
+            f"  in-process {len(devices)} GPUs vs the best 1-GPU row: {base / multi:.2f}x "
+            f"(target >= 1.8: {'met' if base / multi >= 1.8 else 'NOT met'})",
+            flush=True,
+        )
         _save("bench_pipeline_multigpu", rows, extra, copy_to)
     if dask_gpus:
         bench_dask_gpus(plan, graph, x, batch, repeat, len(devices), one, rows, extra, copy_to)
@@ -320,14 +403,15 @@ def bench_dask_gpus(plan, graph, x, batch, repeat, gpus_max, one, rows, extra, c
     from distributed import Client, wait
 
     n, width = x.shape
-    probe = np.r_[0:32, n - 32:n]
+    probe = np.r_[0:32, n - 32 : n]
     ref = reference_rows(graph, x[probe])
     per_worker: dict[int, float] = {}
     for gpus in (1, gpus_max):
         with tl.local_cluster(gpus=gpus) as cluster, Client(cluster) as client:
             client.wait_for_workers(gpus, timeout=120)
-            xd = da.random.default_rng(2).standard_normal((n, width), chunks=(batch, width),
-                                                          dtype=np.float32)
+            xd = da.random.default_rng(2).standard_normal(
+                (n, width), chunks=(batch, width), dtype=np.float32
+            )
             xd = client.persist(xd)  # generated on the workers; the client never holds it
             wait(xd)
             spread = sorted(collections_count(client.who_has(xd)).values())
@@ -343,8 +427,16 @@ def bench_dask_gpus(plan, graph, x, batch, repeat, gpus_max, one, rows, extra, c
             del y
             t = timed(run_persist, repeat)  # its warm-up run releases the kept result
             per_worker[gpus] = t
-            _row(rows, f"dask {gpus} GPU worker(s), dask array in, persisted out", t, n,
-                 per_worker[1], rel_err=err, first_call_s=first, chunks_per_worker=spread)
+            _row(
+                rows,
+                f"dask {gpus} GPU worker(s), dask array in, persisted out",
+                t,
+                n,
+                per_worker[1],
+                rel_err=err,
+                first_call_s=first,
+                chunks_per_worker=spread,
+            )
             if gpus > 1:
                 small = {"x": x[:batch]}
                 tl.run_batched(plan, small, batch, client=client, progress=False)  # warm-up
@@ -353,14 +445,23 @@ def bench_dask_gpus(plan, graph, x, batch, repeat, gpus_max, one, rows, extra, c
                 t = time.perf_counter() - t0
                 err = rel_err(got["y"][probe], ref)
                 assert err < 1e-3, f"dask numpy through the client: relative error {err:.2e}"
-                _row(rows, f"dask {gpus} GPU workers, numpy in/out through the client", t, n,
-                     one, rel_err=err)
+                _row(
+                    rows,
+                    f"dask {gpus} GPU workers, numpy in/out through the client",
+                    t,
+                    n,
+                    one,
+                    rel_err=err,
+                )
         _save("bench_pipeline_dask_gpu", rows, extra, copy_to)
     ratio = per_worker[1] / per_worker[gpus_max]
     extra["dask_speedup"] = ratio
     extra["dask_target_met"] = ratio >= 1.7
-    print(f"  dask {gpus_max} GPU workers vs 1 worker: {ratio:.2f}x (target >= 1.7: "
-          f"{'met' if ratio >= 1.7 else 'NOT met'})", flush=True)
+    print(
+        f"  dask {gpus_max} GPU workers vs 1 worker: {ratio:.2f}x (target >= 1.7: "
+        f"{'met' if ratio >= 1.7 else 'NOT met'})",
+        flush=True,
+    )
     _save("bench_pipeline_dask_gpu", rows, extra, copy_to)
 
 
@@ -373,8 +474,15 @@ def collections_count(who_has: dict) -> dict[str, int]:
     return count
 
 
-def bench_cpu_cluster(width: int, depth: int, n: int, batch: int, repeat: int,
-                      layouts: list[tuple[int, int]], copy_to: str | None) -> None:
+def bench_cpu_cluster(
+    width: int,
+    depth: int,
+    n: int,
+    batch: int,
+    repeat: int,
+    layouts: list[tuple[int, int]],
+    copy_to: str | None,
+) -> None:
     """A CPU LocalCluster (workers x threads, dask-array input on the workers) vs one process
     (run_batched with BLAS on every core), numpy backend."""
     import dask.array as da
@@ -390,11 +498,16 @@ def bench_cpu_cluster(width: int, depth: int, n: int, batch: int, repeat: int,
     err = rel_err(tl.run_batched(plan, {"x": x[:batch]}, batch, progress=False)["y"][:32], ref)
     _row(rows, f"one process, BLAS on {cores} cores", one, n, one, rel_err=err)
     for workers, threads in layouts:
-        with tl.local_cluster(n_workers=workers, threads_per_worker=threads) as cluster, \
-                Client(cluster) as client:
+        with (
+            tl.local_cluster(n_workers=workers, threads_per_worker=threads) as cluster,
+            Client(cluster) as client,
+        ):
             client.wait_for_workers(workers, timeout=120)
-            xd = client.persist(da.random.default_rng(2).standard_normal(
-                (n, width), chunks=(batch, width), dtype=np.float32))
+            xd = client.persist(
+                da.random.default_rng(2).standard_normal(
+                    (n, width), chunks=(batch, width), dtype=np.float32
+                )
+            )
             wait(xd)
 
             def run_persist(keep=False):
@@ -404,25 +517,45 @@ def bench_cpu_cluster(width: int, depth: int, n: int, batch: int, repeat: int,
             err = rel_err(y[:32].compute(), reference_rows(graph, xd[:32].compute()))
             del y
             t = timed(run_persist, repeat)  # its warm-up run releases the kept result
-            _row(rows, f"LocalCluster {workers} workers x {threads} threads, dask array",
-                 t, n, one, rel_err=err)
-        _save("bench_pipeline_cluster_cpu", rows,
-              {"model": f"{depth}-layer GELU MLP width {width}", "n_rows": n, "batch": batch,
-               "cores": cores}, copy_to)
+            _row(
+                rows,
+                f"LocalCluster {workers} workers x {threads} threads, dask array",
+                t,
+                n,
+                one,
+                rel_err=err,
+            )
+        _save(
+            "bench_pipeline_cluster_cpu",
+            rows,
+            {
+                "model": f"{depth}-layer GELU MLP width {width}",
+                "n_rows": n,
+                "batch": batch,
+                "cores": cores,
+            },
+            copy_to,
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="10,000 items, fewer repeats")
     ap.add_argument("--no-dask", action="store_true", help="skip the Dask LocalCluster runs")
-    ap.add_argument("--device-backend", help="measure copy/compute overlap on this GPU backend "
-                    "(default: cupy when it is usable)")
+    ap.add_argument(
+        "--device-backend",
+        help="measure copy/compute overlap on this GPU backend (default: cupy when it is usable)",
+    )
     ap.add_argument("--multi-gpu", action="store_true", help="only the one-vs-several-GPU rows")
     ap.add_argument("--no-dask-gpu", action="store_true", help="with --multi-gpu: skip Dask")
-    ap.add_argument("--no-in-process", action="store_true",
-                    help="with --multi-gpu: only the one-GPU baseline and the Dask rows")
-    ap.add_argument("--cpu-cluster", action="store_true",
-                    help="only the CPU LocalCluster vs one process rows")
+    ap.add_argument(
+        "--no-in-process",
+        action="store_true",
+        help="with --multi-gpu: only the one-GPU baseline and the Dask rows",
+    )
+    ap.add_argument(
+        "--cpu-cluster", action="store_true", help="only the CPU LocalCluster vs one process rows"
+    )
     ap.add_argument("--copy-to", help="also copy each result file into this folder")
     ap.add_argument("--rows", type=int, default=32768, help="rows of the scale-out runs")
     args = ap.parse_args()
@@ -431,14 +564,24 @@ def main() -> None:
             import cupy
 
             ids = list(range(cupy.cuda.runtime.getDeviceCount()))
-            bench_multi_gpu(args.device_backend or "cupy", 4096, 8, args.rows, 4096,
-                            1 if args.quick else 3, ids, not args.no_dask_gpu, args.copy_to,
-                            in_process=not args.no_in_process)
+            bench_multi_gpu(
+                args.device_backend or "cupy",
+                4096,
+                8,
+                args.rows,
+                4096,
+                1 if args.quick else 3,
+                ids,
+                not args.no_dask_gpu,
+                args.copy_to,
+                in_process=not args.no_in_process,
+            )
         if args.cpu_cluster:
             cores = machine()["cores_usable"]
             layouts = [(cores, 1), (max(1, cores // 4), 4)]
-            bench_cpu_cluster(1024, 4, args.rows, 4096, 1 if args.quick else 3, layouts,
-                              args.copy_to)
+            bench_cpu_cluster(
+                1024, 4, args.rows, 4096, 1 if args.quick else 3, layouts, args.copy_to
+            )
         return
     n = 10_000 if args.quick else 100_000
     repeat = 1 if args.quick else 3
@@ -451,8 +594,9 @@ def main() -> None:
     if not args.no_dask:
         from distributed import Client, LocalCluster
 
-        cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                               dashboard_address=":0")
+        cluster = LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        )
         client = Client(cluster)
     rows = []
     try:
@@ -470,11 +614,16 @@ def main() -> None:
     target = [r for r in rows if r["mode"] == "run_batched threads=1" and r["batch"] == 4096]
     met = all(r["vs_big"] >= 0.9 for r in target)
     ratios = ", ".join(f"{r['model']} {r['vs_big']:.2f}" for r in target)
-    print(f"\ntarget run_batched (threads=1) >= 90% of one big call at batch 4096: "
-          f"{'met' if met else 'NOT met'} ({ratios})")
-    path = write_results("bench_pipeline", rows, {"items": n, "last_batch": last,
-                                                  "device_overlap": overlap, "target_met": met},
-                         peers=("dask", "distributed", "cupy"))
+    print(
+        f"\ntarget run_batched (threads=1) >= 90% of one big call at batch 4096: "
+        f"{'met' if met else 'NOT met'} ({ratios})"
+    )
+    path = write_results(
+        "bench_pipeline",
+        rows,
+        {"items": n, "last_batch": last, "device_overlap": overlap, "target_met": met},
+        peers=("dask", "distributed", "cupy"),
+    )
     print(f"wrote {path}")
 
 

@@ -97,14 +97,30 @@ def bench_cpu(repeat: int) -> tuple[list[dict], dict]:
 
     t_cprof = median_time(under_cprofile, max(3, repeat // 2), warmup=1) / 20
     rows = [
-        {"variant": "unprofiled build (no hook)", "call_us": t_bare * 1e6,
-         "per_step_us": t_bare / STEPS * 1e6, "vs_bare": 1.0},
-        {"variant": "tensorlogic, profiler off", "call_us": t_off * 1e6,
-         "per_step_us": t_off / STEPS * 1e6, "vs_bare": t_off / t_bare},
-        {"variant": "tensorlogic, profiler on", "call_us": t_on * 1e6,
-         "per_step_us": t_on / STEPS * 1e6, "vs_bare": t_on / t_bare},
-        {"variant": "cProfile (peer)", "call_us": t_cprof * 1e6,
-         "per_step_us": t_cprof / STEPS * 1e6, "vs_bare": t_cprof / t_bare},
+        {
+            "variant": "unprofiled build (no hook)",
+            "call_us": t_bare * 1e6,
+            "per_step_us": t_bare / STEPS * 1e6,
+            "vs_bare": 1.0,
+        },
+        {
+            "variant": "tensorlogic, profiler off",
+            "call_us": t_off * 1e6,
+            "per_step_us": t_off / STEPS * 1e6,
+            "vs_bare": t_off / t_bare,
+        },
+        {
+            "variant": "tensorlogic, profiler on",
+            "call_us": t_on * 1e6,
+            "per_step_us": t_on / STEPS * 1e6,
+            "vs_bare": t_on / t_bare,
+        },
+        {
+            "variant": "cProfile (peer)",
+            "call_us": t_cprof * 1e6,
+            "per_step_us": t_cprof / STEPS * 1e6,
+            "vs_bare": t_cprof / t_bare,
+        },
     ]
     summary = {
         "steps": STEPS,
@@ -112,7 +128,8 @@ def bench_cpu(repeat: int) -> tuple[list[dict], dict]:
         "event_build_us_per_step": build_step * 1e6,
         "cprofile_overhead_us_per_step": (t_cprof - t_plain) / STEPS * 1e6,
         "off_vs_unprofiled_build": t_off / t_bare - 1.0,
-        "target_on_us_per_step": 5.0, "target_off_ratio": 0.02,
+        "target_on_us_per_step": 5.0,
+        "target_off_ratio": 0.02,
     }
     return rows, summary
 
@@ -141,8 +158,14 @@ def bench_gpu(repeat: int) -> dict | None:
         walls.append(wall)
         sums.append(sum(e.dur_ns for e in prof.steps))
     w, s = statistics.median(walls), statistics.median(sums)
-    return {"backend": name, "steps": 50, "wall_us": w / 1e3, "step_sum_us": s / 1e3,
-            "ratio": s / w, "target": "step sum within 10% of wall"}
+    return {
+        "backend": name,
+        "steps": 50,
+        "wall_us": w / 1e3,
+        "step_sum_us": s / 1e3,
+        "ratio": s / w,
+        "target": "step sum within 10% of wall",
+    }
 
 
 def main() -> None:
@@ -155,17 +178,21 @@ def main() -> None:
     rows, summary = bench_cpu(repeat)
     print(f"500-step plan of 16-element ops, numpy backend ({repeat} medians)")
     print(table(rows, ["variant", "call_us", "per_step_us", "vs_bare"]))
-    print(f"profiler on: {summary['profiled_overhead_us_per_step']:.3f} us per step "
-          f"(target <= 5 us); building events afterwards: "
-          f"{summary['event_build_us_per_step']:.3f} us per step")
+    print(
+        f"profiler on: {summary['profiled_overhead_us_per_step']:.3f} us per step "
+        f"(target <= 5 us); building events afterwards: "
+        f"{summary['event_build_us_per_step']:.3f} us per step"
+    )
     off = 100 * summary["off_vs_unprofiled_build"]
     print(f"profiler off vs a build without the hook: {off:+.2f}% (target within 2%)")
     gpu = bench_gpu(repeat)
     if gpu is None:
         print("GPU: skipped (no backend with device event timing here)")
     else:
-        print(f"GPU ({gpu['backend']}): step sum {gpu['step_sum_us']:.1f} us vs wall "
-              f"{gpu['wall_us']:.1f} us per call, ratio {gpu['ratio']:.3f}")
+        print(
+            f"GPU ({gpu['backend']}): step sum {gpu['step_sum_us']:.1f} us vs wall "
+            f"{gpu['wall_us']:.1f} us per call, ratio {gpu['ratio']:.3f}"
+        )
     path = write_results("bench_profiler", rows, {"summary": summary, "gpu": gpu})
     print(f"wrote {path}")
 

@@ -53,13 +53,20 @@ def worker(backend: str, mode: str, mb: int, repeat: int) -> dict:
     gemm, row = plan.steps[0], plan.steps[1]
     t_gemm = statistics.median(per[0])
     t_row = statistics.median(per[1])
-    return {"backend": backend, "threads": mode, "n": n, "result_mb": n * n * 4 / 2**20,
-            "threads_used": host_pool.helper_count() + 1,
-            "gemm_ms": t_gemm * 1e3, "gemm_gflops": gemm.flops / t_gemm / 1e9,
-            "row_ms": t_row * 1e3, "row_gbps": row.bytes / t_row / 1e9,
-            "calibrated_gbps": peaks.bandwidth / 1e9,
-            "row_share_of_bw": row.bytes / t_row / peaks.bandwidth,
-            "row_step": row.info or row.label}
+    return {
+        "backend": backend,
+        "threads": mode,
+        "n": n,
+        "result_mb": n * n * 4 / 2**20,
+        "threads_used": host_pool.helper_count() + 1,
+        "gemm_ms": t_gemm * 1e3,
+        "gemm_gflops": gemm.flops / t_gemm / 1e9,
+        "row_ms": t_row * 1e3,
+        "row_gbps": row.bytes / t_row / 1e9,
+        "calibrated_gbps": peaks.bandwidth / 1e9,
+        "row_share_of_bw": row.bytes / t_row / peaks.bandwidth,
+        "row_step": row.info or row.label,
+    }
 
 
 def main(argv=None) -> int:
@@ -78,22 +85,57 @@ def main(argv=None) -> int:
     m0 = machine()
     rows = []
     for backend, mode in CONFIGS:
-        cmd = [sys.executable, __file__, "--worker", f"{backend}:{mode}", "--mb", str(args.mb),
-               "--repeat", str(args.repeat)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            f"{backend}:{mode}",
+            "--mb",
+            str(args.mb),
+            "--repeat",
+            str(args.repeat),
+        ]
         res = subprocess.run(cmd, cwd=HERE, capture_output=True, text=True)
         if res.returncode:
-            rows.append({"backend": backend, "threads": mode,
-                         "error": (res.stderr.strip().splitlines() or ["?"])[-1][:200]})
+            rows.append(
+                {
+                    "backend": backend,
+                    "threads": mode,
+                    "error": (res.stderr.strip().splitlines() or ["?"])[-1][:200],
+                }
+            )
         else:
             rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
         print(f"  {backend} {mode}: done", flush=True)
-    print(table(rows, ["backend", "threads", "result_mb", "threads_used", "gemm_ms",
-                       "gemm_gflops", "row_ms", "row_gbps", "calibrated_gbps", "row_share_of_bw",
-                       "error"]))
+    print(
+        table(
+            rows,
+            [
+                "backend",
+                "threads",
+                "result_mb",
+                "threads_used",
+                "gemm_ms",
+                "gemm_gflops",
+                "row_ms",
+                "row_gbps",
+                "calibrated_gbps",
+                "row_share_of_bw",
+                "error",
+            ],
+        )
+    )
     m1 = machine()
-    path = write_results("bench_threads", rows, {"load_before": m0["loadavg_1min"],
-                                                 "load_after": m1["loadavg_1min"],
-                                                 "result_mb": args.mb, "repeat": args.repeat})
+    path = write_results(
+        "bench_threads",
+        rows,
+        {
+            "load_before": m0["loadavg_1min"],
+            "load_after": m1["loadavg_1min"],
+            "result_mb": args.mb,
+            "repeat": args.repeat,
+        },
+    )
     print(f"load {m0['loadavg_1min']:.2f} -> {m1['loadavg_1min']:.2f}; wrote {path}")
     return 0
 

@@ -110,11 +110,15 @@ def _torch_model(model, arrays, torch, dev):
 
     if model.name.startswith("block"):
         h, dk, d = arrays["wq"].shape
-        p = {"wqkv": param(np.concatenate([arrays[w].reshape(h * dk, d)
-                                           for w in ("wq", "wk", "wv")])),
-             "wo": param(arrays["wo"].reshape(h * dk, d)),
-             "w1t": param(arrays["w1"].T), "w2t": param(arrays["w2"].T),
-             **{k: param(arrays[k]) for k in ("b1", "b2", "g1", "be1", "g2", "be2")}}
+        p = {
+            "wqkv": param(
+                np.concatenate([arrays[w].reshape(h * dk, d) for w in ("wq", "wk", "wv")])
+            ),
+            "wo": param(arrays["wo"].reshape(h * dk, d)),
+            "w1t": param(arrays["w1"].T),
+            "w2t": param(arrays["w2"].T),
+            **{k: param(arrays[k]) for k in ("b1", "b2", "g1", "be1", "g2", "be2")},
+        }
         scale = 1.0 / np.sqrt(dk)
 
         def fwd(x):
@@ -130,8 +134,10 @@ def _torch_model(model, arrays, torch, dev):
         def ours(gr):
             qkv = gr["wqkv"]
             n = h * dk
-            out = {w: qkv[i * n:(i + 1) * n].reshape(h, dk, d)
-                   for i, w in enumerate(("wq", "wk", "wv"))}
+            out = {
+                w: qkv[i * n : (i + 1) * n].reshape(h, dk, d)
+                for i, w in enumerate(("wq", "wk", "wv"))
+            }
             out["wo"] = gr["wo"].reshape(h, dk, d)
             out["w1"], out["w2"] = gr["w1t"].T, gr["w2t"].T
             out.update({k: gr[k] for k in ("b1", "b2", "g1", "be1", "g2", "be2")})
@@ -151,8 +157,11 @@ def _torch_model(model, arrays, torch, dev):
             return x
 
         def ours(gr):
-            return {**{f"w{i}": gr[f"w{i}t"].T for i in range(n)},
-                    **{f"b{i}": gr[f"b{i}"] for i in range(n)}}
+            return {
+                **{f"w{i}": gr[f"w{i}t"].T for i in range(n)},
+                **{f"b{i}": gr[f"b{i}"] for i in range(n)},
+            }
+
     return p, fwd, ours
 
 
@@ -192,8 +201,9 @@ def _torch(name: str, model, device: bool):
 
 
 # ------------------------------------------------------------------ worker
-def worker(name: str, indices: list[int], rounds: int, min_time: float, tmp: Path,
-           device: bool) -> None:
+def worker(
+    name: str, indices: list[int], rounds: int, min_time: float, tmp: Path, device: bool
+) -> None:
     """Time one contender's training step on the given models; write tmp/<name>.json."""
     models = _models()
     report: dict[str, dict] = {}
@@ -213,6 +223,7 @@ def worker(name: str, indices: list[int], rounds: int, min_time: float, tmp: Pat
             def timed():
                 step()
                 sync()
+
             for _ in range(2):
                 timed()
             times = [_sample(timed, min_time) for _ in range(rounds)]
@@ -227,8 +238,11 @@ def worker(name: str, indices: list[int], rounds: int, min_time: float, tmp: Pat
         except Exception as exc:  # noqa: BLE001 - a failing contender is reported, not fatal
             row = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
         report[model.name] = row
-        print(f"  {name:22s} {model.name:34s} {row.get('ms', float('nan')):9.3f} ms "
-              f"{row.get('error', '')}", flush=True)
+        print(
+            f"  {name:22s} {model.name:34s} {row.get('ms', float('nan')):9.3f} ms "
+            f"{row.get('error', '')}",
+            flush=True,
+        )
     (tmp / f"{_file(name)}.json").write_text(json.dumps(report))
 
 
@@ -284,8 +298,11 @@ def _peak(name: str) -> dict:
     if name.startswith("torch"):
         import torch
 
-        return {"peak_mb": torch.cuda.max_memory_reserved() / 2**20,
-                "peak_allocated_mb": torch.cuda.max_memory_allocated() / 2**20, **used}
+        return {
+            "peak_mb": torch.cuda.max_memory_reserved() / 2**20,
+            "peak_allocated_mb": torch.cuda.max_memory_allocated() / 2**20,
+            **used,
+        }
     import cupy
 
     # the pool never returned a block since the reset: what it holds is the peak it needed
@@ -326,7 +343,7 @@ def _torch_classifier(ex) -> dict:
         order = torch.from_numpy(ex.batch_order(len(x), epoch))
         total = []
         for i in range(0, len(x), c["batch"]):
-            idx = order[i:i + c["batch"]]
+            idx = order[i : i + c["batch"]]
             opt.zero_grad(set_to_none=True)
             loss = F.cross_entropy(logits(xt[idx]), yt[idx])
             loss.backward()
@@ -347,8 +364,13 @@ def name_is_default(args) -> bool:
     return args.name in (None, "bench_train")
 
 
-_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
-                "NUMBA_NUM_THREADS", "TL_NUM_THREADS")
+_THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMBA_NUM_THREADS",
+    "TL_NUM_THREADS",
+)
 
 
 def _run(args_list: list[str], threads: int | None = None) -> int:
@@ -363,8 +385,12 @@ def _grad_err(tmp: Path, name: str, i: int, peer: str) -> float | None:
     if not (a.exists() and b.exists()):
         return None
     with np.load(a) as za, np.load(b) as zb:
-        return max(float(np.max(np.abs(za[k].astype(np.float64) - zb[k]))
-                         / (np.max(np.abs(zb[k])) + 1e-30)) for k in zb.files)
+        return max(
+            float(
+                np.max(np.abs(za[k].astype(np.float64) - zb[k])) / (np.max(np.abs(zb[k])) + 1e-30)
+            )
+            for k in zb.files
+        )
 
 
 def main(argv=None) -> int:
@@ -375,11 +401,18 @@ def main(argv=None) -> int:
     ap.add_argument("--device", action="store_true", help="bf16 on the current CUDA GPU")
     ap.add_argument("--contenders", default=None)
     ap.add_argument("--models", default=None, help="indices into the model list")
-    ap.add_argument("--no-accuracy", action="store_true",
-                    help="skip the examples/mlp_classifier.py accuracy runs")
+    ap.add_argument(
+        "--no-accuracy",
+        action="store_true",
+        help="skip the examples/mlp_classifier.py accuracy runs",
+    )
     ap.add_argument("--out", default=None, help="folder for the results JSON")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="threads for every contender (default: each library's own)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads for every contender (default: each library's own)",
+    )
     ap.add_argument("--name", default=None, help="results/<name>.json")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--accuracy", default=None, help=argparse.SUPPRESS)
@@ -400,27 +433,42 @@ def main(argv=None) -> int:
     peers = GPU_PEERS if args.device else CPU_PEERS
     eager = peers[0]
     m0 = machine()
-    print(f"machine: {m0['cpu']}, {m0['cores_usable']} cores, load {m0['loadavg_1min']:.2f}",
-          flush=True)
+    print(
+        f"machine: {m0['cpu']}, {m0['cores_usable']} cores, load {m0['loadavg_1min']:.2f}",
+        flush=True,
+    )
     results: dict[str, dict] = {}
     accuracy: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for name in names:
             print(f"== {name}", flush=True)
-            common = ["--models", ",".join(map(str, indices)), "--rounds", str(args.rounds),
-                      "--min-time", str(args.min_time), "--tmp", str(tmp)]
-            rc = _run(["--worker", name, *common] + (["--device"] if args.device else []),
-                      args.threads)
+            common = [
+                "--models",
+                ",".join(map(str, indices)),
+                "--rounds",
+                str(args.rounds),
+                "--min-time",
+                str(args.min_time),
+                "--tmp",
+                str(tmp),
+            ]
+            rc = _run(
+                ["--worker", name, *common] + (["--device"] if args.device else []), args.threads
+            )
             path = tmp / f"{_file(name)}.json"
-            results[name] = json.loads(path.read_text()) if path.exists() else {
-                m.name: {"error": f"worker exited with status {rc}"} for m in models}
+            results[name] = (
+                json.loads(path.read_text())
+                if path.exists()
+                else {m.name: {"error": f"worker exited with status {rc}"} for m in models}
+            )
         if not args.device and not args.no_accuracy:
             for which in ("ours", "torch"):
                 _run(["--accuracy", which, "--tmp", str(tmp)])
                 path = tmp / f"accuracy-{which}.json"
-                accuracy[which] = (json.loads(path.read_text()) if path.exists()
-                                   else {"error": "worker failed"})
+                accuracy[which] = (
+                    json.loads(path.read_text()) if path.exists() else {"error": "worker failed"}
+                )
         rows = []
         tol = GRAD_RTOL["gpu" if args.device else "cpu"]
         for i in indices:
@@ -443,15 +491,33 @@ def main(argv=None) -> int:
                         row["peak_vs_torch"] = r["peak_mb"] / t_row["peak_mb"]
                         row["used_vs_torch"] = r["device_used_mb"] / t_row["device_used_mb"]
                 rows.append(row)
-    cols = ["model", "contender", "ms", "vs_eager", "vs_compile", "grad_err_vs_torch",
-            "grads_ok", "peak_mb", "peak_vs_torch", "device_used_mb", "used_vs_torch", "threads",
-            "error"]
+    cols = [
+        "model",
+        "contender",
+        "ms",
+        "vs_eager",
+        "vs_compile",
+        "grad_err_vs_torch",
+        "grads_ok",
+        "peak_mb",
+        "peak_vs_torch",
+        "device_used_mb",
+        "used_vs_torch",
+        "threads",
+        "error",
+    ]
     print(table(rows, cols))
     m1 = machine()
-    extra = {"load_before": m0["loadavg_1min"], "load_after": m1["loadavg_1min"],
-             "rounds": args.rounds, "min_time_s": args.min_time, "lr": LR,
-             "mode": "gpu bf16 mixed precision" if args.device else "cpu float32",
-             "grad_rtol": tol, "threads": args.threads or "default"}
+    extra = {
+        "load_before": m0["loadavg_1min"],
+        "load_after": m1["loadavg_1min"],
+        "rounds": args.rounds,
+        "min_time_s": args.min_time,
+        "lr": LR,
+        "mode": "gpu bf16 mixed precision" if args.device else "cpu float32",
+        "grad_rtol": tol,
+        "threads": args.threads or "default",
+    }
     if not accuracy and not args.device and name_is_default(args):
         # keep the accuracy figures of the last run that measured them (the test suite reads
         # them) when this run skipped them
@@ -461,10 +527,15 @@ def main(argv=None) -> int:
     if accuracy:
         import mlp_classifier
 
-        extra["mlp_example"] = {"config": mlp_classifier.CONFIG, **{
-            f"{k}_accuracy": v.get("accuracy") for k, v in accuracy.items()}, "runs": accuracy}
-        print(f"examples/mlp_classifier.py test accuracy: ours "
-              f"{accuracy['ours'].get('accuracy')}, torch {accuracy['torch'].get('accuracy')}")
+        extra["mlp_example"] = {
+            "config": mlp_classifier.CONFIG,
+            **{f"{k}_accuracy": v.get("accuracy") for k, v in accuracy.items()},
+            "runs": accuracy,
+        }
+        print(
+            f"examples/mlp_classifier.py test accuracy: ours "
+            f"{accuracy['ours'].get('accuracy')}, torch {accuracy['torch'].get('accuracy')}"
+        )
     if args.device:
         extra["gpu"] = _gpu_name()
     name = args.name or ("bench_train_gpu" if args.device else "bench_train")

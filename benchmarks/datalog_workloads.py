@@ -20,12 +20,13 @@ import random
 import numpy as np
 
 TC = "p(X, Y) :- e(X, Y).\np(X, Z) :- p(X, Y), e(Y, Z)."
-SG = ("sg(X, X) :- node(X).\n"
-      "sg(X, Y) :- par(X, XP), sg(XP, YP), par(Y, YP).")
-ANDERSEN = ("pt(P, O) :- addr(P, O).\n"
-            "pt(P, O) :- assign(P, Q), pt(Q, O).\n"
-            "pt(P, O) :- load(P, Q), pt(Q, R), pt(R, O).\n"
-            "pt(R, O) :- store(P, Q), pt(P, R), pt(Q, O).")
+SG = "sg(X, X) :- node(X).\nsg(X, Y) :- par(X, XP), sg(XP, YP), par(Y, YP)."
+ANDERSEN = (
+    "pt(P, O) :- addr(P, O).\n"
+    "pt(P, O) :- assign(P, Q), pt(Q, O).\n"
+    "pt(P, O) :- load(P, Q), pt(Q, R), pt(R, O).\n"
+    "pt(R, O) :- store(P, Q), pt(P, R), pt(Q, O)."
+)
 
 
 def ancestors(n: int, seed: int = 0) -> dict:
@@ -51,8 +52,14 @@ def same_generation(n: int, seed: int = 0) -> dict:
     return {"par": (par[:, 0], par[:, 1]), "node": (np.arange(n, dtype=np.int64),)}
 
 
-def pointsto(v: int = 100_000, seed: int = 0, addr: float = 0.3, assign: float = 0.4,
-             load: float = 0.08, store: float = 0.08) -> dict:
+def pointsto(
+    v: int = 100_000,
+    seed: int = 0,
+    addr: float = 0.3,
+    assign: float = 0.4,
+    load: float = 0.08,
+    store: float = 0.08,
+) -> dict:
     """Andersen points-to facts over ``v`` variables: ``addr * v`` statements ``p = &o``
     (o among the first tenth of the variables: the address-taken ones), ``assign * v``
     ``p = q``, ``load * v`` ``p = *q`` and ``store * v`` ``*p = q``, all uniform at random."""
@@ -61,11 +68,14 @@ def pointsto(v: int = 100_000, seed: int = 0, addr: float = 0.3, assign: float =
 
     def pairs(k: float, high2: int) -> tuple[np.ndarray, np.ndarray]:
         m = int(k * v)
-        return (rng.integers(0, v, m).astype(np.int64),
-                rng.integers(0, high2, m).astype(np.int64))
+        return (rng.integers(0, v, m).astype(np.int64), rng.integers(0, high2, m).astype(np.int64))
 
-    return {"addr": pairs(addr, objs), "assign": pairs(assign, v), "load": pairs(load, v),
-            "store": pairs(store, v)}
+    return {
+        "addr": pairs(addr, objs),
+        "assign": pairs(assign, v),
+        "load": pairs(load, v),
+        "store": pairs(store, v),
+    }
 
 
 #: name -> (program, output relation, generator, generator arguments)

@@ -46,8 +46,10 @@ def probe(op: str, shape, res: dict) -> None:
     }
     if torch is not None:
         tx = torch.from_dlpack(x)
-        fn = {"softmax": lambda: torch.softmax(tx, -1),
-              "layer_norm": lambda: torch.nn.functional.layer_norm(tx, (shape[-1],))}[op]
+        fn = {
+            "softmax": lambda: torch.softmax(tx, -1),
+            "layer_norm": lambda: torch.nn.functional.layer_norm(tx, (shape[-1],)),
+        }[op]
         rows["torch"] = fn
     print(f"{op} {shape[0]}x{shape[1]} float32 (runner: {cplan.runner})")
     r = res.setdefault(f"{op}_{shape[0]}x{shape[1]}", {})
@@ -65,7 +67,7 @@ def probe(op: str, shape, res: dict) -> None:
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(14)
     text = s.getvalue()
     r["profile"] = text
-    print(text[text.find("ncalls"):][:2500])
+    print(text[text.find("ncalls") :][:2500])
 
 
 def main() -> None:

@@ -34,8 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cupy as cp  # noqa: E402
 from _gpu_common import gpu_time, small_graph  # noqa: E402
 
-from tensorlogic.backends.cupy.pdl import (PROGRAMMATIC_STREAM_SERIALIZATION,  # noqa: E402
-                                           LaunchAttribute, LaunchConfig)
+from tensorlogic.backends.cupy.pdl import (
+    PROGRAMMATIC_STREAM_SERIALIZATION,  # noqa: E402
+    LaunchAttribute,
+    LaunchConfig,
+)
 
 N_ELEMS, BLOCK = 4096, 256
 _KERNEL = """
@@ -76,14 +79,21 @@ $done:
   ret;
 }}
 """
-_PRE = {"plain": "", "wait": "  griddepcontrol.wait;",
-        "trigger": "  griddepcontrol.launch_dependents;\n  griddepcontrol.wait;"}
+_PRE = {
+    "plain": "",
+    "wait": "  griddepcontrol.wait;",
+    "trigger": "  griddepcontrol.launch_dependents;\n  griddepcontrol.wait;",
+}
 
 
 _libcuda = ctypes.CDLL("libcuda.so.1")
 _launch_ex = _libcuda.cuLaunchKernelEx
-_launch_ex.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.c_void_p]
+_launch_ex.argtypes = [
+    ctypes.POINTER(LaunchConfig),
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+    ctypes.c_void_p,
+]
 _launch_ex.restype = ctypes.c_int
 
 
@@ -138,10 +148,14 @@ def main() -> None:
     mods = {k: cp.cuda.function.Module() for k in _PRE}
     for k, m in mods.items():
         m.load(_KERNEL.format(pre=_PRE[k]).encode())
-    variants = [("plain", "plain", "step", False), ("wait", "wait", "step", True),
-                ("wait+trigger", "trigger", "step", True), ("empty", "plain", "empty", False),
-                ("empty+pdl", "trigger", "empty", True), ("plain code, pdl attr", "plain", "step",
-                                                          True)]
+    variants = [
+        ("plain", "plain", "step", False),
+        ("wait", "wait", "step", True),
+        ("wait+trigger", "trigger", "step", True),
+        ("empty", "plain", "empty", False),
+        ("empty+pdl", "trigger", "empty", True),
+        ("plain code, pdl attr", "plain", "step", True),
+    ]
     for label, code, kernel, pdl in variants:
         bufs = [cp.empty(N_ELEMS, cp.float32) for _ in range(2)]
         graph = chain_graph(mods[code], kernel, n, pdl, bufs, stream)
@@ -153,7 +167,8 @@ def main() -> None:
                 stream.synchronize()
                 err = float(np.abs(bufs[n % 2].get() - reference(x, n)).max())
                 res.setdefault("max_abs_error", {})[label] = max(
-                    err, res.get("max_abs_error", {}).get(label, 0.0))
+                    err, res.get("max_abs_error", {}).get(label, 0.0)
+                )
                 if err > 1e-5:  # reported, not raised: the other variants still get measured
                     print(f"  {label}: WRONG RESULT, max abs error {err:.3g}")
         with stream:
@@ -167,6 +182,7 @@ def main() -> None:
     def stream_chain():
         for k in range(n):
             launch(fn, N_ELEMS // BLOCK, bufs[(k + 1) % 2], bufs[k % 2], N_ELEMS, stream, False)
+
     with stream:
         t = gpu_time(stream_chain, 20, batches=9, warmup=5)
     res["stream launches (ctypes cuLaunchKernelEx)"] = {"us": t * 1e6}
@@ -174,6 +190,7 @@ def main() -> None:
     # the tensorlogic 30-node graph: graph launch alone vs the whole plan call
     try:
         import tensorlogic as tl
+
         g = small_graph()
         data = cp.random.standard_normal((64, 64), dtype=cp.float32)
         for use_pdl in (False, True):
@@ -187,8 +204,10 @@ def main() -> None:
             t_call = gpu_time(lambda: plan(x=data), 200, batches=9, warmup=5)
             label = f"tensorlogic small graph{' pdl' if use_pdl else ''}"
             res[label] = {"graph_launch_us": t_graph * 1e6, "plan_call_device_us": t_call * 1e6}
-            print(f"  {label}: graph launch {t_graph * 1e6:.2f} us, "
-                  f"plan call (copies, events) {t_call * 1e6:.2f} us device time")
+            print(
+                f"  {label}: graph launch {t_graph * 1e6:.2f} us, "
+                f"plan call (copies, events) {t_call * 1e6:.2f} us device time"
+            )
     except Exception as exc:  # noqa: BLE001 - the probe's own numbers stand without it
         print(f"  tensorlogic small graph skipped: {type(exc).__name__}: {exc}")
     Path(args.out).write_text(json.dumps(res, indent=1))

@@ -55,10 +55,12 @@ def record(suite: str) -> list[tuple]:
     calls: dict[tuple, tuple] = {}
     if suite == "numpy":
         import numpy._core.tests.test_einsum as mod
+
         target, name = np, "einsum"
     else:
         import opt_einsum
         import opt_einsum.tests.test_contract as mod
+
         target, name = opt_einsum, "contract"
     real = getattr(target, name)
 
@@ -76,8 +78,18 @@ def record(suite: str) -> list[tuple]:
         mod.contract = spy  # the test module imported the name
     try:
         with contextlib.redirect_stdout(io.StringIO()):
-            pytest.main([mod.__file__, "-q", "-p", "no:cacheprovider", "-x", "--no-header",
-                         "-p", "no:randomly"])
+            pytest.main(
+                [
+                    mod.__file__,
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    "-x",
+                    "--no-header",
+                    "-p",
+                    "no:randomly",
+                ]
+            )
     finally:
         setattr(target, name, real)
         if suite == "opt_einsum":
@@ -95,8 +107,11 @@ def replay(args, backend: str, level: int):
     for k, a in enumerate(args):
         if isinstance(a, str):
             new.append(a)
-        elif not string_form and k % 2 == 1 or (not string_form and k == len(args) - 1
-                                                 and len(args) % 2 == 1):
+        elif (
+            not string_form
+            and k % 2 == 1
+            or (not string_form and k == len(args) - 1 and len(args) % 2 == 1)
+        ):
             new.append(a)  # a sublist (or the output sublist)
         elif isinstance(a, (bool, int, float, complex)) and not isinstance(a, np.generic):
             new.append(a)  # a Python scalar stays one
@@ -115,8 +130,9 @@ def same(got: np.ndarray, want: np.ndarray) -> str | None:
         return f"shape {got.shape} vs {want.shape}"
     if want.dtype.kind in "biu":
         return None if np.array_equal(got, want) else "values"
-    tol = {2: 4e-3, 4: 2e-5, 8: 1e-12, 16: 1e-12}[want.dtype.itemsize // (
-        2 if want.dtype.kind == "c" else 1)]
+    tol = {2: 4e-3, 4: 2e-5, 8: 1e-12, 16: 1e-12}[
+        want.dtype.itemsize // (2 if want.dtype.kind == "c" else 1)
+    ]
     scale = float(np.max(np.abs(want), initial=1.0))
     return None if np.allclose(got, want, rtol=tol * 8, atol=tol * scale * 8) else "values"
 
@@ -131,7 +147,7 @@ def main() -> None:
     for suite in ("opt_einsum", "numpy"):
         calls = record(suite)
         if args.limit:
-            calls = calls[:args.limit]
+            calls = calls[: args.limit]
         for backend in ("numpy", "numba"):
             for level in (0, 2):
                 outcome: Counter = Counter()
@@ -146,12 +162,21 @@ def main() -> None:
                     if why is not None and len(examples) < 10:
                         spec = call_args[0] if isinstance(call_args[0], str) else "sublists"
                         examples.append(f"{spec}: {why}")
-                row = {"suite": suite, "backend": backend, "opt_level": level,
-                       "calls": len(calls), "pass": outcome["pass"], "fail": outcome["fail"],
-                       "examples": examples}
+                row = {
+                    "suite": suite,
+                    "backend": backend,
+                    "opt_level": level,
+                    "calls": len(calls),
+                    "pass": outcome["pass"],
+                    "fail": outcome["fail"],
+                    "examples": examples,
+                }
                 rows.append(row)
-                print(f"{suite:10s} {backend:6s} O{level}: {row['pass']}/{row['calls']} match"
-                      + (f"; e.g. {examples[:3]}" if examples else ""), flush=True)
+                print(
+                    f"{suite:10s} {backend:6s} O{level}: {row['pass']}/{row['calls']} match"
+                    + (f"; e.g. {examples[:3]}" if examples else ""),
+                    flush=True,
+                )
     write_results("peer_einsum_suites", rows)
 
 

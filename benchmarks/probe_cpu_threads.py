@@ -23,9 +23,19 @@ import numpy as np
 
 # (batch, m, n, k) of the bench models' products: MLP layer, block FFN in/out, block projections
 # (one head and merged), attention scores and values per (batch, head), mlp.tl, kernel machine
-SHAPES = [(1, 256, 1024, 1024), (1, 1024, 1024, 256), (1, 1024, 256, 1024), (1, 1024, 256, 256),
-          (1, 1024, 768, 256), (16, 256, 256, 64), (16, 256, 64, 256), (1, 2048, 1024, 1024),
-          (1, 2048, 512, 1024), (1, 2048, 4096, 256), (1, 1024, 2048, 512)]
+SHAPES = [
+    (1, 256, 1024, 1024),
+    (1, 1024, 1024, 256),
+    (1, 1024, 256, 1024),
+    (1, 1024, 256, 256),
+    (1, 1024, 768, 256),
+    (16, 256, 256, 64),
+    (16, 256, 64, 256),
+    (1, 2048, 1024, 1024),
+    (1, 2048, 512, 1024),
+    (1, 2048, 4096, 256),
+    (1, 1024, 2048, 512),
+]
 
 
 def _median_time(fn, repeat: int, min_time: float = 0.02) -> float:
@@ -68,10 +78,15 @@ def info() -> dict:
         sib = open("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list").read().strip()
     except OSError:
         pass
-    return {"cpu": model, "cpus": os.cpu_count(), "cpu0_siblings": sib,
-            "threadpool": threadpool_info(), "numba_threads": numba.get_num_threads(),
-            "host_threads": host_pool.helper_count() + 1,
-            "gemm_numba_available": gemm_numba.available()}
+    return {
+        "cpu": model,
+        "cpus": os.cpu_count(),
+        "cpu0_siblings": sib,
+        "threadpool": threadpool_info(),
+        "numba_threads": numba.get_num_threads(),
+        "host_threads": host_pool.helper_count() + 1,
+        "gemm_numba_available": gemm_numba.available(),
+    }
 
 
 def dispatch(repeat: int) -> dict:
@@ -94,9 +109,10 @@ def dispatch(repeat: int) -> dict:
 
     a = np.zeros(numba.get_num_threads())
     pr(a)
-    return {"host_pool_us": _median_time(lambda: host_pool.run_blocks(noop, t, t - 1),
-                                         repeat) * 1e6,
-            "numba_prange_us": _median_time(lambda: pr(a), repeat) * 1e6}
+    return {
+        "host_pool_us": _median_time(lambda: host_pool.run_blocks(noop, t, t - 1), repeat) * 1e6,
+        "numba_prange_us": _median_time(lambda: pr(a), repeat) * 1e6,
+    }
 
 
 def gemms(repeat: int) -> list[dict]:
@@ -115,13 +131,15 @@ def gemms(repeat: int) -> list[dict]:
         row = {"shape": f"{nb}x{m}x{n}x{k}", "mflop": flops / 1e6}
         for threads in sorted({t, max(1, t // 2), 1}, reverse=True):
             with threadpool_limits(threads, user_api="blas"):
-                row[f"openblas{threads}"] = flops / _median_time(
-                    lambda: np.matmul(a, b, out=c), repeat) / 1e9
+                row[f"openblas{threads}"] = (
+                    flops / _median_time(lambda: np.matmul(a, b, out=c), repeat) / 1e9
+                )
         for split in ("python", "numba"):
             cpu_threads.SPLIT = split
             with cpu_threads.single_threaded_blas():
-                row[f"pool_{split}"] = flops / _median_time(
-                    lambda: cpu_threads.parallel_matmul(a, b, c), repeat) / 1e9
+                row[f"pool_{split}"] = (
+                    flops / _median_time(lambda: cpu_threads.parallel_matmul(a, b, c), repeat) / 1e9
+                )
         cpu_threads.SPLIT = "numba"
         rows.append(row)
         print(row, flush=True)
@@ -173,8 +191,14 @@ def handover(repeat: int) -> list[dict]:
                 for e in prof.steps:
                     per.setdefault(e.index, []).append(e.dur_ns * 1e-6)
                 total = _median_time(lambda: plan(x=xv), repeat) * 1e3
-                row = {"n": n, "k": k, "backend": backend, "mode": mode, "total_ms": total,
-                       "steps_ms": [statistics.median(v) for _, v in sorted(per.items())]}
+                row = {
+                    "n": n,
+                    "k": k,
+                    "backend": backend,
+                    "mode": mode,
+                    "total_ms": total,
+                    "steps_ms": [statistics.median(v) for _, v in sorted(per.items())],
+                }
                 rows.append(row)
                 print(row, flush=True)
     return rows

@@ -21,8 +21,16 @@ import numpy as np
 import tensorlogic as tl
 from tensorlogic.datalog import evaluate
 
-CONFIG = {"families": 4, "dim": 16, "epochs": 1, "steps": 300, "lr": 0.05, "l2": 1e-4,
-          "held_out": 0.2, "seed": 0}
+CONFIG = {
+    "families": 4,
+    "dim": 16,
+    "epochs": 1,
+    "steps": 300,
+    "lr": 0.05,
+    "l2": 1e-4,
+    "held_out": 0.2,
+    "seed": 0,
+}
 RELATIONS = ("parent", "ancestor", "sibling", "aunt", "uncle")
 
 
@@ -48,8 +56,11 @@ def family_forest(families: int, seed: int) -> tuple[list[tuple[int, int]], list
 
 def kinship_truth(cfg: dict = CONFIG) -> tuple[np.ndarray, int]:
     """``T[r, x, y]``: 1 where relation ``RELATIONS[r]`` holds, from the kinship.tl rules."""
-    rules = "\n".join(line for line in (Path(__file__).parent / "kinship.tl").read_text()
-                      .splitlines() if ":-" in line)
+    rules = "\n".join(
+        line
+        for line in (Path(__file__).parent / "kinship.tl").read_text().splitlines()
+        if ":-" in line
+    )
     parent, female, n = family_forest(cfg["families"], cfg["seed"])
     rel = evaluate(rules, {"parent": parent, "female": [(x,) for x in female]})
     truth = np.zeros((len(RELATIONS), n, n), np.float32)
@@ -69,8 +80,10 @@ def split(truth: np.ndarray, frac: float, seed: int) -> tuple[np.ndarray, np.nda
         pos = np.argwhere(truth[r] == 1)
         neg = np.argwhere(truth[r] == 0)
         k = max(1, int(round(frac * len(pos))))
-        for cells in (pos[rng.choice(len(pos), k, replace=False)],
-                      neg[rng.choice(len(neg), k, replace=False)]):
+        for cells in (
+            pos[rng.choice(len(pos), k, replace=False)],
+            neg[rng.choice(len(neg), k, replace=False)],
+        ):
             train[r, cells[:, 0], cells[:, 1]] = 0
             held[r, cells[:, 0], cells[:, 1]] = 1
     return train, held
@@ -102,14 +115,25 @@ def main(backend: str = "numpy", progress: bool = True, cfg: dict = CONFIG) -> d
     pos = known.sum(axis=(1, 2), keepdims=True)
     balance = (train.sum(axis=(1, 2), keepdims=True) - pos) / pos
     batch = {"T": known, "W": (train * np.where(known == 1, balance, 1.0)).astype(np.float32)}
-    hist = tl.train(build_graph(n, cfg), [batch] * cfg["steps"], epochs=cfg["epochs"],
-                    optimizer=tl.optim.Adam(lr=cfg["lr"]), backend=backend, progress=progress)
+    hist = tl.train(
+        build_graph(n, cfg),
+        [batch] * cfg["steps"],
+        epochs=cfg["epochs"],
+        optimizer=tl.optim.Adam(lr=cfg["lr"]),
+        backend=backend,
+        progress=progress,
+    )
     score = hist.plan(batch, to_host=True)["Score"]
     right = (score > 0) == (truth == 1)
     per = {name: float(right[r][held[r] == 1].mean()) for r, name in enumerate(RELATIONS)}
     train_acc = float(right[train == 1].mean())
-    return {"held_out_accuracy": float(right[held == 1].mean()), "per_relation": per,
-            "train_accuracy": train_acc, "people": n, "final_loss": hist.losses[-1]}
+    return {
+        "held_out_accuracy": float(right[held == 1].mean()),
+        "per_relation": per,
+        "train_accuracy": train_acc,
+        "people": n,
+        "final_loss": hist.losses[-1],
+    }
 
 
 if __name__ == "__main__":

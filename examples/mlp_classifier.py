@@ -16,12 +16,22 @@ import numpy as np
 
 import tensorlogic as tl
 
-CONFIG = {"classes": 3, "n_train": 3000, "n_test": 1500, "noise": 0.6, "hidden": 64,
-          "epochs": 15, "batch": 100, "lr": 0.01, "seed": 0}
+CONFIG = {
+    "classes": 3,
+    "n_train": 3000,
+    "n_test": 1500,
+    "noise": 0.6,
+    "hidden": 64,
+    "epochs": 15,
+    "batch": 100,
+    "lr": 0.01,
+    "seed": 0,
+}
 
 
-def make_data(n: int, seed: int, classes: int = CONFIG["classes"],
-              noise: float = CONFIG["noise"]) -> tuple[np.ndarray, np.ndarray]:
+def make_data(
+    n: int, seed: int, classes: int = CONFIG["classes"], noise: float = CONFIG["noise"]
+) -> tuple[np.ndarray, np.ndarray]:
     """``n`` points on ``classes`` interleaved spirals (float32 x of shape (n, 2), int labels)."""
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, classes, n)
@@ -31,8 +41,9 @@ def make_data(n: int, seed: int, classes: int = CONFIG["classes"],
     return x.astype(np.float32), labels
 
 
-def init_params(seed: int, hidden: int = CONFIG["hidden"],
-                classes: int = CONFIG["classes"]) -> dict[str, np.ndarray]:
+def init_params(
+    seed: int, hidden: int = CONFIG["hidden"], classes: int = CONFIG["classes"]
+) -> dict[str, np.ndarray]:
     """He-initialized weights (rows: inputs) and zero biases, float32."""
     rng = np.random.default_rng(seed + 1)
     sizes = [2, hidden, hidden, classes]
@@ -78,17 +89,27 @@ def main(backend: str = "numpy", progress: bool = True) -> dict:
     def batches(epoch):
         order = batch_order(len(x), epoch)
         for i in range(0, len(x), c["batch"]):
-            idx = order[i:i + c["batch"]]
+            idx = order[i : i + c["batch"]]
             yield {"x": x[idx], "y": y[idx]}
 
-    hist = tl.train(graph, batches, epochs=c["epochs"], optimizer=tl.optim.Adam(lr=c["lr"]),
-                    backend=backend, progress=progress)
+    hist = tl.train(
+        graph,
+        batches,
+        epochs=c["epochs"],
+        optimizer=tl.optim.Adam(lr=c["lr"]),
+        backend=backend,
+        progress=progress,
+    )
     # the trained plan computes the logits of the test set too (its gradients are not used)
     logits = hist.plan({"x": x_test, "y": one_hot(labels_test)}, to_host=True)["logits"]
     accuracy = float((logits.argmax(axis=1) == labels_test).mean())
-    return {"accuracy": accuracy, "epoch_losses": hist.epoch_losses,
-            "params": {k: np.asarray(hist.plan.backend.to_host(v))
-                       for k, v in hist.plan.parameters.items()}}
+    return {
+        "accuracy": accuracy,
+        "epoch_losses": hist.epoch_losses,
+        "params": {
+            k: np.asarray(hist.plan.backend.to_host(v)) for k, v in hist.plan.parameters.items()
+        },
+    }
 
 
 if __name__ == "__main__":

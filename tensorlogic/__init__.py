@@ -10,8 +10,17 @@ from .backends import available_backends, get_backend, register_backend
 from .compiler.compile import clear_cache, compile
 from .compiler.plan import CompiledPlan
 from .errors import (
-    BackendError, DTypeError, GradError, GraphError, InputError, MemoryBudgetError, ProgramError,
-    SerializationError, ShapeError, SpecError, TensorLogicError,
+    BackendError,
+    DTypeError,
+    GradError,
+    GraphError,
+    InputError,
+    MemoryBudgetError,
+    ProgramError,
+    SerializationError,
+    ShapeError,
+    SpecError,
+    TensorLogicError,
 )
 from .ir.graph import EinsumGraph, Tensor
 from .options import CompileOptions
@@ -28,8 +37,7 @@ from . import datalog
 from .lang import Program, load_program, parse
 
 # batched inference
-from .pipeline import (BatchError, BatchFailure, BatchOutput, local_cluster, run_batched,
-                       run_batches)
+from .pipeline import BatchError, BatchFailure, BatchOutput, local_cluster, run_batched, run_batches
 
 # learning: parameters (EinsumGraph.parameter), optimizers, the training loop
 from . import optim
@@ -38,20 +46,50 @@ from .learn import History, train
 __version__ = "0.1.0"
 
 __all__ = [
-    "BackendError", "CompileOptions", "CompiledPlan", "DTypeError", "EinsumGraph", "GradError",
+    "BackendError",
+    "CompileOptions",
+    "CompiledPlan",
+    "DTypeError",
+    "EinsumGraph",
+    "GradError",
     "GraphError",
     "InputError",
-    "MemoryBudgetError", "ProgramError", "SerializationError", "ShapeError", "SpecError", "Tensor",
-    "TensorLogicError", "available_backends", "clear_cache", "compile", "errors", "get_backend",
+    "MemoryBudgetError",
+    "ProgramError",
+    "SerializationError",
+    "ShapeError",
+    "SpecError",
+    "Tensor",
+    "TensorLogicError",
+    "available_backends",
+    "clear_cache",
+    "compile",
+    "errors",
+    "get_backend",
     "register_backend",
     # learning
-    "grad", "vjp",
+    "grad",
+    "vjp",
     # profiler
-    "MissingDependencyError", "Peaks", "Profile", "calibrate", "profile",
+    "MissingDependencyError",
+    "Peaks",
+    "Profile",
+    "calibrate",
+    "profile",
     # the TensorLogic language
-    "Program", "datalog", "load_program", "parse",
+    "Program",
+    "datalog",
+    "load_program",
+    "parse",
     # batched inference (pipeline/)
-    "BatchError", "BatchFailure", "BatchOutput", "local_cluster", "run_batched", "run_batches",
+    "BatchError",
+    "BatchFailure",
+    "BatchOutput",
+    "local_cluster",
+    "run_batched",
+    "run_batches",
     # learning
-    "History", "optim", "train",
+    "History",
+    "optim",
+    "train",
 ]

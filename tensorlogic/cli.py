@@ -98,13 +98,15 @@ def _load_facts(path: str | None) -> dict[str, list[tuple]]:
     try:
         raw = json.loads(read_bounded(path, MAX_FILE_BYTES, f"facts file {path!r}"))
     except (ValueError, RecursionError, MemoryError) as exc:  # UnicodeDecodeError is a ValueError
-        raise TensorLogicError(f"{path}: cannot read facts JSON: {type(exc).__name__}: "
-                               f"{exc}") from exc
+        raise TensorLogicError(
+            f"{path}: cannot read facts JSON: {type(exc).__name__}: {exc}"
+        ) from exc
     if not isinstance(raw, dict) or not all(isinstance(v, list) for v in raw.values()):
-        raise TensorLogicError(f"{path}: expected an object mapping predicate names to lists of "
-                               "argument lists, e.g. {\"edge\": [[1, 2], [2, 3]]}")
-    return {k: [tuple(row) if isinstance(row, list) else row for row in v]
-            for k, v in raw.items()}
+        raise TensorLogicError(
+            f"{path}: expected an object mapping predicate names to lists of "
+            'argument lists, e.g. {"edge": [[1, 2], [2, 3]]}'
+        )
+    return {k: [tuple(row) if isinstance(row, list) else row for row in v] for k, v in raw.items()}
 
 
 def _fmt_row(row: tuple) -> str:
@@ -117,8 +119,12 @@ def _run_program(args: argparse.Namespace, target: Path) -> int:
     from .lang import load_program
 
     program = load_program(target)
-    out = program.run(backend=args.backend, facts=_load_facts(args.facts),
-                      opt_level=args.opt_level, **_load_inputs(args.inputs))
+    out = program.run(
+        backend=args.backend,
+        facts=_load_facts(args.facts),
+        opt_level=args.opt_level,
+        **_load_inputs(args.inputs),
+    )
     if args.query:
         for row in sorted(program.query(args.query), key=repr):
             print(_fmt_row(row))
@@ -149,18 +155,32 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_cmd_demo)
     r = sub.add_parser("run", help="run a saved graph (.json) or a TensorLogic program (.tl)")
     r.add_argument("target", help="GRAPH.json or PROGRAM.tl")
-    r.add_argument("--facts", help="FACTS.json for a program: {\"pred\": [[arg, ...], ...]}")
+    r.add_argument("--facts", help='FACTS.json for a program: {"pred": [[arg, ...], ...]}')
     r.add_argument("--query", help="print only this relation of a program, one tuple a line")
     r.add_argument("--inputs", help="IN.npz with one array per graph input (or program tensor)")
     r.add_argument("--out", help="OUT.npz to write the outputs to")
     r.add_argument("--backend", default="auto")
     r.add_argument("--opt-level", type=int, default=2)
-    r.add_argument("--batch-size", type=int, help="run in batches of this many items along the "
-                   "graph's symbolic batch dimension (default with --dask: fit free memory)")
-    r.add_argument("--workers", type=int, help="threads computing batches (with --dask and no "
-                   "address: worker processes of the local cluster)")
-    r.add_argument("--dask", nargs="?", const="", metavar="ADDRESS", help="run the batches on a "
-                   "Dask scheduler at ADDRESS, or on a new LocalCluster when no address is given")
+    r.add_argument(
+        "--batch-size",
+        type=int,
+        help="run in batches of this many items along the "
+        "graph's symbolic batch dimension (default with --dask: fit free memory)",
+    )
+    r.add_argument(
+        "--workers",
+        type=int,
+        help="threads computing batches (with --dask and no "
+        "address: worker processes of the local cluster)",
+    )
+    r.add_argument(
+        "--dask",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="run the batches on a "
+        "Dask scheduler at ADDRESS, or on a new LocalCluster when no address is given",
+    )
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     r.set_defaults(func=_cmd_run)
     # profile

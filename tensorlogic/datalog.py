@@ -34,21 +34,30 @@ def _rules_text(rules: str | Iterable[str]) -> str:
     try:
         items = list(rules)
     except TypeError as exc:
-        raise ProgramError(f"rules must be a string or a list of rule strings, got "
-                           f"{type(rules).__name__}", code="parse_error") from exc
+        raise ProgramError(
+            f"rules must be a string or a list of rule strings, got {type(rules).__name__}",
+            code="parse_error",
+        ) from exc
     for r in items:
         if not isinstance(r, str):
-            raise ProgramError(f"each rule must be a string, got {type(r).__name__}",
-                               code="parse_error")
+            raise ProgramError(
+                f"each rule must be a string, got {type(r).__name__}", code="parse_error"
+            )
     return "\n".join(items)
 
 
-def evaluate(rules: str | Iterable[str], facts: Mapping[str, Iterable] | None = None, *,
-             backend: str = "auto", semantics: str = "boolean",
-             max_iterations: int = DEFAULT_MAX_ITERATIONS,
-             memory_budget: int = DEFAULT_MEMORY_BUDGET,
-             rounds: str = "auto", representation: str = "auto",
-             as_relations: bool = False) -> dict[str, set[tuple]] | dict[str, Relation]:
+def evaluate(
+    rules: str | Iterable[str],
+    facts: Mapping[str, Iterable] | None = None,
+    *,
+    backend: str = "auto",
+    semantics: str = "boolean",
+    max_iterations: int = DEFAULT_MAX_ITERATIONS,
+    memory_budget: int = DEFAULT_MEMORY_BUDGET,
+    rounds: str = "auto",
+    representation: str = "auto",
+    as_relations: bool = False,
+) -> dict[str, set[tuple]] | dict[str, Relation]:
     """Evaluate Datalog ``rules`` over ``facts`` to a fixpoint.
 
     Args:
@@ -80,8 +89,14 @@ def evaluate(rules: str | Iterable[str], facts: Mapping[str, Iterable] | None = 
             ``invalid_option``.
     """
     parsed = parse_rules(_rules_text(rules))
-    opts = Options(backend=backend, semantics=semantics, max_iterations=max_iterations,
-                   memory_budget=memory_budget, rounds=rounds, representation=representation)
+    opts = Options(
+        backend=backend,
+        semantics=semantics,
+        max_iterations=max_iterations,
+        memory_budget=memory_budget,
+        rounds=rounds,
+        representation=representation,
+    )
     an, rels, _ = evaluate_rules(parsed, normalize_facts(facts), opts)
     if as_relations:
         return Relations(rels)

@@ -10,8 +10,9 @@ from .compiler.compile import compile as compile_graph
 from .ir.graph import EinsumGraph
 
 
-def build_demo_graph(batch: int = 64, seq: int = 128, width: int = 256, heads: int = 4,
-                     seed: int = 0) -> tuple[EinsumGraph, dict[str, np.ndarray]]:
+def build_demo_graph(
+    batch: int = 64, seq: int = 128, width: int = 256, heads: int = 4, seed: int = 0
+) -> tuple[EinsumGraph, dict[str, np.ndarray]]:
     """A transformer-like block: MLP layer, then multi-head attention over its output."""
     rng = np.random.default_rng(seed)
     d = width // heads
@@ -69,6 +70,7 @@ def torch_reference(g: EinsumGraph):
     def run(x: np.ndarray) -> np.ndarray:
         with torch.no_grad():
             return model(torch.from_numpy(x)).numpy()
+
     return run
 
 
@@ -104,8 +106,10 @@ def run_demo(backend: str = "auto", opt_level: int = 2, repeat: int = 20) -> int
     print()
     print(f"backend: {plan.backend.name}   input x: {x.shape} float32")
     print(f"compile + first call: {t_first * 1e3:.1f} ms")
-    print(f"median call: {t_ours:.2f} ms   numpy (einsum optimize=True): {t_np:.2f} ms "
-          f"({t_np / t_ours:.2f}x)")
+    print(
+        f"median call: {t_ours:.2f} ms   numpy (einsum optimize=True): {t_np:.2f} ms "
+        f"({t_np / t_ours:.2f}x)"
+    )
     torch_run = torch_reference(g)
     if torch_run is None:
         print("torch: not installed (pip install 'tensorlogic[peers]' to compare)")
@@ -113,8 +117,10 @@ def run_demo(backend: str = "auto", opt_level: int = 2, repeat: int = 20) -> int
         t_err = float(np.max(np.abs(torch_run(x) - ref)) / (np.max(np.abs(ref)) + 1e-30))
         torch_run(x)
         t_torch = _median_ms(lambda: torch_run(x), max(3, repeat // 2))
-        print(f"torch eager: {t_torch:.2f} ms ({t_torch / t_ours:.2f}x; same process, run after "
-              f"ours; max relative difference {t_err:.1e})")
+        print(
+            f"torch eager: {t_torch:.2f} ms ({t_torch / t_ours:.2f}x; same process, run after "
+            f"ours; max relative difference {t_err:.1e})"
+        )
     ok = err < 1e-4
     print(f"max relative error vs numpy: {err:.2e}  ->  {'OK' if ok else 'MISMATCH'}")
     return 0 if ok else 1

@@ -30,10 +30,20 @@ from .errors import DTypeError
 # The dtypes of the IR, narrowest first within each kind.
 DTYPES: tuple[str, ...] = (
     "bool",
-    "int8", "int16", "int32", "int64",
-    "uint8", "uint16", "uint32", "uint64",
-    "float16", "bfloat16", "float32", "float64",
-    "complex64", "complex128",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "complex64",
+    "complex128",
 )
 SUPPORTED = DTYPES
 # bfloat16 (ml_dtypes) has numpy kind 'V'; it is a float everywhere here
@@ -48,9 +58,12 @@ COMPLEX: tuple[str, ...] = tuple(d for d in DTYPES if np.dtype(d).kind == "c")
 # with float16 gives float32, as JAX places it (neither holds the other).
 EXTRA_PROMOTIONS: dict[tuple[str, str], str] = {
     ("bfloat16", "float16"): "float32",
-    ("bfloat16", "int16"): "float32", ("bfloat16", "uint16"): "float32",
-    ("bfloat16", "int32"): "float64", ("bfloat16", "uint32"): "float64",
-    ("bfloat16", "int64"): "float64", ("bfloat16", "uint64"): "float64",
+    ("bfloat16", "int16"): "float32",
+    ("bfloat16", "uint16"): "float32",
+    ("bfloat16", "int32"): "float64",
+    ("bfloat16", "uint32"): "float64",
+    ("bfloat16", "int64"): "float64",
+    ("bfloat16", "uint64"): "float64",
 }
 # Dtypes numpy has no arithmetic loops for: ops resolve in this wider dtype.
 COMPUTE_IN: dict[str, str] = {}
@@ -148,8 +161,10 @@ def scalar_array(value: object, dtype: str, where: str = "") -> np.ndarray:
     with np.errstate(over="ignore"):
         arr = np.array(value, dtype=dtype)
     if isinstance(value, (float, complex)) and np.isfinite(value) and not np.all(np.isfinite(arr)):
-        raise DTypeError(f"{where}Python number {value!r} overflows {dtype} (values overflow "
-                         f"{dtype}); use a wider tensor dtype")
+        raise DTypeError(
+            f"{where}Python number {value!r} overflows {dtype} (values overflow "
+            f"{dtype}); use a wider tensor dtype"
+        )
     return arr
 
 
@@ -190,8 +205,10 @@ def _checked(what: str, rule, dts: Sequence[str], where: str) -> str:
                 works.append(d)
             except _NoLoop:
                 pass
-        raise DTypeError(f"{where}{what} is not defined for {', '.join(dts)} ({exc.args[0]}); "
-                         f"it takes {', '.join(works) or 'no dtype'}") from None
+        raise DTypeError(
+            f"{where}{what} is not defined for {', '.join(dts)} ({exc.args[0]}); "
+            f"it takes {', '.join(works) or 'no dtype'}"
+        ) from None
 
 
 @functools.lru_cache(maxsize=None)
@@ -215,8 +232,10 @@ def _elementwise_rule(rule: tuple[str, str]):
             return promote(*dts[1:])
         promoted = promote(*dts)
         if mode.endswith("ordered") and kind(promoted) == "c":
-            raise _NoLoop("complex numbers have no order; compare abs() or the real part "
-                          "(a cast to a float dtype)")
+            raise _NoLoop(
+                "complex numbers have no order; compare abs() or the real part "
+                "(a cast to a float dtype)"
+            )
         try:
             # numpy runs a binary op on tensors of mixed dtypes in the promoted dtype's loop
             res = ufunc_result(ufunc, (promoted,) * len(dts))
@@ -227,8 +246,9 @@ def _elementwise_rule(rule: tuple[str, str]):
     return result
 
 
-def elementwise_result(op: str, rule: tuple[str, str], dtypes: Sequence[str],
-                       where: str = "") -> str:
+def elementwise_result(
+    op: str, rule: tuple[str, str], dtypes: Sequence[str], where: str = ""
+) -> str:
     """Result dtype of elementwise ``op`` whose dtype rule is ``(ufunc, mode)`` (see ops.DTYPE).
 
     ``mode`` is "loop" (the output of numpy's loop for ``ufunc``) or "same" (the promoted

@@ -116,36 +116,66 @@ def optional(kind: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return lambda v: None if v is None else kind(v)
 
 
-def _add(name: str, normalize, expected: str, default: Any, doc: str,
-         backends: tuple[str, ...] = ()) -> None:
+def _add(
+    name: str, normalize, expected: str, default: Any, doc: str, backends: tuple[str, ...] = ()
+) -> None:
     register_option(Option(name, normalize, expected, default, doc, backends))
 
 
 # ----------------------------------------------------------------------------- the registry
 _BYTES = "a positive number of bytes or None"
 # compiler and optimizer: every backend
-_add("memory_limit", optional(positive_int), _BYTES, None,
-     "bytes one call may need (intermediates plus outputs); default: the device's free memory")
+_add(
+    "memory_limit",
+    optional(positive_int),
+    _BYTES,
+    None,
+    "bytes one call may need (intermediates plus outputs); default: the device's free memory",
+)
 _add("pool", flag, "True or False", True, "keep buffer arenas across calls")
 _add("reuse_memory", flag, "True or False", True, "let intermediates share memory")
-_add("path_memory_limit", optional(positive_int), _BYTES, None,
-     "largest intermediate a contraction path may build (default: memory_limit)")
-_add("assume_finite", flag, "True or False", False,
-     "inputs hold no inf/NaN, so x*0 may fold to 0")
-_add("fuse_attention", auto_flag_or_names, "True, False, 'auto' or a list of dtype names",
-     "auto",
-     "rewrite attention written out with einsums to one attention node (O2); 'auto' fuses where "
-     "the written-out scores would be large (optimizer.attention.AUTO_MIN_SCORE_BYTES); a list "
-     "fuses only attentions of those dtypes. Default: 'auto' on host backends; on a device "
-     "backend the dtypes whose fused kernel measured faster than the written-out form "
-     "(Capabilities.fused_attention)")
-_add("precision", one_of(None, "float32", "fp32", "bf16", "bfloat16", "fp16", "float16"),
-     "None, 'float32', 'bf16' or 'fp16'", None,
-     "run a float32 graph in a 16-bit dtype, float32 at the boundary (optimizer.precision)")
-_add("matmul_precision", one_of("highest", "tf32"), "'highest' or 'tf32'", "highest",
-     "float32 contractions: exact, or TF32 tensor cores where the backend has them (GPU)")
-_add("fold_evaluator", optional(function), "a function evaluate(node, arrays) or None", None,
-     "evaluates constant subgraphs when folding (default: tensorlogic.ir.evaluate)")
+_add(
+    "path_memory_limit",
+    optional(positive_int),
+    _BYTES,
+    None,
+    "largest intermediate a contraction path may build (default: memory_limit)",
+)
+_add("assume_finite", flag, "True or False", False, "inputs hold no inf/NaN, so x*0 may fold to 0")
+_add(
+    "fuse_attention",
+    auto_flag_or_names,
+    "True, False, 'auto' or a list of dtype names",
+    "auto",
+    "rewrite attention written out with einsums to one attention node (O2); 'auto' fuses where "
+    "the written-out scores would be large (optimizer.attention.AUTO_MIN_SCORE_BYTES); a list "
+    "fuses only attentions of those dtypes. Default: 'auto' on host backends; on a device "
+    "backend the dtypes whose fused kernel measured faster than the written-out form "
+    "(Capabilities.fused_attention)",
+)
+_add(
+    "precision",
+    one_of(None, "float32", "fp32", "bf16", "bfloat16", "fp16", "float16"),
+    "None, 'float32', 'bf16' or 'fp16'",
+    None,
+    "run a float32 graph in a 16-bit dtype, float32 at the boundary (optimizer.precision)",
+)
+_add(
+    "matmul_precision",
+    one_of("highest", "tf32"),
+    "'highest' or 'tf32'",
+    "highest",
+    "float32 contractions: exact, or TF32 tensor cores where the backend has them (GPU)",
+)
+_add(
+    "fold_evaluator",
+    optional(function),
+    "a function evaluate(node, arrays) or None",
+    None,
+    "evaluates constant subgraphs when folding (default: tensorlogic.ir.evaluate)",
+)
+
+
 # O3 autotuning (compiler/autotune.py) and the optimizer's pipeline
 def _seconds(v: Any) -> float:
     if isinstance(v, numbers.Real) and not isinstance(v, bool) and float(v) >= 0:
@@ -156,7 +186,8 @@ def _seconds(v: Any) -> float:
 def _names(v: Any) -> tuple[str, ...]:
     items = (v,) if isinstance(v, str) else v
     if not isinstance(items, (list, tuple, set, frozenset)) or not all(
-            isinstance(x, str) for x in items):
+        isinstance(x, str) for x in items
+    ):
         raise TypeError(v)
     return tuple(items)
 
@@ -173,32 +204,93 @@ def _pass_names(v: Any) -> tuple[str, ...]:
     return names
 
 
-_add("skip_passes", _pass_names, "a list of optimizer pass names (tensorlogic.optimizer.base."
-     "PASSES)", (), "passes left out of the opt level's pipeline")
-_add("autotune_budget", _seconds, "a number of seconds >= 0", 10.0,
-     "O3: seconds the autotuner may spend per plan, compile time included")
-_add("autotune_cache", flag, "True or False", True,
-     "O3: keep the autotuner's decision on disk under TL_CACHE_DIR/autotune")
-_add("autotune_timer", optional(function), "None or a callable timer(label, run) -> seconds",
-     None, "O3: replaces the measurement of each candidate (deterministic tests)")
-_add("autotune_backends", optional(_names), "None or a list of backend names", None,
-     "O3: backends to choose from (default: the compiled one; auto on a CPU: numba and numpy)")
+_add(
+    "skip_passes",
+    _pass_names,
+    "a list of optimizer pass names (tensorlogic.optimizer.base.PASSES)",
+    (),
+    "passes left out of the opt level's pipeline",
+)
+_add(
+    "autotune_budget",
+    _seconds,
+    "a number of seconds >= 0",
+    10.0,
+    "O3: seconds the autotuner may spend per plan, compile time included",
+)
+_add(
+    "autotune_cache",
+    flag,
+    "True or False",
+    True,
+    "O3: keep the autotuner's decision on disk under TL_CACHE_DIR/autotune",
+)
+_add(
+    "autotune_timer",
+    optional(function),
+    "None or a callable timer(label, run) -> seconds",
+    None,
+    "O3: replaces the measurement of each candidate (deterministic tests)",
+)
+_add(
+    "autotune_backends",
+    optional(_names),
+    "None or a list of backend names",
+    None,
+    "O3: backends to choose from (default: the compiled one; auto on a CPU: numba and numpy)",
+)
 # numpy and numba
-_add("threads", one_of("pool", "blas"), "'pool' or 'blas'", "pool",
-     "CPU threads: GEMMs split over our threads with single-threaded BLAS (pool) or BLAS's own "
-     "threads (blas)", ("numpy", "numba"))
+_add(
+    "threads",
+    one_of("pool", "blas"),
+    "'pool' or 'blas'",
+    "pool",
+    "CPU threads: GEMMs split over our threads with single-threaded BLAS (pool) or BLAS's own "
+    "threads (blas)",
+    ("numpy", "numba"),
+)
 # numba
-_add("fast_math", flag, "True or False", True,
-     "vectorizable exp/log (2-4 ulp) and reassociated sums", ("numba",))
-_add("parallel_threshold", optional(count), "an int >= 0 or None", None,
-     "elements from which a kernel runs in parallel (None: the backend's default)", ("numba",))
+_add(
+    "fast_math",
+    flag,
+    "True or False",
+    True,
+    "vectorizable exp/log (2-4 ulp) and reassociated sums",
+    ("numba",),
+)
+_add(
+    "parallel_threshold",
+    optional(count),
+    "an int >= 0 or None",
+    None,
+    "elements from which a kernel runs in parallel (None: the backend's default)",
+    ("numba",),
+)
 # cupy
-_add("codegen", one_of("ptx", "cuda"), "'ptx' or 'cuda'", "ptx",
-     "kernels as PTX from our emitter or CUDA C through NVRTC", ("cupy",))
-_add("cuda_graph", one_of("auto", True, False), "'auto', True or False", "auto",
-     "capture the plan as a CUDA graph (auto: when launches dominate)", ("cupy",))
-_add("pdl", flag, "True or False", False,
-     "programmatic dependent launch inside captured graphs (compute capability 9.0+)", ("cupy",))
+_add(
+    "codegen",
+    one_of("ptx", "cuda"),
+    "'ptx' or 'cuda'",
+    "ptx",
+    "kernels as PTX from our emitter or CUDA C through NVRTC",
+    ("cupy",),
+)
+_add(
+    "cuda_graph",
+    one_of("auto", True, False),
+    "'auto', True or False",
+    "auto",
+    "capture the plan as a CUDA graph (auto: when launches dominate)",
+    ("cupy",),
+)
+_add(
+    "pdl",
+    flag,
+    "True or False",
+    False,
+    "programmatic dependent launch inside captured graphs (compute capability 9.0+)",
+    ("cupy",),
+)
 
 
 # ----------------------------------------------------------------------------- resolved options
@@ -213,8 +305,9 @@ class CompileOptions(Mapping[str, Any]):
 
     __slots__ = ("_values", "given", "ignored", "key")
 
-    def __init__(self, values: dict[str, Any], given: dict[str, Any],
-                 ignored: tuple[str, ...]) -> None:
+    def __init__(
+        self, values: dict[str, Any], given: dict[str, Any], ignored: tuple[str, ...]
+    ) -> None:
         object.__setattr__(self, "_values", dict(values))
         object.__setattr__(self, "given", MappingProxyType(dict(given)))
         object.__setattr__(self, "ignored", ignored)
@@ -225,8 +318,12 @@ class CompileOptions(Mapping[str, Any]):
         raise AttributeError("CompileOptions is read-only")
 
     @classmethod
-    def resolve(cls, options: Mapping[str, Any], backend: str = "",
-                accepted: tuple[str, ...] | frozenset[str] | None = None) -> CompileOptions:
+    def resolve(
+        cls,
+        options: Mapping[str, Any],
+        backend: str = "",
+        accepted: tuple[str, ...] | frozenset[str] | None = None,
+    ) -> CompileOptions:
         """Check ``options`` against the registry for ``backend``.
 
         Args:
@@ -243,18 +340,22 @@ class CompileOptions(Mapping[str, Any]):
             if opt is None:
                 close = difflib.get_close_matches(name, OPTIONS, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise GraphError(f"unknown compile option {name!r}{hint}; accepted options are "
-                                 f"{sorted(OPTIONS)}")
+                raise GraphError(
+                    f"unknown compile option {name!r}{hint}; accepted options are {sorted(OPTIONS)}"
+                )
             try:
                 given[name] = opt.normalize(value)
             except (TypeError, ValueError):
-                raise GraphError(f"compile option {name} must be {opt.expected}, got {value!r} "
-                                 f"({type(value).__name__})") from None
+                raise GraphError(
+                    f"compile option {name} must be {opt.expected}, got {value!r} "
+                    f"({type(value).__name__})"
+                ) from None
         ignored = []
         values = {}
         for name, opt in OPTIONS.items():
             applies = not opt.backends or (
-                name in accepted if accepted is not None else backend in opt.backends)
+                name in accepted if accepted is not None else backend in opt.backends
+            )
             if applies:
                 values[name] = given.get(name, opt.default)
             elif name in given:
@@ -291,13 +392,24 @@ class CompileOptions(Mapping[str, Any]):
         """One line naming the ignored options and their backends ('' when none)."""
         if not self.ignored:
             return ""
-        parts = [f"{k}={self.given[k]!r} (for {'/'.join(OPTIONS[k].backends)})"
-                 for k in self.ignored]
+        parts = [
+            f"{k}={self.given[k]!r} (for {'/'.join(OPTIONS[k].backends)})" for k in self.ignored
+        ]
         return f"options ignored by {backend}: {', '.join(parts)}"
 
     def __repr__(self) -> str:
         return f"CompileOptions({dict(self.given)!r})"
 
 
-__all__ = ["OPTIONS", "CompileOptions", "Option", "register_option", "flag", "one_of",
-           "positive_int", "count", "function", "optional"]
+__all__ = [
+    "OPTIONS",
+    "CompileOptions",
+    "Option",
+    "register_option",
+    "flag",
+    "one_of",
+    "positive_int",
+    "count",
+    "function",
+    "optional",
+]

@@ -14,10 +14,18 @@ CPU_BACKENDS = ("numpy", "numba")
 
 
 def pytest_addoption(parser):
-    parser.addoption("--require-gpu", action="store_true", default=False,
-                     help="fail (instead of skip) gpu tests when no CUDA GPU is usable")
-    parser.addoption("--fuzz-seed", type=int, default=None,
-                     help="seed of the differential fuzz tests (default: a fresh one, printed)")
+    parser.addoption(
+        "--require-gpu",
+        action="store_true",
+        default=False,
+        help="fail (instead of skip) gpu tests when no CUDA GPU is usable",
+    )
+    parser.addoption(
+        "--fuzz-seed",
+        type=int,
+        default=None,
+        help="seed of the differential fuzz tests (default: a fresh one, printed)",
+    )
 
 
 @functools.lru_cache(maxsize=1)

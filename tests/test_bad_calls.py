@@ -29,9 +29,13 @@ def _graph():
 
 
 def _state(g: tl.EinsumGraph):
-    return ([(n.id, n.kind, n.op, n.inputs, n.shape, n.dtype, n.name, dict(n.args))
-             for n in g.nodes], dict(g.inputs), dict(g.outputs), sorted(g.constants),
-            g.fingerprint())
+    return (
+        [(n.id, n.kind, n.op, n.inputs, n.shape, n.dtype, n.name, dict(n.args)) for n in g.nodes],
+        dict(g.inputs),
+        dict(g.outputs),
+        sorted(g.constants),
+        g.fingerprint(),
+    )
 
 
 def _unchanged(g, before):
@@ -47,36 +51,96 @@ def _unchanged(g, before):
 # ------------------------------------------------------------------ transactional building
 # (id, action on (g, x), error class, phrases)
 BUILD_CASES = [
-    ("add-array-wrong-shape", lambda g, x: g.add(x, np.ones((7, 7))), tl.ShapeError,
-     ["cannot be broadcast", "(7, 7)"]),
-    ("operator-array-wrong-shape", lambda g, x: x + np.ones((7, 7), np.float32), tl.ShapeError,
-     ["cannot be broadcast"]),
-    ("matmul-array", lambda g, x: x @ np.ones((4, 5), np.float32), tl.ShapeError,
-     ["index 'j'", "(4, 5)"]),
-    ("einsum-array-operand", lambda g, x: g.einsum("ij,jk->ik", x, np.ones((4, 2))),
-     tl.ShapeError, ["index 'j'"]),
-    ("where-arrays", lambda g, x: g.where(np.ones((5,)), x, np.zeros((2, 3))), tl.ShapeError,
-     ["cannot be broadcast"]),
-    ("binary-string-after-array", lambda g, x: g.binary("add", np.ones((2, 3)), "s"),
-     tl.GraphError, ["got str"]),
-    ("constant-dtype-name-clash", lambda g, x: g.add(x, np.ones((7,)), name="r"),
-     tl.GraphError, ["'r'", "already exists"]),
-    ("output-of-bad-constant", lambda g, x: g.output(np.array(["a"]), "z"), tl.DTypeError,
-     ["unsupported dtype 'str32'"]),
-    ("reduce-keepdims-string", lambda g, x: g.sum(x, axis=1, keepdims="false"), tl.GraphError,
-     ["keepdims must be True or False", "'false'"]),
-    ("reshape-float-dim", lambda g, x: g.reshape(x, (6.7,)), tl.ShapeError,
-     ["invalid reshape dimension 6.7"]),
-    ("reshape-bool-dim", lambda g, x: g.reshape(x, (True, 6)), tl.ShapeError,
-     ["invalid reshape dimension True"]),
-    ("reshape-none-dim", lambda g, x: g.reshape(x, (None, 6)), tl.ShapeError,
-     ["invalid reshape dimension None"]),
-    ("transpose-float-perm", lambda g, x: g.transpose(x, [1.9, 0.2]), tl.GraphError,
-     ["perm", "integers", "1.9"]),
-    ("transpose-bool-perm", lambda g, x: g.transpose(x, [True, False]), tl.GraphError,
-     ["perm", "integers"]),
-    ("transpose-string-perm", lambda g, x: g.transpose(x, "10"), tl.GraphError,
-     ["perm", "integers"]),
+    (
+        "add-array-wrong-shape",
+        lambda g, x: g.add(x, np.ones((7, 7))),
+        tl.ShapeError,
+        ["cannot be broadcast", "(7, 7)"],
+    ),
+    (
+        "operator-array-wrong-shape",
+        lambda g, x: x + np.ones((7, 7), np.float32),
+        tl.ShapeError,
+        ["cannot be broadcast"],
+    ),
+    (
+        "matmul-array",
+        lambda g, x: x @ np.ones((4, 5), np.float32),
+        tl.ShapeError,
+        ["index 'j'", "(4, 5)"],
+    ),
+    (
+        "einsum-array-operand",
+        lambda g, x: g.einsum("ij,jk->ik", x, np.ones((4, 2))),
+        tl.ShapeError,
+        ["index 'j'"],
+    ),
+    (
+        "where-arrays",
+        lambda g, x: g.where(np.ones((5,)), x, np.zeros((2, 3))),
+        tl.ShapeError,
+        ["cannot be broadcast"],
+    ),
+    (
+        "binary-string-after-array",
+        lambda g, x: g.binary("add", np.ones((2, 3)), "s"),
+        tl.GraphError,
+        ["got str"],
+    ),
+    (
+        "constant-dtype-name-clash",
+        lambda g, x: g.add(x, np.ones((7,)), name="r"),
+        tl.GraphError,
+        ["'r'", "already exists"],
+    ),
+    (
+        "output-of-bad-constant",
+        lambda g, x: g.output(np.array(["a"]), "z"),
+        tl.DTypeError,
+        ["unsupported dtype 'str32'"],
+    ),
+    (
+        "reduce-keepdims-string",
+        lambda g, x: g.sum(x, axis=1, keepdims="false"),
+        tl.GraphError,
+        ["keepdims must be True or False", "'false'"],
+    ),
+    (
+        "reshape-float-dim",
+        lambda g, x: g.reshape(x, (6.7,)),
+        tl.ShapeError,
+        ["invalid reshape dimension 6.7"],
+    ),
+    (
+        "reshape-bool-dim",
+        lambda g, x: g.reshape(x, (True, 6)),
+        tl.ShapeError,
+        ["invalid reshape dimension True"],
+    ),
+    (
+        "reshape-none-dim",
+        lambda g, x: g.reshape(x, (None, 6)),
+        tl.ShapeError,
+        ["invalid reshape dimension None"],
+    ),
+    (
+        "transpose-float-perm",
+        lambda g, x: g.transpose(x, [1.9, 0.2]),
+        tl.GraphError,
+        ["perm", "integers", "1.9"],
+    ),
+    (
+        "transpose-bool-perm",
+        lambda g, x: g.transpose(x, [True, False]),
+        tl.GraphError,
+        ["perm", "integers"],
+    ),
+    (
+        "transpose-string-perm",
+        lambda g, x: g.transpose(x, "10"),
+        tl.GraphError,
+        ["perm", "integers"],
+    ),
     ("cast-none", lambda g, x: g.cast(x, None), tl.DTypeError, ["dtype None", "float32"]),
     ("input-dtype-none", lambda g, x: g.input("z", (2,), None), tl.DTypeError, ["dtype None"]),
 ]
@@ -96,9 +160,10 @@ def test_failed_build_call_changes_nothing(case):
 
 
 EMPTY_CASES = [
-    ("max", (0, 3), 0, "max over axis 0"), ("min", (2, 0), None, "min over axis 1"),
-    ("softmax", (2, 0), -1, "softmax over axis 1"), ("log_softmax", (0, 2), 0,
-                                                     "log_softmax over axis 0"),
+    ("max", (0, 3), 0, "max over axis 0"),
+    ("min", (2, 0), None, "min over axis 1"),
+    ("softmax", (2, 0), -1, "softmax over axis 1"),
+    ("log_softmax", (0, 2), 0, "log_softmax over axis 0"),
 ]
 
 
@@ -116,8 +181,12 @@ def test_no_identity_over_an_empty_axis_raises_at_build_time(op, shape, axis, ph
 def test_builder_methods_on_tensors_are_transactional():
     g, x = _graph()
     before = _state(g)
-    for bad in (lambda: x * np.ones((3, 3)), lambda: np.ones((5, 5), np.float32) - x,
-                lambda: x.reshape(4.5, 2), lambda: x.transpose(1.0, 0)):
+    for bad in (
+        lambda: x * np.ones((3, 3)),
+        lambda: np.ones((5, 5), np.float32) - x,
+        lambda: x.reshape(4.5, 2),
+        lambda: x.transpose(1.0, 0),
+    ):
         with pytest.raises(tl.TensorLogicError):
             bad()
         assert _state(g) == before
@@ -142,25 +211,52 @@ ADD_NODE_CASES = [
     ("unary-no-op", ("unary", None, lambda x: [x], None), ["needs an op name"]),
     ("einsum-with-op", ("einsum", "sum", lambda x: [x], {"spec": "ij->i"}), ["takes no op"]),
     ("reduce-missing-axes", ("reduce", "sum", lambda x: [x], {}), ["missing argument(s) ['axes']"]),
-    ("reduce-unknown-arg", ("reduce", "sum", lambda x: [x], {"axes": [0], "dims": 1}),
-     ["unknown argument(s) ['dims']"]),
-    ("reduce-axes-floats", ("reduce", "sum", lambda x: [x], {"axes": [0.0]}),
-     ["axes must be a sequence of integers"]),
-    ("reduce-keepdims-str", ("reduce", "max", lambda x: [x], {"axes": [0], "keepdims": "no"}),
-     ["keepdims must be True or False"]),
-    ("unary-with-args", ("unary", "exp", lambda x: [x], {"axis": 0}),
-     ["unknown argument(s) ['axis']"]),
-    ("rowop-axis-float", ("rowop", "softmax", lambda x: [x], {"axis": 1.0}),
-     ["axis must be an integer"]),
-    ("transpose-perm-bools", ("transpose", None, lambda x: [x], {"perm": [True, False]}),
-     ["perm must be a sequence of integers"]),
-    ("reshape-float", ("reshape", None, lambda x: [x], {"shape": [6.0]}),
-     ["reshape target must be a sequence"]),
-    ("cast-dtype-object", ("cast", None, lambda x: [x], {"dtype": np.float64}),
-     ["cast dtype must be a dtype name"]),
+    (
+        "reduce-unknown-arg",
+        ("reduce", "sum", lambda x: [x], {"axes": [0], "dims": 1}),
+        ["unknown argument(s) ['dims']"],
+    ),
+    (
+        "reduce-axes-floats",
+        ("reduce", "sum", lambda x: [x], {"axes": [0.0]}),
+        ["axes must be a sequence of integers"],
+    ),
+    (
+        "reduce-keepdims-str",
+        ("reduce", "max", lambda x: [x], {"axes": [0], "keepdims": "no"}),
+        ["keepdims must be True or False"],
+    ),
+    (
+        "unary-with-args",
+        ("unary", "exp", lambda x: [x], {"axis": 0}),
+        ["unknown argument(s) ['axis']"],
+    ),
+    (
+        "rowop-axis-float",
+        ("rowop", "softmax", lambda x: [x], {"axis": 1.0}),
+        ["axis must be an integer"],
+    ),
+    (
+        "transpose-perm-bools",
+        ("transpose", None, lambda x: [x], {"perm": [True, False]}),
+        ["perm must be a sequence of integers"],
+    ),
+    (
+        "reshape-float",
+        ("reshape", None, lambda x: [x], {"shape": [6.0]}),
+        ["reshape target must be a sequence"],
+    ),
+    (
+        "cast-dtype-object",
+        ("cast", None, lambda x: [x], {"dtype": np.float64}),
+        ["cast dtype must be a dtype name"],
+    ),
     ("fused-no-body", ("fused", None, lambda x: [x], {}), ["missing argument(s) ['body']"]),
-    ("fused-garbage-body", ("fused", None, lambda x: [x], {"body": {"instrs": 5}}),
-     ["malformed fused body"]),
+    (
+        "fused-garbage-body",
+        ("fused", None, lambda x: [x], {"body": {"instrs": 5}}),
+        ["malformed fused body"],
+    ),
     ("input-kind", ("input", None, lambda x: [], None), ["use g.input"]),
     ("constant-kind", ("constant", None, lambda x: [], None), ["use g.constant"]),
     ("inputs-not-ids", ("unary", "exp", lambda x: ["x"], None), ["unknown input node id 'x'"]),
@@ -169,8 +265,9 @@ ADD_NODE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("spec,phrases", [c[1:] for c in ADD_NODE_CASES],
-                         ids=[c[0] for c in ADD_NODE_CASES])
+@pytest.mark.parametrize(
+    "spec,phrases", [c[1:] for c in ADD_NODE_CASES], ids=[c[0] for c in ADD_NODE_CASES]
+)
 def test_add_node_checks_its_record(spec, phrases):
     kind, op, inputs, args = spec
     g, x = _graph()
@@ -193,14 +290,15 @@ def test_add_node_given_shape_must_match_inference():
 def test_add_node_fused_with_a_valid_body_still_works():
     g = tl.EinsumGraph()
     a = g.input("a", (4,))
-    body = FusedBody((FusedOp("exp", (("in", 0),)), FusedOp("mul", (("tmp", 0), ("const", 2.0)))),
-                     (4,))
-    nid = g.add_node(ops.FUSED, None, [a.id], {"body": body.to_args()}, shape=(4,),
-                     dtype="float32")
+    body = FusedBody(
+        (FusedOp("exp", (("in", 0),)), FusedOp("mul", (("tmp", 0), ("const", 2.0)))), (4,)
+    )
+    nid = g.add_node(ops.FUSED, None, [a.id], {"body": body.to_args()}, shape=(4,), dtype="float32")
     g.output(g.tensor(nid), "y")
     v = rng.standard_normal(4).astype(np.float32)
-    np.testing.assert_allclose(tl.compile(g, backend="numpy", opt_level=0)(a=v)["y"],
-                               2 * np.exp(v), rtol=1e-6)
+    np.testing.assert_allclose(
+        tl.compile(g, backend="numpy", opt_level=0)(a=v)["y"], 2 * np.exp(v), rtol=1e-6
+    )
 
 
 # ------------------------------------------------------------------ out= buffers
@@ -216,8 +314,10 @@ def _plan(backend="numpy", opt_level=2):
 
 
 def _ab():
-    return (rng.standard_normal((4, 5)).astype(np.float32),
-            rng.standard_normal((4, 5)).astype(np.float32))
+    return (
+        rng.standard_normal((4, 5)).astype(np.float32),
+        rng.standard_normal((4, 5)).astype(np.float32),
+    )
 
 
 def _check_plan_still_right(plan):
@@ -239,8 +339,13 @@ def _overlap_out(kind, a, b):
     }[kind]()
 
 
-OVERLAP_CASES = ["out-is-input", "out-view-of-input", "two-outs-same-array", "two-outs-overlap",
-                 "out-is-the-other-input"]
+OVERLAP_CASES = [
+    "out-is-input",
+    "out-view-of-input",
+    "two-outs-same-array",
+    "two-outs-overlap",
+    "out-is-the-other-input",
+]
 
 
 @pytest.mark.parametrize("backend", ["numpy", "numba"])
@@ -274,13 +379,20 @@ def test_out_sharing_a_buffer_with_an_input_is_refused():
 OUT_TYPE_CASES = [
     ("read-only", lambda: _readonly(), tl.InputError, ["out['s']", "read-only"]),
     ("list", lambda: [[0.0] * 5] * 4, tl.InputError, ["out['s']", "list"]),
-    ("matrix", lambda: np.asmatrix(np.empty((4, 5), np.float32)), tl.InputError,
-     ["out['s']", "matrix"]),
-    ("masked", lambda: np.ma.masked_array(np.empty((4, 5), np.float32)), tl.InputError,
-     ["out['s']", "MaskedArray"]),
+    (
+        "matrix",
+        lambda: np.asmatrix(np.empty((4, 5), np.float32)),
+        tl.InputError,
+        ["out['s']", "matrix"],
+    ),
+    (
+        "masked",
+        lambda: np.ma.masked_array(np.empty((4, 5), np.float32)),
+        tl.InputError,
+        ["out['s']", "MaskedArray"],
+    ),
     ("wrong-dtype", lambda: np.empty((4, 5), np.float64), tl.InputError, ["out['s']", "float32"]),
-    ("fortran", lambda: np.empty((4, 5), np.float32, order="F"), tl.InputError,
-     ["C-contiguous"]),
+    ("fortran", lambda: np.empty((4, 5), np.float32, order="F"), tl.InputError, ["C-contiguous"]),
 ]
 
 
@@ -291,8 +403,9 @@ def _readonly():
 
 
 @pytest.mark.filterwarnings("ignore::PendingDeprecationWarning")  # np.matrix itself warns
-@pytest.mark.parametrize("make,error,phrases", [c[1:] for c in OUT_TYPE_CASES],
-                         ids=[c[0] for c in OUT_TYPE_CASES])
+@pytest.mark.parametrize(
+    "make,error,phrases", [c[1:] for c in OUT_TYPE_CASES], ids=[c[0] for c in OUT_TYPE_CASES]
+)
 def test_out_must_be_a_writable_plain_array(make, error, phrases):
     plan = _plan()
     a, b = _ab()
@@ -365,8 +478,9 @@ def test_no_identity_over_an_empty_axis_raises_at_call_time(backend, opt_level, 
 @pytest.mark.filterwarnings("error")
 @pytest.mark.parametrize("backend", ["numpy", "numba"])
 @pytest.mark.parametrize("opt_level", [0, 2])
-@pytest.mark.parametrize("op,expected", [("sum", 0.0), ("mean", math.nan), ("prod", 1.0),
-                                         ("logsumexp", -math.inf)])
+@pytest.mark.parametrize(
+    "op,expected", [("sum", 0.0), ("mean", math.nan), ("prod", 1.0), ("logsumexp", -math.inf)]
+)
 def test_reductions_over_an_empty_axis_follow_numpy(backend, opt_level, op, expected):
     plan = _empty_plan(backend, opt_level, op)
     got = plan(x=np.ones((0, 3), np.float32))["y"]
@@ -388,11 +502,11 @@ def test_memory_limit_counts_copies_of_broadcast_inputs(backend):
         with pytest.raises(tl.MemoryBudgetError, match="input 'x' is not C-contiguous.*4.0 MiB"):
             plan(x=wide)
     else:  # numpy reads the view as it is
-        np.testing.assert_allclose(plan(x=wide)["y"], np.full(1024, 2 * np.exp(row).sum()),
-                                   rtol=1e-4)
+        np.testing.assert_allclose(
+            plan(x=wide)["y"], np.full(1024, 2 * np.exp(row).sum()), rtol=1e-4
+        )
     dense = np.ascontiguousarray(wide[:1].repeat(1024, 0))
-    np.testing.assert_allclose(plan(x=dense)["y"], np.full(1024, 2 * np.exp(row).sum()),
-                               rtol=1e-4)
+    np.testing.assert_allclose(plan(x=dense)["y"], np.full(1024, 2 * np.exp(row).sum()), rtol=1e-4)
 
 
 # ------------------------------------------------------------------ specialization cache
@@ -452,8 +566,9 @@ def test_a_source_that_reuses_one_buffer_gets_every_batch_right(workers, prefetc
             buf[...] = values[k]
             yield {"x": buf}
 
-    results = list(tl.run_batches(plan, source(), workers=workers, prefetch=prefetch,
-                                  progress=False))
+    results = list(
+        tl.run_batches(plan, source(), workers=workers, prefetch=prefetch, progress=False)
+    )
     assert len(results) == 20
     for r in results:
         np.testing.assert_allclose(r["y"], np.exp(values[r.index]) * 2, rtol=1e-6)
@@ -467,8 +582,11 @@ class _BrokenArray:
 
 def test_a_batch_whose_shape_raises_follows_on_error():
     plan = _batch_plan()
-    batches = [{"x": np.ones((2, 4), np.float32)}, {"x": _BrokenArray()},
-               {"x": np.ones((3, 4), np.float32)}]
+    batches = [
+        {"x": np.ones((2, 4), np.float32)},
+        {"x": _BrokenArray()},
+        {"x": np.ones((3, 4), np.float32)},
+    ]
     res = list(tl.run_batches(plan, batches, on_error="skip", progress=False))
     assert [r.ok for r in res] == [True, False, True]
     assert isinstance(res[1], tl.BatchFailure) and "input 'x'" in str(res[1].error)
@@ -487,8 +605,9 @@ def test_run_batched_refuses_the_batch_dim_twice(where):
         g.output(g.sum(a, axis=1), "o")
     plan = tl.compile(g, backend="numpy")
     with pytest.raises(tl.InputError, match=f"{where} '.*' \\('B', .*'B'.*more than once"):
-        tl.run_batched(plan, {"a": np.ones((6, 4 if where == "output" else 6), np.float32)}, 2,
-                       progress=False)
+        tl.run_batched(
+            plan, {"a": np.ones((6, 4 if where == "output" else 6), np.float32)}, 2, progress=False
+        )
 
 
 # ------------------------------------------------------------------ programs
@@ -503,8 +622,9 @@ def test_failed_program_run_keeps_the_last_relations():
     assert prog.query("path") == before == {("a", "b")}
 
 
-@pytest.mark.parametrize("content,phrase", [(b"\xff\xfe not utf-8", "not UTF-8"),
-                                            (None, "is a directory")])
+@pytest.mark.parametrize(
+    "content,phrase", [(b"\xff\xfe not utf-8", "not UTF-8"), (None, "is a directory")]
+)
 def test_program_file_errors(tmp_path, content, phrase):
     p = tmp_path / "p.tl"
     if content is None:
@@ -517,22 +637,54 @@ def test_program_file_errors(tmp_path, content, phrase):
 
 # ------------------------------------------------------------------ constants and names
 CONSTANT_CASES = [
-    ("scalar-overflows-dtype", lambda g, x: g.add(x, 1e300), tl.DTypeError,
-     ["values overflow float32"]),
-    ("array-overflows-dtype", lambda g, x: g.constant(np.array([1e39]), dtype="float32"),
-     tl.DTypeError, ["values overflow float32"]),
-    ("complex-to-float", lambda g, x: g.constant(np.ones(2, np.complex64), dtype="float32"),
-     tl.DTypeError, ["complex data cannot be stored as float32"]),
-    ("strings-to-float", lambda g, x: g.constant(np.array(["1.5"]), dtype="float32"),
-     tl.DTypeError, ["cannot store <U3 data as float32"]),
-    ("output-name-int", lambda g, x: g.output(x, 5), tl.GraphError,
-     ["output name must be a non-empty string", "5"]),
-    ("output-name-empty", lambda g, x: g.output(x, ""), tl.GraphError,
-     ["output name must be a non-empty string"]),
-    ("load-path-none", lambda g, x: tl.EinsumGraph.load(None), tl.SerializationError,
-     ["path must be a str or path", "NoneType"]),
-    ("save-path-int", lambda g, x: g.save(3), tl.SerializationError,
-     ["path must be a str or path", "int"]),
+    (
+        "scalar-overflows-dtype",
+        lambda g, x: g.add(x, 1e300),
+        tl.DTypeError,
+        ["values overflow float32"],
+    ),
+    (
+        "array-overflows-dtype",
+        lambda g, x: g.constant(np.array([1e39]), dtype="float32"),
+        tl.DTypeError,
+        ["values overflow float32"],
+    ),
+    (
+        "complex-to-float",
+        lambda g, x: g.constant(np.ones(2, np.complex64), dtype="float32"),
+        tl.DTypeError,
+        ["complex data cannot be stored as float32"],
+    ),
+    (
+        "strings-to-float",
+        lambda g, x: g.constant(np.array(["1.5"]), dtype="float32"),
+        tl.DTypeError,
+        ["cannot store <U3 data as float32"],
+    ),
+    (
+        "output-name-int",
+        lambda g, x: g.output(x, 5),
+        tl.GraphError,
+        ["output name must be a non-empty string", "5"],
+    ),
+    (
+        "output-name-empty",
+        lambda g, x: g.output(x, ""),
+        tl.GraphError,
+        ["output name must be a non-empty string"],
+    ),
+    (
+        "load-path-none",
+        lambda g, x: tl.EinsumGraph.load(None),
+        tl.SerializationError,
+        ["path must be a str or path", "NoneType"],
+    ),
+    (
+        "save-path-int",
+        lambda g, x: g.save(3),
+        tl.SerializationError,
+        ["path must be a str or path", "int"],
+    ),
 ]
 
 

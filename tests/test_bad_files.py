@@ -69,8 +69,11 @@ def _set(name, key, value):
 # ------------------------------------------------------------------ strict JSON field types
 # (id, document maker, phrases): every field of every node kind, with the wrong JSON type
 TYPED_CASES = [
-    ("keepdims-string", _set_arg("sum_3", "keepdims", "false"), ["nodes[3]", "'keepdims'",
-                                                                  "true or false"]),
+    (
+        "keepdims-string",
+        _set_arg("sum_3", "keepdims", "false"),
+        ["nodes[3]", "'keepdims'", "true or false"],
+    ),
     ("keepdims-int", _set_arg("sum_3", "keepdims", 0), ["'keepdims'", "true or false"]),
     ("axes-float", _set_arg("sum_3", "axes", [1.0]), ["'axes'", "list of integers"]),
     ("axes-bool", _set_arg("sum_3", "axes", [True]), ["'axes'", "list of integers"]),
@@ -83,10 +86,16 @@ TYPED_CASES = [
     ("name-not-string", _set("r", "name", ["r"]), ["nodes[5]", "'name'"]),
     ("inputs-not-list", _set("r", "inputs", 4), ["nodes[5]", "'inputs'"]),
     ("inputs-bool", _set("r", "inputs", [True]), ["nodes[5]", "'inputs'"]),
-    ("arity-unary", lambda: _edit(lambda d: _node(d, "r").update(inputs=[0, 0])),
-     ["nodes[5]", "takes 1 input(s), got 2"]),
-    ("arity-binary", lambda: _edit(lambda d: _node(d, "add_4").update(inputs=[2])),
-     ["nodes[4]", "takes 2 input(s), got 1"]),
+    (
+        "arity-unary",
+        lambda: _edit(lambda d: _node(d, "r").update(inputs=[0, 0])),
+        ["nodes[5]", "takes 1 input(s), got 2"],
+    ),
+    (
+        "arity-binary",
+        lambda: _edit(lambda d: _node(d, "add_4").update(inputs=[2])),
+        ["nodes[4]", "takes 2 input(s), got 1"],
+    ),
     ("input-with-inputs", _set("x", "inputs", []), []),  # valid: no inputs (sanity: loads)
     ("dim-float", _set("x", "shape", [2.0, 3]), ["nodes[0]", "invalid dimension 2.0"]),
     ("dim-bool", _set("x", "shape", [True, 3]), ["nodes[0]", "invalid dimension True"]),
@@ -94,12 +103,17 @@ TYPED_CASES = [
     ("dtype-unknown", _set("x", "dtype", "float99"), ["nodes[0]", "float99"]),
     ("version-string", lambda: _edit(lambda d: d.update(version="1")), ["'version'"]),
     ("version-bool", lambda: _edit(lambda d: d.update(version=True)), ["'version'"]),
-    ("format-list", lambda: _edit(lambda d: d.update(format=["tensorlogic-graph"])),
-     ["'format'"]),
-    ("inputs-missing-one", lambda: _edit(lambda d: d.update(inputs={})),
-     ["'inputs' does not list every input"]),
-    ("output-id-string", lambda: _edit(lambda d: d["outputs"].update(y="5")),
-     ["output 'y'", "unknown node"]),
+    ("format-list", lambda: _edit(lambda d: d.update(format=["tensorlogic-graph"])), ["'format'"]),
+    (
+        "inputs-missing-one",
+        lambda: _edit(lambda d: d.update(inputs={})),
+        ["'inputs' does not list every input"],
+    ),
+    (
+        "output-id-string",
+        lambda: _edit(lambda d: d["outputs"].update(y="5")),
+        ["output 'y'", "unknown node"],
+    ),
     ("args-list", _set("h", "args", ["spec"]), ["nodes[2]", "'args' must be an object"]),
 ]
 
@@ -149,8 +163,9 @@ TYPED_CASES += [
 ]
 
 
-@pytest.mark.parametrize("make,phrases", [c[1:] for c in TYPED_CASES],
-                         ids=[c[0] for c in TYPED_CASES])
+@pytest.mark.parametrize(
+    "make,phrases", [c[1:] for c in TYPED_CASES], ids=[c[0] for c in TYPED_CASES]
+)
 def test_graph_field_types_are_strict(tmp_path, make, phrases):
     doc = make()
     path = tmp_path / "model.json"
@@ -203,7 +218,7 @@ def test_deep_nesting_inside_args(tmp_path):
 def test_corrupted_constants_archive(tmp_path):
     _graph().save(tmp_path / "m.json")
     data = bytearray((tmp_path / "m.npz").read_bytes())
-    data[len(data) // 2:len(data) // 2 + 8] = b"\xff" * 8
+    data[len(data) // 2 : len(data) // 2 + 8] = b"\xff" * 8
     (tmp_path / "m.npz").write_bytes(bytes(data))
     before = (tmp_path / "m.npz").read_bytes()
     with pytest.raises(tl.SerializationError, match="'m.npz'"):
@@ -281,8 +296,18 @@ def test_device_as_inputs_on_the_command_line(tmp_path, capsys):
         pytest.skip("no /dev/zero")
     _graph().save(tmp_path / "m.json")
     (tmp_path / "in.npz").symlink_to("/dev/zero")
-    rc = _with_timeout(lambda: cli_main(["run", str(tmp_path / "m.json"), "--inputs",
-                                         str(tmp_path / "in.npz"), "--backend", "numpy"]))
+    rc = _with_timeout(
+        lambda: cli_main(
+            [
+                "run",
+                str(tmp_path / "m.json"),
+                "--inputs",
+                str(tmp_path / "in.npz"),
+                "--backend",
+                "numpy",
+            ]
+        )
+    )
     assert rc == 2
     assert "is a device" in capsys.readouterr().err
 
@@ -293,8 +318,9 @@ def test_device_as_inputs_on_the_command_line(tmp_path, capsys):
 def _bomb_member(name: str, nbytes: int) -> tuple[str, bytes]:
     """A deflated .npy member of ``nbytes`` zero bytes (compresses about 1000:1)."""
     buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False,
-                                               "shape": (nbytes // 4,)})
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": "<f4", "fortran_order": False, "shape": (nbytes // 4,)}
+    )
     return name, buf.getvalue() + bytes(nbytes)
 
 
@@ -341,8 +367,9 @@ def test_header_that_lies_about_the_size(tmp_path):
     _graph().save(tmp_path / "m.json")
     # the .npy header claims 10^6 floats, the member holds 12
     buf = io.BytesIO()
-    np.lib.format.write_array_header_1_0(buf, {"descr": "<f4", "fortran_order": False,
-                                               "shape": (10**6,)})
+    np.lib.format.write_array_header_1_0(
+        buf, {"descr": "<f4", "fortran_order": False, "shape": (10**6,)}
+    )
     _write_zip(tmp_path / "m.npz", [("c1", buf.getvalue() + W.tobytes())])
     with pytest.raises(tl.SerializationError, match="'c1'.*header declares 4000000 bytes"):
         tl.EinsumGraph.load(tmp_path / "m.json")
@@ -368,8 +395,9 @@ BAD_CONSTANT_DATA = [
 ]
 
 
-@pytest.mark.parametrize("arr,phrase", [c[1:] for c in BAD_CONSTANT_DATA],
-                         ids=[c[0] for c in BAD_CONSTANT_DATA])
+@pytest.mark.parametrize(
+    "arr,phrase", [c[1:] for c in BAD_CONSTANT_DATA], ids=[c[0] for c in BAD_CONSTANT_DATA]
+)
 def test_constant_stored_dtype_must_match_the_declared_one(tmp_path, arr, phrase):
     _graph().save(tmp_path / "m.json")
     _write_zip(tmp_path / "m.npz", [("c1", _npy(arr))], zipfile.ZIP_STORED)
@@ -413,8 +441,11 @@ def test_constants_round_trip_exactly(tmp_path, dtype):
     if vals.dtype.itemsize == 1:
         return
     # big-endian storage of the same values is read as the same numbers
-    _write_zip(tmp_path / "m.npz", [("c1", _npy(vals.astype(vals.dtype.newbyteorder(">"))))],
-               zipfile.ZIP_STORED)
+    _write_zip(
+        tmp_path / "m.npz",
+        [("c1", _npy(vals.astype(vals.dtype.newbyteorder(">"))))],
+        zipfile.ZIP_STORED,
+    )
     g3 = tl.EinsumGraph.load(tmp_path / "m.json")
     np.testing.assert_array_equal(g3.constants[g3.node("k").id], vals)
 
@@ -479,8 +510,18 @@ def _cli_graph(tmp_path, outputs: list[str]):
 @pytest.mark.parametrize("name", ["allow_pickle", "file", "args", "kwds"])
 def test_cli_output_named_like_a_savez_keyword(tmp_path, name, capsys):
     _cli_graph(tmp_path, [name, "other"])
-    rc = cli_main(["run", str(tmp_path / "g.json"), "--inputs", str(tmp_path / "in.npz"),
-                   "--out", str(tmp_path / "o.npz"), "--backend", "numpy"])
+    rc = cli_main(
+        [
+            "run",
+            str(tmp_path / "g.json"),
+            "--inputs",
+            str(tmp_path / "in.npz"),
+            "--out",
+            str(tmp_path / "o.npz"),
+            "--backend",
+            "numpy",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
     with np.load(tmp_path / "o.npz") as z:
         assert sorted(z.files) == sorted([name, "other"])
@@ -492,18 +533,43 @@ def test_cli_failing_run_keeps_an_existing_out_file(tmp_path, capsys):
     np.savez(tmp_path / "o.npz", precious=np.arange(4))
     before = (tmp_path / "o.npz").read_bytes()
     np.savez(tmp_path / "bad.npz", x=np.ones((5, 5), np.float32))
-    rc = cli_main(["run", str(tmp_path / "g.json"), "--inputs", str(tmp_path / "bad.npz"),
-                   "--out", str(tmp_path / "o.npz"), "--backend", "numpy"])
+    rc = cli_main(
+        [
+            "run",
+            str(tmp_path / "g.json"),
+            "--inputs",
+            str(tmp_path / "bad.npz"),
+            "--out",
+            str(tmp_path / "o.npz"),
+            "--backend",
+            "numpy",
+        ]
+    )
     assert rc == 2 and "input 'x'" in capsys.readouterr().err
     assert (tmp_path / "o.npz").read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.npz", "g.json", "g.npz",
-                                                          "in.npz", "o.npz"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "bad.npz",
+        "g.json",
+        "g.npz",
+        "in.npz",
+        "o.npz",
+    ]
 
 
 def test_cli_out_without_extension_reports_the_real_name(tmp_path, capsys):
     _cli_graph(tmp_path, ["y"])
-    rc = cli_main(["run", str(tmp_path / "g.json"), "--inputs", str(tmp_path / "in.npz"),
-                   "--out", str(tmp_path / "result"), "--backend", "numpy"])
+    rc = cli_main(
+        [
+            "run",
+            str(tmp_path / "g.json"),
+            "--inputs",
+            str(tmp_path / "in.npz"),
+            "--out",
+            str(tmp_path / "result"),
+            "--backend",
+            "numpy",
+        ]
+    )
     assert rc == 0
     real = tmp_path / "result.npz"
     assert f"wrote {real}" in capsys.readouterr().out
@@ -514,8 +580,18 @@ def test_cli_out_without_extension_reports_the_real_name(tmp_path, capsys):
 def test_cli_out_is_a_directory(tmp_path, capsys):
     _cli_graph(tmp_path, ["y"])
     (tmp_path / "o.npz").mkdir()
-    rc = cli_main(["run", str(tmp_path / "g.json"), "--inputs", str(tmp_path / "in.npz"),
-                   "--out", str(tmp_path / "o.npz"), "--backend", "numpy"])
+    rc = cli_main(
+        [
+            "run",
+            str(tmp_path / "g.json"),
+            "--inputs",
+            str(tmp_path / "in.npz"),
+            "--out",
+            str(tmp_path / "o.npz"),
+            "--backend",
+            "numpy",
+        ]
+    )
     assert rc == 2 and "is a directory" in capsys.readouterr().err
 
 
@@ -530,8 +606,16 @@ def test_cli_long_chain_graph_runs(tmp_path, capsys):
     g.output(h, "y")
     g.save(tmp_path / "chain.json")
     np.savez(tmp_path / "in.npz", x=np.ones((4, 8), np.float32))
-    rc = cli_main(["run", str(tmp_path / "chain.json"), "--inputs", str(tmp_path / "in.npz"),
-                   "--backend", "numpy"])
+    rc = cli_main(
+        [
+            "run",
+            str(tmp_path / "chain.json"),
+            "--inputs",
+            str(tmp_path / "in.npz"),
+            "--backend",
+            "numpy",
+        ]
+    )
     assert rc == 0, capsys.readouterr().err
 
 
@@ -553,6 +637,7 @@ def test_failed_json_write_keeps_the_old_archive_too(tmp_path, monkeypatch):
             def cm():
                 with real(path, where):
                     yield Full()
+
             return cm()
         return real(path, where)
 

@@ -42,8 +42,20 @@ def test_run_saved_graph(tmp_path, capsys):
     g.save(tmp_path / "g.json")
     xv = np.random.default_rng(1).standard_normal((4, 3)).astype("float32")
     np.savez(tmp_path / "in.npz", x=xv)
-    rc = cli.main(["run", str(tmp_path / "g.json"), "--inputs", str(tmp_path / "in.npz"),
-                   "--out", str(tmp_path / "out.npz"), "--backend", "numpy", "--opt-level", "1"])
+    rc = cli.main(
+        [
+            "run",
+            str(tmp_path / "g.json"),
+            "--inputs",
+            str(tmp_path / "in.npz"),
+            "--out",
+            str(tmp_path / "out.npz"),
+            "--backend",
+            "numpy",
+            "--opt-level",
+            "1",
+        ]
+    )
     assert rc == 0
     with np.load(tmp_path / "out.npz") as z:
         e = np.exp(2 * xv - (2 * xv).max(-1, keepdims=True))
@@ -57,6 +69,10 @@ def test_run_reports_errors_cleanly(tmp_path, capsys):
 
 
 def test_console_script_entry_point():
-    res = subprocess.run([sys.executable, "-m", "tensorlogic.cli", "--help"], capture_output=True,
-                         text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "tensorlogic.cli", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0 and "demo" in res.stdout

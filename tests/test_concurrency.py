@@ -51,8 +51,10 @@ def test_one_plan_many_threads(backend, opt_level):
             x = rng.uniform(-1, 1, (b, 8))
             out = plan(x=x)
             p, s = _expected(x)
-            if not (np.allclose(out["p"], p, rtol=1e-12, atol=1e-12)
-                    and np.allclose(out["s"], s, rtol=1e-12, atol=1e-12)):
+            if not (
+                np.allclose(out["p"], p, rtol=1e-12, atol=1e-12)
+                and np.allclose(out["s"], s, rtol=1e-12, atol=1e-12)
+            ):
                 failures.append(f"thread {k} call {i} (batch {b}) gave a wrong result")
                 return
 

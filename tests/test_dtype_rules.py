@@ -70,24 +70,45 @@ def _f(x, res):
 
 
 UNARY_REF = {
-    "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
-    "square": np.square, "reciprocal": np.reciprocal, "tanh": np.tanh,
+    "neg": np.negative,
+    "abs": np.abs,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "square": np.square,
+    "reciprocal": np.reciprocal,
+    "tanh": np.tanh,
     "relu": lambda x: np.maximum(x, np.zeros((), x.dtype)),
     "sigmoid": lambda x: (lambda v: 1 / (1 + np.exp(-v)))(_f(x, np.tanh(x[:1]).dtype)),
     "softplus": lambda x: np.logaddexp(x, np.zeros((), x.dtype)),
-    "gelu": lambda x: (lambda v: 0.5 * v * (1 + np.tanh(0.7978845608028654 * (
-        v + 0.044715 * v ** 3))))(_f(x, np.tanh(x[:1]).dtype)),
+    "gelu": lambda x: (
+        lambda v: 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v**3)))
+    )(_f(x, np.tanh(x[:1]).dtype)),
     "step": lambda x: (x > 0).astype(x.dtype),
     "one_minus": lambda x: np.subtract(np.ones((), x.dtype), x),
 }
 BINARY_REF = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide,
-    "pow": np.power, "maximum": np.maximum, "minimum": np.minimum,
-    "gt": np.greater, "ge": np.greater_equal, "lt": np.less, "le": np.less_equal,
-    "eq": np.equal, "ne": np.not_equal,
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "pow": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "eq": np.equal,
+    "ne": np.not_equal,
 }
-_NUMPY_REFUSES = {("neg", "bool"), ("sub", "bool"), ("one_minus", "bool"),
-                  ("softplus", "complex64"), ("softplus", "complex128")}
+_NUMPY_REFUSES = {
+    ("neg", "bool"),
+    ("sub", "bool"),
+    ("one_minus", "bool"),
+    ("softplus", "complex64"),
+    ("softplus", "complex128"),
+}
 _ORDERED = {"relu", "step", "maximum", "minimum", "gt", "ge", "lt", "le"}
 
 
@@ -171,13 +192,16 @@ def test_reductions(op, dt):
     a = random_array(rng, (5, 6), dt)
     with np.errstate(all="ignore"):
         if op == "logsumexp":
+
             def ref(v, axis):
                 v = v.astype(np.exp(v[:1]).dtype)
                 m = v.max(axis=axis, keepdims=True)
                 return (np.log(np.exp(v - m).sum(axis=axis, keepdims=True)) + m).squeeze(axis)
         else:
+
             def ref(v, axis):
                 return getattr(np, op)(v, axis=axis)
+
         want, want_all = ref(a, 1), np.asarray(ref(a * a, None))
         for backend, level in CPU:
             out = tl.compile(g, backend=backend, opt_level=level)(x=a)
@@ -229,8 +253,9 @@ def test_casts_are_astype(src):
         out = tl.compile(g, backend=backend, opt_level=level)(x=a)
         for dst in DTYPES:
             with np.errstate(all="ignore"):
-                want = (a.real if dtypes.kind(src) == "c" and dtypes.kind(dst) != "c"
-                        else a).astype(dst)
+                want = (
+                    a.real if dtypes.kind(src) == "c" and dtypes.kind(dst) != "c" else a
+                ).astype(dst)
             assert out[dst].dtype == want.dtype
             np.testing.assert_array_equal(out[dst], want, err_msg=f"{src}->{dst} {backend}")
 
@@ -241,8 +266,11 @@ def test_where_promotes_branches(dt):
     c, a = rng.random((3, 4)) < 0.5, random_array(rng, (3, 4), dt)
     b = random_array(rng, (3, 4), "int16")
     g = tl.EinsumGraph()
-    tc, ta, tb = g.input("c", c.shape, "bool"), g.input("a", a.shape, dt), g.input("b", b.shape,
-                                                                                  "int16")
+    tc, ta, tb = (
+        g.input("c", c.shape, "bool"),
+        g.input("a", a.shape, dt),
+        g.input("b", b.shape, "int16"),
+    )
     g.output(g.where(tc, ta, tb), "w")
     res = _numpy_promote(dt, "int16")
     want = np.where(c, a.astype(res), b.astype(res))  # numpy has no bfloat16/int16 promotion
@@ -409,5 +437,6 @@ def test_random_complex_programs_match_numpy(prog):
     for backend, level in (("numpy", 0), ("numba", 2)):
         got = tl.compile(g, backend=backend, opt_level=level)(feeds)["y"]
         assert got.dtype == want.dtype, f"{backend} O{level}: {got.dtype} vs {want.dtype}"
-        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * scale,
-                                   err_msg=f"{backend} O{level}")
+        np.testing.assert_allclose(
+            got, want, rtol=tol, atol=tol * scale, err_msg=f"{backend} O{level}"
+        )

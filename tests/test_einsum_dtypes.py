@@ -9,7 +9,12 @@ from hypothesis import HealthCheck, given, settings
 
 import tensorlogic as tl
 from tensorlogic.testing.einsum_calls import (
-    EinsumCall, accepted, corpus, einsum_calls, numpy_result, opt_einsum_specs,
+    EinsumCall,
+    accepted,
+    corpus,
+    einsum_calls,
+    numpy_result,
+    opt_einsum_specs,
 )
 
 CORPUS = corpus(seed=20)
@@ -36,8 +41,9 @@ def assert_same(got: np.ndarray, want: np.ndarray, what: str) -> None:
         np.testing.assert_array_equal(got, want, err_msg=what)  # exact, wraparound included
         return
     scale = float(np.max(np.abs(want), initial=1.0))
-    tol = {2: 4e-3, 4: 2e-6, 8: 1e-13}[np.finfo(want.dtype).bits // 8 if want.dtype.kind == "f"
-                                       else np.finfo(want.dtype).bits // 8]
+    tol = {2: 4e-3, 4: 2e-6, 8: 1e-13}[
+        np.finfo(want.dtype).bits // 8 if want.dtype.kind == "f" else np.finfo(want.dtype).bits // 8
+    ]
     np.testing.assert_allclose(got, want, rtol=tol * 8, atol=tol * scale * 8, err_msg=what)
 
 
@@ -66,7 +72,8 @@ def test_corpus_matches_numpy(backend, level):
         except (AssertionError, tl.TensorLogicError) as exc:
             failures.append(f"{call}: {str(exc)[:300]}")
     assert not failures, f"{len(failures)} of {len(CORPUS)} calls differ:\n" + "\n".join(
-        failures[:20])
+        failures[:20]
+    )
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
@@ -155,7 +162,10 @@ def test_lists_and_numpy_scalars_as_operands():
     g.output(g.einsum("i,->i", x, 1j), "c")
     for backend in CPU:
         out = tl.compile(g, backend=backend)(a=a)
-        for name, want in (("l", np.einsum("i,i->i", a, [1, 2, 3, 4])),
-                           ("s", np.einsum("i,->i", a, np.int8(3))),
-                           ("f", np.einsum("i,->i", a, 2.5)), ("c", np.einsum("i,->i", a, 1j))):
+        for name, want in (
+            ("l", np.einsum("i,i->i", a, [1, 2, 3, 4])),
+            ("s", np.einsum("i,->i", a, np.int8(3))),
+            ("f", np.einsum("i,->i", a, 2.5)),
+            ("c", np.einsum("i,->i", a, 1j)),
+        ):
             assert out[name].dtype == want.dtype and np.array_equal(out[name], want), name

@@ -37,7 +37,7 @@ def _imports(path: Path) -> list[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             if node.level:
-                base = list(pkg[:len(pkg) - node.level + 1])
+                base = list(pkg[: len(pkg) - node.level + 1])
                 mod = ".".join(base + ([node.module] if node.module else []))
                 names = [mod] if node.module else [f"{mod}.{a.name}" for a in node.names]
             else:
@@ -55,8 +55,9 @@ def _layer(module: str) -> str:
 
 @pytest.mark.parametrize("layer", sorted(ALLOWED))
 def test_layer_imports_only_what_is_below(layer):
-    files = sorted((ROOT / layer).rglob("*.py")) if (ROOT / layer).is_dir() else [
-        ROOT / f"{layer}.py"]
+    files = (
+        sorted((ROOT / layer).rglob("*.py")) if (ROOT / layer).is_dir() else [ROOT / f"{layer}.py"]
+    )
     bad = []
     for f in files:
         rel = str(f.relative_to(ROOT.parent))

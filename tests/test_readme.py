@@ -19,7 +19,7 @@ def _blocks() -> list[tuple[int, str]]:
     text = README.read_text(encoding="utf-8")
     out = []
     for m in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
-        before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1]
+        before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1]
         if not before.startswith(SKIP):
             out.append((text.count("\n", 0, m.start()) + 2, m.group(1)))
     return out

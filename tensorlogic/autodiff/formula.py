@@ -43,8 +43,11 @@ def _compile(text: str) -> tuple[Program, tuple[str, object]]:
         return ("val", seen[key])
 
     def walk(node: ast.expr) -> tuple[str, object]:
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
-                and not isinstance(node.value, bool):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, (int, float))
+            and not isinstance(node.value, bool)
+        ):
             return ("num", float(node.value))
         if isinstance(node, ast.Name):
             return ("name", node.id)
@@ -54,16 +57,19 @@ def _compile(text: str) -> tuple[Program, tuple[str, object]]:
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
             a, b = walk(node.left), walk(node.right)
             if a[0] == "num" and b[0] == "num":
-                raise GradError(f"derivative formula {text!r}: a constant subexpression; "
-                                "write the number")
+                raise GradError(
+                    f"derivative formula {text!r}: a constant subexpression; write the number"
+                )
             return emit(_BINOPS[type(node.op)], (a, b))
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.keywords:
             fn, args = node.func.id, tuple(walk(a) for a in node.args)
             op = ops.ELEMENTWISE.get(fn)
             if (fn == "where" and len(args) == 3) or (op is not None and op.arity == len(args)):
                 return emit(fn, args)
-        raise GradError(f"derivative formula {text!r}: cannot read {ast.dump(node)}; expected "
-                        "numbers, names, + - * / and calls of elementwise ops")
+        raise GradError(
+            f"derivative formula {text!r}: cannot read {ast.dump(node)}; expected "
+            "numbers, names, + - * / and calls of elementwise ops"
+        )
 
     result = walk(_parse(text))
     return tuple(code), result
@@ -88,8 +94,9 @@ def build(g: EinsumGraph, text: str, names: Mapping[str, Tensor]) -> Tensor | fl
         if kind == "val":
             return vals[v]  # type: ignore[index]
         if v not in names:
-            raise GradError(f"derivative formula {text!r} names {v!r}; expected one of "
-                            f"{sorted(names)}")
+            raise GradError(
+                f"derivative formula {text!r} names {v!r}; expected one of {sorted(names)}"
+            )
         return names[v]  # type: ignore[index]
 
     for op, args in code:

@@ -113,8 +113,9 @@ def einsum(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> Cts:
     return out
 
 
-def _diagonal(g: EinsumGraph, r: Tensor, uniq: list[str], term: str, dim: dict,
-              node: Node) -> Tensor:
+def _diagonal(
+    g: EinsumGraph, r: Tensor, uniq: list[str], term: str, dim: dict, node: Node
+) -> Tensor:
     """``r`` over the distinct letters of ``term`` placed on the diagonals of ``term``."""
     fresh = einspec.symbols(set(term) | set(uniq))
     full, eyes, eye_terms = "", [], []
@@ -126,9 +127,11 @@ def _diagonal(g: EinsumGraph, r: Tensor, uniq: list[str], term: str, dim: dict,
             continue
         n = dim[c]
         if isinstance(n, str):
-            raise GradError(f"node {node.name!r} (einsum {node.args['spec']}): the gradient of "
-                            f"a repeated index {c!r} over the symbolic dimension {n!r} needs "
-                            "its size; bind the symbol (graph.bind) first")
+            raise GradError(
+                f"node {node.name!r} (einsum {node.args['spec']}): the gradient of "
+                f"a repeated index {c!r} over the symbolic dimension {n!r} needs "
+                "its size; bind the symbol (graph.bind) first"
+            )
         d = next(fresh)
         full += d
         eyes.append(g.constant(np.eye(n, dtype=r.dtype)))
@@ -204,8 +207,9 @@ def rowop(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> Cts:
         eps = scalar(g, float(node.args["eps"]), var.dtype)
         rstd = g.binary("pow", g.binary("add", var, eps), scalar(g, -0.5, var.dtype))
         inner = g.binary("sub", ct, g.mean(ct, axis=ax, keepdims=True))
-        inner = g.binary("sub", inner, g.binary("mul", y, g.mean(g.binary("mul", ct, y),
-                                                                  axis=ax, keepdims=True)))
+        inner = g.binary(
+            "sub", inner, g.binary("mul", y, g.mean(g.binary("mul", ct, y), axis=ax, keepdims=True))
+        )
         r = g.binary("mul", rstd, inner)
     else:
         raise GradError(f"node {node.name!r}: no gradient rule for the row op {node.op!r}")
@@ -251,9 +255,11 @@ def attention(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> C
     if causal:
         sq, sk = s.shape[-2:]
         if isinstance(sq, str) or isinstance(sk, str):
-            raise GradError(f"node {node.name!r}: the gradient of causal attention over a "
-                            f"symbolic sequence length ({sq}, {sk}) needs its size; bind the "
-                            "symbol (graph.bind) first")
+            raise GradError(
+                f"node {node.name!r}: the gradient of causal attention over a "
+                f"symbolic sequence length ({sq}, {sk}) needs its size; bind the "
+                "symbol (graph.bind) first"
+            )
         hide = np.where(np.arange(sk)[None, :] > np.arange(sq)[:, None], -np.inf, 0.0)
         s = g.binary("add", s, g.constant(hide.astype(work)))
     p = g.softmax(s, -1)
@@ -262,8 +268,9 @@ def attention(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> C
         out[2] = g.einsum("...qk,...qv->...kv", p, ctw)
     if need[0] or need[1] or (mask is not None and need[3]):
         dp = g.einsum("...qv,...kv->...qk", ctw, v)
-        ds = g.binary("mul", p, g.binary("sub", dp, g.sum(g.binary("mul", dp, p), axis=-1,
-                                                         keepdims=True)))
+        ds = g.binary(
+            "mul", p, g.binary("sub", dp, g.sum(g.binary("mul", dp, p), axis=-1, keepdims=True))
+        )
         if need[0]:
             out[0] = g.binary("mul", g.einsum("...qk,...kd->...qd", ds, k), scale_t)
         if need[1]:
@@ -276,14 +283,24 @@ def attention(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> C
 
 def fused(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> Cts:
     """Fused nodes exist only in optimized graphs: differentiate the graph before compiling."""
-    raise GradError(f"node {node.name!r} is a fused node, made by the optimizer; take the "
-                    "gradient of the graph as built (tl.grad before tl.compile optimizes it)")
+    raise GradError(
+        f"node {node.name!r} is a fused node, made by the optimizer; take the "
+        "gradient of the graph as built (tl.grad before tl.compile optimizes it)"
+    )
 
 
 # node kind -> its rule; inputs and constants are leaves (no rule). A node kind added to
 # ops.NODE_KINDS needs a line here (tests/autodiff/test_rules_cover.py checks it).
 RULES: dict[str, Rule] = {
-    ops.EINSUM: einsum, ops.UNARY: elementwise, ops.BINARY: elementwise, ops.WHERE: where,
-    ops.REDUCE: reduce, ops.ROWOP: rowop, ops.TRANSPOSE: transpose, ops.RESHAPE: reshape,
-    ops.CAST: cast, ops.ATTENTION: attention, ops.FUSED: fused,
+    ops.EINSUM: einsum,
+    ops.UNARY: elementwise,
+    ops.BINARY: elementwise,
+    ops.WHERE: where,
+    ops.REDUCE: reduce,
+    ops.ROWOP: rowop,
+    ops.TRANSPOSE: transpose,
+    ops.RESHAPE: reshape,
+    ops.CAST: cast,
+    ops.ATTENTION: attention,
+    ops.FUSED: fused,
 }

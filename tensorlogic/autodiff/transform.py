@@ -37,11 +37,15 @@ def grad(graph: EinsumGraph, of: str = "loss", wrt: str | Sequence[str] = ()) ->
     """
     node = _output_node(graph, of, "grad")
     if node.shape != ():
-        raise GradError(f"grad: output {of!r} has shape {tuple(node.shape)}; expected a scalar "
-                        "(a loss). For a non-scalar output use tl.vjp with a cotangent input")
+        raise GradError(
+            f"grad: output {of!r} has shape {tuple(node.shape)}; expected a scalar "
+            "(a loss). For a non-scalar output use tl.vjp with a cotangent input"
+        )
     if not inexact(node.dtype) or is_complex(node.dtype):
-        raise GradError(f"grad: output {of!r} has dtype {node.dtype}; expected a real float "
-                        "scalar (for a complex output use tl.vjp with a cotangent input)")
+        raise GradError(
+            f"grad: output {of!r} has dtype {node.dtype}; expected a real float "
+            "scalar (for a complex output use tl.vjp with a cotangent input)"
+        )
     g = graph.copy()
     seed = g.constant(np.ones((), dtype=node.dtype), name=_fresh(g, f"grad_seed_{of}"))
     return _backward(g, node.id, seed, _wrt_nodes(graph, wrt, "grad"))
@@ -63,11 +67,12 @@ def vjp(graph: EinsumGraph, of: str, wrt: str | Sequence[str], cotangent: str) -
     """
     node = _output_node(graph, of, "vjp")
     if not inexact(node.dtype):
-        raise GradError(f"vjp: output {of!r} has dtype {node.dtype}; expected a float or complex "
-                        "output (integer and bool results have no gradient)")
+        raise GradError(
+            f"vjp: output {of!r} has dtype {node.dtype}; expected a float or complex "
+            "output (integer and bool results have no gradient)"
+        )
     if not isinstance(cotangent, str) or not cotangent.isidentifier():
-        raise GradError(f"vjp: cotangent must name a new input (an identifier), got "
-                        f"{cotangent!r}")
+        raise GradError(f"vjp: cotangent must name a new input (an identifier), got {cotangent!r}")
     if cotangent in graph.inputs or _has_name(graph, cotangent):
         raise GradError(f"vjp: cotangent {cotangent!r} names an existing node; pick a new name")
     wrt_nodes = _wrt_nodes(graph, wrt, "vjp")
@@ -96,16 +101,19 @@ def _output_node(graph: EinsumGraph, of: str, fn: str):
     if not isinstance(graph, EinsumGraph):
         raise GradError(f"{fn}: expected an EinsumGraph, got {type(graph).__name__}")
     if not isinstance(of, str) or of not in graph.outputs:
-        raise GradError(f"{fn}: of={of!r} is not an output of the graph; expected one of "
-                        f"{sorted(graph.outputs)}")
+        raise GradError(
+            f"{fn}: of={of!r} is not an output of the graph; expected one of "
+            f"{sorted(graph.outputs)}"
+        )
     return graph.node(graph.outputs[of])
 
 
 def _wrt_nodes(graph: EinsumGraph, wrt: str | Iterable[str], fn: str) -> list[tuple[str, int]]:
     names = [wrt] if isinstance(wrt, str) else list(wrt)
     if not names:
-        raise GradError(f"{fn}: wrt is empty; name the inputs or constants to differentiate "
-                        "with respect to")
+        raise GradError(
+            f"{fn}: wrt is empty; name the inputs or constants to differentiate with respect to"
+        )
     out: list[tuple[str, int]] = []
     seen: set[str] = set()
     for name in names:
@@ -115,16 +123,22 @@ def _wrt_nodes(graph: EinsumGraph, wrt: str | Iterable[str], fn: str) -> list[tu
             raise GradError(f"{fn}: {name!r} appears twice in wrt")
         seen.add(name)
         if not _has_name(graph, name):
-            raise GradError(f"{fn}: wrt names {name!r}, which is no node of the graph; expected "
-                            f"an input ({', '.join(graph.inputs) or 'none'}) or a constant")
+            raise GradError(
+                f"{fn}: wrt names {name!r}, which is no node of the graph; expected "
+                f"an input ({', '.join(graph.inputs) or 'none'}) or a constant"
+            )
         node = graph.node(name)
         if node.kind not in DIFFERENTIABLE_LEAVES:
-            raise GradError(f"{fn}: wrt names {name!r}, a {node.kind} node; expected an input "
-                            f"or a constant ({', '.join(DIFFERENTIABLE_LEAVES)})")
+            raise GradError(
+                f"{fn}: wrt names {name!r}, a {node.kind} node; expected an input "
+                f"or a constant ({', '.join(DIFFERENTIABLE_LEAVES)})"
+            )
         if not inexact(node.dtype):
-            raise GradError(f"{fn}: {name!r} has dtype {node.dtype}, which has no gradient; "
-                            "expected a float or complex tensor (cast it to a float dtype "
-                            "in the graph and differentiate the cast's input)")
+            raise GradError(
+                f"{fn}: {name!r} has dtype {node.dtype}, which has no gradient; "
+                "expected a float or complex tensor (cast it to a float dtype "
+                "in the graph and differentiate the cast's input)"
+            )
         gname = f"grad_{name}"
         if gname in graph.outputs:
             raise GradError(f"{fn}: the graph already has an output {gname!r}")
@@ -148,8 +162,7 @@ def _active(g: EinsumGraph, of: int, wrt: set[int]) -> set[int]:
     return up
 
 
-def _backward(g: EinsumGraph, of: int, seed: Tensor,
-              wrt: list[tuple[str, int]]) -> EinsumGraph:
+def _backward(g: EinsumGraph, of: int, seed: Tensor, wrt: list[tuple[str, int]]) -> EinsumGraph:
     forward = [n.id for n in g.nodes]
     active = _active(g, of, {nid for _, nid in wrt})
     cts: dict[int, Tensor] = {of: seed}
@@ -180,6 +193,8 @@ def _check(g: EinsumGraph, node, i: int, r: Tensor) -> None:
     """A rule's cotangent must have its operand's shape and dtype (a bug otherwise)."""
     x = g.node(i)
     if tuple(r.shape) != tuple(x.shape) or r.dtype != x.dtype:
-        raise GradError(f"internal: the gradient rule of {node.name!r} ({node.label}) gave "
-                        f"{tuple(r.shape)} {r.dtype} for operand {x.name!r} of "
-                        f"{tuple(x.shape)} {x.dtype}")
+        raise GradError(
+            f"internal: the gradient rule of {node.name!r} ({node.label}) gave "
+            f"{tuple(r.shape)} {r.dtype} for operand {x.name!r} of "
+            f"{tuple(x.shape)} {x.dtype}"
+        )

@@ -1,8 +1,14 @@
 """Backends: the contract, the registry, and the built-in backends."""
 
 from .base import (
-    Backend, Capabilities, PreparedKernel, available_backends, get_backend, register_backend,
-    registered_backends, unregister_backend,
+    Backend,
+    Capabilities,
+    PreparedKernel,
+    available_backends,
+    get_backend,
+    register_backend,
+    registered_backends,
+    unregister_backend,
 )
 from . import numpy as _numpy  # noqa: F401  (registers "numpy")
 from . import cupy as _cupy  # noqa: F401  (registers "cupy"; imports CuPy only when used)
@@ -17,5 +23,13 @@ def _numba_factory():
 
 register_backend("numba", _numba_factory)
 
-__all__ = ["Backend", "Capabilities", "PreparedKernel", "available_backends", "get_backend",
-           "register_backend", "registered_backends", "unregister_backend"]
+__all__ = [
+    "Backend",
+    "Capabilities",
+    "PreparedKernel",
+    "available_backends",
+    "get_backend",
+    "register_backend",
+    "registered_backends",
+    "unregister_backend",
+]

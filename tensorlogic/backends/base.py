@@ -104,12 +104,16 @@ def as_prepared(kernel: Any, where: str) -> PreparedKernel:
     if isinstance(kernel, PreparedKernel):
         return kernel
     if not callable(kernel):
-        raise BackendError(f"{where}: prepare() returned {type(kernel).__name__}; expected a "
-                           "PreparedKernel or a callable kernel(inputs, out)")
+        raise BackendError(
+            f"{where}: prepare() returned {type(kernel).__name__}; expected a "
+            "PreparedKernel or a callable kernel(inputs, out)"
+        )
     stuck = [a for a in _CLOSURE_ATTRS if a in getattr(kernel, "__dict__", {})]
     if stuck:
-        raise BackendError(f"{where}: the kernel carries {stuck} as attributes; return "
-                           "PreparedKernel(fn, ...) with them as fields instead")
+        raise BackendError(
+            f"{where}: the kernel carries {stuck} as attributes; return "
+            "PreparedKernel(fn, ...) with them as fields instead"
+        )
     return PreparedKernel(kernel)
 
 
@@ -268,7 +272,8 @@ def unregister_backend(name: str) -> None:
     with _lock:
         if name not in _factories:
             raise BackendError(
-                f"no backend named {name!r} is registered; registered: {sorted(_factories)}")
+                f"no backend named {name!r} is registered; registered: {sorted(_factories)}"
+            )
         del _factories[name]
         _instances.pop(name, None)
 
@@ -304,12 +309,14 @@ def get_backend(name: str) -> Backend:
             except Exception as exc:
                 # reported as this backend being unavailable, so that available_backends()
                 # and backend="auto" go on with the others
-                raise BackendError(f"backend {name!r} failed to start: {type(exc).__name__}: "
-                                   f"{exc}") from exc
+                raise BackendError(
+                    f"backend {name!r} failed to start: {type(exc).__name__}: {exc}"
+                ) from exc
             if not isinstance(inst, Backend):
                 raise BackendError(
                     f"the factory of backend {name!r} returned {type(inst).__name__}; it must "
-                    "return a tensorlogic.backends.Backend subclass instance")
+                    "return a tensorlogic.backends.Backend subclass instance"
+                )
             _instances[name] = inst
         return inst
 

@@ -23,10 +23,12 @@ import numpy as np
 
 # (sgemm, dgemm) symbol names and whether their integers are 64-bit, in the order tried:
 # numpy >= 2 ships scipy-openblas (ILP64, prefixed and suffixed), numpy 1.x openblas64_
-_SYMBOLS = (("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", True),
-            ("cblas_sgemm64_", "cblas_dgemm64_", True),
-            ("scipy_cblas_sgemm", "scipy_cblas_dgemm", False),
-            ("cblas_sgemm", "cblas_dgemm", False))
+_SYMBOLS = (
+    ("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", True),
+    ("cblas_sgemm64_", "cblas_dgemm64_", True),
+    ("scipy_cblas_sgemm", "scipy_cblas_dgemm", False),
+    ("cblas_sgemm", "cblas_dgemm", False),
+)
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
 _lock = threading.RLock()
@@ -52,8 +54,22 @@ def _find_gemms():
                     # pointers travel as 64-bit integers (same registers as a pointer on x86-64
                     # and aarch64), so the numba kernel passes addresses it computed itself
                     ptr = ctypes.c_int64
-                    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, idx, idx, idx, real,
-                                   ptr, idx, ptr, idx, real, ptr, idx]
+                    fn.argtypes = [
+                        ctypes.c_int,
+                        ctypes.c_int,
+                        ctypes.c_int,
+                        idx,
+                        idx,
+                        idx,
+                        real,
+                        ptr,
+                        idx,
+                        ptr,
+                        idx,
+                        real,
+                        ptr,
+                        idx,
+                    ]
                     fn.restype = None
                     fns.append(fn)
                 return tuple(fns)
@@ -68,8 +84,9 @@ def _compile(gemm, itemsize: int):
     numba_threads.configure()
 
     @numba.njit(parallel=True, nogil=True, cache=False)
-    def split(blocks, a_ptr, a_off, a_sr, ta, lda, b_ptr, b_off, b_sc, tb, ldb, c_ptr, c_off,
-              c_sr, k):
+    def split(
+        blocks, a_ptr, a_off, a_sr, ta, lda, b_ptr, b_off, b_sc, tb, ldb, c_ptr, c_off, c_sr, k
+    ):
         # blocks[i] = (batch, row0, row1, col0, col1); offsets (per batch entry), strides and
         # leading dims in elements, the transposition flags chosen by the caller
         for i in numba.prange(blocks.shape[0]):
@@ -90,8 +107,9 @@ def _load() -> dict:
         with _lock:
             if _gemms is None:
                 found = _find_gemms()
-                _gemms = {} if found is None else {"float32": (found[0], 4),
-                                                   "float64": (found[1], 8)}
+                _gemms = (
+                    {} if found is None else {"float32": (found[0], 4), "float64": (found[1], 8)}
+                )
     return _gemms
 
 
@@ -131,8 +149,12 @@ def grid(nb: int, m: int, n: int, parts: int, align_m: int = 8, align_n: int = 3
             best, gm, gn = cost, a, b
     rows = _cuts(m, gm, align_m)
     cols = _cuts(n, gn, align_n)
-    out = [(b, rows[i], rows[i + 1], cols[j], cols[j + 1])
-           for b in range(nb) for i in range(len(rows) - 1) for j in range(len(cols) - 1)]
+    out = [
+        (b, rows[i], rows[i + 1], cols[j], cols[j + 1])
+        for b in range(nb)
+        for i in range(len(rows) - 1)
+        for j in range(len(cols) - 1)
+    ]
     return np.array(out, dtype=np.int64).reshape(-1, 5)
 
 
@@ -193,7 +215,21 @@ def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray, blocks: np.ndarray) ->
     from .numba import threads as numba_threads
 
     with numba_threads.launch_lock():  # serializes launches only on a non-thread-safe layer
-        split(blocks, A.ctypes.data, offs(A), A.strides[-2] // it, la[0], la[1],
-              B.ctypes.data, offs(B), B.strides[-1] // it, lb[0], lb[1],
-              out.ctypes.data, offs(out), out.strides[-2] // it, A.shape[-1])
+        split(
+            blocks,
+            A.ctypes.data,
+            offs(A),
+            A.strides[-2] // it,
+            la[0],
+            la[1],
+            B.ctypes.data,
+            offs(B),
+            B.strides[-1] // it,
+            lb[0],
+            lb[1],
+            out.ctypes.data,
+            offs(out),
+            out.strides[-2] // it,
+            A.shape[-1],
+        )
     return out

@@ -19,19 +19,25 @@ def plain_host_array(x: Any, name: str) -> Any:
     if not isinstance(x, np.ndarray) or type(x) is np.ndarray:
         return x
     if isinstance(x, np.ma.MaskedArray):
-        raise InputError(f"input {name!r}: a masked array; its mask would be ignored. Pass "
-                         f"x.filled(value) for masked entries, or np.asarray(x) to drop the mask")
+        raise InputError(
+            f"input {name!r}: a masked array; its mask would be ignored. Pass "
+            f"x.filled(value) for masked entries, or np.asarray(x) to drop the mask"
+        )
     if isinstance(x, np.matrix):
-        raise InputError(f"input {name!r}: np.matrix is not supported (it changes shapes and "
-                         f"the meaning of *); pass np.asarray(x)")
+        raise InputError(
+            f"input {name!r}: np.matrix is not supported (it changes shapes and "
+            f"the meaning of *); pass np.asarray(x)"
+        )
     return x.view(np.ndarray)
 
 
 def check_out_array(arr: Any, name: str, native: type) -> None:
     """An ``out=`` array must be exactly the backend's array type and writable."""
     if type(arr) is not native:
-        raise InputError(f"out[{name!r}]: expected a {native.__module__}.{native.__name__}, got "
-                         f"{type(arr).__module__}.{type(arr).__name__}")
+        raise InputError(
+            f"out[{name!r}]: expected a {native.__module__}.{native.__name__}, got "
+            f"{type(arr).__module__}.{type(arr).__name__}"
+        )
     flags = getattr(arr, "flags", None)
     if flags is not None and not getattr(flags, "writeable", True):
         raise InputError(f"out[{name!r}]: the array is read-only")
@@ -71,16 +77,20 @@ def check_out_overlap(out: dict[str, Any], inputs: dict[str, Any]) -> None:
     seen: dict[int, str] = {}
     for name, arr in out.items():
         if id(arr) in seen:  # the same array for two outputs
-            raise InputError(f"out[{name!r}] is the same array as out[{seen[id(arr)]!r}]; give "
-                             "each output its own array")
+            raise InputError(
+                f"out[{name!r}] is the same array as out[{seen[id(arr)]!r}]; give "
+                "each output its own array"
+            )
         seen[id(arr)] = name
         span = memory_span(arr)
         if span is None:
             continue
         for what, other in spans:
             if other is not None and span[0] < other[1] and other[0] < span[1]:
-                raise InputError(f"out[{name!r}] overlaps the memory of {what}; results would be "
-                                 "silently wrong. Give it its own array")
+                raise InputError(
+                    f"out[{name!r}] overlaps the memory of {what}; results would be "
+                    "silently wrong. Give it its own array"
+                )
         spans.append((f"out[{name!r}]", span))
 
 

@@ -38,18 +38,28 @@ def einsum_kernel(xp, node, in_nodes, matmul=None) -> PreparedKernel:
     widen = [n.dtype != node.dtype for n in in_nodes]
     dts = [node.dtype if w else n.dtype for n, w in zip(in_nodes, widen)]
     if node.args.get("path_slices"):
-        plan = sliced.plan_sliced(es, shapes, sizes, node.args["path_strategy"],
-                                  list(node.args["path_slices"]), node.dtype, dts, matmul,
-                                  host=xp is np)
+        plan = sliced.plan_sliced(
+            es,
+            shapes,
+            sizes,
+            node.args["path_strategy"],
+            list(node.args["path_slices"]),
+            node.dtype,
+            dts,
+            matmul,
+            host=xp is np,
+        )
     else:
-        plan = pairwise.plan_einsum(es, shapes, sizes, node.args.get("path_strategy"), dts,
-                                    matmul, host=xp is np)
+        plan = pairwise.plan_einsum(
+            es, shapes, sizes, node.args.get("path_strategy"), dts, matmul, host=xp is np
+        )
     run = plan.run
     n = len(in_nodes)
     k_plan = len(plan.scratch)
     wide = [(j, shapes[j]) for j in range(n) if widen[j]]
 
     if any(widen):
+
         def kernel(args, out):
             given = len(args) > n
             ops_ = list(args[:n])
@@ -60,19 +70,25 @@ def einsum_kernel(xp, node, in_nodes, matmul=None) -> PreparedKernel:
                     ops_[j] = buf
                 else:
                     ops_[j] = ops_[j].astype(node.dtype)
-            return run(xp, ops_, out, args[n:n + k_plan] if given else None)
+            return run(xp, ops_, out, args[n : n + k_plan] if given else None)
     elif plan.scratch:
+
         def kernel(args, out):
             return run(xp, args, out, args[n:] if len(args) > n else None)
     else:
+
         def kernel(args, out):
             return run(xp, args, out)
 
     # impl: the contraction plan (its GEMMs, whether it sums outside matmul) for backends that
     # choose a precision path by it
     return PreparedKernel(
-        kernel, flops=plan.flops, info=path_note(node, plan) if len(in_nodes) > 2 else "",
-        scratch=tuple(plan.scratch) + tuple((shape, node.dtype) for _, shape in wide), impl=plan)
+        kernel,
+        flops=plan.flops,
+        info=path_note(node, plan) if len(in_nodes) > 2 else "",
+        scratch=tuple(plan.scratch) + tuple((shape, node.dtype) for _, shape in wide),
+        impl=plan,
+    )
 
 
 def path_note(node, plan) -> str:
@@ -80,10 +96,15 @@ def path_note(node, plan) -> str:
     info = node.args.get("path_info")
     if not info:
         return f"path={plan.path}"
-    slice_note = (f", sliced over {info['slices']} ({info['n_slices']} slices, per slice)"
-                  if info.get("slices") else "")
-    return (f"path={[tuple(p) for p in plan.path]} ({info['strategy']}, "
-            f"largest intermediate {plan.largest_intermediate} elements{slice_note})")
+    slice_note = (
+        f", sliced over {info['slices']} ({info['n_slices']} slices, per slice)"
+        if info.get("slices")
+        else ""
+    )
+    return (
+        f"path={[tuple(p) for p in plan.path]} ({info['strategy']}, "
+        f"largest intermediate {plan.largest_intermediate} elements{slice_note})"
+    )
 
 
 def _arg(xp, a: list, k: int, shape: tuple, dtype: str):
@@ -100,8 +121,7 @@ def _keep_shape(shape: tuple, axes: tuple[int, ...]) -> tuple:
 EMPTY_REDUCTION = {"sum": 0.0, "mean": float("nan"), "prod": 1.0, "logsumexp": float("-inf")}
 
 
-def empty_reduction_kernel(op: str, shape: tuple, axes: tuple[int, ...]
-                           ) -> PreparedKernel | None:
+def empty_reduction_kernel(op: str, shape: tuple, axes: tuple[int, ...]) -> PreparedKernel | None:
     """A kernel filling ``out`` with the value of ``op`` over zero elements, when the reduced
     axes of ``shape`` hold none; else None."""
     if op not in EMPTY_REDUCTION or math.prod(int(shape[a]) for a in axes) != 0:
@@ -117,8 +137,9 @@ def empty_reduction_kernel(op: str, shape: tuple, axes: tuple[int, ...]
 
 def _logsumexp(xp, x, axes, keepdims, out):
     """logsumexp of x over axes into out (allocating its temporaries)."""
-    k = _logsumexp_kernel(xp, tuple(x.shape), x.dtype.name, tuple(a % x.ndim for a in axes),
-                          keepdims)
+    k = _logsumexp_kernel(
+        xp, tuple(x.shape), x.dtype.name, tuple(a % x.ndim for a in axes), keepdims
+    )
     return k([x], out)
 
 
@@ -154,8 +175,7 @@ def _layer_norm_kernel(xp, x_shape, dtype, axis, eps) -> PreparedKernel:
         return xp.divide(out, m, out=out)
 
     # the input is read only before (or where) out is first written
-    return PreparedKernel(layer_norm, scratch=((kd, dtype), (tuple(x_shape), dtype)),
-                          inplace=(0,))
+    return PreparedKernel(layer_norm, scratch=((kd, dtype), (tuple(x_shape), dtype)), inplace=(0,))
 
 
 def _logsumexp_kernel(xp, x_shape, dtype, axes, keepdims) -> PreparedKernel:
@@ -207,9 +227,11 @@ def _softmax_kernel(xp, x_shape, dtype, axis, log: bool) -> PreparedKernel:
         return xp.subtract(out, m, out=out)
 
     # the input is read only before out is first written
-    return PreparedKernel(log_softmax if log else softmax,
-                          scratch=((kd, dtype),) + (((tuple(x_shape), dtype),) if log else ()),
-                          inplace=(0,))
+    return PreparedKernel(
+        log_softmax if log else softmax,
+        scratch=((kd, dtype),) + (((tuple(x_shape), dtype),) if log else ()),
+        inplace=(0,),
+    )
 
 
 # row ops with a kernel of their own here (reductions: those with a numpy function, and
@@ -217,14 +239,17 @@ def _softmax_kernel(xp, x_shape, dtype, axis, log: bool) -> PreparedKernel:
 TUNED_ROW_OPS = ("softmax", "log_softmax", "layer_norm")
 
 
-def program_kernel(op: str, axes: tuple[int, ...], keepdims: bool,
-                   eps: float = 0.0) -> PreparedKernel:
+def program_kernel(
+    op: str, axes: tuple[int, ...], keepdims: bool, eps: float = 0.0
+) -> PreparedKernel:
     """A host kernel of any row op or reduction: its row program (``ops.ROW_PROGRAMS``) with
     the op table's numpy functions (temporaries allocated per call)."""
+
     def run(a, out):
         r = row_program(op, a[0].astype(out.dtype, copy=False), axes, eps)
         out[...] = r if keepdims else r.reshape(out.shape)
         return out
+
     return PreparedKernel(run)
 
 
@@ -265,6 +290,7 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
             xp.copyto(out, a[2])
             xp.copyto(out, a[1], where=mask)
             return out
+
         return PreparedKernel(where, scratch=((shape, "bool"),), inplace=(0, 2))
     if kind == ops.REDUCE:
         axes = tuple(node.args["axes"])
@@ -279,28 +305,33 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
         red = getattr(xp, ops.REDUCTION_TABLE[op].numpy)
         return PreparedKernel(lambda a, out: red(a[0], axis=axes, keepdims=kd, out=out))
     if kind == ops.ROWOP and op == "layer_norm":
-        return _layer_norm_kernel(xp, tuple(in_nodes[0].shape), node.dtype, node.args["axis"],
-                                  float(node.args["eps"]))
+        return _layer_norm_kernel(
+            xp, tuple(in_nodes[0].shape), node.dtype, node.args["axis"], float(node.args["eps"])
+        )
     if kind == ops.ROWOP and op in TUNED_ROW_OPS:
-        return _softmax_kernel(xp, tuple(in_nodes[0].shape), node.dtype, node.args["axis"],
-                               op == "log_softmax")
+        return _softmax_kernel(
+            xp, tuple(in_nodes[0].shape), node.dtype, node.args["axis"], op == "log_softmax"
+        )
     if kind == ops.ROWOP:
-        return program_kernel(op, (int(node.args["axis"]),), True,
-                              float(node.args.get("eps", 0.0)))
+        return program_kernel(op, (int(node.args["axis"]),), True, float(node.args.get("eps", 0.0)))
     if kind == ops.TRANSPOSE:
         perm = tuple(node.args["perm"])
         if copy:
+
             def transpose_copy(a, out):
                 xp.copyto(out, a[0].transpose(perm))
                 return out
+
             return PreparedKernel(transpose_copy)
         return PreparedKernel(lambda a, out: a[0].transpose(perm))
     if kind == ops.RESHAPE:
         if copy:
+
             def reshape_copy(a, out):
                 # C-order reshape is a flat-index match: copy through a view of the contiguous out
                 xp.copyto(out.reshape(a[0].shape), a[0])
                 return out
+
             return PreparedKernel(reshape_copy)
         return PreparedKernel(lambda a, out: a[0].reshape(shape))
     if kind == ops.ATTENTION:
@@ -311,13 +342,16 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
         return attention_kernel(node, in_nodes)
     if kind == ops.CAST:
         if in_nodes[0].dtype.startswith("complex") and not node.dtype.startswith("complex"):
+
             def cast_real(a, out):  # astype's result, without its ComplexWarning
                 out[...] = a[0].real
                 return out
+
             return PreparedKernel(cast_real)
 
         def cast(a, out):
             out[...] = a[0]
             return out
+
         return PreparedKernel(cast)
     raise BackendError(f"node {node.name!r}: no kernel for node kind {kind!r}")

@@ -70,10 +70,20 @@ def widened(xp, make: Callable[[Any, list], Any], node, in_nodes) -> PreparedKer
             xp.copyto(out, res, casting="unsafe")  # the one rounding of this result
         return out
 
-    scratch = (tuple(inner.scratch) + tuple((shapes[j], "float32") for j in wide)
-               + (((oshape, "float32"),) if narrow_out else ()))
+    scratch = (
+        tuple(inner.scratch)
+        + tuple((shapes[j], "float32") for j in wide)
+        + (((oshape, "float32"),) if narrow_out else ())
+    )
     # a 16-bit out is written only after the inner kernel has read every input; a float32 out
     # is the inner kernel's own, with its rules
     inplace = tuple(range(n)) if narrow_out else tuple(inner.inplace)
-    return PreparedKernel(kernel, flops=inner.flops, scratch=scratch, inplace=inplace,
-                          info=inner.info, source=inner.source, impl=inner)
+    return PreparedKernel(
+        kernel,
+        flops=inner.flops,
+        scratch=scratch,
+        inplace=inplace,
+        info=inner.info,
+        source=inner.source,
+        impl=inner,
+    )

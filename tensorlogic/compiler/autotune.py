@@ -80,8 +80,10 @@ class TuneReport:
             head = f"autotune: winner {self.winner} (decision read from the disk cache)"
         else:
             untried = f", {self.skipped} left untried" if self.skipped else ""
-            head = (f"autotune: tried {len(self.tried)} candidate(s) in {self.seconds:.2f} s "
-                    f"(budget {self.budget:g} s{untried}), winner {self.winner}")
+            head = (
+                f"autotune: tried {len(self.tried)} candidate(s) in {self.seconds:.2f} s "
+                f"(budget {self.budget:g} s{untried}), winner {self.winner}"
+            )
         lines = [head]
         for label, t in self.tried:
             mark = "  <- won" if label == self.winner else ""
@@ -108,8 +110,9 @@ def _machine() -> dict:
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")),
-                       cpu)
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
+            )
     except OSError:
         pass
     libs = {}
@@ -118,17 +121,29 @@ def _machine() -> dict:
             libs[n] = metadata.version(n)
         except metadata.PackageNotFoundError:
             libs[n] = "?"
-    return {"cpu": cpu, "threads": config.host_threads(), "python": platform.python_version(),
-            **libs}
+    return {
+        "cpu": cpu,
+        "threads": config.host_threads(),
+        "python": platform.python_version(),
+        **libs,
+    }
 
 
 def _cache_path(plan, binding: dict[str, int], backends: tuple[str, ...]) -> Any:
     opts = {k: repr(v) for k, v in sorted(plan.options.given.items()) if k not in _OWN_OPTIONS}
     graph = plan.graph.bind(binding) if binding else plan.graph
-    key = json.dumps({"graph": graph.fingerprint(), "options": opts, "backends": backends,
-                      "machine": _machine()}, sort_keys=True)
-    return config.cache_dir() / "autotune" / (hashlib.sha256(key.encode()).hexdigest()[:32]
-                                              + ".json")
+    key = json.dumps(
+        {
+            "graph": graph.fingerprint(),
+            "options": opts,
+            "backends": backends,
+            "machine": _machine(),
+        },
+        sort_keys=True,
+    )
+    return (
+        config.cache_dir() / "autotune" / (hashlib.sha256(key.encode()).hexdigest()[:32] + ".json")
+    )
 
 
 def _read(path) -> dict | None:
@@ -200,8 +215,9 @@ def autotune(plan, binding: dict[str, int], build: Callable) -> Any:
             o["skip_passes"] = c.skip
         if c.threads is not None:
             o["threads"] = c.threads
-        return build(plan, binding, 3, CompileOptions.resolve(o, be.name, be.capabilities.options),
-                     be)
+        return build(
+            plan, binding, 3, CompileOptions.resolve(o, be.name, be.capabilities.options), be
+        )
 
     def threads_of(backend: str) -> str | None:
         return "pool" if vary_threads and backend in _CPU else None
@@ -216,8 +232,13 @@ def autotune(plan, binding: dict[str, int], build: Callable) -> Any:
             except Exception:  # noqa: BLE001 - a stale or foreign entry: search again
                 cp = None
             if cp is not None:
-                cp.autotune = TuneReport(win.label, [tuple(t) for t in doc.get("tried", [])],
-                                         doc.get("seconds", 0.0), budget, cached=True)
+                cp.autotune = TuneReport(
+                    win.label,
+                    [tuple(t) for t in doc.get("tried", [])],
+                    doc.get("seconds", 0.0),
+                    budget,
+                    cached=True,
+                )
                 return cp
 
     t_start = time.perf_counter()
@@ -278,11 +299,22 @@ def autotune(plan, binding: dict[str, int], build: Callable) -> Any:
         attempt(Candidate(b, best[0].skip, best[0].threads if b in _CPU else None))
     winner = best[0]
     cp = plans[winner]
-    report = TuneReport(winner.label, [(c.label, t) for c, t in tried.items()],
-                        time.perf_counter() - t_start, budget,
-                        skipped=max(0, n_planned - len(tried)))
+    report = TuneReport(
+        winner.label,
+        [(c.label, t) for c, t in tried.items()],
+        time.perf_counter() - t_start,
+        budget,
+        skipped=max(0, n_planned - len(tried)),
+    )
     cp.autotune = report
     if path is not None:
-        _write(path, {"winner": winner.to_json(), "tried": report.tried,
-                      "seconds": report.seconds, "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        _write(
+            path,
+            {
+                "winner": winner.to_json(),
+                "tried": report.tried,
+                "seconds": report.seconds,
+                "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            },
+        )
     return cp

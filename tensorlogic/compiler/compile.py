@@ -44,7 +44,8 @@ def _scratch_buffers(kernel: PreparedKernel, node, first_id: int) -> list[Buffer
         except (TypeError, ValueError) as exc:
             raise BackendError(
                 f"node {node.name!r}: kernel scratch entry {j} is {spec!r}; expected "
-                "(shape tuple, dtype)") from exc
+                "(shape tuple, dtype)"
+            ) from exc
         if any(d < 0 for d in shape):
             raise BackendError(f"node {node.name!r}: kernel scratch entry {j} has shape {shape}")
         out.append(
@@ -67,8 +68,13 @@ def _build(plan: CompiledPlan, binding: dict[str, int]) -> ConcretePlan:
     return _build_variant(plan, binding, plan.opt_level, plan.options, plan.backend)
 
 
-def _build_variant(plan: CompiledPlan, binding: dict[str, int], opt_level: int,
-                   options: CompileOptions, backend: Any) -> ConcretePlan:
+def _build_variant(
+    plan: CompiledPlan,
+    binding: dict[str, int],
+    opt_level: int,
+    options: CompileOptions,
+    backend: Any,
+) -> ConcretePlan:
     """The concrete plan of ``plan``'s graph at ``opt_level`` with ``options`` on ``backend``."""
     # compiling allocates many small objects that all stay alive, so CPython's cyclic collector
     # only adds pauses here (a 1000-node graph: 75-97 ms with it, 74-83 ms without)
@@ -90,7 +96,8 @@ def check_dtypes(graph: EinsumGraph, backend) -> None:
             raise DTypeError(
                 f"node {node.name!r} ({node.label}) has dtype {node.dtype}, which the "
                 f"{backend.name} backend does not run; it runs {', '.join(declared)} (the numpy "
-                f"and numba backends run every dtype: {', '.join(dtypes.SUPPORTED)})")
+                f"and numba backends run every dtype: {', '.join(dtypes.SUPPORTED)})"
+            )
 
 
 def _check_dtype_names(value: Any, option: str) -> None:
@@ -98,12 +105,19 @@ def _check_dtype_names(value: Any, option: str) -> None:
     if isinstance(value, tuple):
         bad = [n for n in value if n not in dtypes.SUPPORTED]
         if bad:
-            raise GraphError(f"compile option {option} names unknown dtypes {bad}; expected "
-                             f"names from {list(dtypes.SUPPORTED)}")
+            raise GraphError(
+                f"compile option {option} names unknown dtypes {bad}; expected "
+                f"names from {list(dtypes.SUPPORTED)}"
+            )
 
 
-def _build_plan(graph: EinsumGraph, binding: dict[str, int], opt_level: int,
-                options: CompileOptions, backend: Any) -> ConcretePlan:
+def _build_plan(
+    graph: EinsumGraph,
+    binding: dict[str, int],
+    opt_level: int,
+    options: CompileOptions,
+    backend: Any,
+) -> ConcretePlan:
     graph = graph.bind(binding) if binding else graph
     if graph.parameters:  # the plan binds parameters like inputs, from its own store
         graph = graph.with_parameters_as_inputs()
@@ -128,17 +142,34 @@ def _build_plan(graph: EinsumGraph, binding: dict[str, int], opt_level: int,
         is_view = b.view_of is not None
         args = {"_is_output": b.role == "output", "_view": is_view}
         nbytes = 0 if is_view else b.nbytes + sum(bufs[i].nbytes for i in node.inputs)
-        step = Step(len(steps), nid, node.name, node.kind, node.op, node.label,
-                    tuple(bufs[i].id for i in node.inputs), b.id, tuple(node.shape), node.dtype,
-                    cost.node_flops(node, in_nodes), int(nbytes), args)
+        step = Step(
+            len(steps),
+            nid,
+            node.name,
+            node.kind,
+            node.op,
+            node.label,
+            tuple(bufs[i].id for i in node.inputs),
+            b.id,
+            tuple(node.shape),
+            node.dtype,
+            cost.node_flops(node, in_nodes),
+            int(nbytes),
+            args,
+        )
         with hooks.timed("codegen", f"prepare {node.name}", backend=backend.name, kind=node.kind):
-            kernel = as_prepared(backend.prepare(step, node, in_nodes, optimized),
-                                 f"node {node.name!r}")
+            kernel = as_prepared(
+                backend.prepare(step, node, in_nodes, optimized), f"node {node.name!r}"
+            )
         # kernels may report what only they know: einsum FLOPs along the chosen path, the path
         if kernel.flops is not None or kernel.bytes is not None or kernel.info or kernel.threads:
-            step = replace(step, flops=step.flops if kernel.flops is None else int(kernel.flops),
-                           bytes=step.bytes if kernel.bytes is None else int(kernel.bytes),
-                           info=kernel.info, threads=int(kernel.threads))
+            step = replace(
+                step,
+                flops=step.flops if kernel.flops is None else int(kernel.flops),
+                bytes=step.bytes if kernel.bytes is None else int(kernel.bytes),
+                info=kernel.info,
+                threads=int(kernel.threads),
+            )
         extra = _scratch_buffers(kernel, node, len(order) + len(scratch))
         if extra:
             scratch.extend(extra)
@@ -149,14 +180,24 @@ def _build_plan(graph: EinsumGraph, binding: dict[str, int], opt_level: int,
         kernels.append(kernel)
         steps.append(step)
     buffers = tuple(bufs[nid] for nid in order) + tuple(scratch)
-    memory = plan_memory(buffers, [(s.inputs, s.output, s.scratch) for s in steps], inplace_ok,
-                         reuse=options["reuse_memory"])
+    memory = plan_memory(
+        buffers,
+        [(s.inputs, s.output, s.scratch) for s in steps],
+        inplace_ok,
+        reuse=options["reuse_memory"],
+    )
     cp = ConcretePlan(
-        graph=optimized, steps=tuple(steps), buffers=buffers, memory=memory,
+        graph=optimized,
+        steps=tuple(steps),
+        buffers=buffers,
+        memory=memory,
         kernels=tuple(kernels),
         input_ids={name: bufs[nid].id for name, nid in optimized.inputs.items() if nid in bufs},
         output_ids={name: bufs[nid].id for name, nid in optimized.outputs.items()},
-        constants={}, backend=backend, binding=dict(binding), optimizer_report=report,
+        constants={},
+        backend=backend,
+        binding=dict(binding),
+        optimizer_report=report,
         pooled=options["pool"],
     )
     # the budget is checked before anything is allocated (constants moved, arenas built)
@@ -167,17 +208,35 @@ def _build_plan(graph: EinsumGraph, binding: dict[str, int], opt_level: int,
         avail = backend.free_memory()
         if avail is not None:
             check_budget(cp, int(avail), f"the free memory of the {backend.name} device")
-    cp.constants.update({bufs[nid].id: backend.to_device(optimized.constants[nid])
-                         for nid in order if nodes[nid].kind == ops.CONSTANT})
+    cp.constants.update(
+        {
+            bufs[nid].id: backend.to_device(optimized.constants[nid])
+            for nid in order
+            if nodes[nid].kind == ops.CONSTANT
+        }
+    )
     if backend.capabilities.own_runner:
         cp.runner = backend.plan_runner(cp)
-    hooks.compile_event("compile", "build plan", t0, time.perf_counter() - t0,
-                        steps=len(steps), binding=dict(binding))
+    hooks.compile_event(
+        "compile",
+        "build plan",
+        t0,
+        time.perf_counter() - t0,
+        steps=len(steps),
+        binding=dict(binding),
+    )
     return cp
 
 
-def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
-            memory_limit: int | None = None, cache: bool = True, **options: Any) -> CompiledPlan:
+def compile(
+    graph: EinsumGraph,
+    backend: str = "auto",
+    opt_level: int = 2,
+    *,
+    memory_limit: int | None = None,
+    cache: bool = True,
+    **options: Any,
+) -> CompiledPlan:
     """Compile a graph into a plan for ``backend`` at ``opt_level`` (0-3).
 
     Plans are cached by the graph's content hash, backend, opt level and options; graphs with
@@ -218,8 +277,9 @@ def compile(graph: EinsumGraph, backend: str = "auto", opt_level: int = 2, *,
         # beats the written-out form (on the GPU: the tensor-core dtypes against cuBLAS)
         options = {**options, "fuse_attention": tuple(sorted(fused))}
     # checked before the graph: a typo in an option fails fast and never reaches the cache key
-    opts = CompileOptions.resolve({**options, "memory_limit": memory_limit}, be.name,
-                                  be.capabilities.options)
+    opts = CompileOptions.resolve(
+        {**options, "memory_limit": memory_limit}, be.name, be.capabilities.options
+    )
     _check_dtype_names(opts["fuse_attention"], "fuse_attention")
     graph.validate()
     check_dtypes(graph, be)

@@ -100,9 +100,13 @@ def _owns_memory(b: Buffer) -> bool:
     return b.view_of is None and b.role in ("intermediate", "scratch")
 
 
-def _inplace_groups(buffers: Sequence[Buffer], step_io: Sequence[StepIO],
-                    inplace_ok: Mapping[int, Sequence[int]], life: dict[int, tuple[int, int]],
-                    root: dict[int, int]) -> tuple[dict[int, int], dict[int, int]]:
+def _inplace_groups(
+    buffers: Sequence[Buffer],
+    step_io: Sequence[StepIO],
+    inplace_ok: Mapping[int, Sequence[int]],
+    life: dict[int, tuple[int, int]],
+    root: dict[int, int],
+) -> tuple[dict[int, int], dict[int, int]]:
     """Merge step outputs into inputs that die there; returns (buffer -> group, step -> input)."""
     group = {b.id: b.id for b in buffers}
     span = dict(life)  # group id -> (first, last)
@@ -134,9 +138,14 @@ def _inplace_groups(buffers: Sequence[Buffer], step_io: Sequence[StepIO],
     return group, chosen
 
 
-def plan_memory(buffers: Sequence[Buffer], step_io: Sequence[StepIO],
-                inplace_ok: Mapping[int, Sequence[int]] | None = None, *, reuse: bool = True,
-                alignment: int = ALIGNMENT) -> MemoryPlan:
+def plan_memory(
+    buffers: Sequence[Buffer],
+    step_io: Sequence[StepIO],
+    inplace_ok: Mapping[int, Sequence[int]] | None = None,
+    *,
+    reuse: bool = True,
+    alignment: int = ALIGNMENT,
+) -> MemoryPlan:
     """Assign arena offsets to the buffers that own memory (intermediates and scratch).
 
     Args:

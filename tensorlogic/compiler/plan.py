@@ -81,19 +81,25 @@ class ConcretePlan:
     def __post_init__(self) -> None:
         self.pool = TensorPool(self.new_arena, self.memory.peak_bytes, reuse=self.pooled)
         # scratch buffers travel after the inputs, so observers run the same (fn, ins, out) loop
-        self.program = [(k.fn, s.inputs + s.scratch, s.output)
-                        for k, s in zip(self.kernels, self.steps)]
+        self.program = [
+            (k.fn, s.inputs + s.scratch, s.output) for k, s in zip(self.kernels, self.steps)
+        ]
         self.flops = sum(s.flops for s in self.steps)
         self.host = not self.backend.capabilities.device
         # per-call tables, built once (the GPU runner reads them too): where inputs go, which
         # outputs get a fresh array, and which are handed back as copies (inputs or constants)
         self.input_slots = tuple(self.input_ids.items())
-        fresh = [(name, bid) for name, bid in self.output_ids.items()
-                 if self.buffers[bid].role == "output"]
-        self.fresh_outputs = tuple((name, bid, self.buffers[bid].shape, self.buffers[bid].dtype)
-                                    for name, bid in fresh)
-        self.result_slots = tuple((name, bid, self.buffers[bid].role == "output")
-                                   for name, bid in self.output_ids.items())
+        fresh = [
+            (name, bid)
+            for name, bid in self.output_ids.items()
+            if self.buffers[bid].role == "output"
+        ]
+        self.fresh_outputs = tuple(
+            (name, bid, self.buffers[bid].shape, self.buffers[bid].dtype) for name, bid in fresh
+        )
+        self.result_slots = tuple(
+            (name, bid, self.buffers[bid].role == "output") for name, bid in self.output_ids.items()
+        )
 
     @property
     def planned_bytes(self) -> int:
@@ -110,7 +116,7 @@ class ConcretePlan:
             raw = self.backend.alloc_bytes(self.memory.peak_bytes)
             for bid, off in self.memory.offsets.items():
                 b = self.buffers[bid]
-                env[bid] = self.backend.view_bytes(raw[off:off + b.nbytes], b.shape, b.dtype)
+                env[bid] = self.backend.view_bytes(raw[off : off + b.nbytes], b.shape, b.dtype)
         env.seal()
         return env
 
@@ -120,8 +126,9 @@ class ConcretePlan:
             return self.runner(self, inputs, out)
         return self.run_steps(inputs, out)
 
-    def run_steps(self, inputs: Mapping[str, Any], out: Mapping[str, Any] | None,
-                  env: list | None = None) -> dict[str, Any]:
+    def run_steps(
+        self, inputs: Mapping[str, Any], out: Mapping[str, Any] | None, env: list | None = None
+    ) -> dict[str, Any]:
         """Execute step by step (the plain executor that a backend runner may fall back to).
 
         ``env``: a buffer table to run in (from ``new_arena``) instead of one from the pool.
@@ -169,9 +176,17 @@ class ConcretePlan:
         """The steps as a text table with FLOPs and bytes."""
         rows = [("#", "step", "op", "shape", "dtype", "MFLOP", "bytes")]
         for s in self.steps:
-            rows.append((str(s.index), s.name, s.label + (f" {s.info}" if s.info else ""),
-                         "x".join(map(str, s.shape)) or "scalar", s.dtype,
-                         f"{s.flops / 1e6:.3f}", format_bytes(s.bytes)))
+            rows.append(
+                (
+                    str(s.index),
+                    s.name,
+                    s.label + (f" {s.info}" if s.info else ""),
+                    "x".join(map(str, s.shape)) or "scalar",
+                    s.dtype,
+                    f"{s.flops / 1e6:.3f}",
+                    format_bytes(s.bytes),
+                )
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         lines.insert(1, "  ".join("-" * w for w in widths))
@@ -189,9 +204,14 @@ class CompiledPlan:
     # concrete plans kept for graphs with symbolic dims, least recently used dropped first
     max_specializations: int = 16
 
-    def __init__(self, graph: EinsumGraph, backend: Any, opt_level: int,
-                 options: CompileOptions | Mapping[str, Any],
-                 build: Callable[["CompiledPlan", dict[str, int]], ConcretePlan]) -> None:
+    def __init__(
+        self,
+        graph: EinsumGraph,
+        backend: Any,
+        opt_level: int,
+        options: CompileOptions | Mapping[str, Any],
+        build: Callable[["CompiledPlan", dict[str, int]], ConcretePlan],
+    ) -> None:
         self.graph = graph
         self.backend = backend
         self.opt_level = opt_level
@@ -205,16 +225,27 @@ class CompiledPlan:
         self._inputs = {name: graph.node(nid) for name, nid in graph.inputs.items()}
         self._param_nodes = {name: graph.node(nid) for name, nid in graph.parameters.items()}
         # the plan's own, mutable parameter values, on the backend (graph values stay as given)
-        self._params = {name: backend.to_device(np.array(graph.parameter_values[node.id]))
-                        for name, node in self._param_nodes.items()}
+        self._params = {
+            name: backend.to_device(np.array(graph.parameter_values[node.id]))
+            for name, node in self._param_nodes.items()
+        }
         self.symbols = graph.symbols
         if not self.symbols:
             self._last = self.specialize()
         # fast input binding: a backend that names its native array type takes C-contiguous
         # arrays of that type with the declared shapes and dtypes as they are
         native = backend.capabilities.native_array
-        self._fast = None if native is None or self.symbols else (native, tuple(
-            (name, tuple(node.shape), np.dtype(node.dtype)) for name, node in self._inputs.items()))
+        self._fast = (
+            None
+            if native is None or self.symbols
+            else (
+                native,
+                tuple(
+                    (name, tuple(node.shape), np.dtype(node.dtype))
+                    for name, node in self._inputs.items()
+                ),
+            )
+        )
         # a backend's runner may offer a direct call for ready inputs (the cupy backend, for
         # plans of one kernel): tried first, it returns None for anything it does not take
         runner = self._last.runner if self._last is not None else None
@@ -239,8 +270,10 @@ class CompiledPlan:
         filled from ``graph``'s parameter values (by default this plan's graph's)."""
         new = copy.copy(self)
         src = self.graph if graph is None else graph
-        new._params = {name: self.backend.to_device(np.array(src.parameter_value(name)))
-                       for name in self._param_nodes}
+        new._params = {
+            name: self.backend.to_device(np.array(src.parameter_value(name)))
+            for name in self._param_nodes
+        }
         return new
 
     # ------------------------------------------------------------------ parameters
@@ -260,15 +293,18 @@ class CompiledPlan:
         shape that differs from the declared one ShapeError, another dtype DTypeError.
         """
         if values is not None and not isinstance(values, Mapping):
-            raise InputError(f"set_parameters: expected a dict of name -> array, got "
-                             f"{type(values).__name__}")
+            raise InputError(
+                f"set_parameters: expected a dict of name -> array, got {type(values).__name__}"
+            )
         given = {**(values or {}), **kwargs}
         checked = {}
         for name, value in given.items():
             node = self._param_nodes.get(name)
             if node is None:
-                raise InputError(f"set_parameters: unknown parameter {name!r}; the plan's "
-                                 f"parameters are {list(self._param_nodes)}")
+                raise InputError(
+                    f"set_parameters: unknown parameter {name!r}; the plan's "
+                    f"parameters are {list(self._param_nodes)}"
+                )
             checked[name] = self._check_parameter(name, node, value)
         for name, value in checked.items():
             self.backend.copy(value, self._params[name])
@@ -276,14 +312,20 @@ class CompiledPlan:
     def _check_parameter(self, name: str, node: Any, value: Any) -> Any:
         where = f"parameter {name!r}"
         if not self.backend.is_array(value) and not isinstance(value, np.ndarray):
-            raise InputError(f"{where}: expected an array of shape {tuple(node.shape)} and dtype "
-                             f"{node.dtype}, got {type(value).__name__}")
+            raise InputError(
+                f"{where}: expected an array of shape {tuple(node.shape)} and dtype "
+                f"{node.dtype}, got {type(value).__name__}"
+            )
         if tuple(value.shape) != tuple(node.shape):
-            raise ShapeError(f"{where}: new value has shape {tuple(value.shape)}; expected the "
-                             f"declared shape {tuple(node.shape)}")
+            raise ShapeError(
+                f"{where}: new value has shape {tuple(value.shape)}; expected the "
+                f"declared shape {tuple(node.shape)}"
+            )
         if np.dtype(value.dtype) != np.dtype(node.dtype):
-            raise DTypeError(f"{where}: new value has dtype {value.dtype}; expected the declared "
-                             f"{node.dtype} (convert it with .astype('{node.dtype}'))")
+            raise DTypeError(
+                f"{where}: new value has dtype {value.dtype}; expected the declared "
+                f"{node.dtype} (convert it with .astype('{node.dtype}'))"
+            )
         return self.backend.to_device(value) if isinstance(value, np.ndarray) else value
 
     def graph_with_parameters(self) -> EinsumGraph:
@@ -305,8 +347,7 @@ class CompiledPlan:
         for s in self.symbols:  # sizes from arrays are ints already; a user's are checked
             v = sizes[s]
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 0:
-                raise InputError(f"size of symbolic dimension {s!r} must be an int >= 0, "
-                                 f"got {v!r}")
+                raise InputError(f"size of symbolic dimension {s!r} must be an int >= 0, got {v!r}")
         key = tuple(int(sizes[s]) for s in self.symbols)
         specs = self._specs
         cp = specs.get(key)
@@ -426,8 +467,14 @@ class CompiledPlan:
         **kwargs: Any,
     ) -> dict[str, Any]:
         direct = self._direct
-        if direct is not None and inputs is None and not out and not check_finite and \
-                not to_host and hooks.active() is None:
+        if (
+            direct is not None
+            and inputs is None
+            and not out
+            and not check_finite
+            and not to_host
+            and hooks.active() is None
+        ):
             results = direct(kwargs)
             if results is not None:
                 return results
@@ -462,8 +509,10 @@ class CompiledPlan:
         arrays = {n: hooks.transfer(obs, "h2d", n, be.to_device, x) for n, x in arrays.items()}
         results = cp.run(arrays, out)
         if to_host:
-            results = {k: hooks.transfer(obs, "d2h", k, be.to_host, v, be.synchronize)
-                       for k, v in results.items()}
+            results = {
+                k: hooks.transfer(obs, "d2h", k, be.to_host, v, be.synchronize)
+                for k, v in results.items()
+            }
         return results
 
     def _fast_inputs(self, inputs: Any, kwargs: dict[str, Any]) -> dict[str, Any] | None:
@@ -473,22 +522,28 @@ class CompiledPlan:
         if fast is None:
             return None
         # the inputs come either as one dict or as keywords (both at once take the slow path)
-        given = kwargs if inputs is None else inputs if not kwargs and type(inputs) is dict \
-            else None
+        given = (
+            kwargs if inputs is None else inputs if not kwargs and type(inputs) is dict else None
+        )
         if given is None or len(given) != len(fast[1]):
             return None
         native = fast[0]
         for name, shape, dtype in fast[1]:
             x = given.get(name)
-            if type(x) is not native or x.shape != shape or x.dtype != dtype or \
-                    not x.flags.c_contiguous:
+            if (
+                type(x) is not native
+                or x.shape != shape
+                or x.dtype != dtype
+                or not x.flags.c_contiguous
+            ):
                 return None
         return given
 
     def _check_out(self, cp: ConcretePlan, out: Any, inputs: Mapping[str, Any]) -> None:
         if not isinstance(out, Mapping):
             raise InputError(
-                f"out must be a dict of output name -> array, got {type(out).__name__}")
+                f"out must be a dict of output name -> array, got {type(out).__name__}"
+            )
         native = self.backend.capabilities.native_array
         for name, arr in out.items():
             if name not in cp.output_ids:
@@ -524,7 +579,9 @@ class CompiledPlan:
                 f"backend copies such inputs, {format_bytes(total)} in all, which with the "
                 f"plan's {format_bytes(cp.planned_bytes)} exceeds memory_limit "
                 f"({format_bytes(limit)}); pass contiguous arrays or raise memory_limit",
-                planned_bytes=cp.planned_bytes + total, limit=limit)
+                planned_bytes=cp.planned_bytes + total,
+                limit=limit,
+            )
 
     def check_budget(self, limit: int | None) -> None:
         """Raise MemoryBudgetError if the current concrete plan's peak exceeds ``limit`` bytes."""
@@ -535,8 +592,10 @@ class CompiledPlan:
     # ------------------------------------------------------------------ display
     def __str__(self) -> str:
         params = f", parameters={list(self._params)}" if self._params else ""
-        head = (f"CompiledPlan(backend={self.backend.name}, opt_level={self.opt_level}, "
-                f"inputs={list(self._inputs)}{params}, outputs={list(self.graph.outputs)})")
+        head = (
+            f"CompiledPlan(backend={self.backend.name}, opt_level={self.opt_level}, "
+            f"inputs={list(self._inputs)}{params}, outputs={list(self.graph.outputs)})"
+        )
         if self._last is None:
             return head + f"\n  symbolic dims {list(self.symbols)}: not specialized yet"
         cp = self._last
@@ -567,8 +626,10 @@ class CompiledPlan:
                 cp.pool.clear()
 
     def __repr__(self) -> str:
-        return (f"<CompiledPlan backend={self.backend.name} opt_level={self.opt_level} "
-                f"steps={len(self._last.steps) if self._last else '?'}>")
+        return (
+            f"<CompiledPlan backend={self.backend.name} opt_level={self.opt_level} "
+            f"steps={len(self._last.steps) if self._last else '?'}>"
+        )
 
 
 def check_budget(cp: ConcretePlan, limit: int, what: str) -> None:

@@ -61,8 +61,9 @@ def make_buffers(g: EinsumGraph, order: list[int]) -> dict[int, Buffer]:
             src = node.inputs[0]
             if node.kind == ops.TRANSPOSE:
                 view_of = buffers[src].id
-                contiguous[nid] = contiguous[src] and _keeps_order(g.node(src).shape,
-                                                                   node.args["perm"])
+                contiguous[nid] = contiguous[src] and _keeps_order(
+                    g.node(src).shape, node.args["perm"]
+                )
             elif contiguous[src]:
                 view_of = buffers[src].id
         buffers[nid] = Buffer(pos, nid, node.name, tuple(node.shape), node.dtype, role, view_of)

@@ -23,10 +23,12 @@ from .tensor import Tensor
 
 def _atomic(method):
     """A builder method that leaves the graph as it was when it raises."""
+
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         with self._transaction():
             return method(self, *args, **kwargs)
+
     return wrapper
 
 
@@ -36,19 +38,25 @@ def _check_kinds(src: np.ndarray, dt: str, label: str) -> None:
     if sk not in "biufc":  # strings, objects, dates, records
         raise DTypeError(f"{label}: cannot store {src.dtype} data as {dt}; expected numbers")
     if sk == "c" and dk != "c":
-        raise DTypeError(f"{label}: complex data cannot be stored as {dt} (the imaginary part "
-                         "would be dropped); take .real explicitly")
+        raise DTypeError(
+            f"{label}: complex data cannot be stored as {dt} (the imaginary part "
+            "would be dropped); take .real explicitly"
+        )
 
 
 def _check_values(src: np.ndarray, dst: np.ndarray, label: str) -> None:
     """Refuse a cast that changed values: no silent truncation, wraparound or overflow."""
     sk, dk = _kind(src.dtype), _kind(dst.dtype)
     if dk in "biu" and not np.array_equal(src, dst):
-        raise DTypeError(f"{label}: values are not exactly representable as {dst.dtype} "
-                         "(fractions, NaN or out of range)")
+        raise DTypeError(
+            f"{label}: values are not exactly representable as {dst.dtype} "
+            "(fractions, NaN or out of range)"
+        )
     if sk in "fc" and dk in "fc" and not np.array_equal(np.isfinite(src), np.isfinite(dst)):
-        raise DTypeError(f"{label}: values overflow {dst.dtype} (largest finite "
-                         f"{float(ml_dtypes.finfo(dst.dtype).max):.4g}); give a wider dtype")
+        raise DTypeError(
+            f"{label}: values overflow {dst.dtype} (largest finite "
+            f"{float(ml_dtypes.finfo(dst.dtype).max):.4g}); give a wider dtype"
+        )
 
 
 def _kind(dt: np.dtype) -> str:
@@ -93,13 +101,17 @@ class GraphBuilder:
             _check_kinds(arr, dt, label)
             scalar = arr.ndim == 0 and not isinstance(value, (np.ndarray, np.generic))
             with np.errstate(over="ignore", invalid="ignore"):
-                cast = (dtypes.scalar_array(value, dt, where) if scalar
-                        else np.array(arr, dt, order="C"))
+                cast = (
+                    dtypes.scalar_array(value, dt, where)
+                    if scalar
+                    else np.array(arr, dt, order="C")
+                )
             _check_values(arr, cast, label)
             arr = cast
         arr.setflags(write=False)
-        nid = self._insert(ops.CONSTANT, None, (), {}, self._unique_name(name, "constant"),
-                           arr.shape, dt)
+        nid = self._insert(
+            ops.CONSTANT, None, (), {}, self._unique_name(name, "constant"), arr.shape, dt
+        )
         self.constants[nid] = arr
         return Tensor(self, nid)
 
@@ -120,16 +132,19 @@ class GraphBuilder:
             raise DTypeError(f"{where}cannot convert {type(value).__name__}") from exc
         dt = dtypes.normalize(arr.dtype if dtype is None else dtype, where)
         if not (dtypes.is_float(dt) or dtypes.kind(dt) == "c"):
-            raise DTypeError(f"{where}dtype {dt} cannot be learned by gradients; expected a "
-                             "floating-point dtype (float16, bfloat16, float32, float64) or "
-                             "complex")
+            raise DTypeError(
+                f"{where}dtype {dt} cannot be learned by gradients; expected a "
+                "floating-point dtype (float16, bfloat16, float32, float64) or "
+                "complex"
+            )
         _check_kinds(arr, dt, f"parameter {name!r}")
         with np.errstate(over="ignore", invalid="ignore"):
             cast = np.array(arr, dt, order="C")
         _check_values(arr, cast, f"parameter {name!r}")
         cast.setflags(write=False)
-        nid = self._insert(ops.PARAMETER, None, (), {}, self._unique_name(name, name),
-                           cast.shape, dt)
+        nid = self._insert(
+            ops.PARAMETER, None, (), {}, self._unique_name(name, name), cast.shape, dt
+        )
         self.parameters[name] = nid
         self.parameter_values[nid] = cast
         return Tensor(self, nid)
@@ -137,8 +152,9 @@ class GraphBuilder:
     def parameter_value(self, name: str) -> np.ndarray:
         """The value a parameter was declared with (read-only)."""
         if name not in self.parameters:
-            raise GraphError(f"no parameter named {name!r}; the graph's parameters are "
-                             f"{list(self.parameters)}")
+            raise GraphError(
+                f"no parameter named {name!r}; the graph's parameters are {list(self.parameters)}"
+            )
         return self.parameter_values[self.parameters[name]]
 
     @_atomic
@@ -184,7 +200,8 @@ class GraphBuilder:
                 raise SpecError(
                     f"einsum spec must be a string, or numpy's interleaved form (operand, "
                     f"sublist, ..., [output sublist]); got {type(spec).__name__} then "
-                    f"{type(operands[0]).__name__ if operands else 'nothing'}")
+                    f"{type(operands[0]).__name__ if operands else 'nothing'}"
+                )
             spec, operands = einspec.interleaved((spec, *operands))
         if not operands:
             raise GraphError(f"einsum {spec!r} needs at least one operand")
@@ -214,16 +231,19 @@ class GraphBuilder:
         against the first tensor operand whose dtype the result follows."""
         row = ops.ELEMENTWISE.get(op) if isinstance(op, str) else None
         if row is None:
-            raise GraphError(f"unknown elementwise op {op!r}; expected one of "
-                             f"{tuple(ops.ELEMENTWISE)}")
+            raise GraphError(
+                f"unknown elementwise op {op!r}; expected one of {tuple(ops.ELEMENTWISE)}"
+            )
         if len(operands) != row.arity:
             raise GraphError(f"{op} takes {row.arity} operand(s), got {len(operands)}")
         order = [k for k in range(row.arity) if k not in row.own_dtype] + list(row.own_dtype)
-        like = _dtype_of(next((operands[k] for k in order if isinstance(operands[k], Tensor)),
-                              None))
+        like = _dtype_of(
+            next((operands[k] for k in order if isinstance(operands[k], Tensor)), None)
+        )
         ts = [self._own(t, like) for t in operands]
-        return Tensor(self, self.add_node(ops.KIND_OF_ARITY[row.arity], op, [t.id for t in ts],
-                                          name=name))
+        return Tensor(
+            self, self.add_node(ops.KIND_OF_ARITY[row.arity], op, [t.id for t in ts], name=name)
+        )
 
     @_atomic
     def where(self, cond: Any, a: Any, b: Any, name: str | None = None) -> "Tensor":
@@ -241,13 +261,20 @@ class GraphBuilder:
         axes = infer.normalize_axes(axis, len(x.shape), f"{op} of {x.name!r}")
         if not isinstance(keepdims, (bool, np.bool_)):
             raise GraphError(
-                f"{op} of {x.name!r}: keepdims must be True or False, got {keepdims!r}")
+                f"{op} of {x.name!r}: keepdims must be True or False, got {keepdims!r}"
+            )
         args = {"axes": list(axes), "keepdims": bool(keepdims)}
         return Tensor(self, self.add_node(ops.REDUCE, op, [x.id], args, name=name))
 
     @_atomic
-    def _rowop(self, op: str, x: "Tensor", axis: int, name: str | None,
-               extra: Mapping[str, Any] | None = None) -> "Tensor":
+    def _rowop(
+        self,
+        op: str,
+        x: "Tensor",
+        axis: int,
+        name: str | None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> "Tensor":
         x = self._own(x)
         (ax,) = infer.normalize_axes(axis, len(x.shape), f"{op} of {x.name!r}") or (None,)
         if ax is None:
@@ -265,8 +292,9 @@ class GraphBuilder:
         """Log-softmax over one axis."""
         return self._rowop("log_softmax", x, axis, name)
 
-    def layer_norm(self, x: "Tensor", axis: int = -1, eps: float = ops.LAYER_NORM_EPS,
-                   name: str | None = None) -> "Tensor":
+    def layer_norm(
+        self, x: "Tensor", axis: int = -1, eps: float = ops.LAYER_NORM_EPS, name: str | None = None
+    ) -> "Tensor":
         """Layer normalization over one axis: ``(x - mean) / sqrt(var + eps)``.
 
         The variance is the biased one (divided by the axis length), as in PyTorch's LayerNorm;
@@ -279,8 +307,11 @@ class GraphBuilder:
         """Permute axes (reverse them by default)."""
         x = self._own(x)
         where = f"transpose of {x.name!r}"
-        perm = (list(range(len(x.shape)))[::-1] if perm is None
-                else node_check.int_list(perm, "perm", where))
+        perm = (
+            list(range(len(x.shape)))[::-1]
+            if perm is None
+            else node_check.int_list(perm, "perm", where)
+        )
         return Tensor(self, self.add_node(ops.TRANSPOSE, None, [x.id], {"perm": perm}, name=name))
 
     @_atomic
@@ -293,8 +324,10 @@ class GraphBuilder:
             shape = (shape,)
         bad = [d for d in shape if not (isinstance(d, str) or node_check.is_int(d))]
         if bad:
-            raise ShapeError(f"reshape of {x.name!r}: invalid reshape dimension {bad[0]!r} in "
-                             f"{tuple(shape)}; expected integers or symbol names")
+            raise ShapeError(
+                f"reshape of {x.name!r}: invalid reshape dimension {bad[0]!r} in "
+                f"{tuple(shape)}; expected integers or symbol names"
+            )
         target = [d if isinstance(d, str) else int(d) for d in shape]
         return Tensor(self, self.add_node(ops.RESHAPE, None, [x.id], {"shape": target}, name=name))
 
@@ -306,9 +339,16 @@ class GraphBuilder:
         dt = dtypes.normalize(dtype, f"cast of {x.name!r}: ")
         return Tensor(self, self.add_node(ops.CAST, None, [x.id], {"dtype": dt}, name=name))
 
-    def attention(self, q: "Tensor", k: "Tensor", v: "Tensor", scale: float | None = None,
-                  causal: bool = False, mask: "Tensor | None" = None,
-                  name: str | None = None) -> "Tensor":
+    def attention(
+        self,
+        q: "Tensor",
+        k: "Tensor",
+        v: "Tensor",
+        scale: float | None = None,
+        causal: bool = False,
+        mask: "Tensor | None" = None,
+        name: str | None = None,
+    ) -> "Tensor":
         """``softmax(scale * q @ k^T + mask) @ v`` over the last two axes, as one node.
 
         q: ``(*batch, Sq, D)``, k: ``(*batch, Sk, D)``, v: ``(*batch, Sk, Dv)`` -> ``(*batch, Sq,
@@ -323,13 +363,17 @@ class GraphBuilder:
             ts.append(self._own(mask, ts[0]))
         if scale is None:
             if len(ts[0].shape) < 1:
-                raise ShapeError(f"attention: q {ts[0].name!r} is a scalar; expected "
-                                 "(*batch, S, D)")
+                raise ShapeError(
+                    f"attention: q {ts[0].name!r} is a scalar; expected (*batch, S, D)"
+                )
             scale = default_scale(ts[0].shape[-1])
-        args = {"scale": float(scale) if isinstance(scale, (int, float, np.number))
-                and not isinstance(scale, bool) else scale, "causal": causal}
-        return Tensor(self, self.add_node(ops.ATTENTION, None, [t.id for t in ts], args,
-                                          name=name))
+        args = {
+            "scale": float(scale)
+            if isinstance(scale, (int, float, np.number)) and not isinstance(scale, bool)
+            else scale,
+            "causal": causal,
+        }
+        return Tensor(self, self.add_node(ops.ATTENTION, None, [t.id for t in ts], args, name=name))
 
     # reduction and unary shorthands, generated from the op table
     def sum(self, x, axis=None, keepdims=False, name=None):  # noqa: D102
@@ -358,6 +402,7 @@ def _dtype_of(t: "Tensor | None") -> str | None:
 def install_op_methods(cls: type) -> None:
     """One builder method per unary and binary op of the table (``g.exp(x)``, ``g.add(a, b)``)."""
     for op in ops.UNARY_OPS:
+
         def method(self, x, name=None, _op=op):
             return self.unary(_op, x, name)
 
@@ -366,6 +411,7 @@ def install_op_methods(cls: type) -> None:
         setattr(cls, op, method)
     for op in ops.BINARY_OPS:
         if op in ("maximum", "minimum") or not hasattr(cls, op):
+
             def bmethod(self, a, b, name=None, _op=op):
                 return self.binary(_op, a, b, name)
 

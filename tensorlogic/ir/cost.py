@@ -14,6 +14,7 @@ from typing import Any
 from . import ops
 from .fused import FusedBody
 
+
 def reduction_flops(op: str, n_in: int) -> int:
     """FLOPs of reducing ``n_in`` elements with ``op``."""
     return n_in * ops.REDUCTION_TABLE[op].flops

@@ -31,13 +31,17 @@ def _elementwise(op: str, args: Sequence[np.ndarray], dtype: np.dtype) -> np.nda
     return ops.ELEMENTWISE[op].numpy(*args, out=out)
 
 
-def _reduce(op: str, x: np.ndarray, axes: tuple[int, ...], keepdims: bool,
-            dtype: np.dtype) -> np.ndarray:
+def _reduce(
+    op: str, x: np.ndarray, axes: tuple[int, ...], keepdims: bool, dtype: np.dtype
+) -> np.ndarray:
     if ops.REDUCTION_TABLE[op].combine is None:  # logsumexp: its row program
         r = row_program(op, x.astype(dtype, copy=False), axes)
         return r if keepdims else np.squeeze(r, axis=axes)
-    shape = tuple(1 if k in axes else d for k, d in enumerate(x.shape)) if keepdims else tuple(
-        d for k, d in enumerate(x.shape) if k not in axes)
+    shape = (
+        tuple(1 if k in axes else d for k, d in enumerate(x.shape))
+        if keepdims
+        else tuple(d for k, d in enumerate(x.shape) if k not in axes)
+    )
     out = np.empty(shape, dtype)
     return getattr(np, ops.REDUCTION_TABLE[op].numpy)(x, axis=axes, keepdims=keepdims, out=out)
 
@@ -84,8 +88,7 @@ def _rowop(op: str, x: np.ndarray, axis: int, eps: float) -> np.ndarray:
     return row_program(op, x, (axis % max(x.ndim, 1),), eps)
 
 
-def _attention(xs: Sequence[np.ndarray], scale: float, causal: bool,
-               dtype: np.dtype) -> np.ndarray:
+def _attention(xs: Sequence[np.ndarray], scale: float, causal: bool, dtype: np.dtype) -> np.ndarray:
     """softmax(scale q k^T + mask) v, computed in float32 at least (16-bit floats widen)."""
     work = np.promote_types(dtype, np.float32)
     q, k, v = (x.astype(work, copy=False) for x in xs[:3])
@@ -98,8 +101,12 @@ def _attention(xs: Sequence[np.ndarray], scale: float, causal: bool,
     return np.matmul(_rowop("softmax", s, -1, 0.0), v)
 
 
-def _program(instrs: tuple[FusedOp, ...], xs: Sequence[np.ndarray], dtype: np.dtype,
-             tail: np.ndarray | None = None) -> np.ndarray | None:
+def _program(
+    instrs: tuple[FusedOp, ...],
+    xs: Sequence[np.ndarray],
+    dtype: np.dtype,
+    tail: np.ndarray | None = None,
+) -> np.ndarray | None:
     vals: list[np.ndarray] = []
     for ins in instrs:
         args = []
@@ -133,8 +140,9 @@ def _fused(node: Any, xs: Sequence[np.ndarray]) -> np.ndarray:
     return v
 
 
-def evaluate_node(node: Any, xs: Sequence[np.ndarray],
-                  binding: Mapping[str, int] | None = None) -> np.ndarray:
+def evaluate_node(
+    node: Any, xs: Sequence[np.ndarray], binding: Mapping[str, int] | None = None
+) -> np.ndarray:
     """The value of ``node`` (not an input or constant) from its operands ``xs``.
 
     Returns a new array of the node's shape and dtype (a transpose or reshape may return a view
@@ -144,8 +152,9 @@ def evaluate_node(node: Any, xs: Sequence[np.ndarray],
     dtype = np.dtype(node.dtype)
     with np.errstate(all="ignore"):
         if kind == ops.EINSUM:
-            r = einspec.np_einsum(a["spec"], *(x.astype(dtype, copy=False) for x in xs),
-                                  optimize=True)
+            r = einspec.np_einsum(
+                a["spec"], *(x.astype(dtype, copy=False) for x in xs), optimize=True
+            )
         elif kind in ops.ELEMENTWISE_KINDS:
             r = _elementwise(op, xs, dtype)
         elif kind == ops.REDUCE:
@@ -157,8 +166,9 @@ def evaluate_node(node: Any, xs: Sequence[np.ndarray],
             r = np.transpose(xs[0], tuple(a["perm"]))
         elif kind == ops.RESHAPE:
             binding = binding or {}
-            r = np.reshape(xs[0], tuple(binding.get(d, d) if isinstance(d, str) else d
-                                        for d in a["shape"]))
+            r = np.reshape(
+                xs[0], tuple(binding.get(d, d) if isinstance(d, str) else d for d in a["shape"])
+            )
         elif kind == ops.CAST:
             r = _cast(xs[0], dtype)
         elif kind == ops.FUSED:

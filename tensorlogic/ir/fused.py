@@ -76,7 +76,9 @@ class FusedBody:
         ``epilogue`` only when there is one, so older bodies keep their exact form)."""
         args = {
             "instrs": [[i.op, [list(r) for r in i.args]] for i in self.instrs],
-            "space": list(self.space), "tail": self.tail, "axes": list(self.axes),
+            "space": list(self.space),
+            "tail": self.tail,
+            "axes": list(self.axes),
             "keepdims": self.keepdims,
         }
         if ops.takes_eps(self.tail):
@@ -88,12 +90,19 @@ class FusedBody:
     @staticmethod
     def from_args(a: Mapping) -> "FusedBody":
         """Inverse of ``to_args`` (accepts the frozen tuples a Node stores)."""
+
         def prog(items) -> tuple[FusedOp, ...]:
             return tuple(FusedOp(op, tuple((r[0], r[1]) for r in refs)) for op, refs in items)
 
-        return FusedBody(prog(a["instrs"]), tuple(a["space"]), a["tail"], tuple(a["axes"]),
-                         bool(a["keepdims"]), float(a.get("eps", ops.LAYER_NORM_EPS)),
-                         prog(a.get("epilogue", ())))
+        return FusedBody(
+            prog(a["instrs"]),
+            tuple(a["space"]),
+            a["tail"],
+            tuple(a["axes"]),
+            bool(a["keepdims"]),
+            float(a.get("eps", ops.LAYER_NORM_EPS)),
+            prog(a.get("epilogue", ())),
+        )
 
     def flops_per_element(self) -> int:
         """Elementwise FLOPs per point of the iteration space (prologue and epilogue)."""
@@ -102,11 +111,13 @@ class FusedBody:
     def validate(self, n_inputs: int, where: str = "fused node") -> None:
         """Check refs and op names; raise GraphError naming the bad instruction."""
         if not self.instrs and not (self.tail in ops.ROW_OPS and n_inputs >= 1):
-            raise GraphError(f"{where}: empty program (allowed only before a row-op tail that "
-                             "reads input 0)")
+            raise GraphError(
+                f"{where}: empty program (allowed only before a row-op tail that reads input 0)"
+            )
         if self.epilogue and self.tail not in ops.ROW_OPS:
-            raise GraphError(f"{where}: an epilogue needs a row-op tail {ops.ROW_OPS}, "
-                             f"got {self.tail!r}")
+            raise GraphError(
+                f"{where}: an epilogue needs a row-op tail {ops.ROW_OPS}, got {self.tail!r}"
+            )
         _check_program(self.instrs, n_inputs, False, where, "instruction")
         _check_program(self.epilogue, n_inputs, True, where, "epilogue instruction")
         if self.tail is not None and self.tail not in TAILS:
@@ -115,19 +126,24 @@ class FusedBody:
             raise GraphError(f"{where}: {self.tail} eps must be finite and >= 0, got {self.eps!r}")
 
 
-def _check_program(instrs: tuple[FusedOp, ...], n_inputs: int, epilogue: bool, where: str,
-                   what: str) -> None:
+def _check_program(
+    instrs: tuple[FusedOp, ...], n_inputs: int, epilogue: bool, where: str, what: str
+) -> None:
     """Op names, arities and refs of one program; ("tail", 0) only in an epilogue."""
     for j, ins in enumerate(instrs):
         arity = ops.ELEMENTWISE[ins.op].arity if ins.op in ops.ELEMENTWISE else None
         if arity is None:
             raise GraphError(f"{where}: {what} {j} has unknown op {ins.op!r}")
         if len(ins.args) != arity:
-            raise GraphError(f"{where}: {what} {j} ({ins.op}) takes {arity} args, "
-                             f"got {len(ins.args)}")
+            raise GraphError(
+                f"{where}: {what} {j} ({ins.op}) takes {arity} args, got {len(ins.args)}"
+            )
         for kind, v in ins.args:
-            ok = (kind == "in" and 0 <= v < n_inputs) or (kind == "tmp" and 0 <= v < j) or (
-                kind == "const" and isinstance(v, (int, float))) or (
-                epilogue and kind == "tail" and v == 0)
+            ok = (
+                (kind == "in" and 0 <= v < n_inputs)
+                or (kind == "tmp" and 0 <= v < j)
+                or (kind == "const" and isinstance(v, (int, float)))
+                or (epilogue and kind == "tail" and v == 0)
+            )
             if not ok:
                 raise GraphError(f"{where}: {what} {j} ({ins.op}) has a bad ref {(kind, v)!r}")

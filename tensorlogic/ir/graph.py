@@ -127,14 +127,20 @@ class EinsumGraph(GraphBuilder):
         for name in [names] if isinstance(names, str) else list(names):
             node = self.node(name) if isinstance(name, str) else None
             if node is None or node.kind != ops.CONSTANT:
-                raise GraphError(f"constants_as_parameters: {name!r} is not a constant of the "
-                                 f"graph" + (f" (it is a {node.kind} node)" if node else ""))
+                raise GraphError(
+                    f"constants_as_parameters: {name!r} is not a constant of the "
+                    f"graph" + (f" (it is a {node.kind} node)" if node else "")
+                )
             if not name.isidentifier():
-                raise GraphError(f"constants_as_parameters: {name!r} is not an identifier; "
-                                 "parameters are named like inputs")
+                raise GraphError(
+                    f"constants_as_parameters: {name!r} is not an identifier; "
+                    "parameters are named like inputs"
+                )
             if not (dtypes.is_float(node.dtype) or dtypes.kind(node.dtype) == "c"):
-                raise DTypeError(f"constants_as_parameters: {name!r} has dtype {node.dtype}; "
-                                 "expected a floating-point or complex constant")
+                raise DTypeError(
+                    f"constants_as_parameters: {name!r} has dtype {node.dtype}; "
+                    "expected a floating-point or complex constant"
+                )
             g._nodes[node.id] = replace(node, kind=ops.PARAMETER)
             g.parameters[name] = node.id
             g.parameter_values[node.id] = g.constants.pop(node.id)
@@ -207,9 +213,12 @@ class EinsumGraph(GraphBuilder):
         else:
             inferred = infer.infer(kind, op, [self._nodes[i] for i in inputs], args, where)
             if (shape is not None and tuple(shape) != tuple(inferred[0])) or (
-                    dtype is not None and dtype != inferred[1]):
-                raise GraphError(f"{where}: given shape/dtype {shape}/{dtype} but the inputs give "
-                                 f"{inferred[0]}/{inferred[1]}")
+                dtype is not None and dtype != inferred[1]
+            ):
+                raise GraphError(
+                    f"{where}: given shape/dtype {shape}/{dtype} but the inputs give "
+                    f"{inferred[0]}/{inferred[1]}"
+                )
             shape, dtype = inferred
         return self._insert(kind, op, inputs, args, nm, shape, dtype)
 
@@ -220,7 +229,8 @@ class EinsumGraph(GraphBuilder):
             body = FusedBody.from_args(args["body"])
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
             raise GraphError(
-                f"{where}: malformed fused body ({type(exc).__name__}: {exc})") from exc
+                f"{where}: malformed fused body ({type(exc).__name__}: {exc})"
+            ) from exc
         body.validate(len(inputs), where)
         if shape is None or dtype is None:
             raise GraphError(f"{where}: a fused node needs its shape and dtype given")
@@ -322,8 +332,9 @@ class EinsumGraph(GraphBuilder):
             if node.kind in (ops.INPUT, ops.CONSTANT, ops.PARAMETER, ops.FUSED):
                 continue
             where = f"node {node.name!r} ({node.label})"
-            shape, dtype = infer.infer(node.kind, node.op, [self._nodes[i] for i in node.inputs],
-                                       node.args, where)
+            shape, dtype = infer.infer(
+                node.kind, node.op, [self._nodes[i] for i in node.inputs], node.args, where
+            )
             if tuple(shape) != tuple(node.shape) or dtype != node.dtype:
                 raise GraphError(
                     f"{where}: recorded shape/dtype {node.shape}/{node.dtype} but inputs give "
@@ -342,16 +353,25 @@ class EinsumGraph(GraphBuilder):
                 shape = tuple(sizes[d] if isinstance(d, str) else d for d in node.shape)
                 new = replace(node, shape=shape)
             elif node.kind in (ops.CONSTANT, ops.PARAMETER, ops.FUSED):
-                new = replace(node, shape=tuple(sizes.get(d, d) if isinstance(d, str) else d
-                                                  for d in node.shape))
+                new = replace(
+                    node,
+                    shape=tuple(sizes.get(d, d) if isinstance(d, str) else d for d in node.shape),
+                )
             else:
                 args = node.args
                 if node.kind == ops.RESHAPE:
-                    args = freeze({**args, "shape": [sizes.get(d, d) if isinstance(d, str) else d
-                                                      for d in args["shape"]]})
+                    args = freeze(
+                        {
+                            **args,
+                            "shape": [
+                                sizes.get(d, d) if isinstance(d, str) else d for d in args["shape"]
+                            ],
+                        }
+                    )
                 where = f"node {node.name!r} ({node.label})"
-                shape, dtype = infer.infer(node.kind, node.op, [g._nodes[i] for i in node.inputs],
-                                           args, where)
+                shape, dtype = infer.infer(
+                    node.kind, node.op, [g._nodes[i] for i in node.inputs], args, where
+                )
                 new = replace(node, shape=shape, dtype=dtype, args=args)
             g._nodes[node.id] = new
             g._names[node.name] = node.id
@@ -370,8 +390,16 @@ class EinsumGraph(GraphBuilder):
         values of parameters: a plan takes those as data, so it serves any values)."""
         h = hashlib.sha256()
         for node in self._nodes.values():
-            rec = [node.id, node.kind, node.op, list(node.inputs), list(node.shape), node.dtype,
-                   node.name, _jsonable(node.args)]
+            rec = [
+                node.id,
+                node.kind,
+                node.op,
+                list(node.inputs),
+                list(node.shape),
+                node.dtype,
+                node.name,
+                _jsonable(node.args),
+            ]
             h.update(json.dumps(rec, sort_keys=True, default=str).encode())
             if node.id in self.constants:
                 h.update(self.constants[node.id].tobytes())
@@ -421,8 +449,10 @@ class EinsumGraph(GraphBuilder):
 
     def __repr__(self) -> str:
         params = f", parameters={list(self.parameters)}" if self.parameters else ""
-        return (f"EinsumGraph({len(self._nodes)} nodes, inputs={list(self.inputs)}{params}, "
-                f"outputs={list(self.outputs)})")
+        return (
+            f"EinsumGraph({len(self._nodes)} nodes, inputs={list(self.inputs)}{params}, "
+            f"outputs={list(self.outputs)})"
+        )
 
 
 def _jsonable(value: Any) -> Any:

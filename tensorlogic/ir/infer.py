@@ -114,13 +114,20 @@ def _refuse_empty(op: str, shape: Shape, axes: Sequence[int], where: str) -> Non
     """Symbolic sizes are checked again when the plan binds them (at call time)."""
     empty = [a for a in axes if shape[a] == 0]
     if empty:
-        raise ShapeError(f"{where}: {op} over axis {empty[0]} of shape {tuple(shape)}, which is "
-                         f"empty; {op} has no value over zero elements (expected a size >= 1)")
+        raise ShapeError(
+            f"{where}: {op} over axis {empty[0]} of shape {tuple(shape)}, which is "
+            f"empty; {op} has no value over zero elements (expected a size >= 1)"
+        )
 
 
 _KNOWN_OPS = {**ops.OPS_OF_KIND, ops.REDUCE: ops.REDUCTIONS, ops.ROWOP: ops.ROW_OPS}
-_OP_WORD = {ops.UNARY: "unary op", ops.BINARY: "binary op", ops.WHERE: "three-operand op",
-            ops.REDUCE: "reduction", ops.ROWOP: "row op"}
+_OP_WORD = {
+    ops.UNARY: "unary op",
+    ops.BINARY: "binary op",
+    ops.WHERE: "three-operand op",
+    ops.REDUCE: "reduction",
+    ops.ROWOP: "row op",
+}
 
 
 def infer(
@@ -188,8 +195,9 @@ def infer(
 
 def check_eps(eps: Any, where: str) -> float:
     """A layer_norm epsilon: a finite, non-negative real number (returned as a float)."""
-    if isinstance(eps, (bool, np.bool_)) or not isinstance(eps, (int, float, np.integer,
-                                                                  np.floating)):
+    if isinstance(eps, (bool, np.bool_)) or not isinstance(
+        eps, (int, float, np.integer, np.floating)
+    ):
         raise GraphError(f"{where}: eps must be a real number, got {type(eps).__name__}")
     value = float(eps)
     if not math.isfinite(value) or value < 0:

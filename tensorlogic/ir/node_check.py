@@ -18,8 +18,14 @@ from . import attention, ops
 # number of inputs of each kind; None: one or more
 # (elementwise kinds: the arity of their ops in the op table)
 ARITY: dict[str, int | None] = {
-    ops.EINSUM: None, **{k: a for a, k in ops.KIND_OF_ARITY.items()}, ops.REDUCE: 1,
-    ops.ROWOP: 1, ops.TRANSPOSE: 1, ops.RESHAPE: 1, ops.CAST: 1, ops.FUSED: None,
+    ops.EINSUM: None,
+    **{k: a for a, k in ops.KIND_OF_ARITY.items()},
+    ops.REDUCE: 1,
+    ops.ROWOP: 1,
+    ops.TRANSPOSE: 1,
+    ops.RESHAPE: 1,
+    ops.CAST: 1,
+    ops.FUSED: None,
     ops.ATTENTION: None,
 }
 # kinds whose nodes name an op of the op table
@@ -50,15 +56,18 @@ def int_list(values: Any, what: str, where: str) -> list[int]:
     return [int(v) for v in values]
 
 
-def check(kind: str, op: str | None, inputs: Sequence[int], args: Mapping[str, Any],
-          where: str) -> None:
+def check(
+    kind: str, op: str | None, inputs: Sequence[int], args: Mapping[str, Any], where: str
+) -> None:
     """Raise GraphError unless (kind, op, inputs, args) is a well-formed record."""
     if kind not in ARITY:
         raise GraphError(f"{where}: unknown node kind {kind!r}; expected one of {sorted(ARITY)}")
     if kind == ops.ATTENTION:  # q, k, v and an optional additive mask
         if len(inputs) not in (3, 4):
-            raise GraphError(f"{where}: an attention node takes q, k, v and an optional mask "
-                             f"(3 or 4 inputs), got {len(inputs)}")
+            raise GraphError(
+                f"{where}: an attention node takes q, k, v and an optional mask "
+                f"(3 or 4 inputs), got {len(inputs)}"
+            )
         if op is not None:
             raise GraphError(f"{where}: an attention node takes no op, got {op!r}")
         attention.check_args(args, where)
@@ -76,8 +85,10 @@ def check(kind: str, op: str | None, inputs: Sequence[int], args: Mapping[str, A
     required, optional = ARGS.get(kind, (frozenset(), frozenset()))
     unknown = set(args) - required - optional
     if unknown:
-        raise GraphError(f"{where}: unknown argument(s) {sorted(map(str, unknown))} for a {kind} "
-                         f"node; expected {sorted(required | optional)}")
+        raise GraphError(
+            f"{where}: unknown argument(s) {sorted(map(str, unknown))} for a {kind} "
+            f"node; expected {sorted(required | optional)}"
+        )
     missing = required - set(args)
     if missing:
         raise GraphError(f"{where}: missing argument(s) {sorted(missing)} for a {kind} node")
@@ -97,8 +108,11 @@ def _check_types(kind: str, args: Mapping[str, Any], where: str) -> None:
     if kind == ops.RESHAPE:
         shape = args["shape"]
         if not isinstance(shape, (list, tuple)) or not all(
-                is_int(d) or (isinstance(d, str) and d.isidentifier()) for d in shape):
-            raise GraphError(f"{where}: reshape target must be a sequence of integers or symbol "
-                             f"names, got {shape!r}")
+            is_int(d) or (isinstance(d, str) and d.isidentifier()) for d in shape
+        ):
+            raise GraphError(
+                f"{where}: reshape target must be a sequence of integers or symbol "
+                f"names, got {shape!r}"
+            )
     if kind == ops.CAST and not isinstance(args["dtype"], str):
         raise GraphError(f"{where}: cast dtype must be a dtype name, got {args['dtype']!r}")

@@ -39,8 +39,20 @@ FUSED = "fused"  # made by the optimizer's fusion pass
 ATTENTION = "attention"  # softmax(scale * q k^T + mask) v in one node (see ir/attention.py)
 
 NODE_KINDS = (
-    INPUT, CONSTANT, PARAMETER, EINSUM, UNARY, BINARY, WHERE, REDUCE, ROWOP, TRANSPOSE, RESHAPE,
-    CAST, FUSED, ATTENTION,
+    INPUT,
+    CONSTANT,
+    PARAMETER,
+    EINSUM,
+    UNARY,
+    BINARY,
+    WHERE,
+    REDUCE,
+    ROWOP,
+    TRANSPOSE,
+    RESHAPE,
+    CAST,
+    FUSED,
+    ATTENTION,
 )
 
 
@@ -108,8 +120,10 @@ def _pow(a, b, out):
     try:
         return np.power(a, b, out=out)
     except ValueError as exc:  # numpy refuses integers to negative integer powers
-        raise DTypeError(f"pow: {exc} (integer base {a.dtype}, exponent {b.dtype}); cast the "
-                         "base to a float dtype") from None
+        raise DTypeError(
+            f"pow: {exc} (integer base {a.dtype}, exponent {b.dtype}); cast the "
+            "base to a float dtype"
+        ) from None
 
 
 def _step(x, out):
@@ -169,17 +183,26 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
         ElementwiseOp("reciprocal", 1, _unary(np.reciprocal), "(1.0/{x})", "(({T})1/{x})", 1),
         ElementwiseOp("relu", 1, _relu, "max({x}, 0.0)", "fmax({x}, ({T})0)", 1),
         ElementwiseOp(
-            "sigmoid", 1, _sigmoid, "(0.5*math.tanh(0.5*{x})+0.5)",
-            "(({T})0.5*tanh(({T})0.5*{x})+({T})0.5)", 10,
+            "sigmoid",
+            1,
+            _sigmoid,
+            "(0.5*math.tanh(0.5*{x})+0.5)",
+            "(({T})0.5*tanh(({T})0.5*{x})+({T})0.5)",
+            10,
         ),
         ElementwiseOp("tanh", 1, _unary(np.tanh), "math.tanh({x})", "tanh({x})", 10),
         ElementwiseOp(
-            "softplus", 1, _softplus, "(max({x}, 0.0)+math.log1p(math.exp(-abs({x}))))",
-            "(fmax({x}, ({T})0)+log1p(exp(-fabs({x}))))", 20,
+            "softplus",
+            1,
+            _softplus,
+            "(max({x}, 0.0)+math.log1p(math.exp(-abs({x}))))",
+            "(fmax({x}, ({T})0)+log1p(exp(-fabs({x}))))",
+            20,
         ),
         ElementwiseOp("gelu", 1, _gelu, _GELU_NB, _GELU_C, 18, alias_safe=False),
-        ElementwiseOp("step", 1, _step, "(1.0 if {x} > 0 else 0.0)",
-                      "({x} > ({T})0 ? ({T})1 : ({T})0)", 1),
+        ElementwiseOp(
+            "step", 1, _step, "(1.0 if {x} > 0 else 0.0)", "({x} > ({T})0 ? ({T})1 : ({T})0)", 1
+        ),
         ElementwiseOp("one_minus", 1, _one_minus, "(1.0-{x})", "(({T})1-{x})", 1),
         # binary
         ElementwiseOp("add", 2, _binary(np.add), "({a}+{b})", "({a}+{b})", 1, True),
@@ -187,25 +210,72 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
         ElementwiseOp("mul", 2, _binary(np.multiply), "({a}*{b})", "({a}*{b})", 1, True),
         ElementwiseOp("div", 2, _binary(np.divide), "({a}/{b})", "({a}/{b})", 1),
         ElementwiseOp("pow", 2, _pow, "({a}**{b})", "pow({a}, {b})", 20),
-        ElementwiseOp("maximum", 2, _binary(np.maximum), "max({a}, {b})",
-                      "fmax({a}, {b})", 1, True),
-        ElementwiseOp("minimum", 2, _binary(np.minimum), "min({a}, {b})",
-                      "fmin({a}, {b})", 1, True),
-        ElementwiseOp("gt", 2, _cmp(np.greater), "(1.0 if {a} > {b} else 0.0)",
-                      "({a} > {b} ? ({T})1 : ({T})0)", 1),
-        ElementwiseOp("ge", 2, _cmp(np.greater_equal), "(1.0 if {a} >= {b} else 0.0)",
-                      "({a} >= {b} ? ({T})1 : ({T})0)", 1),
-        ElementwiseOp("lt", 2, _cmp(np.less), "(1.0 if {a} < {b} else 0.0)",
-                      "({a} < {b} ? ({T})1 : ({T})0)", 1),
-        ElementwiseOp("le", 2, _cmp(np.less_equal), "(1.0 if {a} <= {b} else 0.0)",
-                      "({a} <= {b} ? ({T})1 : ({T})0)", 1),
-        ElementwiseOp("eq", 2, _cmp(np.equal), "(1.0 if {a} == {b} else 0.0)",
-                      "({a} == {b} ? ({T})1 : ({T})0)", 1, True),
-        ElementwiseOp("ne", 2, _cmp(np.not_equal), "(1.0 if {a} != {b} else 0.0)",
-                      "({a} != {b} ? ({T})1 : ({T})0)", 1, True),
+        ElementwiseOp(
+            "maximum", 2, _binary(np.maximum), "max({a}, {b})", "fmax({a}, {b})", 1, True
+        ),
+        ElementwiseOp(
+            "minimum", 2, _binary(np.minimum), "min({a}, {b})", "fmin({a}, {b})", 1, True
+        ),
+        ElementwiseOp(
+            "gt",
+            2,
+            _cmp(np.greater),
+            "(1.0 if {a} > {b} else 0.0)",
+            "({a} > {b} ? ({T})1 : ({T})0)",
+            1,
+        ),
+        ElementwiseOp(
+            "ge",
+            2,
+            _cmp(np.greater_equal),
+            "(1.0 if {a} >= {b} else 0.0)",
+            "({a} >= {b} ? ({T})1 : ({T})0)",
+            1,
+        ),
+        ElementwiseOp(
+            "lt",
+            2,
+            _cmp(np.less),
+            "(1.0 if {a} < {b} else 0.0)",
+            "({a} < {b} ? ({T})1 : ({T})0)",
+            1,
+        ),
+        ElementwiseOp(
+            "le",
+            2,
+            _cmp(np.less_equal),
+            "(1.0 if {a} <= {b} else 0.0)",
+            "({a} <= {b} ? ({T})1 : ({T})0)",
+            1,
+        ),
+        ElementwiseOp(
+            "eq",
+            2,
+            _cmp(np.equal),
+            "(1.0 if {a} == {b} else 0.0)",
+            "({a} == {b} ? ({T})1 : ({T})0)",
+            1,
+            True,
+        ),
+        ElementwiseOp(
+            "ne",
+            2,
+            _cmp(np.not_equal),
+            "(1.0 if {a} != {b} else 0.0)",
+            "({a} != {b} ? ({T})1 : ({T})0)",
+            1,
+            True,
+        ),
         # three operands: a where cond is nonzero, else b
-        ElementwiseOp("where", 3, _where, "({a} if {cond} != 0.0 else {b})",
-                      "({cond} != ({T})0 ? {a} : {b})", 1, own_dtype=(0,)),
+        ElementwiseOp(
+            "where",
+            3,
+            _where,
+            "({a} if {cond} != 0.0 else {b})",
+            "({cond} != ({T})0 ? {a} : {b})",
+            1,
+            own_dtype=(0,),
+        ),
     ]
 }
 
@@ -216,18 +286,33 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
 # "-ordered" mode refuses complex; "select": the promoted dtype of every operand but the first
 # (where's condition, of any dtype). A dtype numpy has no loop for raises DTypeError.
 DTYPE: dict[str, tuple[str, str]] = {
-    "neg": ("negative", "loop"), "abs": ("absolute", "loop"), "exp": ("exp", "loop"),
-    "log": ("log", "loop"), "sqrt": ("sqrt", "loop"), "square": ("square", "loop"),
-    "reciprocal": ("reciprocal", "loop"), "relu": ("maximum", "same-ordered"),
-    "sigmoid": ("tanh", "loop"), "tanh": ("tanh", "loop"), "softplus": ("logaddexp", "loop"),
-    "gelu": ("tanh", "loop"), "step": ("greater", "same-ordered"),
+    "neg": ("negative", "loop"),
+    "abs": ("absolute", "loop"),
+    "exp": ("exp", "loop"),
+    "log": ("log", "loop"),
+    "sqrt": ("sqrt", "loop"),
+    "square": ("square", "loop"),
+    "reciprocal": ("reciprocal", "loop"),
+    "relu": ("maximum", "same-ordered"),
+    "sigmoid": ("tanh", "loop"),
+    "tanh": ("tanh", "loop"),
+    "softplus": ("logaddexp", "loop"),
+    "gelu": ("tanh", "loop"),
+    "step": ("greater", "same-ordered"),
     "one_minus": ("subtract", "loop"),
-    "add": ("add", "loop"), "sub": ("subtract", "loop"), "mul": ("multiply", "loop"),
-    "div": ("divide", "loop"), "pow": ("power", "loop"),
-    "maximum": ("maximum", "loop-ordered"), "minimum": ("minimum", "loop-ordered"),
-    "gt": ("greater", "same-ordered"), "ge": ("greater_equal", "same-ordered"),
-    "lt": ("less", "same-ordered"), "le": ("less_equal", "same-ordered"),
-    "eq": ("equal", "same"), "ne": ("not_equal", "same"),
+    "add": ("add", "loop"),
+    "sub": ("subtract", "loop"),
+    "mul": ("multiply", "loop"),
+    "div": ("divide", "loop"),
+    "pow": ("power", "loop"),
+    "maximum": ("maximum", "loop-ordered"),
+    "minimum": ("minimum", "loop-ordered"),
+    "gt": ("greater", "same-ordered"),
+    "ge": ("greater_equal", "same-ordered"),
+    "lt": ("less", "same-ordered"),
+    "le": ("less_equal", "same-ordered"),
+    "eq": ("equal", "same"),
+    "ne": ("not_equal", "same"),
     "where": ("", "select"),
 }
 
@@ -241,7 +326,6 @@ OPS_OF_KIND: dict[str, tuple[str, ...]] = {UNARY: UNARY_OPS, BINARY: BINARY_OPS,
 # the op a node of a kind with a single op takes when none is named (graphs saved before
 # ``where`` was a row of the table name none)
 DEFAULT_OP: dict[str, str] = {k: v[0] for k, v in OPS_OF_KIND.items() if len(v) == 1}
-
 
 
 @dataclass(frozen=True)
@@ -263,14 +347,17 @@ class Reduction:
     mean: bool = False
 
 
-REDUCTION_TABLE: dict[str, Reduction] = {r.name: r for r in [
-    Reduction("sum", "add", 0.0, "sum"),
-    Reduction("mean", "add", 0.0, "mean", mean=True),
-    Reduction("max", "max", float("-inf"), "max"),
-    Reduction("min", "min", float("inf"), "min"),
-    Reduction("prod", "mul", 1.0, "prod"),
-    Reduction("logsumexp", None, float("-inf"), None, flops=10),
-]}
+REDUCTION_TABLE: dict[str, Reduction] = {
+    r.name: r
+    for r in [
+        Reduction("sum", "add", 0.0, "sum"),
+        Reduction("mean", "add", 0.0, "mean", mean=True),
+        Reduction("max", "max", float("-inf"), "max"),
+        Reduction("min", "min", float("inf"), "min"),
+        Reduction("prod", "mul", 1.0, "prod"),
+        Reduction("logsumexp", None, float("-inf"), None, flops=10),
+    ]
+}
 REDUCTIONS = tuple(REDUCTION_TABLE)
 # reductions that one combine computes (every code generator renders these from the table)
 COMBINED_REDUCTIONS = tuple(n for n, r in REDUCTION_TABLE.items() if r.combine is not None)
@@ -310,8 +397,12 @@ _NEG_INF = float("-inf")
 def _shifted_exp(shift) -> tuple[RowStep, ...]:
     """The row max ``m``, the shift ``ms`` (``shift``: the max, or 0 where it would make a NaN),
     the map ``e = exp(x - ms)`` and its row sum ``s``."""
-    return (RowStep("reduce", "m", "x", "max"), RowStep("let", "ms", shift),
-            RowStep("map", "e", ("exp", ("sub", "x", "ms"))), RowStep("reduce", "s", "e", "sum"))
+    return (
+        RowStep("reduce", "m", "x", "max"),
+        RowStep("let", "ms", shift),
+        RowStep("map", "e", ("exp", ("sub", "x", "ms"))),
+        RowStep("reduce", "s", "e", "sum"),
+    )
 
 
 # softmax and log_softmax: a row of -inf shifts by 0 (exp gives 0, not NaN; its result is NaN as
@@ -321,14 +412,19 @@ _SOFTMAX_SHIFT = _shifted_exp(("where", ("eq", "m", _NEG_INF), 0.0, "m"))
 _LSE_SHIFT = _shifted_exp(("where", ("eq", ("sub", "m", "m"), 0.0), "m", 0.0))
 
 ROW_PROGRAMS: dict[str, tuple[RowStep, ...]] = {
-    **{r.name: (RowStep("reduce", "r", "x", r.name),
-                RowStep("result", "", ("mul", "r", "inv_n") if r.mean else "r"))
-       for r in REDUCTION_TABLE.values() if r.combine is not None},
+    **{
+        r.name: (
+            RowStep("reduce", "r", "x", r.name),
+            RowStep("result", "", ("mul", "r", "inv_n") if r.mean else "r"),
+        )
+        for r in REDUCTION_TABLE.values()
+        if r.combine is not None
+    },
     "logsumexp": _LSE_SHIFT + (RowStep("result", "", ("add", ("log", "s"), "ms")),),
-    "softmax": _SOFTMAX_SHIFT + (RowStep("let", "inv", ("reciprocal", "s")),
-                                 RowStep("write", "", ("mul", "e", "inv"))),
-    "log_softmax": _SOFTMAX_SHIFT + (RowStep("let", "sh", ("add", ("log", "s"), "ms")),
-                                     RowStep("write", "", ("sub", "x", "sh"))),
+    "softmax": _SOFTMAX_SHIFT
+    + (RowStep("let", "inv", ("reciprocal", "s")), RowStep("write", "", ("mul", "e", "inv"))),
+    "log_softmax": _SOFTMAX_SHIFT
+    + (RowStep("let", "sh", ("add", ("log", "s"), "ms")), RowStep("write", "", ("sub", "x", "sh"))),
     # biased variance, as PyTorch's LayerNorm
     "layer_norm": (
         RowStep("reduce", "s", "x", "sum"),
@@ -353,6 +449,7 @@ def takes_eps(name: str) -> bool:
     """Whether a row op or reduction reads an epsilon (a node argument ``eps``)."""
     return any("eps" in _names(st.expr) for st in ROW_PROGRAMS.get(name, ()))
 
+
 # The PTX column of the op table: one instruction sequence per op, shared by float32 and float64.
 # Placeholders: {d} the result, {x} (unary) or {a}/{b} (binary) the operands, {T} the PTX float
 # type (f32/f64), {t0}.. fresh value registers, {p0}.. fresh predicates, {c:V} the immediate V in
@@ -369,16 +466,31 @@ PTX: dict[str, tuple[str, ...]] = {
     "reciprocal": ("rcp.rn.{T} {d}, {x};",),
     # x <= 0 -> 0, else x: a NaN input stays NaN, as with np.maximum
     "relu": ("setp.le.{T} {p0}, {x}, {c:0};", "selp.{T} {d}, {c:0}, {x}, {p0};"),
-    "sigmoid": ("mul.{T} {t0}, {x}, {c:0.5};", "@tanh {t1}, {t0};",
-                "fma.rn.{T} {d}, {t1}, {c:0.5}, {c:0.5};"),
+    "sigmoid": (
+        "mul.{T} {t0}, {x}, {c:0.5};",
+        "@tanh {t1}, {t0};",
+        "fma.rn.{T} {d}, {t1}, {c:0.5}, {c:0.5};",
+    ),
     "tanh": ("@tanh {d}, {x};",),
-    "softplus": ("abs.{T} {t0}, {x};", "neg.{T} {t0}, {t0};", "@exp {t1}, {t0};",
-                 "add.{T} {t1}, {t1}, {c:1};", "@log {t2}, {t1};", "max.{T} {t3}, {x}, {c:0};",
-                 "add.{T} {d}, {t3}, {t2};"),
-    "gelu": ("mul.{T} {t0}, {x}, {x};", "fma.rn.{T} {t0}, {t0}, {c:0.044715}, {c:1};",
-             "mul.{T} {t0}, {t0}, {x};", "mul.{T} {t0}, {t0}, {c:0.7978845608028654};",
-             "@tanh {t1}, {t0};", "add.{T} {t1}, {t1}, {c:1};", "mul.{T} {t1}, {t1}, {x};",
-             "mul.{T} {d}, {t1}, {c:0.5};"),
+    "softplus": (
+        "abs.{T} {t0}, {x};",
+        "neg.{T} {t0}, {t0};",
+        "@exp {t1}, {t0};",
+        "add.{T} {t1}, {t1}, {c:1};",
+        "@log {t2}, {t1};",
+        "max.{T} {t3}, {x}, {c:0};",
+        "add.{T} {d}, {t3}, {t2};",
+    ),
+    "gelu": (
+        "mul.{T} {t0}, {x}, {x};",
+        "fma.rn.{T} {t0}, {t0}, {c:0.044715}, {c:1};",
+        "mul.{T} {t0}, {t0}, {x};",
+        "mul.{T} {t0}, {t0}, {c:0.7978845608028654};",
+        "@tanh {t1}, {t0};",
+        "add.{T} {t1}, {t1}, {c:1};",
+        "mul.{T} {t1}, {t1}, {x};",
+        "mul.{T} {d}, {t1}, {c:0.5};",
+    ),
     "step": ("setp.gt.{T} {p0}, {x}, {c:0};", "selp.{T} {d}, {c:1}, {c:0}, {p0};"),
     "one_minus": ("sub.{T} {d}, {c:1}, {x};",),
     "add": ("add.{T} {d}, {a}, {b};",),
@@ -387,10 +499,18 @@ PTX: dict[str, tuple[str, ...]] = {
     "div": ("div.rn.{T} {d}, {a}, {b};",),
     "pow": ("@pow {d}, {a}, {b};",),
     # PTX max/min drop a NaN operand; numpy propagates it, so a NaN in either operand wins
-    "maximum": ("max.{T} {t0}, {a}, {b};", "setp.nan.{T} {p0}, {a}, {b};",
-                "add.{T} {t1}, {a}, {b};", "selp.{T} {d}, {t1}, {t0}, {p0};"),
-    "minimum": ("min.{T} {t0}, {a}, {b};", "setp.nan.{T} {p0}, {a}, {b};",
-                "add.{T} {t1}, {a}, {b};", "selp.{T} {d}, {t1}, {t0}, {p0};"),
+    "maximum": (
+        "max.{T} {t0}, {a}, {b};",
+        "setp.nan.{T} {p0}, {a}, {b};",
+        "add.{T} {t1}, {a}, {b};",
+        "selp.{T} {d}, {t1}, {t0}, {p0};",
+    ),
+    "minimum": (
+        "min.{T} {t0}, {a}, {b};",
+        "setp.nan.{T} {p0}, {a}, {b};",
+        "add.{T} {t1}, {a}, {b};",
+        "selp.{T} {d}, {t1}, {t0}, {p0};",
+    ),
     "gt": ("setp.gt.{T} {p0}, {a}, {b};", "selp.{T} {d}, {c:1}, {c:0}, {p0};"),
     "ge": ("setp.ge.{T} {p0}, {a}, {b};", "selp.{T} {d}, {c:1}, {c:0}, {p0};"),
     "lt": ("setp.lt.{T} {p0}, {a}, {b};", "selp.{T} {d}, {c:1}, {c:0}, {p0};"),
@@ -410,20 +530,36 @@ PTX: dict[str, tuple[str, ...]] = {
 # relu and step take the derivative 0 at 0, maximum/minimum share a tie equally (as torch).
 _GELU_T = "tanh(0.7978845608028654 * x * (1 + 0.044715 * (x * x)))"  # as in the forward
 VJP: dict[str, tuple[str, ...]] = {
-    "neg": ("-1",), "abs": ("step(x) - step(-x)",), "exp": ("y",), "log": ("reciprocal(x)",),
-    "sqrt": ("0.5 / y",), "square": ("2 * x",), "reciprocal": ("-(y * y)",),
-    "relu": ("step(y)",), "sigmoid": ("y * one_minus(y)",), "tanh": ("one_minus(y * y)",),
+    "neg": ("-1",),
+    "abs": ("step(x) - step(-x)",),
+    "exp": ("y",),
+    "log": ("reciprocal(x)",),
+    "sqrt": ("0.5 / y",),
+    "square": ("2 * x",),
+    "reciprocal": ("-(y * y)",),
+    "relu": ("step(y)",),
+    "sigmoid": ("y * one_minus(y)",),
+    "tanh": ("one_minus(y * y)",),
     "softplus": ("sigmoid(x)",),
-    "gelu": (f"0.5 * (1 + {_GELU_T}) + 0.3989422804014327 * x * one_minus({_GELU_T} * "
-             f"{_GELU_T}) * (1 + 0.134145 * (x * x))",),
-    "step": ("0",), "one_minus": ("-1",),
-    "add": ("1", "1"), "sub": ("1", "-1"), "mul": ("b", "a"),
+    "gelu": (
+        f"0.5 * (1 + {_GELU_T}) + 0.3989422804014327 * x * one_minus({_GELU_T} * "
+        f"{_GELU_T}) * (1 + 0.134145 * (x * x))",
+    ),
+    "step": ("0",),
+    "one_minus": ("-1",),
+    "add": ("1", "1"),
+    "sub": ("1", "-1"),
+    "mul": ("b", "a"),
     "div": ("1 / b", "-(y / b)"),  # 1 / b, not reciprocal: b may be an integer tensor
     # torch: no gradient to the exponent where the base is 0 and the exponent >= 0
     "pow": ("b * pow(a, b - 1)", "where(eq(a, 0) * ge(b, 0), 0, y * log(a))"),
     "maximum": ("gt(a, b) + 0.5 * eq(a, b)", "lt(a, b) + 0.5 * eq(a, b)"),
     "minimum": ("lt(a, b) + 0.5 * eq(a, b)", "gt(a, b) + 0.5 * eq(a, b)"),
-    "gt": ("0", "0"), "ge": ("0", "0"), "lt": ("0", "0"), "le": ("0", "0"), "eq": ("0", "0"),
+    "gt": ("0", "0"),
+    "ge": ("0", "0"),
+    "lt": ("0", "0"),
+    "le": ("0", "0"),
+    "eq": ("0", "0"),
     "ne": ("0", "0"),
     # where(c, a, b): none to the condition; the rule (autodiff.rules.where) selects the
     # cotangent with a where of its own rather than multiplying, so an inf cotangent on the

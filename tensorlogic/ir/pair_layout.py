@@ -56,8 +56,10 @@ class StridedPair:
         """The operands as matmul stacks (views of their memory)."""
         Av = A.transpose(self.perm_a).reshape(self.shape_a)
         Bv = B.transpose(self.perm_b).reshape(self.shape_b)
-        return (Av.swapaxes(-1, -2) if self.swap_a else Av,
-                Bv.swapaxes(-1, -2) if self.swap_b else Bv)
+        return (
+            Av.swapaxes(-1, -2) if self.swap_a else Av,
+            Bv.swapaxes(-1, -2) if self.swap_b else Bv,
+        )
 
 
 def _run(term: str, letters: list[str]) -> str | None:
@@ -65,14 +67,14 @@ def _run(term: str, letters: list[str]) -> str | None:
     pos = sorted(term.index(c) for c in letters)
     if pos[-1] - pos[0] != len(pos) - 1:
         return None
-    return term[pos[0]:pos[-1] + 1]
+    return term[pos[0] : pos[-1] + 1]
 
 
 def _matrix(term: str, k_run: str, free: set[str]) -> tuple[str, bool] | None:
     """The free letters that form the matrix with ``k_run`` in ``term`` without a copy, and
     whether the matrix is stored with K innermost ([M][K]); None if none has a unit stride."""
     p = term.index(k_run[0])
-    after = term[p + len(k_run):]
+    after = term[p + len(k_run) :]
     if not after:  # K innermost: the free letters just before it join the matrix
         q = p
         while q > 0 and term[q - 1] in free:
@@ -83,8 +85,15 @@ def _matrix(term: str, k_run: str, free: set[str]) -> tuple[str, bool] | None:
     return None
 
 
-def strided_pair(a: str, b: str, batch: list[str], contr: list[str], left: list[str],
-                 right: list[str], sizes: dict[str, int]) -> StridedPair | None:
+def strided_pair(
+    a: str,
+    b: str,
+    batch: list[str],
+    contr: list[str],
+    left: list[str],
+    right: list[str],
+    sizes: dict[str, int],
+) -> StridedPair | None:
     """The copy-free matmul of C-contiguous operands ``a`` and ``b``, or None when their
     contracted letters are not adjacent in the same order in both, or a matrix would have no
     unit stride."""
@@ -112,9 +121,17 @@ def strided_pair(a: str, b: str, batch: list[str], contr: list[str], left: list[
     shape_a = tuple(lead_a) + ((m, k) if a_mk else (k, m))
     shape_b = tuple(lead_b) + ((n, k) if b_nk else (k, n))
     lead = [sizes[c] for c in batch + pa + pb]
-    return StridedPair("".join(batch + pa + pb) + m_letters + n_letters,
-                       perm_a, shape_a, not a_mk, perm_b, shape_b, b_nk,
-                       tuple(lead) + (m, n), math.prod(lead))
+    return StridedPair(
+        "".join(batch + pa + pb) + m_letters + n_letters,
+        perm_a,
+        shape_a,
+        not a_mk,
+        perm_b,
+        shape_b,
+        b_nk,
+        tuple(lead) + (m, n),
+        math.prod(lead),
+    )
 
 
 def estimate_ns(copied_bytes: int, calls: int, flops: int = 0) -> float:
@@ -130,14 +147,23 @@ class Chooser:
         self.measure = measure
         self.spent = 0.0
 
-    def choose(self, est: list[float], build: list[Callable[[], tuple[Callable, list]]],
-               shapes: list[tuple[tuple[int, ...], str]]) -> int:
+    def choose(
+        self,
+        est: list[float],
+        build: list[Callable[[], tuple[Callable, list]]],
+        shapes: list[tuple[tuple[int, ...], str]],
+    ) -> int:
         """Index of the candidate to use. ``build[i]()`` gives (fn, scratch specs) of candidate
         i; ``shapes`` are the two operands' (shape, dtype)."""
         best = min(range(len(est)), key=est.__getitem__)
         nbytes = sum(math.prod(s) * np.dtype(d).itemsize for s, d in shapes)
-        if (not self.measure or est[best] < MEASURE_MIN_NS or nbytes > MEASURE_MAX_BYTES
-                or self.spent > MEASURE_BUDGET_S or max(est) > CLEAR_RATIO * est[best]):
+        if (
+            not self.measure
+            or est[best] < MEASURE_MIN_NS
+            or nbytes > MEASURE_MAX_BYTES
+            or self.spent > MEASURE_BUDGET_S
+            or max(est) > CLEAR_RATIO * est[best]
+        ):
             return best
         t0 = time.perf_counter()
         ops = [np.ones(s, d) for s, d in shapes]

@@ -37,8 +37,9 @@ def choose_path_strategy(n_operands: int) -> str:
     return "greedy"
 
 
-def contraction_path(inputs: list[str], output: str, sizes: dict[str, int],
-                     strategy: Any = None) -> tuple[list[tuple[int, ...]], Any]:
+def contraction_path(
+    inputs: list[str], output: str, sizes: dict[str, int], strategy: Any = None
+) -> tuple[list[tuple[int, ...]], Any]:
     """Pairwise path and opt_einsum's PathInfo for a network of letter terms."""
     shapes = [tuple(sizes[c] for c in t) for t in inputs]
     eq = ",".join(inputs) + "->" + output
@@ -49,7 +50,8 @@ def contraction_path(inputs: list[str], output: str, sizes: dict[str, int],
         # 200 operands, and the plan computes its own FLOPs and intermediates
         return [tuple(int(i) for i in p) for p in strategy], None
     path, info = opt_einsum.contract_path(
-        eq, *shapes, shapes=True, optimize=strategy or choose_path_strategy(len(inputs)))
+        eq, *shapes, shapes=True, optimize=strategy or choose_path_strategy(len(inputs))
+    )
     return [tuple(p) for p in path], info
 
 
@@ -189,8 +191,12 @@ def _first_layout(term: str, first: list[list[str]], second: list[list[str]]) ->
     if _group_layout(term, second):
         return False
     flat = "".join("".join(g) for g in second)
-    return not (flat and term and flat[-1] == term[-1]
-                and "".join("".join(g) for g in first)[-1:] != term[-1])
+    return not (
+        flat
+        and term
+        and flat[-1] == term[-1]
+        and "".join("".join(g) for g in first)[-1:] != term[-1]
+    )
 
 
 def _broadcast_kept_axes(term: str, shape: tuple[int, ...], sizes: dict[str, int]) -> list[int]:
@@ -198,8 +204,15 @@ def _broadcast_kept_axes(term: str, shape: tuple[int, ...], sizes: dict[str, int
     return [k for k, (c, d) in enumerate(zip(term, shape)) if not (d == 1 and sizes[c] != 1)]
 
 
-def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], sizes: dict[str, int],
-                     needed: set[str], dtype: str, scr: _Scratch):
+def _prepare_operand(
+    term: str,
+    shape: tuple[int, ...],
+    kept: list[int],
+    sizes: dict[str, int],
+    needed: set[str],
+    dtype: str,
+    scr: _Scratch,
+):
     """Squeeze broadcast dims, take diagonals, sum letters nobody else needs.
 
     Returns (new_term, fn or None) where fn(xp, x, scratch) -> prepared array.
@@ -232,9 +245,17 @@ def _prepare_operand(term: str, shape: tuple[int, ...], kept: list[int], sizes: 
     return target, prep
 
 
-def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str | None,
-          dts: tuple[str, str], scr: _Scratch, matmul: Callable | None = None,
-          chooser: pair_layout.Chooser | None = None):
+def _pair(
+    a: str,
+    b: str,
+    keep: set[str],
+    sizes: dict[str, int],
+    out_order: str | None,
+    dts: tuple[str, str],
+    scr: _Scratch,
+    matmul: Callable | None = None,
+    chooser: pair_layout.Chooser | None = None,
+):
     """Plan one pairwise contraction.
 
     Returns (result_term, result_dtype, fn(xp, A, B, out, scratch) -> C, flops). With
@@ -293,6 +314,7 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
         # a full inner product of two operands laid out alike: one BLAS dot
         k_res = -1 if direct else scr.add(res_shape, rdt, value=True)
         scr.sums = True
+
         def dot(xp, A, B, out, scratch):
             if out is None:
                 out = _take(xp, scratch, k_res, res_shape, rdt)
@@ -302,18 +324,34 @@ def _pair(a: str, b: str, keep: set[str], sizes: dict[str, int], out_order: str 
         return result, rdt, dot, flops
 
     if chooser is not None:
-        picked = _choose_layout(a, b, batch, contr, left, right, sizes, out_order, (da, db), rdt,
-                                scr, matmul, chooser, flops)
+        picked = _choose_layout(
+            a,
+            b,
+            batch,
+            contr,
+            left,
+            right,
+            sizes,
+            out_order,
+            (da, db),
+            rdt,
+            scr,
+            matmul,
+            chooser,
+            flops,
+        )
         if picked is not None:
             result, fn = picked
             return result, rdt, (_swapped(fn) if swap else fn), flops
-    result, fn = _gemm(a, b, batch, contr, left, right, sizes, out_order, (da, db), rdt, scr,
-                       matmul)
+    result, fn = _gemm(
+        a, b, batch, contr, left, right, sizes, out_order, (da, db), rdt, scr, matmul
+    )
     return result, rdt, (_swapped(fn) if swap else fn), flops
 
 
-def _choose_layout(a, b, batch, contr, left, right, sizes, out_order, dts, rdt, scr, matmul,
-                   chooser, flops):
+def _choose_layout(
+    a, b, batch, contr, left, right, sizes, out_order, dts, rdt, scr, matmul, chooser, flops
+):
     """(result term, pair function) of the fastest way found to run a contracting pair, or
     None for the merged layout as planned: the merged (copying where needed) or the strided
     layout, each in both orientations (C = A B, or C^T = B^T A^T through the same BLAS call
@@ -378,28 +416,43 @@ def _gemm_copies(a: str, b: str, batch, contr, left, right, sizes) -> tuple[int,
     lens_b = [len(batch), len(contr), len(right)] if b_cr else [len(batch), len(right), len(contr)]
     view_a = merge_is_view(tuple(sizes[c] for c in a), [a.index(c) for c in order_a], lens_a)
     view_b = merge_is_view(tuple(sizes[c] for c in b), [b.index(c) for c in order_b], lens_b)
-    return (0 if view_a and _unit_stride_matrix(a, left, contr, sizes) else nb * nl * nc,
-            0 if view_b and _unit_stride_matrix(b, contr, right, sizes) else nb * nc * nr)
+    return (
+        0 if view_a and _unit_stride_matrix(a, left, contr, sizes) else nb * nl * nc,
+        0 if view_b and _unit_stride_matrix(b, contr, right, sizes) else nb * nc * nr,
+    )
 
 
 def _same(fn):
     return fn
 
 
-def _strided(sp: "pair_layout.StridedPair", out_order: str | None, sizes: dict[str, int],
-             rdt: str, scr: _Scratch):
+def _strided(
+    sp: "pair_layout.StridedPair",
+    out_order: str | None,
+    sizes: dict[str, int],
+    rdt: str,
+    scr: _Scratch,
+):
     """The pair function of a strided batched matmul (no copies; see ``pair_layout``)."""
     res_shape = tuple(sizes[c] for c in sp.result)
     direct = out_order is not None and out_order == sp.result
     k_res = -1 if direct else scr.add(res_shape, rdt, value=True)
-    scr.gemms.append((sp.calls, *sp.mm_shape[-2:], math.prod(
-        sp.shape_a[-1:] if not sp.swap_a else sp.shape_a[-2:-1])))
+    scr.gemms.append(
+        (
+            sp.calls,
+            *sp.mm_shape[-2:],
+            math.prod(sp.shape_a[-1:] if not sp.swap_a else sp.shape_a[-2:-1]),
+        )
+    )
     exact = np.dtype(rdt).kind in "iu"  # numpy's einsum loops: exact, wrapping as matmul's
 
     def run(xp, A, B, out, scratch):
         Av, Bv = sp.views(A, B)
-        C = out if out is not None and out.flags.c_contiguous else _take(
-            xp, scratch, k_res, res_shape, rdt)
+        C = (
+            out
+            if out is not None and out.flags.c_contiguous
+            else _take(xp, scratch, k_res, res_shape, rdt)
+        )
         target = C.reshape(sp.mm_shape)
         if exact and xp is np:
             np.einsum("...ij,...jk->...ik", Av, Bv, out=target)
@@ -498,8 +551,10 @@ def _int_matmul(squeeze: bool):
 
 def _swapped(fn):
     """The pair function called with its operands in the order it was planned for."""
+
     def run(xp, A, B, out, scratch):
         return fn(xp, B, A, out, scratch)
+
     return run
 
 
@@ -513,8 +568,13 @@ def prepared_terms(
     return _prepare_all(es, shapes, sizes, ["float64"] * len(es.inputs), _Scratch())[0]
 
 
-def _prepare_all(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
-                 dts: list[str], scr: _Scratch):
+def _prepare_all(
+    es: EinsumSpec,
+    shapes: list[tuple[int, ...]],
+    sizes: dict[str, int],
+    dts: list[str],
+    scr: _Scratch,
+):
     """(terms, preparation functions, their FLOPs) for every operand."""
     kept = [_broadcast_kept_axes(t, shp, sizes) for t, shp in zip(es.inputs, shapes)]
     counts: dict[str, int] = {}
@@ -536,9 +596,15 @@ def _prepare_all(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str,
     return terms, preps, flops
 
 
-def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int],
-                strategy: Any = None, dtypes: list[str] | None = None,
-                matmul: Callable | None = None, host: bool = False) -> EinsumPlan:
+def plan_einsum(
+    es: EinsumSpec,
+    shapes: list[tuple[int, ...]],
+    sizes: dict[str, int],
+    strategy: Any = None,
+    dtypes: list[str] | None = None,
+    matmul: Callable | None = None,
+    host: bool = False,
+) -> EinsumPlan:
     """Compile an einsum with concrete shapes (and operand dtypes) into a pairwise-matmul program.
 
     ``strategy`` is an opt_einsum strategy name or an explicit path over ``prepared_terms``;
@@ -565,8 +631,16 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             return out
 
         specs, run_single = _shared_scratch(scr, [(0, 0)], -2, run_single)
-        return EinsumPlan(run_single, flops, [(0,)], f"{es}", 0, specs,
-                          sums_outside_matmul=scr.sums, gemms=scr.gemms)
+        return EinsumPlan(
+            run_single,
+            flops,
+            [(0,)],
+            f"{es}",
+            0,
+            specs,
+            sums_outside_matmul=scr.sums,
+            gemms=scr.gemms,
+        )
 
     path, info = contraction_path(terms, es.output, sizes, strategy)
     program = []
@@ -598,12 +672,20 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         pair_fns = []
         for j, other in enumerate(picked[1:]):
             last_pair = j == len(picked) - 2
-            rest = set().union(*[set(t) for t in picked[j + 2:]]) if not last_pair else set()
+            rest = set().union(*[set(t) for t in picked[j + 2 :]]) if not last_pair else set()
             scr.now, scr.value = n_pairs, n + n_pairs
             n_pairs += 1
-            res, res_dt, fn, f = _pair(acc, other, keep | rest, sizes,
-                                       es.output if final and last_pair else None,
-                                       (acc_dt, picked_dt[j + 1]), scr, matmul, chooser)
+            res, res_dt, fn, f = _pair(
+                acc,
+                other,
+                keep | rest,
+                sizes,
+                es.output if final and last_pair else None,
+                (acc_dt, picked_dt[j + 1]),
+                scr,
+                matmul,
+                chooser,
+            )
             pair_fns.append(fn)
             flops += f
             largest = max(largest, math.prod(sizes[c] for c in res))
@@ -629,8 +711,17 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
             return out
 
         specs, run_pair = _shared_scratch(scr, [(0, 0), (1, 0)], n, run_pair)
-        return EinsumPlan(run_pair, flops, path, f"{es} path={path}", largest, specs,
-                          scr.copied, scr.sums, scr.gemms)
+        return EinsumPlan(
+            run_pair,
+            flops,
+            path,
+            f"{es} path={path}",
+            largest,
+            specs,
+            scr.copied,
+            scr.sums,
+            scr.gemms,
+        )
 
     # the program as flat pairs over value slots (operands first, then each pair's result), so
     # a call does no list bookkeeping: (fn, slot of A, slot of B, whether it writes ``out``)
@@ -653,8 +744,11 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
 
     def run(xp, arrays, out, scratch=None):
         vals = [None] * n_values
-        vals[:n] = ([a if p is None else p(xp, a, scratch) for a, p in zip(arrays, preps)]
-                    if any_prep else arrays)
+        vals[:n] = (
+            [a if p is None else p(xp, a, scratch) for a, p in zip(arrays, preps)]
+            if any_prep
+            else arrays
+        )
         k = n
         for fn, i, j, to_out in flat:
             vals[k] = fn(xp, vals[i], vals[j], out if to_out else None, scratch)
@@ -669,8 +763,7 @@ def plan_einsum(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
     reads = [(v, p) for p, (_fn, i, j, _o) in enumerate(flat) for v in (i, j)]
     specs, run = _shared_scratch(scr, reads, final_slot, run)
     desc = f"{es} path={path}"
-    return EinsumPlan(run, flops, path, desc, largest, specs, scr.copied, scr.sums,
-                      scr.gemms)
+    return EinsumPlan(run, flops, path, desc, largest, specs, scr.copied, scr.sums, scr.gemms)
 
 
 def _shared_scratch(scr: _Scratch, reads, last: int, run):

@@ -32,13 +32,18 @@ DEFAULT_ARRAY_BUDGET = 4 << 30
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 
-_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0,
-                   (2, 0): np.lib.format.read_array_header_2_0}
+_HEADER_READERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
 
 
 def _where(path: object, where: str) -> str:
-    return where or (f"file {Path(path).name!r}" if isinstance(path, (str, os.PathLike))
-                     else "an in-memory archive")
+    return where or (
+        f"file {Path(path).name!r}"
+        if isinstance(path, (str, os.PathLike))
+        else "an in-memory archive"
+    )
 
 
 def open_regular(path: str | os.PathLike, where: str = "") -> IO[bytes]:
@@ -57,9 +62,17 @@ def open_regular(path: str | os.PathLike, where: str = "") -> IO[bytes]:
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
-            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
-                    else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
-                    else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+            kind = (
+                "a directory"
+                if stat.S_ISDIR(mode)
+                else "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a device"
+                if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                else "a socket"
+                if stat.S_ISSOCK(mode)
+                else "not a regular file"
+            )
             raise SerializationError(f"{where}: is {kind}; expected a regular file")
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -97,14 +110,22 @@ def array_budget(budget: int | None = None) -> int:
 class NpzReader:
     """An .npz archive opened for bounded, member-by-member reading (use as a context manager)."""
 
-    def __init__(self, source: str | os.PathLike | bytes, where: str = "",
-                 budget: int | None = None, max_elements: int | None = None) -> None:
+    def __init__(
+        self,
+        source: str | os.PathLike | bytes,
+        where: str = "",
+        budget: int | None = None,
+        max_elements: int | None = None,
+    ) -> None:
         self.where = _where(source, where)
         self.budget = array_budget(budget)
         self.max_elements = max_elements
         self.spent = 0
-        f: IO[bytes] = (io.BytesIO(source) if isinstance(source, (bytes, bytearray))
-                        else open_regular(source, self.where))
+        f: IO[bytes] = (
+            io.BytesIO(source)
+            if isinstance(source, (bytes, bytearray))
+            else open_regular(source, self.where)
+        )
         try:
             self._zip = zipfile.ZipFile(f)
         except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError) as exc:
@@ -149,16 +170,21 @@ class NpzReader:
                     raise SerializationError(f"{w}: unsupported .npy format version {version}")
                 shape, fortran, dtype = _HEADER_READERS[version](member)
                 if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None:
-                    raise SerializationError(f"{w}: holds {dtype} data (objects or records); "
-                                             "expected a plain numeric array")
+                    raise SerializationError(
+                        f"{w}: holds {dtype} data (objects or records); "
+                        "expected a plain numeric array"
+                    )
                 n = int(np.prod(shape, dtype=object))
                 if self.max_elements is not None and n > self.max_elements:
-                    raise SerializationError(f"{w}: {n} elements exceed the limit of "
-                                             f"{self.max_elements}")
+                    raise SerializationError(
+                        f"{w}: {n} elements exceed the limit of {self.max_elements}"
+                    )
                 nbytes = n * dtype.itemsize
                 if nbytes > info.file_size:
-                    raise SerializationError(f"{w}: header declares {nbytes} bytes but the "
-                                             f"member holds {info.file_size}; corrupted")
+                    raise SerializationError(
+                        f"{w}: header declares {nbytes} bytes but the "
+                        f"member holds {info.file_size}; corrupted"
+                    )
                 arr = np.empty(shape, dtype=dtype, order="F" if fortran else "C")
                 view = memoryview(arr.reshape(-1, order="A").view(np.uint8)) if n else None
                 got = 0
@@ -171,8 +197,16 @@ class NpzReader:
                     raise SerializationError(f"{w}: truncated ({got} of {nbytes} bytes)")
         except SerializationError:
             raise
-        except (ValueError, OSError, EOFError, zipfile.BadZipFile, TypeError, KeyError,
-                NotImplementedError, RuntimeError) as exc:
+        except (
+            ValueError,
+            OSError,
+            EOFError,
+            zipfile.BadZipFile,
+            TypeError,
+            KeyError,
+            NotImplementedError,
+            RuntimeError,
+        ) as exc:
             # BadZipFile: CRC mismatch; NotImplementedError/RuntimeError: unknown compression
             # method or an encrypted member
             raise SerializationError(f"{w}: cannot read ({type(exc).__name__}: {exc})") from exc
@@ -186,7 +220,8 @@ class NpzReader:
         if nbytes > self.budget - self.spent:
             raise SerializationError(
                 f"{w}: {verb} {nbytes} bytes; with {self.spent} already read that exceeds the "
-                f"memory budget of {self.budget} bytes")
+                f"memory budget of {self.budget} bytes"
+            )
         self.spent += nbytes
 
     def read_all(self) -> dict[str, np.ndarray]:
@@ -194,9 +229,13 @@ class NpzReader:
         return {k: self.read(k) for k in self._members}
 
 
-def read_npz(source: str | os.PathLike | bytes, names: Iterable[str] | None = None,
-             where: str = "", budget: int | None = None,
-             max_elements: int | None = None) -> dict[str, np.ndarray]:
+def read_npz(
+    source: str | os.PathLike | bytes,
+    names: Iterable[str] | None = None,
+    where: str = "",
+    budget: int | None = None,
+    max_elements: int | None = None,
+) -> dict[str, np.ndarray]:
     """The named arrays (all when ``names`` is None) of an .npz file or bytes, bounded."""
     with NpzReader(source, where, budget, max_elements) as z:
         if names is None:

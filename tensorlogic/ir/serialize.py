@@ -30,8 +30,12 @@ MAX_ELEMENTS = 1 << 34  # per declared tensor; a larger shape is rejected as imp
 _NODE_FIELDS = {"id", "kind", "op", "inputs", "shape", "dtype", "name", "args"}
 _TOP_FIELDS = {"format", "version", "nodes", "inputs", "outputs"}
 _ARG_FIELDS = {
-    ops.EINSUM: {"spec"}, ops.REDUCE: {"axes", "keepdims"}, ops.ROWOP: {"axis", "eps"},
-    ops.TRANSPOSE: {"perm"}, ops.RESHAPE: {"shape"}, ops.CAST: {"dtype"},
+    ops.EINSUM: {"spec"},
+    ops.REDUCE: {"axes", "keepdims"},
+    ops.ROWOP: {"axis", "eps"},
+    ops.TRANSPOSE: {"perm"},
+    ops.RESHAPE: {"shape"},
+    ops.CAST: {"dtype"},
     ops.ATTENTION: {"scale", "causal"},
 }
 
@@ -48,13 +52,25 @@ def to_dict(g: EinsumGraph) -> tuple[dict, dict[str, np.ndarray]]:
                 f"node {n.name!r} is a fused node made by the "
                 f"optimizer; save the graph before optimizing it"
             )
-        nodes.append({
-            "id": n.id, "kind": n.kind, "op": n.op, "inputs": list(n.inputs),
-            "shape": list(n.shape), "dtype": n.dtype, "name": n.name,
-            "args": json.loads(json.dumps(_plain(n.args))),
-        })
-    doc = {"format": FORMAT, "version": VERSION, "nodes": nodes,
-           "inputs": dict(g.inputs), "outputs": dict(g.outputs)}
+        nodes.append(
+            {
+                "id": n.id,
+                "kind": n.kind,
+                "op": n.op,
+                "inputs": list(n.inputs),
+                "shape": list(n.shape),
+                "dtype": n.dtype,
+                "name": n.name,
+                "args": json.loads(json.dumps(_plain(n.args))),
+            }
+        )
+    doc = {
+        "format": FORMAT,
+        "version": VERSION,
+        "nodes": nodes,
+        "inputs": dict(g.inputs),
+        "outputs": dict(g.outputs),
+    }
     # parameters travel with the values the graph holds (``plan.graph_with_parameters()`` for
     # trained ones), under the same ``c<id>`` names as constants
     return doc, {f"c{i}": a for i, a in {**g.constants, **g.parameter_values}.items()}
@@ -90,43 +106,63 @@ def _is_number(v: Any) -> bool:
 
 def _check_args(kind: str, args: dict, w: str) -> None:
     """Each argument's JSON type, exactly: no truthy strings, no floats where ints belong."""
+
     def int_list(key: str) -> None:
         v = args[key]
-        _expect(isinstance(v, list) and all(_is_int(a) for a in v),
-                f"argument {key!r} must be a list of integers, got {v!r}", w)
+        _expect(
+            isinstance(v, list) and all(_is_int(a) for a in v),
+            f"argument {key!r} must be a list of integers, got {v!r}",
+            w,
+        )
 
     if kind == ops.EINSUM:
         _expect(isinstance(args["spec"], str), "argument 'spec' must be a string", w)
     elif kind == ops.REDUCE:
         int_list("axes")
-        _expect(isinstance(args.get("keepdims", False), bool),
-                f"argument 'keepdims' must be true or false, got {args.get('keepdims')!r}", w)
+        _expect(
+            isinstance(args.get("keepdims", False), bool),
+            f"argument 'keepdims' must be true or false, got {args.get('keepdims')!r}",
+            w,
+        )
     elif kind == ops.ROWOP:
-        _expect(_is_int(args["axis"]),
-                f"argument 'axis' must be an integer, got {args['axis']!r}", w)
+        _expect(
+            _is_int(args["axis"]), f"argument 'axis' must be an integer, got {args['axis']!r}", w
+        )
         if "eps" in args:
-            _expect(_is_number(args["eps"]),
-                    f"argument 'eps' must be a number, got {args['eps']!r}", w)
+            _expect(
+                _is_number(args["eps"]), f"argument 'eps' must be a number, got {args['eps']!r}", w
+            )
     elif kind == ops.TRANSPOSE:
         int_list("perm")
     elif kind == ops.RESHAPE:
         v = args["shape"]
-        _expect(isinstance(v, list) and len(v) <= MAX_RANK
-                and all(_is_int(d) or (isinstance(d, str) and d.isidentifier()) for d in v),
-                f"argument 'shape' must be a list of at most {MAX_RANK} integers or symbol names, "
-                f"got {v!r}", w)
+        _expect(
+            isinstance(v, list)
+            and len(v) <= MAX_RANK
+            and all(_is_int(d) or (isinstance(d, str) and d.isidentifier()) for d in v),
+            f"argument 'shape' must be a list of at most {MAX_RANK} integers or symbol names, "
+            f"got {v!r}",
+            w,
+        )
     elif kind == ops.CAST:
-        _expect(isinstance(args["dtype"], str),
-                f"argument 'dtype' must be a string, got {args['dtype']!r}", w)
+        _expect(
+            isinstance(args["dtype"], str),
+            f"argument 'dtype' must be a string, got {args['dtype']!r}",
+            w,
+        )
 
 
 def constant_keys(doc: Any) -> list[str]:
     """The npz member names of the constants a graph document declares (nothing else is read)."""
     if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list):
         return []
-    return [f"c{rec['id']}" for rec in doc["nodes"][:MAX_NODES]
-            if isinstance(rec, dict) and rec.get("kind") in (ops.CONSTANT, ops.PARAMETER)
-            and _is_int(rec.get("id"))]
+    return [
+        f"c{rec['id']}"
+        for rec in doc["nodes"][:MAX_NODES]
+        if isinstance(rec, dict)
+        and rec.get("kind") in (ops.CONSTANT, ops.PARAMETER)
+        and _is_int(rec.get("id"))
+    ]
 
 
 def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") -> EinsumGraph:
@@ -148,14 +184,23 @@ def from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str = "graph") 
 
 
 def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> EinsumGraph:
-    _expect(isinstance(doc, dict),
-            f"expected a JSON object at top level, got {type(doc).__name__}", where)
+    _expect(
+        isinstance(doc, dict),
+        f"expected a JSON object at top level, got {type(doc).__name__}",
+        where,
+    )
     unknown = set(doc) - _TOP_FIELDS
     _expect(not unknown, f"unknown top-level field(s) {sorted(map(str, unknown))}", where)
-    _expect(isinstance(doc.get("format"), str) and doc["format"] == FORMAT,
-            f"'format' must be {FORMAT!r}", where)
-    _expect(_is_int(doc.get("version")) and doc["version"] == VERSION,
-            f"unsupported 'version' {doc.get('version')!r}", where)
+    _expect(
+        isinstance(doc.get("format"), str) and doc["format"] == FORMAT,
+        f"'format' must be {FORMAT!r}",
+        where,
+    )
+    _expect(
+        _is_int(doc.get("version")) and doc["version"] == VERSION,
+        f"unsupported 'version' {doc.get('version')!r}",
+        where,
+    )
     nodes = doc.get("nodes")
     _expect(isinstance(nodes, list), "'nodes' must be a list", where)
     _expect(len(nodes) <= MAX_NODES, f"{len(nodes)} nodes exceed the limit of {MAX_NODES}", where)
@@ -171,8 +216,11 @@ def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> Einsum
         missing = _NODE_FIELDS - set(rec) - {"op", "args"}
         _expect(not missing, f"missing field(s) {sorted(missing)}", w)
         kind, op, name = rec["kind"], rec.get("op"), rec["name"]
-        _expect(isinstance(kind, str) and kind in ops.NODE_KINDS and kind != ops.FUSED,
-                f"unknown node kind {kind!r}", w)
+        _expect(
+            isinstance(kind, str) and kind in ops.NODE_KINDS and kind != ops.FUSED,
+            f"unknown node kind {kind!r}",
+            w,
+        )
         if op is None:
             op = ops.DEFAULT_OP.get(kind)
         if kind in _OP_KINDS:
@@ -182,8 +230,11 @@ def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> Einsum
         _expect(isinstance(name, str) and 0 < len(name) <= 256, "'name' must be a short string", w)
         _expect(_is_int(rec["id"]) and rec["id"] not in id_map, "'id' must be a new integer", w)
         inputs = rec["inputs"]
-        _expect(isinstance(inputs, list) and all(_is_int(i) and i in id_map for i in inputs),
-                "'inputs' must list ids of earlier nodes", w)
+        _expect(
+            isinstance(inputs, list) and all(_is_int(i) and i in id_map for i in inputs),
+            "'inputs' must list ids of earlier nodes",
+            w,
+        )
         shape = rec["shape"]
         _expect(
             isinstance(shape, list) and len(shape) <= MAX_RANK,
@@ -191,20 +242,30 @@ def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> Einsum
             w,
         )
         for d in shape:
-            _expect((_is_int(d) and 0 <= d) or (isinstance(d, str) and d.isidentifier()),
-                    f"invalid dimension {d!r}", w)
+            _expect(
+                (_is_int(d) and 0 <= d) or (isinstance(d, str) and d.isidentifier()),
+                f"invalid dimension {d!r}",
+                w,
+            )
         n_elem = math.prod(d for d in shape if _is_int(d))
-        _expect(n_elem <= MAX_ELEMENTS, f"declared shape {shape} has {n_elem} elements, over the "
-                f"limit of {MAX_ELEMENTS}", w)
+        _expect(
+            n_elem <= MAX_ELEMENTS,
+            f"declared shape {shape} has {n_elem} elements, over the limit of {MAX_ELEMENTS}",
+            w,
+        )
         _expect(isinstance(rec["dtype"], str), "'dtype' must be a string", w)
         args = rec.get("args")
         args = {} if args is None else args
         _expect(isinstance(args, dict), "'args' must be an object", w)
         allowed = _ARG_FIELDS.get(kind, set())
-        _expect(set(args) <= allowed,
-                f"unknown argument(s) {sorted(set(args) - allowed)} for {kind}", w)
-        _expect(set(args) >= (allowed - _OPTIONAL_ARGS),
-                f"missing argument(s) {sorted(allowed - set(args))} for {kind}", w)
+        _expect(
+            set(args) <= allowed, f"unknown argument(s) {sorted(set(args) - allowed)} for {kind}", w
+        )
+        _expect(
+            set(args) >= (allowed - _OPTIONAL_ARGS),
+            f"missing argument(s) {sorted(allowed - set(args))} for {kind}",
+            w,
+        )
         _check_args(kind, args, w)
         try:
             if kind == ops.INPUT:
@@ -213,8 +274,11 @@ def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> Einsum
             elif kind in (ops.CONSTANT, ops.PARAMETER):
                 _expect(not inputs, f"a {kind} node takes no inputs", w)
                 arr, declared = _stored_array(rec, arrays, shape, w)
-                t = (g.constant(arr, name=name, dtype=declared) if kind == ops.CONSTANT
-                     else g.parameter(name, arr, dtype=declared))
+                t = (
+                    g.constant(arr, name=name, dtype=declared)
+                    if kind == ops.CONSTANT
+                    else g.parameter(name, arr, dtype=declared)
+                )
             else:
                 nid = g.add_node(kind, op, [id_map[i] for i in inputs], args, name=name)
                 t = g.tensor(nid)
@@ -223,8 +287,11 @@ def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> Einsum
         except TensorLogicError as exc:
             raise SerializationError(f"{w}: {exc}") from exc
         node = t.node
-        _expect(list(node.shape) == shape or kind in (ops.INPUT,),
-                f"declared shape {shape} but inputs give {list(node.shape)}", w)
+        _expect(
+            list(node.shape) == shape or kind in (ops.INPUT,),
+            f"declared shape {shape} but inputs give {list(node.shape)}",
+            w,
+        )
         _expect(
             node.dtype == rec["dtype"],
             f"declared dtype {rec['dtype']!r} but inputs give {node.dtype!r}",
@@ -232,19 +299,26 @@ def _from_dict(doc: Any, arrays: Mapping[str, np.ndarray], where: str) -> Einsum
         )
         id_map[rec["id"]] = t.id
     for name, i in doc["inputs"].items():
-        _expect(_is_int(i) and i in id_map and g.node(id_map[i]).name == name,
-                f"input {name!r} does not match an input node", where)
+        _expect(
+            _is_int(i) and i in id_map and g.node(id_map[i]).name == name,
+            f"input {name!r} does not match an input node",
+            where,
+        )
     _expect(len(doc["inputs"]) == len(g.inputs), "'inputs' does not list every input node", where)
     _expect(bool(doc["outputs"]), "the graph declares no outputs", where)
     for name, i in doc["outputs"].items():
-        _expect(isinstance(name, str) and _is_int(i) and i in id_map,
-                f"output {name!r} refers to an unknown node {i!r}", where)
+        _expect(
+            isinstance(name, str) and _is_int(i) and i in id_map,
+            f"output {name!r} refers to an unknown node {i!r}",
+            where,
+        )
         g.outputs[name] = id_map[i]
     return g
 
 
-def _stored_array(rec: dict, arrays: Mapping[str, np.ndarray], shape: list,
-                  w: str) -> tuple[np.ndarray, str]:
+def _stored_array(
+    rec: dict, arrays: Mapping[str, np.ndarray], shape: list, w: str
+) -> tuple[np.ndarray, str]:
     """The array of a constant or parameter record, checked against its declared shape and
     dtype (an exact round trip: a stored dtype other than the declared one is refused)."""
     kind, name = rec["kind"], rec["name"]
@@ -253,12 +327,15 @@ def _stored_array(rec: dict, arrays: Mapping[str, np.ndarray], shape: list,
     arr = arrays[key]
     if arr.dtype.kind == "V" and arr.dtype.itemsize == 2 and rec["dtype"] == "bfloat16":
         arr = arr.view(dtypes.bfloat16)  # .npz keeps bfloat16 as raw 2-byte records
-    _expect(list(arr.shape) == shape,
-            f"{kind} {name!r}: array shape {arr.shape} != declared {shape}", w)
+    _expect(
+        list(arr.shape) == shape, f"{kind} {name!r}: array shape {arr.shape} != declared {shape}", w
+    )
     declared = dtypes.normalize(rec["dtype"], f"{kind} {name!r}: ")
-    _expect(arr.dtype == np.dtype(declared),
-            f"{kind} {name!r}: stored dtype {arr.dtype} differs from the declared "
-            f"{declared!r}", w)
+    _expect(
+        arr.dtype == np.dtype(declared),
+        f"{kind} {name!r}: stored dtype {arr.dtype} differs from the declared {declared!r}",
+        w,
+    )
     return arr, declared
 
 
@@ -268,8 +345,9 @@ _MARKER = "__tensorlogic_constants__"
 
 def _as_path(path: Any) -> Path:
     if not isinstance(path, (str, os.PathLike)):
-        raise SerializationError(f"a graph file path must be a str or path, got "
-                                 f"{type(path).__name__}")
+        raise SerializationError(
+            f"a graph file path must be a str or path, got {type(path).__name__}"
+        )
     return Path(path)
 
 
@@ -278,7 +356,8 @@ def _constants_path(path: Path) -> Path:
     if npz == path:
         raise SerializationError(
             f"graph file {path.name!r}: a graph is saved as JSON with its constants in an .npz "
-            "beside it; give a path ending in .json, not .npz")
+            "beside it; give a path ending in .json, not .npz"
+        )
     return npz
 
 
@@ -299,13 +378,17 @@ def save(g: EinsumGraph, path: str | Path) -> None:
         return
     npz_where = f"constants file {npz.name!r}"
     if npz.exists():
-        _expect(_written_by_save(npz), "exists and was not written by EinsumGraph.save; "
-                "refusing to overwrite it (move it or save the graph under another name)",
-                npz_where)
+        _expect(
+            _written_by_save(npz),
+            "exists and was not written by EinsumGraph.save; "
+            "refusing to overwrite it (move it or save the graph under another name)",
+            npz_where,
+        )
     # both files are complete before either replaces its old version (the JSON first)
     with safe_io.atomic_write(npz, npz_where) as fz:
-        safe_io.write_npz_to(fz, {_MARKER: np.frombuffer(FORMAT.encode(), np.uint8), **arrays},
-                             npz_where)
+        safe_io.write_npz_to(
+            fz, {_MARKER: np.frombuffer(FORMAT.encode(), np.uint8), **arrays}, npz_where
+        )
         with safe_io.atomic_write(path, json_where) as f:
             f.write(text)
 
@@ -318,8 +401,9 @@ def _written_by_save(npz: Path) -> bool:
             names = z.names
     except SerializationError:
         return False
-    return _MARKER in names or (bool(names) and all(
-        n[:1] == "c" and n[1:].isdigit() for n in names))
+    return _MARKER in names or (
+        bool(names) and all(n[:1] == "c" and n[1:].isdigit() for n in names)
+    )
 
 
 def _parse_json(data: bytes, where: str) -> Any:
@@ -347,13 +431,15 @@ def load(path: str | Path, memory_limit: int | None = None) -> EinsumGraph:
     keys = constant_keys(doc)
     npz = path.with_suffix(".npz")
     if keys and npz != path and npz.exists():
-        arrays = safe_io.read_npz(npz, keys, f"{where}: constants file {npz.name!r}",
-                                  memory_limit, MAX_ELEMENTS)
+        arrays = safe_io.read_npz(
+            npz, keys, f"{where}: constants file {npz.name!r}", memory_limit, MAX_ELEMENTS
+        )
     return from_dict(doc, arrays, where)
 
 
-def load_npz(path: str | Path | bytes, where: str = "",
-             memory_limit: int | None = None) -> dict[str, np.ndarray]:
+def load_npz(
+    path: str | Path | bytes, where: str = "", memory_limit: int | None = None
+) -> dict[str, np.ndarray]:
     """Read every array of an .npz without pickle, bounded by ``memory_limit`` (see ``load``)."""
     return safe_io.read_npz(path, None, where, memory_limit)
 

@@ -26,10 +26,17 @@ def sliced_spec(es: EinsumSpec, shapes: list[tuple[int, ...]], sliced: list[str]
     return EinsumSpec(inputs, es.output), in_shapes
 
 
-def plan_sliced(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int], path,
-                sliced: list[str], out_dtype: str,
-                dtypes: list[str] | None = None, matmul=None,
-                host: bool = False) -> pairwise.EinsumPlan:
+def plan_sliced(
+    es: EinsumSpec,
+    shapes: list[tuple[int, ...]],
+    sizes: dict[str, int],
+    path,
+    sliced: list[str],
+    out_dtype: str,
+    dtypes: list[str] | None = None,
+    matmul=None,
+    host: bool = False,
+) -> pairwise.EinsumPlan:
     """An ``EinsumPlan`` that runs ``es`` slice by slice over the contracted letters ``sliced``.
 
     ``path`` is a path over ``pairwise.prepared_terms`` of the whole network (slicing removes
@@ -40,20 +47,23 @@ def plan_sliced(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
         raise ValueError(f"einsum {es}: sliced indices {sliced} must be contracted ones")
     inner_es, inner_shapes = sliced_spec(es, shapes, sliced)
     inner_sizes = {c: d for c, d in sizes.items() if c not in sliced}
-    inner = pairwise.plan_einsum(inner_es, inner_shapes, inner_sizes, path, dtypes, matmul,
-                                 host)
+    inner = pairwise.plan_einsum(inner_es, inner_shapes, inner_sizes, path, dtypes, matmul, host)
     counts = [int(sizes[c]) for c in sliced]
     n_slices = math.prod(counts)
     out_shape = tuple(int(sizes[c]) for c in es.output)
     # per operand, per axis: the position of its sliced letter, or None to keep the axis (a
     # broadcast size-1 axis of a sliced letter is indexed at 0)
-    where = [[(sliced.index(c) if s != 1 else -1) if c in sliced else None
-              for c, s in zip(t, shp)] for t, shp in zip(es.inputs, shapes)]
+    where = [
+        [(sliced.index(c) if s != 1 else -1) if c in sliced else None for c, s in zip(t, shp)]
+        for t, shp in zip(es.inputs, shapes)
+    ]
     k_tmp = len(inner.scratch)
 
     def index(vals):
-        return [tuple(slice(None) if w is None else (0 if w < 0 else vals[w]) for w in ax)
-                for ax in where]
+        return [
+            tuple(slice(None) if w is None else (0 if w < 0 else vals[w]) for w in ax)
+            for ax in where
+        ]
 
     def run(xp, arrays, out, scratch=None):
         if out is None:
@@ -75,7 +85,10 @@ def plan_sliced(es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, 
 
     size = math.prod(out_shape)
     return replace(
-        inner, run=run, flops=inner.flops * n_slices + size * (n_slices - 1),
+        inner,
+        run=run,
+        flops=inner.flops * n_slices + size * (n_slices - 1),
         description=f"{inner.description} sliced over {''.join(sliced)} ({n_slices} slices)",
         scratch=list(inner.scratch) + [(out_shape, out_dtype)],
-        copied=inner.copied * n_slices)
+        copied=inner.copied * n_slices,
+    )

@@ -55,7 +55,7 @@ def is_index(ch: str) -> bool:
 def _show(spec: str, limit: int = 120) -> str:
     """``repr(spec)`` for an error message, shortened in the middle when a network is huge."""
     r = repr(spec)
-    return r if len(r) <= limit else f"{r[:limit // 2]}...{r[-limit // 2:]} ({len(spec)} chars)"
+    return r if len(r) <= limit else f"{r[: limit // 2]}...{r[-limit // 2 :]} ({len(spec)} chars)"
 
 
 @dataclass(frozen=True)
@@ -127,14 +127,16 @@ def parse(spec: str, ranks: list[int] | tuple[int, ...]) -> EinsumSpec:
         _check_term(t, spec, i)
     if out is not None:
         if "," in out:
-            raise SpecError(f"einsum spec {_show(spec)}: the output term {_show(out)} may not "
-                            f"contain ','")
+            raise SpecError(
+                f"einsum spec {_show(spec)}: the output term {_show(out)} may not contain ','"
+            )
         _check_term(out, spec, -1)
 
     used = set("".join(terms) + (out or "")) - {"."}
     if len(used) > MAX_INDICES:
         raise SpecError(
-            f"einsum spec: {len(used)} distinct indices; expected at most {MAX_INDICES}")
+            f"einsum spec: {len(used)} distinct indices; expected at most {MAX_INDICES}"
+        )
     n_ell = 0
     for i, (t, r) in enumerate(zip(terms, ranks)):
         named = len(t.replace("...", ""))
@@ -157,7 +159,7 @@ def parse(spec: str, ranks: list[int] | tuple[int, ...]) -> EinsumSpec:
         if "..." not in term:
             return term
         k = rank - len(term.replace("...", ""))
-        return term.replace("...", ell[n_ell - k:] if k else "")
+        return term.replace("...", ell[n_ell - k :] if k else "")
 
     inputs = tuple(expand(t, r) for t, r in zip(terms, ranks))
     if out is None:
@@ -243,18 +245,21 @@ def interleaved(args: tuple[Any, ...], where: str = "einsum") -> tuple[str, list
     """
     n = len(args)
     if n < 2:
-        raise SpecError(f"{where}: interleaved form needs an operand and its sublist, got {n} "
-                        f"argument(s)")
-    operands = list(args[0:n - n % 2:2])
-    subs = list(args[1:n - n % 2:2])
+        raise SpecError(
+            f"{where}: interleaved form needs an operand and its sublist, got {n} argument(s)"
+        )
+    operands = list(args[0 : n - n % 2 : 2])
+    subs = list(args[1 : n - n % 2 : 2])
     out = args[-1] if n % 2 else None
 
     def term(sub: Any, what: str) -> str:
         if isinstance(sub, np.ndarray):
             sub = sub.tolist()
         if not isinstance(sub, (list, tuple)):
-            raise SpecError(f"{where}: {what} is a {type(sub).__name__}; expected a list of "
-                            f"index integers (and at most one ...)")
+            raise SpecError(
+                f"{where}: {what} is a {type(sub).__name__}; expected a list of "
+                f"index integers (and at most one ...)"
+            )
         parts = []
         for j, k in enumerate(sub):
             if k is Ellipsis:
@@ -263,12 +268,16 @@ def interleaved(args: tuple[Any, ...], where: str = "einsum") -> tuple[str, list
                 parts.append("...")
             elif isinstance(k, (int, np.integer)) and not isinstance(k, (bool, np.bool_)):
                 if not 0 <= int(k) < MAX_INDICES:
-                    raise SpecError(f"{where}: {what} entry {j} is {int(k)}; expected an index "
-                                    f"in [0, {MAX_INDICES})")
+                    raise SpecError(
+                        f"{where}: {what} entry {j} is {int(k)}; expected an index "
+                        f"in [0, {MAX_INDICES})"
+                    )
                 parts.append(symbol(int(k)))
             else:
-                raise SpecError(f"{where}: {what} entry {j} is {k!r} "
-                                f"({type(k).__name__}); expected a non-negative int or ...")
+                raise SpecError(
+                    f"{where}: {what} entry {j} is {k!r} "
+                    f"({type(k).__name__}); expected a non-negative int or ..."
+                )
         return "".join(parts)
 
     terms = [term(s, f"sublist of operand {i} (argument {2 * i + 1})") for i, s in enumerate(subs)]

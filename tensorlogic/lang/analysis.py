@@ -51,12 +51,13 @@ def check_constant(value: object, what: str) -> Scalar:
         except (TypeError, ValueError):
             pass
     if isinstance(value, int) and not -(1 << 63) <= value < (1 << 63):
-        raise program_error("invalid_fact", f"{what}: {value} does not fit in a 64-bit "
-                            "integer")
+        raise program_error("invalid_fact", f"{what}: {value} does not fit in a 64-bit integer")
     if isinstance(value, (str, int, float)) and value == value:  # NaN never equals itself
         return value
-    raise program_error("invalid_fact", f"{what}: {value!r} is not a constant; expected a str, "
-                        "int or float (not NaN)")
+    raise program_error(
+        "invalid_fact",
+        f"{what}: {value!r} is not a constant; expected a str, int or float (not NaN)",
+    )
 
 
 def atoms_of(rule: Rule) -> list[Atom]:
@@ -74,8 +75,11 @@ def check_arities(rules: list[Rule], facts: Mapping[str, Any]) -> dict[str, int]
         for atom in atoms_of(rule):
             if atom.pred in arity and arity[atom.pred] != atom.arity:
                 raise program_error(
-                    "arity_mismatch", f"predicate {atom.pred!r} used with {atom.arity} "
-                    f"argument(s) but {origin[atom.pred]} has {arity[atom.pred]}", atom.pos)
+                    "arity_mismatch",
+                    f"predicate {atom.pred!r} used with {atom.arity} "
+                    f"argument(s) but {origin[atom.pred]} has {arity[atom.pred]}",
+                    atom.pos,
+                )
             if atom.pred not in arity:
                 arity[atom.pred] = atom.arity
                 origin[atom.pred] = f"its use at {atom.pos}" if atom.pos.line else "another use"
@@ -85,8 +89,10 @@ def check_arities(rules: list[Rule], facts: Mapping[str, Any]) -> dict[str, int]
         if pred in arity and arity[pred] != table.arity:
             row = tuple(c[0] for c in table.cols) if table.n else ()
             raise program_error(
-                "arity_mismatch", f"fact {row!r} of {pred!r} has {table.arity} argument(s) but "
-                f"{origin[pred]} has {arity[pred]}")
+                "arity_mismatch",
+                f"fact {row!r} of {pred!r} has {table.arity} argument(s) but "
+                f"{origin[pred]} has {arity[pred]}",
+            )
         if pred not in arity:
             arity[pred] = table.arity
             origin[pred] = "its facts"
@@ -121,15 +127,24 @@ def desugar(rule: Rule, start: int = 0) -> Rule:
 
 def has_arithmetic(rules: Iterable[Rule]) -> bool:
     """Whether any comparison of ``rules`` computes (their domains then grow while they run)."""
-    return any(isinstance(t, Arith) for r in rules for b in r.body if isinstance(b, Comparison)
-               for t in (b.left, b.right))
+    return any(
+        isinstance(t, Arith)
+        for r in rules
+        for b in r.body
+        if isinstance(b, Comparison)
+        for t in (b.left, b.right)
+    )
 
 
 def bound_variables(rule: Rule) -> set[str]:
     """Variables bound by positive atoms, closed under ``X = term`` (the term's variables
     bound)."""
-    bound = {v.name for b in rule.body if isinstance(b, Literal) and not b.negated
-             for v in b.atom.variables()}
+    bound = {
+        v.name
+        for b in rule.body
+        if isinstance(b, Literal) and not b.negated
+        for v in b.atom.variables()
+    }
     changed = True
     while changed:
         changed = False
@@ -137,8 +152,11 @@ def bound_variables(rule: Rule) -> set[str]:
             if not isinstance(b, Comparison) or b.op != "=":
                 continue
             for x, y in ((b.left, b.right), (b.right, b.left)):
-                if isinstance(x, Var) and x.name not in bound and all(
-                        v.name in bound for v in term_vars(y)):
+                if (
+                    isinstance(x, Var)
+                    and x.name not in bound
+                    and all(v.name in bound for v in term_vars(y))
+                ):
                     bound.add(x.name)
                     changed = True
     return bound
@@ -149,32 +167,46 @@ def check_safety(rule: Rule) -> None:
     bound = bound_variables(rule)
     for v in rule.head.variables():
         if v.anonymous:
-            raise program_error("unbound_variable", f"anonymous variable '_' in the head of a "
-                                f"rule for {rule.head.pred!r}", v.pos)
+            raise program_error(
+                "unbound_variable",
+                f"anonymous variable '_' in the head of a rule for {rule.head.pred!r}",
+                v.pos,
+            )
         if v.name not in bound and not v.name.startswith("#"):  # "#": see its comparison
             kind = "fact" if not rule.body else "rule"
-            raise program_error("unbound_variable", f"variable {v.name!r} in the head of a {kind} "
-                                f"for {rule.head.pred!r} is not bound by a positive body atom",
-                                v.pos)
+            raise program_error(
+                "unbound_variable",
+                f"variable {v.name!r} in the head of a {kind} "
+                f"for {rule.head.pred!r} is not bound by a positive body atom",
+                v.pos,
+            )
     for b in rule.body:
         if isinstance(b, Literal) and not b.negated:
             for t in b.atom.args:
                 for v in term_vars(t) if isinstance(t, Arith) else ():
                     if v.anonymous:
-                        raise program_error("unbound_variable", "anonymous variable '_' in an "
-                                            "arithmetic term", v.pos)
+                        raise program_error(
+                            "unbound_variable",
+                            "anonymous variable '_' in an arithmetic term",
+                            v.pos,
+                        )
             continue
         terms = b.atom.args if isinstance(b, Literal) else (b.left, b.right)
         for t in terms:
             for v in term_vars(t):
                 if isinstance(b, Comparison) and v.anonymous:
-                    raise program_error("unbound_variable", "anonymous variable '_' in a "
-                                        "comparison", v.pos)
+                    raise program_error(
+                        "unbound_variable", "anonymous variable '_' in a comparison", v.pos
+                    )
                 if not v.anonymous and v.name not in bound and not v.name.startswith("#"):
                     what = "negated atom" if isinstance(b, Literal) else "comparison"
-                    raise program_error("unbound_variable", f"variable {v.name!r} in a {what} of a "
-                                        f"rule for {rule.head.pred!r} is not bound by a positive "
-                                        "body atom", v.pos)
+                    raise program_error(
+                        "unbound_variable",
+                        f"variable {v.name!r} in a {what} of a "
+                        f"rule for {rule.head.pred!r} is not bound by a positive "
+                        "body atom",
+                        v.pos,
+                    )
 
 
 @dataclass
@@ -201,8 +233,12 @@ def stratify(rules: list[Rule], preds: Iterable[str]) -> list[Stratum]:
     members = cond.graph["mapping"]
     for (a, h), pos in neg_edges.items():
         if members[a] == members[h]:
-            raise program_error("cyclic_negation", f"{h!r} depends negatively on {a!r} through "
-                                "recursion, so the program cannot be stratified", pos)
+            raise program_error(
+                "cyclic_negation",
+                f"{h!r} depends negatively on {a!r} through "
+                "recursion, so the program cannot be stratified",
+                pos,
+            )
     by_head: dict[str, list[Rule]] = {}
     for rule in rules:
         by_head.setdefault(rule.head.pred, []).append(rule)
@@ -272,8 +308,12 @@ class Domains:
         return self.ids[self.of_position[(pred, i)]]
 
 
-def build_domains(rules: list[Rule], fact_ids: Mapping[str, list[np.ndarray]],
-                  arity: Mapping[str, int], symbols: Symbols) -> Domains:
+def build_domains(
+    rules: list[Rule],
+    fact_ids: Mapping[str, list[np.ndarray]],
+    arity: Mapping[str, int],
+    symbols: Symbols,
+) -> Domains:
     """Unify argument positions through rule variables and collect each domain's constants
     (``fact_ids``: each predicate's facts as columns of symbol ids)."""
     uf = _UnionFind()

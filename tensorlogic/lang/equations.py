@@ -24,9 +24,19 @@ from .ast import BinOp, Call, Equation, Expr, Neg, Number, Pos, Ref
 
 Value = tuple[Tensor, tuple[str, ...]]  # a tensor and the index name of each axis
 
-_UNARY = {"step": "step", "relu": "relu", "sig": "sigmoid", "sigmoid": "sigmoid",
-          "tanh": "tanh", "exp": "exp", "log": "log", "sqrt": "sqrt", "softplus": "softplus",
-          "abs": "abs", "gelu": "gelu"}
+_UNARY = {
+    "step": "step",
+    "relu": "relu",
+    "sig": "sigmoid",
+    "sigmoid": "sigmoid",
+    "tanh": "tanh",
+    "exp": "exp",
+    "log": "log",
+    "sqrt": "sqrt",
+    "softplus": "softplus",
+    "abs": "abs",
+    "gelu": "gelu",
+}
 
 
 def refs_of(e: Expr) -> list[Ref]:
@@ -57,9 +67,13 @@ def order_equations(eqs: list[Equation]) -> list[str]:
         return list(nx.lexicographical_topological_sort(g))
     except nx.NetworkXUnfeasible:
         cycle = [a for a, _ in nx.find_cycle(g)]
-        raise program_error("recursive_equation", f"tensor equations for {cycle} depend on "
-                            "each other in a cycle; recursion is supported for Datalog rules "
-                            "only", pos[cycle[0]]) from None
+        raise program_error(
+            "recursive_equation",
+            f"tensor equations for {cycle} depend on "
+            "each other in a cycle; recursion is supported for Datalog rules "
+            "only",
+            pos[cycle[0]],
+        ) from None
 
 
 class EquationBuilder:
@@ -90,8 +104,12 @@ class EquationBuilder:
 
     def _size(self, name: str, n: int, pos: Pos, tensor: str) -> None:
         if self.sizes.setdefault(name, n) != n:
-            raise program_error("shape_mismatch", f"index {name!r} of {tensor!r} has size {n} "
-                                f"but size {self.sizes[name]} elsewhere in the equation", pos)
+            raise program_error(
+                "shape_mismatch",
+                f"index {name!r} of {tensor!r} has size {n} "
+                f"but size {self.sizes[name]} elsewhere in the equation",
+                pos,
+            )
 
     def project(self, v: Value, keep: set[str]) -> Value:
         """Sum (or max / average) away the indices not in ``keep``."""
@@ -109,8 +127,7 @@ class EquationBuilder:
         present = tuple(n for n in order if n in idx)
         if present != idx:
             L = self._letters(idx)
-            t = self.g.einsum("".join(L[n] for n in idx) + "->" + "".join(L[n] for n in present),
-                              t)
+            t = self.g.einsum("".join(L[n] for n in idx) + "->" + "".join(L[n] for n in present), t)
         if len(present) != len(order):
             t = self.g.reshape(t, tuple(self.sizes[n] if n in idx else 1 for n in order))
         return t
@@ -145,20 +162,28 @@ class EquationBuilder:
 
     def ref(self, r: Ref) -> Value:
         if r.name not in self.env:
-            raise program_error("missing_data", f"tensor {r.name!r} is neither data given to "
-                                "run(), a relation, nor the left side of an equation", r.pos)
+            raise program_error(
+                "missing_data",
+                f"tensor {r.name!r} is neither data given to "
+                "run(), a relation, nor the left side of an equation",
+                r.pos,
+            )
         t = self.env[r.name]
         names = tuple(i.name for i in r.indices)
         if len(names) != len(t.shape):
-            raise program_error("arity_mismatch", f"{r.name!r} has {len(t.shape)} dimension(s) "
-                                f"but is indexed with {len(names)}", r.pos)
+            raise program_error(
+                "arity_mismatch",
+                f"{r.name!r} has {len(t.shape)} dimension(s) but is indexed with {len(names)}",
+                r.pos,
+            )
         for n, d in zip(names, t.shape):
             self._size(n, int(d), r.pos, r.name)
         distinct = tuple(dict.fromkeys(names))
         if distinct != names:  # a repeated index is a diagonal
             L = self._letters(names)
-            t = self.g.einsum("".join(L[n] for n in names) + "->" +
-                              "".join(L[n] for n in distinct), t)
+            t = self.g.einsum(
+                "".join(L[n] for n in names) + "->" + "".join(L[n] for n in distinct), t
+            )
         return t, distinct
 
     def product(self, factors: list[Expr], keep: set[str]) -> Value:
@@ -171,8 +196,11 @@ class EquationBuilder:
         L = self._letters(union)
         full = self.projection != "sum"
         out = self._layout(union if full else tuple(n for n in union if n in keep))
-        spec = ",".join("".join(L[n] for n in idx) for _, idx in vals) + "->" + \
-            "".join(L[n] for n in out)
+        spec = (
+            ",".join("".join(L[n] for n in idx) for _, idx in vals)
+            + "->"
+            + "".join(L[n] for n in out)
+        )
         t = self.g.einsum(spec, *[t for t, _ in vals])
         return self.project((t, out), keep)
 
@@ -197,12 +225,16 @@ class EquationBuilder:
         lhs = eqs[0].lhs
         names = tuple(i.name for i in lhs.indices)
         if len(set(names)) != len(names):
-            raise program_error("parse_error", f"the left side of {lhs.name!r} repeats an index",
-                                lhs.pos)
+            raise program_error(
+                "parse_error", f"the left side of {lhs.name!r} repeats an index", lhs.pos
+            )
         projections = {eq.projection for eq in eqs}
         if len(projections) > 1:
-            raise program_error("parse_error", f"equations for {lhs.name!r} mix projections "
-                                f"{sorted(projections)}", eqs[1].pos)
+            raise program_error(
+                "parse_error",
+                f"equations for {lhs.name!r} mix projections {sorted(projections)}",
+                eqs[1].pos,
+            )
         self.lhs_order = names
         marked = [i.name for i in lhs.indices if i.marked]
         self.softmax_index = marked[0] if marked else None
@@ -212,8 +244,11 @@ class EquationBuilder:
             v = self.expr(eq.expr, set(names))
             missing = [n for n in names if n not in self.sizes]
             if missing:
-                raise program_error("unbound_variable", f"index {missing[0]!r} of {lhs.name!r} "
-                                    "appears on no tensor of the right side", eq.pos)
+                raise program_error(
+                    "unbound_variable",
+                    f"index {missing[0]!r} of {lhs.name!r} appears on no tensor of the right side",
+                    eq.pos,
+                )
             t = self.broadcast(v, names)
             if total is None:
                 total = t
@@ -229,8 +264,9 @@ def _factors(e: Expr) -> list[Expr]:
     return [e]
 
 
-def build_equations(g: EinsumGraph, eqs: list[Equation], env: Mapping[str, Tensor]
-                    ) -> dict[str, Tensor]:
+def build_equations(
+    g: EinsumGraph, eqs: list[Equation], env: Mapping[str, Tensor]
+) -> dict[str, Tensor]:
     """Add every equation to ``g``; returns the tensor of each left-side name."""
     b = EquationBuilder(g, env)
     groups: dict[str, list[Equation]] = {}

@@ -55,8 +55,8 @@ def _concat(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     if a.dtype.kind == b.dtype.kind and a.dtype.kind in "iuf":
         return np.concatenate([a, b])
     out = np.empty(len(a) + len(b), object)
-    out[:len(a)] = a.tolist()
-    out[len(a):] = b.tolist()
+    out[: len(a)] = a.tolist()
+    out[len(a) :] = b.tolist()
     return out
 
 
@@ -74,8 +74,10 @@ def check_column(col: object, pred: str, i: int) -> np.ndarray:
     """One argument column as a numpy array of constants, or invalid_fact."""
     a = np.asarray(col)
     if a.ndim != 1:
-        raise program_error("invalid_fact", f"column {i} of the facts of {pred!r} must be "
-                            f"one-dimensional, got shape {a.shape}")
+        raise program_error(
+            "invalid_fact",
+            f"column {i} of the facts of {pred!r} must be one-dimensional, got shape {a.shape}",
+        )
     k = a.dtype.kind
     if k in "iu":
         return a.astype(np.int64) if k == "u" and a.dtype.itemsize < 8 else a
@@ -83,8 +85,11 @@ def check_column(col: object, pred: str, i: int) -> np.ndarray:
         return a.astype(np.int64)
     if k == "f":
         if np.isnan(a).any():
-            raise program_error("invalid_fact", f"column {i} of the facts of {pred!r} holds NaN; "
-                                "expected constants (str, int or float, not NaN)")
+            raise program_error(
+                "invalid_fact",
+                f"column {i} of the facts of {pred!r} holds NaN; "
+                "expected constants (str, int or float, not NaN)",
+            )
         return a.astype(np.float64)
     if k == "U":
         return a
@@ -94,8 +99,11 @@ def check_column(col: object, pred: str, i: int) -> np.ndarray:
             for v in vals:
                 check_constant(v, f"column {i} of the facts of {pred!r}")
         return _tighten(a)
-    raise program_error("invalid_fact", f"column {i} of the facts of {pred!r} has dtype "
-                        f"{a.dtype}; expected ints, floats or strings")
+    raise program_error(
+        "invalid_fact",
+        f"column {i} of the facts of {pred!r} has dtype "
+        f"{a.dtype}; expected ints, floats or strings",
+    )
 
 
 def _nan(v: object) -> bool:
@@ -115,15 +123,19 @@ def table_of(pred: str, rows: object) -> FactTable:
         if rows.ndim == 1:
             return FactTable(1, len(rows), [check_column(rows, pred, 0)])
         if rows.ndim != 2:
-            raise program_error("invalid_fact", f"an array of facts of {pred!r} must be N x "
-                                f"arity, got shape {rows.shape}")
+            raise program_error(
+                "invalid_fact",
+                f"an array of facts of {pred!r} must be N x arity, got shape {rows.shape}",
+            )
         cols = [check_column(rows[:, i], pred, i) for i in range(rows.shape[1])]
         return FactTable(rows.shape[1], rows.shape[0], cols)
     if isinstance(rows, (tuple, list)) and rows and all(_is_column(c) for c in rows):
         lens = {len(c) for c in rows}  # type: ignore[arg-type]
         if len(lens) != 1:
-            raise program_error("invalid_fact", f"the columns of the facts of {pred!r} have "
-                                f"different lengths {sorted(lens)}")
+            raise program_error(
+                "invalid_fact",
+                f"the columns of the facts of {pred!r} have different lengths {sorted(lens)}",
+            )
         cols = [check_column(c, pred, i) for i, c in enumerate(rows)]
         return FactTable(len(cols), lens.pop(), cols)
     weights = rows if isinstance(rows, Mapping) else None
@@ -134,33 +146,43 @@ def table_of(pred: str, rows: object) -> FactTable:
         except (ValueError, OverflowError, TypeError):
             arr = None
         if arr is not None and arr.ndim == 2 and arr.dtype.kind == "i" and arr.shape[1]:
-            return FactTable(arr.shape[1], arr.shape[0],
-                             [np.ascontiguousarray(arr[:, i], np.int64)
-                              for i in range(arr.shape[1])])
+            return FactTable(
+                arr.shape[1],
+                arr.shape[0],
+                [np.ascontiguousarray(arr[:, i], np.int64) for i in range(arr.shape[1])],
+            )
     try:
         items = list(weights.items()) if weights is not None else [(r, 1.0) for r in rows]
     except TypeError as exc:
-        raise program_error("invalid_fact", f"facts of {pred!r} must be an iterable of "
-                            f"tuples, got {type(rows).__name__}") from exc
+        raise program_error(
+            "invalid_fact",
+            f"facts of {pred!r} must be an iterable of tuples, got {type(rows).__name__}",
+        ) from exc
     table: dict[tuple, float] = {}
     arity = None
     for row, w in items:
         if not isinstance(row, (tuple, list)):
-            raise program_error("invalid_fact", f"fact {row!r} of {pred!r} must be a tuple "
-                                "of constants")
+            raise program_error(
+                "invalid_fact", f"fact {row!r} of {pred!r} must be a tuple of constants"
+            )
         tup = tuple(check_constant(v, f"fact {tuple(row)!r} of {pred!r}") for v in row)
         if arity is not None and len(tup) != arity:
-            raise program_error("arity_mismatch", f"fact {tup!r} of {pred!r} has {len(tup)} "
-                                f"argument(s) but fact {next(iter(table))!r} has {arity}")
+            raise program_error(
+                "arity_mismatch",
+                f"fact {tup!r} of {pred!r} has {len(tup)} "
+                f"argument(s) but fact {next(iter(table))!r} has {arity}",
+            )
         arity = len(tup)
         try:
             wv = float(w)
         except (TypeError, ValueError) as exc:
-            raise program_error("invalid_fact", f"weight {w!r} of fact {tup!r} of {pred!r} "
-                                "must be a number") from exc
+            raise program_error(
+                "invalid_fact", f"weight {w!r} of fact {tup!r} of {pred!r} must be a number"
+            ) from exc
         if not 0.0 <= wv <= 1.0:
-            raise program_error("invalid_fact", f"weight {wv} of fact {tup!r} of {pred!r} "
-                                "must lie in [0, 1]")
+            raise program_error(
+                "invalid_fact", f"weight {wv} of fact {tup!r} of {pred!r} must lie in [0, 1]"
+            )
         table[tup] = max(table.get(tup, 0.0), wv)
     t = FactTable.from_rows(list(table), list(table.values()) if weights is not None else None)
     t.arity = arity if arity is not None else -1  # -1: no rows, arity unknown
@@ -172,8 +194,10 @@ def normalize_facts(facts: Mapping[str, Iterable] | None) -> dict[str, FactTable
     if facts is None:
         return {}
     if not isinstance(facts, Mapping):
-        raise program_error("invalid_fact", f"facts must map predicate names to iterables of "
-                            f"tuples, got {type(facts).__name__}")
+        raise program_error(
+            "invalid_fact",
+            f"facts must map predicate names to iterables of tuples, got {type(facts).__name__}",
+        )
     out: dict[str, FactTable] = {}
     for pred, rows in facts.items():
         if not isinstance(pred, str) or not pred:

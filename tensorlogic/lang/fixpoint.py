@@ -173,13 +173,23 @@ def analyze(rules: list[Rule], facts: dict[str, FactTable]) -> Analysis:
     for pred, t in facts.items():
         if t.arity < 0:  # no rows given: the arity the rules use
             facts[pred] = FactTable(arity[pred], 0, [np.zeros(0, np.int64)] * arity[pred])
-    symbols = Symbols.from_columns([c for t in facts.values() for c in t.cols],
-                                   _rule_constants(proper))
+    symbols = Symbols.from_columns(
+        [c for t in facts.values() for c in t.cols], _rule_constants(proper)
+    )
     fact_ids = {p: ([symbols.encode(c) for c in t.cols], t.weights) for p, t in facts.items()}
     domains = build_domains(proper, {p: c for p, (c, _) in fact_ids.items()}, arity, symbols)
     strata = stratify(proper, set(arity))
-    return Analysis(proper, facts, arity, symbols, fact_ids, domains, strata,
-                    {id(r): k for k, r in enumerate(proper)}, has_arithmetic(proper))
+    return Analysis(
+        proper,
+        facts,
+        arity,
+        symbols,
+        fact_ids,
+        domains,
+        strata,
+        {id(r): k for k, r in enumerate(proper)},
+        has_arithmetic(proper),
+    )
 
 
 def check_memory(an: Analysis, budget: int, preds: Any = None) -> None:
@@ -193,12 +203,18 @@ def check_memory(an: Analysis, budget: int, preds: Any = None) -> None:
             raise ProgramError(
                 f"relation {pred!r} needs a dense tensor over domains of sizes ({doms}): "
                 f"{nbytes} bytes ({3 * nbytes} with its working copies), over the memory budget "
-                f"of {budget} bytes", code="memory_budget", relation=pred, shape=shape)
+                f"of {budget} bytes",
+                code="memory_budget",
+                relation=pred,
+                shape=shape,
+            )
         total += nbytes
     if total > budget:
-        raise ProgramError(f"the program's relations need {total} bytes of dense tensors "
-                           f"together, over the memory budget of {budget} bytes",
-                           code="memory_budget")
+        raise ProgramError(
+            f"the program's relations need {total} bytes of dense tensors "
+            f"together, over the memory budget of {budget} bytes",
+            code="memory_budget",
+        )
 
 
 def _ident(k: int) -> str:
@@ -211,18 +227,25 @@ class Evaluator:
     def __init__(self, an: Analysis, opts: Options) -> None:
         S.check_semantics(opts.semantics)
         if not isinstance(opts.max_iterations, int) or opts.max_iterations < 1:
-            raise ProgramError(f"max_iterations must be a positive int, got "
-                               f"{opts.max_iterations!r}", code="invalid_option")
+            raise ProgramError(
+                f"max_iterations must be a positive int, got {opts.max_iterations!r}",
+                code="invalid_option",
+            )
         if opts.rounds not in ROUNDS:
-            raise ProgramError(f"rounds must be one of {ROUNDS}, got {opts.rounds!r}",
-                               code="invalid_option")
+            raise ProgramError(
+                f"rounds must be one of {ROUNDS}, got {opts.rounds!r}", code="invalid_option"
+            )
         if opts.representation not in REPRESENTATIONS:
-            raise ProgramError(f"representation must be one of {REPRESENTATIONS}, got "
-                               f"{opts.representation!r}", code="invalid_option")
+            raise ProgramError(
+                f"representation must be one of {REPRESENTATIONS}, got {opts.representation!r}",
+                code="invalid_option",
+            )
         if an.arithmetic and opts.representation == "dense":
-            raise ProgramError("a program with arithmetic terms adds constants while it runs, "
-                               "so it needs representation='sparse' or 'auto'",
-                               code="invalid_option")
+            raise ProgramError(
+                "a program with arithmetic terms adds constants while it runs, "
+                "so it needs representation='sparse' or 'auto'",
+                code="invalid_option",
+            )
         self.an = an
         self.opts = opts
         self._backend = None  # resolved when a dense stratum first needs it
@@ -246,8 +269,9 @@ class Evaluator:
 
     # ------------------------------------------------------------------ representations
     def _touched(self, st: Stratum) -> set[str]:
-        return set(st.preds) | {b.atom.pred for r in st.rules for b in r.body
-                                if isinstance(b, Literal)}
+        return set(st.preds) | {
+            b.atom.pred for r in st.rules for b in r.body if isinstance(b, Literal)
+        }
 
     def _kind(self, st: Stratum) -> str:
         """How a stratum runs: dense for small domains (on the backend, a device included),
@@ -263,11 +287,13 @@ class Evaluator:
         r = self.an.rule_ids
         for rule in st.rules:  # a comparison of two variables is a matrix over their domain
             for b in rule.body:
-                if isinstance(b, Comparison) and all(not isinstance(t, Const)
-                                                     for t in (b.left, b.right)):
+                if isinstance(b, Comparison) and all(
+                    not isinstance(t, Const) for t in (b.left, b.right)
+                ):
                     v = term_vars(b.left)[0]
-                    cells.append(self.an.domains.size(self.an.domains.of_var[(r[id(rule)],
-                                                                              v.name)]) ** 2)
+                    cells.append(
+                        self.an.domains.size(self.an.domains.of_var[(r[id(rule)], v.name)]) ** 2
+                    )
         return "dense" if max(cells, default=0) <= self.opts.dense_cells else "sparse"
 
     def _dense(self, pred: str) -> Any:
@@ -280,8 +306,10 @@ class Evaluator:
             if cur.arity == 0:
                 arr[()] = (1.0 if cur.w is None else cur.w[0]) if cur.n else 0.0
             elif cur.n:
-                idx = tuple(dense_index(self.an.domains.position_ids(pred, i), c)
-                            for i, c in enumerate(cur.cols))
+                idx = tuple(
+                    dense_index(self.an.domains.position_ids(pred, i), c)
+                    for i, c in enumerate(cur.cols)
+                )
                 arr[idx] = 1.0 if cur.w is None else cur.w
             cur = self.backend.to_device(arr)
         self.env[pred] = cur
@@ -298,12 +326,13 @@ class Evaluator:
             weighted = sem != "boolean"
             if arr.ndim == 0:
                 v = float(arr)
-                cur = Rel(0, int(v > 0), [], np.array([v])[:int(v > 0)] if weighted else None)
+                cur = Rel(0, int(v > 0), [], np.array([v])[: int(v > 0)] if weighted else None)
             else:
                 nz = np.nonzero(arr > 0)
                 cols = [self.an.domains.position_ids(pred, i)[ix] for i, ix in enumerate(nz)]
-                cur = Rel(arr.ndim, len(nz[0]), cols,
-                          arr[nz].astype(np.float64) if weighted else None)
+                cur = Rel(
+                    arr.ndim, len(nz[0]), cols, arr[nz].astype(np.float64) if weighted else None
+                )
         self.env[pred] = cur
         return cur
 
@@ -313,8 +342,9 @@ class Evaluator:
         return compile_graph(g, backend=self.backend.name, opt_level=self.opts.opt_level)
 
     def _builder(self, g: EinsumGraph) -> RuleBuilder:
-        return RuleBuilder(g, self.opts.semantics, self.an.domains, self.an.rule_ids,
-                           self.opts.memory_budget)
+        return RuleBuilder(
+            g, self.opts.semantics, self.an.domains, self.an.rule_ids, self.opts.memory_budget
+        )
 
     def _rules_of(self, b: RuleBuilder, rules: list[Rule], pred: str, source) -> list[Tensor]:
         out = []
@@ -389,8 +419,9 @@ class Evaluator:
             for it in range(1, self.opts.max_iterations + 1):
                 src = _source(cur, lower)
                 new = self._derive(rules, src, facts, st.preds)
-                done = not st.recursive or all(_close(cur[p], new[p], ctx.bits, self.opts.tol)
-                                               for p in st.preds)
+                done = not st.recursive or all(
+                    _close(cur[p], new[p], ctx.bits, self.opts.tol) for p in st.preds
+                )
                 cur = new
                 if done:
                     self.iterations[st.preds] = it
@@ -399,8 +430,9 @@ class Evaluator:
                 self._too_many(st)
         self.env.update(cur)
 
-    def _derive(self, rules: list[SparseRule], src, base: dict[str, Rel],
-                preds: tuple[str, ...]) -> dict[str, Rel]:
+    def _derive(
+        self, rules: list[SparseRule], src, base: dict[str, Rel], preds: tuple[str, ...]
+    ) -> dict[str, Rel]:
         """Each predicate's rows: ``base`` and what ``rules`` derive, deduplicated."""
         ctx = self.ctx
         parts: dict[str, list] = {p: [] for p in preds}
@@ -413,16 +445,21 @@ class Evaluator:
             out[p] = _build(got, self.an.arity.get(p, 0), ctx)
         return out
 
-    def _semi_naive(self, st: Stratum, facts: dict[str, Rel],
-                    lower: dict[str, Rel]) -> dict[str, Rel]:
+    def _semi_naive(
+        self, st: Stratum, facts: dict[str, Rel], lower: dict[str, Rel]
+    ) -> dict[str, Rel]:
         """Boolean recursion: each round joins the last round's new tuples (one variant per
         recursive atom, the other atoms read whole) and keeps what is new (``relset.Known``)."""
         ctx = self.ctx
         own = set(st.preds)
         exits = [SparseRule(r) for r in st.rules if not _uses(r, st.preds)]
         start = self._derive(exits, _source(facts, lower), facts, st.preds)
-        variants = [SparseRule(r, k) for r in st.rules for k, b in enumerate(r.body)
-                    if isinstance(b, Literal) and not b.negated and b.atom.pred in own]
+        variants = [
+            SparseRule(r, k)
+            for r in st.rules
+            for k, b in enumerate(r.body)
+            if isinstance(b, Literal) and not b.negated and b.atom.pred in own
+        ]
         bits = ctx.bits
         known = {p: Known(start[p], bits, self.opts.memory_budget) for p in st.preds}
         delta = dict(start)
@@ -430,16 +467,18 @@ class Evaluator:
         for it in range(1, self.opts.max_iterations + 1):
             parts: dict[str, list] = {p: [] for p in st.preds}
             for v in variants:
-                def src(pred: str, k: int, seed: int = v.seed, delta=delta,
-                        known=known) -> Rel:
+
+                def src(pred: str, k: int, seed: int = v.seed, delta=delta, known=known) -> Rel:
                     if pred in own:
                         return delta[pred] if k == seed else known[pred].whole()
                     return lower[pred]
+
                 parts[v.rule.head.pred].append(v.run(ctx, src))
             if ctx.bits != bits:  # arithmetic added symbols: keys widen
                 bits = ctx.bits
-                known = {p: Known(known[p].whole(), bits, self.opts.memory_budget)
-                         for p in st.preds}
+                known = {
+                    p: Known(known[p].whole(), bits, self.opts.memory_budget) for p in st.preds
+                }
             new = {p: known[p].add(parts[p]) for p in st.preds}
             if all(n.n == 0 for n in new.values()):
                 self.iterations[st.preds] = it
@@ -467,8 +506,9 @@ class Evaluator:
         """Sorted flat indices of a sparse relation's tuples in its dense layout."""
         if rel.arity == 0:
             return np.zeros(rel.n, np.intp)
-        idx = [dense_index(self.an.domains.position_ids(pred, i), c)
-               for i, c in enumerate(rel.cols)]
+        idx = [
+            dense_index(self.an.domains.position_ids(pred, i), c) for i, c in enumerate(rel.cols)
+        ]
         return np.sort(np.ravel_multi_index(idx, self.an.shape(pred)))
 
     def _go_dense(self, st: Stratum, known: dict, delta: dict) -> bool:
@@ -515,8 +555,9 @@ class Evaluator:
                 fname = "F_" + self.ids[pred]
                 facts = g.input(fname, self.an.shape(pred))
                 inputs[fname] = pred
-                outs[pred] = S.disjoin(g, self.opts.semantics,
-                                       [facts] + self._rules_of(b, rules, pred, source))
+                outs[pred] = S.disjoin(
+                    g, self.opts.semantics, [facts] + self._rules_of(b, rules, pred, source)
+                )
             for pred, t in outs.items():
                 local[pred] = t
                 g.output(t, name="O_" + self.ids[pred])
@@ -532,8 +573,7 @@ class Evaluator:
         own = set(st.preds)
         R = {p: g.input("R_" + self.ids[p], self.an.shape(p)) for p in st.preds}
         D = {p: g.input("D_" + self.ids[p], self.an.shape(p)) for p in st.preds} if boolean else {}
-        F = {} if boolean else {p: g.input("F_" + self.ids[p], self.an.shape(p))
-                                for p in st.preds}
+        F = {} if boolean else {p: g.input("F_" + self.ids[p], self.an.shape(p)) for p in st.preds}
         lower: dict[str, Tensor] = {}
 
         def lower_source(pred: str) -> Tensor:
@@ -548,13 +588,18 @@ class Evaluator:
                 for rule in st.rules:
                     if rule.head.pred != p:
                         continue
-                    own_k = [k for k, item in enumerate(rule.body)
-                             if isinstance(item, Literal) and item.atom.pred in own]
+                    own_k = [
+                        k
+                        for k, item in enumerate(rule.body)
+                        if isinstance(item, Literal) and item.atom.pred in own
+                    ]
                     for dk in own_k:  # semi-naive: one variant per recursive atom, read as delta
+
                         def source(pred: str, k: int, dk: int = dk) -> Tensor:
                             if pred in own:
                                 return D[pred] if k == dk else R[pred]
                             return lower_source(pred)
+
                         t = b.build(rule, source)
                         if t is not None:
                             derived.append(t)
@@ -566,10 +611,13 @@ class Evaluator:
                 g.output(new, name="D_" + self.ids[p])
                 changes.append(g.sum(new))
             else:
+
                 def source(pred: str, k: int) -> Tensor:
                     return R[pred] if pred in own else lower_source(pred)
-                full = S.disjoin(g, self.opts.semantics,
-                                 [F[p]] + self._rules_of(b, st.rules, p, source))
+
+                full = S.disjoin(
+                    g, self.opts.semantics, [F[p]] + self._rules_of(b, st.rules, p, source)
+                )
                 g.output(full, name="R_" + self.ids[p])
                 changes.append(g.max(abs(full - R[p])))
         total = changes[0]
@@ -581,8 +629,12 @@ class Evaluator:
         if boolean:
             state.update({"D_" + self.ids[p]: self.env[p] for p in st.preds})
         else:
-            state.update({"F_" + self.ids[p]: self.backend.to_device(self.an.dense_facts(p))
-                          for p in st.preds})
+            state.update(
+                {
+                    "F_" + self.ids[p]: self.backend.to_device(self.an.dense_facts(p))
+                    for p in st.preds
+                }
+            )
         fixed = {"L_" + self.ids[p]: self.env[p] for p in lower}
         if boolean and all(isinstance(self.env[p], np.ndarray) for p in st.preds):
             self._boolean_rounds(st, plan, fixed, delta)
@@ -602,10 +654,13 @@ class Evaluator:
     def _too_many(self, st: Stratum) -> None:
         raise ProgramError(
             f"the recursive rules for {', '.join(map(repr, st.preds))} did not reach a fixpoint "
-            f"within max_iterations={self.opts.max_iterations} rounds", code="max_iterations")
+            f"within max_iterations={self.opts.max_iterations} rounds",
+            code="max_iterations",
+        )
 
-    def _boolean_rounds(self, st: Stratum, plan, fixed: dict[str, Any],
-                        delta: dict[str, np.ndarray] | None = None) -> None:
+    def _boolean_rounds(
+        self, st: Stratum, plan, fixed: dict[str, Any], delta: dict[str, np.ndarray] | None = None
+    ) -> None:
         """Semi-naive rounds on the host, each one dense (the compiled step) or sparse.
 
         The relations stay dense numpy arrays; the delta is either dense (after a dense round)
@@ -634,9 +689,12 @@ class Evaluator:
             go_sparse = mode == "sparse" or (mode == "auto" and nnz * rate <= budget)
             if go_sparse:
                 if sparse is None:
-                    sparse = SparseStratum(self.an, st.preds, st.rules,
-                                           {p: a for p, a in self.env.items()
-                                            if p not in st.preds})
+                    sparse = SparseStratum(
+                        self.an,
+                        st.preds,
+                        st.rules,
+                        {p: a for p, a in self.env.items() if p not in st.preds},
+                    )
                 if dense_delta is not None:
                     flat_delta = {p: np.flatnonzero(a) for p, a in dense_delta.items()}
                 t0 = time.perf_counter()
@@ -691,12 +749,25 @@ class Evaluator:
             n = an.arity.get(p, 0)
             doms = [an.domains.position_ids(p, i) for i in range(n)]
             if isinstance(cur, Rel):
-                out[p] = Relation(p, n, an.symbols, doms, rel=cur, weighted=weighted,
-                                  memory_budget=self.opts.memory_budget)
+                out[p] = Relation(
+                    p,
+                    n,
+                    an.symbols,
+                    doms,
+                    rel=cur,
+                    weighted=weighted,
+                    memory_budget=self.opts.memory_budget,
+                )
             else:
-                out[p] = Relation(p, n, an.symbols, doms,
-                                  dense=np.asarray(self.backend.to_host(cur)), weighted=weighted,
-                                  memory_budget=self.opts.memory_budget)
+                out[p] = Relation(
+                    p,
+                    n,
+                    an.symbols,
+                    doms,
+                    dense=np.asarray(self.backend.to_host(cur)),
+                    weighted=weighted,
+                    memory_budget=self.opts.memory_budget,
+                )
         return out
 
     def _final_domains(self) -> None:
@@ -717,6 +788,7 @@ class Evaluator:
 def _source(rels: dict[str, Rel], lower: dict[str, Rel]):
     def src(pred: str, k: int) -> Rel:
         return rels[pred] if pred in rels else lower[pred]
+
     return src
 
 
@@ -728,8 +800,11 @@ def _build(parts: list, arity: int, ctx: Context) -> Rel:
         return Rel.empty(arity, weighted)
     cols = [np.concatenate([p[0][i] for p in parts]) for i in range(arity)]
     n = sum(p[1] for p in parts)
-    w = np.concatenate([p[2] if p[2] is not None else np.ones(p[1]) for p in parts]) \
-        if weighted else None
+    w = (
+        np.concatenate([p[2] if p[2] is not None else np.ones(p[1]) for p in parts])
+        if weighted
+        else None
+    )
     return Rel.build(cols, n, w, ctx.bits, ctx.sem)
 
 
@@ -784,8 +859,9 @@ def _uses(rule: Rule, preds: tuple[str, ...]) -> bool:
     return any(isinstance(b, Literal) and b.atom.pred in preds for b in rule.body)
 
 
-def evaluate_rules(rules: list[Rule], facts: dict[str, FactTable],
-                   opts: Options) -> tuple[Analysis, dict[str, Relation], Evaluator]:
+def evaluate_rules(
+    rules: list[Rule], facts: dict[str, FactTable], opts: Options
+) -> tuple[Analysis, dict[str, Relation], Evaluator]:
     """Analyze and evaluate; returns the analysis, every relation, the evaluator."""
     an = analyze(rules, facts)
     ev = Evaluator(an, opts)
@@ -799,11 +875,11 @@ class Relations(dict):
 
     def __missing__(self, key: object) -> set[tuple]:
         known = ", ".join(sorted(self)) or "none"
-        raise UnknownPredicateError(f"unknown relation {key!r}; the program's relations are: "
-                                    f"{known}", relation=key)
+        raise UnknownPredicateError(
+            f"unknown relation {key!r}; the program's relations are: {known}", relation=key
+        )
 
 
 def decode_all(an: Analysis, rels: Mapping[str, Relation]) -> Relations:
     """Every relation as a set of tuples."""
     return Relations({p: rels[p].to_set() for p in an.predicates})
-

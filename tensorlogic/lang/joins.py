@@ -44,8 +44,14 @@ _ORDER = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_e
 class RuleBuilder:
     """Builds the nodes of rules into one graph under one semantics."""
 
-    def __init__(self, g: EinsumGraph, sem: str, domains: Domains, rule_ids: Mapping[int, int],
-                 memory_budget: int) -> None:
+    def __init__(
+        self,
+        g: EinsumGraph,
+        sem: str,
+        domains: Domains,
+        rule_ids: Mapping[int, int],
+        memory_budget: int,
+    ) -> None:
         self.g = g
         self.sem = sem
         self.dom = domains
@@ -63,10 +69,12 @@ class RuleBuilder:
 
     def onehot(self, d: int, value: Scalar) -> Tensor:
         """A 0/1 vector over domain ``d`` selecting ``value``."""
+
         def make() -> np.ndarray:
             v = np.zeros(self.dom.size(d))
             v[self.dom.index[d][value]] = 1
             return v
+
         return self._const(("onehot", d, type(value).__name__, value), make)
 
     def eye(self, d: int) -> Tensor:
@@ -87,7 +95,9 @@ class RuleBuilder:
             raise ProgramError(
                 f"a comparison over a domain of {n} constants needs a dense {n} x {n} matrix: "
                 f"{4 * n * n} bytes, over the memory budget of {self.budget} bytes (the sparse "
-                "representation compares without one)", code="memory_budget")
+                "representation compares without one)",
+                code="memory_budget",
+            )
 
         def make() -> np.ndarray:
             m = np.zeros((n, n))
@@ -98,24 +108,28 @@ class RuleBuilder:
             elif op == "!=":
                 m[:k, :k] = r[:, None] != r[None, :]
             else:
-                m[:k, :k] = (is_str[:, None] == is_str[None, :]) & _ORDER[op](r[:, None],
-                                                                             r[None, :])
+                m[:k, :k] = (is_str[:, None] == is_str[None, :]) & _ORDER[op](
+                    r[:, None], r[None, :]
+                )
             return m
+
         return self._const(("cmp2", op, d), make)
 
     def cmp_vector(self, op: str, d: int, value: Scalar, const_left: bool) -> Tensor:
         """``v[i] = values[i] op value`` (or ``value op values[i]``) over domain ``d``."""
+
         def make() -> np.ndarray:
             v = np.zeros(self.dom.size(d))
             r, is_str = self._order_keys(d)
             c = self.dom.symbols.encode_value(value)  # rule constants are in the table
             rc, sc = self.dom.symbols.rank()[c], isinstance(value, str)
             if op in ("=", "!="):
-                v[:len(r)] = (r == rc) if op == "=" else (r != rc)
+                v[: len(r)] = (r == rc) if op == "=" else (r != rc)
             else:
                 a, b = (rc, r) if const_left else (r, rc)
-                v[:len(r)] = (is_str == sc) & _ORDER[op](a, b)
+                v[: len(r)] = (is_str == sc) & _ORDER[op](a, b)
             return v
+
         return self._const(("cmp1", op, d, type(value).__name__, value, const_left), make)
 
     # ------------------------------------------------------------------ rule body
@@ -126,7 +140,9 @@ class RuleBuilder:
             raise ProgramError(
                 f"the rule for {rule.head.pred!r}{where(rule.pos)} needs a dense intermediate "
                 f"over domains of sizes ({sizes}): {4 * n} bytes, over the memory budget of "
-                f"{self.budget} bytes", code="memory_budget")
+                f"{self.budget} bytes",
+                code="memory_budget",
+            )
 
     def build(self, rule: Rule, source: Source) -> Tensor | None:
         """The head relation derived by ``rule`` (None if a constant comparison is false)."""
@@ -173,10 +189,16 @@ class RuleBuilder:
             if isinstance(t, Const):
                 extra.append(ch)
                 ops_.append(self.onehot(d, t.value))
-        named = "".join(dict.fromkeys(ch for ch, t in zip(terms, atom.args)
-                                      if isinstance(t, Var) and not t.anonymous))
-        anon = "".join(dict.fromkeys(ch for ch, t in zip(terms, atom.args)
-                                     if isinstance(t, Var) and t.anonymous))
+        named = "".join(
+            dict.fromkeys(
+                ch for ch, t in zip(terms, atom.args) if isinstance(t, Var) and not t.anonymous
+            )
+        )
+        anon = "".join(
+            dict.fromkeys(
+                ch for ch, t in zip(terms, atom.args) if isinstance(t, Var) and t.anonymous
+            )
+        )
         spec_in = ["".join(terms)] + extra
         mid = named + anon
         if spec_in == [mid]:

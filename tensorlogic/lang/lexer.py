@@ -25,8 +25,31 @@ class Token:
     pos: Pos
 
 
-_PUNCT = (":-", "?-", "\\+", "<=", ">=", "!=", "==", "(", ")", "[", "]", ",", ".", "=", "+", "-",
-          "*", "/", "<", ">", "!", ":", ";")
+_PUNCT = (
+    ":-",
+    "?-",
+    "\\+",
+    "<=",
+    ">=",
+    "!=",
+    "==",
+    "(",
+    ")",
+    "[",
+    "]",
+    ",",
+    ".",
+    "=",
+    "+",
+    "-",
+    "*",
+    "/",
+    "<",
+    ">",
+    "!",
+    ":",
+    ";",
+)
 _NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*'*")
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "0": "\0"}
@@ -34,8 +57,9 @@ _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "0"
 
 def parse_error(message: str, pos: Pos) -> ProgramError:
     """A ProgramError with code ``parse_error`` naming the position."""
-    return ProgramError(f"parse error at {pos}: {message}", code="parse_error",
-                        line=pos.line, column=pos.col)
+    return ProgramError(
+        f"parse error at {pos}: {message}", code="parse_error", line=pos.line, column=pos.col
+    )
 
 
 def tokenize(text: str) -> list[Token]:
@@ -54,8 +78,12 @@ def tokenize(text: str) -> list[Token]:
         if ch in " \t\r\f\v":
             i += 1
             continue
-        if ch == "%" and tokens and tokens[-1].kind in ("IDENT", "NUMBER", "STRING", ")") \
-                and tokens[-1].pos.line == line:
+        if (
+            ch == "%"
+            and tokens
+            and tokens[-1].kind in ("IDENT", "NUMBER", "STRING", ")")
+            and tokens[-1].pos.line == line
+        ):
             tokens.append(Token("%", "%", None, pos))
             i += 1
             continue
@@ -84,14 +112,16 @@ def tokenize(text: str) -> list[Token]:
                     break
                 if c == "\\":
                     if j + 1 >= n or text[j + 1] not in _ESCAPES:
-                        raise parse_error("unknown escape sequence in string literal",
-                                          Pos(line, j - line_start + 1))
+                        raise parse_error(
+                            "unknown escape sequence in string literal",
+                            Pos(line, j - line_start + 1),
+                        )
                     buf.append(_ESCAPES[text[j + 1]])
                     j += 2
                     continue
                 buf.append(c)
                 j += 1
-            tokens.append(Token("STRING", text[i:j + 1], "".join(buf), pos))
+            tokens.append(Token("STRING", text[i : j + 1], "".join(buf), pos))
             i = j + 1
             continue
         m = _NUMBER.match(text, i)

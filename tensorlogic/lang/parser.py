@@ -41,9 +41,19 @@ from .lexer import Token, parse_error, tokenize
 
 #: nonlinearities of tensor equations and the number of arguments each takes
 FUNCTIONS: dict[str, tuple[int, ...]] = {
-    "step": (1,), "relu": (1,), "sig": (1, 2), "sigmoid": (1, 2), "tanh": (1,), "exp": (1,),
-    "log": (1,), "sqrt": (1,), "softplus": (1,), "abs": (1,), "gelu": (1,),
-    "softmax": (1,), "log_softmax": (1,),
+    "step": (1,),
+    "relu": (1,),
+    "sig": (1, 2),
+    "sigmoid": (1, 2),
+    "tanh": (1,),
+    "exp": (1,),
+    "log": (1,),
+    "sqrt": (1,),
+    "softplus": (1,),
+    "abs": (1,),
+    "gelu": (1,),
+    "softmax": (1,),
+    "log_softmax": (1,),
 }
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 _ARITH_TOKENS = ("+", "-", "*", "/", "%")
@@ -85,8 +95,11 @@ class _Parser:
 
     def error(self, message: str, tok: Token | None = None) -> ProgramError:
         tok = tok or self.tok
-        found = "end of input" if tok.kind == "EOF" else (
-            "end of line" if tok.kind == "NEWLINE" else repr(tok.text))
+        found = (
+            "end of input"
+            if tok.kind == "EOF"
+            else ("end of line" if tok.kind == "NEWLINE" else repr(tok.text))
+        )
         return parse_error(f"{message}, found {found}", tok.pos)
 
     def skip_newlines(self) -> None:
@@ -131,7 +144,7 @@ class _Parser:
         if start.kind != "IDENT":
             raise self.error("expected a statement (a rule, fact, equation or declaration)")
         nxt = self.peek()
-        if nxt.kind == ":" :
+        if nxt.kind == ":":
             ast.declarations.append(self.declaration())
             return
         if nxt.kind == "[" or (nxt.kind == "=" and start.text != "not"):
@@ -152,8 +165,9 @@ class _Parser:
             self.next()
             ast.rules.append(Rule(head, (), head.pos))
             return
-        if self.tok.kind == "=" or (self.tok.kind == "IDENT" and self.tok.text in ("max", "avg",
-                                                                                    "sum")):
+        if self.tok.kind == "=" or (
+            self.tok.kind == "IDENT" and self.tok.text in ("max", "avg", "sum")
+        ):
             lhs = Ref(head.pred, tuple(self._atom_index(a) for a in head.args), True, head.pos)
             eq = self.equation(lhs)
             rules = _as_rules(eq)
@@ -257,8 +271,11 @@ class _Parser:
         if t.kind in ("!", "\\+") and self.peek().kind == "IDENT":
             self.next()
             return Literal(self.atom(), True)
-        if t.kind == "IDENT" and self.peek().kind not in _CMP_TOKENS and \
-                self.peek().kind not in _ARITH_TOKENS:
+        if (
+            t.kind == "IDENT"
+            and self.peek().kind not in _CMP_TOKENS
+            and self.peek().kind not in _ARITH_TOKENS
+        ):
             return Literal(self.atom(), False)
         left = self.term()
         op = self.tok
@@ -394,8 +411,11 @@ class _Parser:
                 args.append(self.expr())
             self.expect(")", "',' or ')' after the function argument")
             if len(args) not in FUNCTIONS[t.text]:
-                raise parse_error(f"{t.text}() takes {' or '.join(map(str, FUNCTIONS[t.text]))} "
-                                  f"argument(s), got {len(args)}", t.pos)
+                raise parse_error(
+                    f"{t.text}() takes {' or '.join(map(str, FUNCTIONS[t.text]))} "
+                    f"argument(s), got {len(args)}",
+                    t.pos,
+                )
             return Call(t.text, tuple(args), t.pos)
         if self.peek().kind == "(":
             a = self.atom()
@@ -437,8 +457,9 @@ def _as_rules(eq: Equation) -> list[Rule] | None:
 def parse_ast(text: str) -> ProgramAST:
     """Parse program text into a ProgramAST; raises ProgramError(parse_error) with a position."""
     if not isinstance(text, str):
-        raise ProgramError(f"program text must be a str, got {type(text).__name__}",
-                           code="parse_error")
+        raise ProgramError(
+            f"program text must be a str, got {type(text).__name__}", code="parse_error"
+        )
     return _Parser(text).program()
 
 

@@ -40,13 +40,20 @@ class Program:
         self.fact_weights: dict[str, dict[tuple, float]] = {}
         self.weighted_relations: dict[str, np.ndarray] = {}
         lhs = {eq.lhs.name for eq in ast.equations}
-        preds = {a.pred for r in ast.rules for a in [r.head] + [
-            b.atom for b in r.body if hasattr(b, "atom")]}
+        preds = {
+            a.pred
+            for r in ast.rules
+            for a in [r.head] + [b.atom for b in r.body if hasattr(b, "atom")]
+        }
         clash = sorted(lhs & preds)
         if clash:
             eq = next(e for e in ast.equations if e.lhs.name == clash[0])
-            raise program_error("name_conflict", f"{clash[0]!r} is both a relation of the rules "
-                                "and the left side of a tensor equation", eq.pos)
+            raise program_error(
+                "name_conflict",
+                f"{clash[0]!r} is both a relation of the rules "
+                "and the left side of a tensor equation",
+                eq.pos,
+            )
 
     # ------------------------------------------------------------------ structure
     @property
@@ -62,8 +69,11 @@ class Program:
     @property
     def relations(self) -> tuple[str, ...]:
         """Relations the rules mention (facts given to ``run`` may add more)."""
-        names = {a.pred for r in self.ast.rules for a in
-                 [r.head] + [b.atom for b in r.body if hasattr(b, "atom")]}
+        names = {
+            a.pred
+            for r in self.ast.rules
+            for a in [r.head] + [b.atom for b in r.body if hasattr(b, "atom")]
+        }
         return tuple(sorted(names))
 
     @property
@@ -72,15 +82,25 @@ class Program:
         return tuple(dict.fromkeys(eq.lhs.name for eq in self.ast.equations))
 
     def __repr__(self) -> str:
-        return (f"Program({self.source!r}: {len(self.ast.rules)} rules/facts, "
-                f"{len(self.ast.equations)} equations, relations={list(self.relations)}, "
-                f"tensors={list(self.tensors)})")
+        return (
+            f"Program({self.source!r}: {len(self.ast.rules)} rules/facts, "
+            f"{len(self.ast.equations)} equations, relations={list(self.relations)}, "
+            f"tensors={list(self.tensors)})"
+        )
 
     # ------------------------------------------------------------------ running
-    def run(self, backend: str = "auto", *, facts: Mapping[str, Iterable] | None = None,
-            semantics: str = "boolean", opt_level: int = 2, max_iterations: int | None = None,
-            memory_budget: int | None = None, representation: str = "auto",
-            **data: Any) -> dict[str, Any]:
+    def run(
+        self,
+        backend: str = "auto",
+        *,
+        facts: Mapping[str, Iterable] | None = None,
+        semantics: str = "boolean",
+        opt_level: int = 2,
+        max_iterations: int | None = None,
+        memory_budget: int | None = None,
+        representation: str = "auto",
+        **data: Any,
+    ) -> dict[str, Any]:
         """Evaluate the program; returns every relation and equation result.
 
         A relation comes back as a dense numpy array (over ``symbols(name)``) when its dense
@@ -96,8 +116,9 @@ class Program:
                 the rules given by keyword with anything but a numpy array (a list of tuples,
                 a DataFrame, ...) is taken as its facts.
         """
-        opts = Options(backend=backend, semantics=semantics, opt_level=opt_level,
-                       representation=representation)
+        opts = Options(
+            backend=backend, semantics=semantics, opt_level=opt_level, representation=representation
+        )
         if max_iterations is not None:
             opts.max_iterations = max_iterations
         if memory_budget is not None:
@@ -107,8 +128,9 @@ class Program:
         rel_names = set(self.relations)
         for name in [k for k in data if k in rel_names and not isinstance(data[k], np.ndarray)]:
             if name in given:
-                raise ProgramError(f"facts of {name!r} given twice: by keyword and in facts=",
-                                   code="invalid_fact")
+                raise ProgramError(
+                    f"facts of {name!r} given twice: by keyword and in facts=", code="invalid_fact"
+                )
             given[name] = data.pop(name)
         an, rels, _ = evaluate_rules(self.ast.rules, normalize_facts(given), opts)
         out: dict[str, Any] = {}
@@ -121,23 +143,31 @@ class Program:
         if self.ast.equations:
             out.update(self._run_equations(dense, data, opts))
         elif data:
-            raise ProgramError(f"data {sorted(data)} given but the program has no tensor "
-                               "equations", code="missing_data")
+            raise ProgramError(
+                f"data {sorted(data)} given but the program has no tensor equations",
+                code="missing_data",
+            )
         self._last = (an, rels)  # only a run that succeeded replaces what query() reads
         return out
 
-    def _run_equations(self, dense: Mapping[str, np.ndarray], data: Mapping[str, Any],
-                       opts: Options) -> dict[str, np.ndarray]:
+    def _run_equations(
+        self, dense: Mapping[str, np.ndarray], data: Mapping[str, Any], opts: Options
+    ) -> dict[str, np.ndarray]:
         g, outs, arrays, _ = self._equation_graph(dense, data, {})
         for name, t in outs.items():
             g.output(t, name=f"o_{name}") if t.id not in g.inputs.values() else g.output(
-                t * 1.0, name=f"o_{name}")
+                t * 1.0, name=f"o_{name}"
+            )
         plan = compile_graph(g, backend=opts.backend, opt_level=opts.opt_level)
         res = plan(arrays, to_host=True)
         return {name: np.asarray(res[f"o_{name}"]) for name in outs}
 
-    def _equation_graph(self, dense: Mapping[str, np.ndarray], data: Mapping[str, Any],
-                        params: Mapping[str, np.ndarray]):
+    def _equation_graph(
+        self,
+        dense: Mapping[str, np.ndarray],
+        data: Mapping[str, Any],
+        params: Mapping[str, np.ndarray],
+    ):
         """The equations as one graph: data and relations as inputs, ``params`` as parameters.
 
         Returns the graph, each left side's tensor, the input arrays by input name, and the
@@ -148,8 +178,11 @@ class Program:
         used = {r.name for eq in self.ast.equations for r in refs_of(eq.expr)}
         unknown = sorted(set(data) - used - set(decl))
         if unknown:
-            raise ProgramError(f"data {unknown} is not read by any equation; the equations read "
-                               f"{sorted(used - lhs - set(dense))}", code="missing_data")
+            raise ProgramError(
+                f"data {unknown} is not read by any equation; the equations read "
+                f"{sorted(used - lhs - set(dense))}",
+                code="missing_data",
+            )
         g = EinsumGraph()
         env = {}
         arrays: dict[str, np.ndarray] = {}
@@ -167,8 +200,11 @@ class Program:
             elif name in dense:
                 arr = dense[name]
             elif name in decl:
-                raise program_error("missing_data", f"tensor {name!r} is declared but no array "
-                                    "was given to run()", decl[name].pos)
+                raise program_error(
+                    "missing_data",
+                    f"tensor {name!r} is declared but no array was given to run()",
+                    decl[name].pos,
+                )
             else:
                 continue  # reported with its position when the equation reads it
             iname = f"t{k}"
@@ -178,11 +214,22 @@ class Program:
         outs = build_equations(g, self.ast.equations, env)
         return g, outs, arrays, names
 
-    def fit(self, data: Mapping[str, Any] | Iterable[Mapping[str, Any]], *, loss: str,
-            params: Iterable[str], optimizer: Any = None, epochs: int = 1,
-            init: Mapping[str, Any] | None = None, seed: int = 0, backend: str = "auto",
-            opt_level: int = 2, facts: Mapping[str, Iterable] | None = None,
-            semantics: str = "boolean", **train_options: Any) -> Any:
+    def fit(
+        self,
+        data: Mapping[str, Any] | Iterable[Mapping[str, Any]],
+        *,
+        loss: str,
+        params: Iterable[str],
+        optimizer: Any = None,
+        epochs: int = 1,
+        init: Mapping[str, Any] | None = None,
+        seed: int = 0,
+        backend: str = "auto",
+        opt_level: int = 2,
+        facts: Mapping[str, Iterable] | None = None,
+        semantics: str = "boolean",
+        **train_options: Any,
+    ) -> Any:
         """Learn the tensors ``params`` by gradient descent on the scalar tensor ``loss``.
 
         ``loss`` is the left side of an equation without indices (``Loss avg= ...``);
@@ -203,18 +250,26 @@ class Program:
 
         batches = [data] if isinstance(data, Mapping) else list(data)
         if not batches or not all(isinstance(b, Mapping) for b in batches):
-            raise ProgramError("fit: data must be a dict of arrays or a non-empty list of them",
-                               code="missing_data")
+            raise ProgramError(
+                "fit: data must be a dict of arrays or a non-empty list of them",
+                code="missing_data",
+            )
         if loss not in self.tensors:
-            raise ProgramError(f"fit: loss {loss!r} is not the left side of an equation; the "
-                               f"equations define {list(self.tensors)}", code="missing_data")
+            raise ProgramError(
+                f"fit: loss {loss!r} is not the left side of an equation; the "
+                f"equations define {list(self.tensors)}",
+                code="missing_data",
+            )
         params = [params] if isinstance(params, str) else list(params)
         used = {r.name for eq in self.ast.equations for r in refs_of(eq.expr)}
         bad = [p for p in params if p not in used or p in self.tensors]
         if not params or bad:
-            raise ProgramError(f"fit: params {bad or params} must name tensors the equations "
-                               f"read (not left sides); they read "
-                               f"{sorted(used - set(self.tensors))}", code="missing_data")
+            raise ProgramError(
+                f"fit: params {bad or params} must name tensors the equations "
+                f"read (not left sides); they read "
+                f"{sorted(used - set(self.tensors))}",
+                code="missing_data",
+            )
         start = self._initial_params(params, dict(init or {}), seed)
         opts = Options(backend=backend, semantics=semantics, opt_level=opt_level)
         an, rels, _ = evaluate_rules(self.ast.rules, normalize_facts(dict(facts or {})), opts)
@@ -222,37 +277,56 @@ class Program:
         g, outs, arrays, names = self._equation_graph(dense, batches[0], start)
         node = outs[loss].node
         if tuple(node.shape) != ():
-            raise ProgramError(f"fit: loss {loss!r} has shape {list(node.shape)}; expected a "
-                               "scalar (an equation whose left side has no indices)",
-                               code="shape_mismatch")
+            raise ProgramError(
+                f"fit: loss {loss!r} has shape {list(node.shape)}; expected a "
+                "scalar (an equation whose left side has no indices)",
+                code="shape_mismatch",
+            )
         g.output(outs[loss], name="loss")
         pnames = [names[p] for p in params]
-        plan = compile_graph(grad(g, of="loss", wrt=pnames), backend=backend,
-                             opt_level=opt_level)
-        fixed = {k: v for k, v in arrays.items() if k not in {names[d] for d in batches[0]
-                                                              if d in names}}
+        plan = compile_graph(grad(g, of="loss", wrt=pnames), backend=backend, opt_level=opt_level)
+        fixed = {
+            k: v for k, v in arrays.items() if k not in {names[d] for d in batches[0] if d in names}
+        }
 
         def feed(epoch: int):
             for b in batches:
                 unknown = sorted(set(b) - set(names))
                 if unknown:
-                    raise ProgramError(f"fit: data {unknown} is not read by any equation",
-                                       code="missing_data")
-                yield {**fixed, **{names[k]: np.asarray(v, dtype=plan.graph.node(
-                    names[k]).dtype) for k, v in b.items()}}
+                    raise ProgramError(
+                        f"fit: data {unknown} is not read by any equation", code="missing_data"
+                    )
+                yield {
+                    **fixed,
+                    **{
+                        names[k]: np.asarray(v, dtype=plan.graph.node(names[k]).dtype)
+                        for k, v in b.items()
+                    },
+                }
 
         hist = train(plan, feed, epochs=epochs, optimizer=optimizer or Adam(), **train_options)
-        self.params.update({p: np.array(plan.backend.to_host(plan.parameters[names[p]]))
-                            for p in params})
+        self.params.update(
+            {p: np.array(plan.backend.to_host(plan.parameters[names[p]])) for p in params}
+        )
         self._last = (an, rels)
         return hist
 
-    def fit_weights(self, examples: Mapping[str, Mapping[tuple, float]], *,
-                    facts: Mapping[str, Iterable] | None = None,
-                    semantics: str = "probabilistic", learn_rules: bool = True,
-                    learn_facts: Iterable[str] = (), rounds: int | None = None,
-                    init_rule_weight: float = 0.5, optimizer: Any = None, epochs: int = 200,
-                    backend: str = "auto", opt_level: int = 2, **train_options: Any) -> Any:
+    def fit_weights(
+        self,
+        examples: Mapping[str, Mapping[tuple, float]],
+        *,
+        facts: Mapping[str, Iterable] | None = None,
+        semantics: str = "probabilistic",
+        learn_rules: bool = True,
+        learn_facts: Iterable[str] = (),
+        rounds: int | None = None,
+        init_rule_weight: float = 0.5,
+        optimizer: Any = None,
+        epochs: int = 200,
+        backend: str = "auto",
+        opt_level: int = 2,
+        **train_options: Any,
+    ) -> Any:
         """Learn rule and fact weights of the rules from examples of derived values.
 
         Under ``semantics`` ``"probabilistic"`` (noisy-or) or ``"fuzzy"`` (max-product) the
@@ -277,30 +351,43 @@ class Program:
         from .weights import WeightedGraph
 
         if not isinstance(examples, Mapping):
-            raise ProgramError("fit_weights: examples must map a relation to {tuple: target}",
-                               code="invalid_fact")
-        wg = WeightedGraph(self.ast.rules, facts or {}, semantics, learn_rules, learn_facts,
-                           rounds, init_rule_weight, Options().memory_budget)
+            raise ProgramError(
+                "fit_weights: examples must map a relation to {tuple: target}", code="invalid_fact"
+            )
+        wg = WeightedGraph(
+            self.ast.rules,
+            facts or {},
+            semantics,
+            learn_rules,
+            learn_facts,
+            rounds,
+            init_rule_weight,
+            Options().memory_budget,
+        )
         wg.add_loss(examples)
         wrt = list(wg.g.parameters)
         if not wrt:
-            raise ProgramError("fit_weights: nothing to learn (learn_rules=False and no "
-                               "learn_facts)", code="invalid_option")
-        plan = compile_graph(grad(wg.g, of="loss", wrt=wrt), backend=backend,
-                             opt_level=opt_level)
-        hist = train(plan, [{}], epochs=epochs, optimizer=optimizer or Adam(lr=0.05),
-                     **train_options)
+            raise ProgramError(
+                "fit_weights: nothing to learn (learn_rules=False and no learn_facts)",
+                code="invalid_option",
+            )
+        plan = compile_graph(grad(wg.g, of="loss", wrt=wrt), backend=backend, opt_level=opt_level)
+        hist = train(
+            plan, [{}], epochs=epochs, optimizer=optimizer or Adam(lr=0.05), **train_options
+        )
         self.rule_weights, self.fact_weights, self.weighted_relations = wg.read(plan)
         return hist
 
-    def _initial_params(self, params: list[str], init: dict[str, Any],
-                        seed: int) -> dict[str, np.ndarray]:
+    def _initial_params(
+        self, params: list[str], init: dict[str, Any], seed: int
+    ) -> dict[str, np.ndarray]:
         decl = {d.name: d for d in self.ast.declarations}
         rng = np.random.default_rng(seed)
         unknown = sorted(set(init) - set(params))
         if unknown:
-            raise ProgramError(f"fit: init {unknown} names no entry of params {params}",
-                               code="missing_data")
+            raise ProgramError(
+                f"fit: init {unknown} names no entry of params {params}", code="missing_data"
+            )
         out = {}
         for p in params:
             d = decl.get(p)
@@ -310,26 +397,36 @@ class Program:
                     self._check_shape(d, arr.shape)
             elif p in self.params:
                 arr = self.params[p]
-            elif d is not None and d.shape is not None and all(
-                    isinstance(n, int) for n in d.shape):
+            elif d is not None and d.shape is not None and all(isinstance(n, int) for n in d.shape):
                 shape = tuple(d.shape)
-                arr = (np.zeros(shape) if len(shape) < 2 else
-                       rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(d.dtype)
+                arr = (
+                    np.zeros(shape)
+                    if len(shape) < 2
+                    else rng.standard_normal(shape) / np.sqrt(shape[-1])
+                ).astype(d.dtype)
             else:
-                raise program_error("missing_data", f"fit: parameter {p!r} needs a starting "
-                                    "value: give init={...} or declare its shape "
-                                    f"({p}: float32[...])", d.pos if d else None)
+                raise program_error(
+                    "missing_data",
+                    f"fit: parameter {p!r} needs a starting "
+                    "value: give init={...} or declare its shape "
+                    f"({p}: float32[...])",
+                    d.pos if d else None,
+                )
             out[p] = arr
         return out
 
     @staticmethod
     def _check_shape(d, shape: tuple[int, ...]) -> None:
         ok = len(d.shape) == len(shape) and all(
-            isinstance(want, str) or want == got for want, got in zip(d.shape, shape))
+            isinstance(want, str) or want == got for want, got in zip(d.shape, shape)
+        )
         if not ok:
-            raise program_error("shape_mismatch", f"tensor {d.name!r} is declared with shape "
-                                f"{list(d.shape)} but the array given has shape {list(shape)}",
-                                d.pos)
+            raise program_error(
+                "shape_mismatch",
+                f"tensor {d.name!r} is declared with shape "
+                f"{list(d.shape)} but the array given has shape {list(shape)}",
+                d.pos,
+            )
 
     # ------------------------------------------------------------------ reading results
     def relation(self, name: str, **run_kwargs: Any) -> Relation:
@@ -341,8 +438,9 @@ class Program:
         an, rels = self._last
         if name not in an.predicates:
             known = ", ".join(an.predicates) or "none"
-            raise UnknownPredicateError(f"unknown relation {name!r}; the program's relations "
-                                        f"are: {known}", relation=name)
+            raise UnknownPredicateError(
+                f"unknown relation {name!r}; the program's relations are: {known}", relation=name
+            )
         return rels[name]
 
     def query(self, relation: str, **run_kwargs: Any) -> set[tuple]:
@@ -365,8 +463,10 @@ class Program:
         an = self._last[0]
         if relation not in an.predicates:
             raise UnknownPredicateError(f"unknown relation {relation!r}", relation=relation)
-        return [list(an.domains.values[an.domains.of_position[(relation, i)]])
-                for i in range(an.arity.get(relation, 0))]
+        return [
+            list(an.domains.values[an.domains.of_position[(relation, i)]])
+            for i in range(an.arity.get(relation, 0))
+        ]
 
 
 def parse(text: str, source: str = "<string>") -> Program:
@@ -385,6 +485,8 @@ def load_program(path: str | Path) -> Program:
     except SerializationError as exc:
         raise ProgramError(f"cannot read program {str(p)!r}: {exc}", code="io_error") from exc
     except UnicodeDecodeError as exc:
-        raise ProgramError(f"cannot read program {str(p)!r}: not UTF-8 text ({exc.reason} at "
-                           f"byte {exc.start})", code="io_error") from exc
+        raise ProgramError(
+            f"cannot read program {str(p)!r}: not UTF-8 text ({exc.reason} at byte {exc.start})",
+            code="io_error",
+        ) from exc
     return parse(text, p.name)

@@ -27,9 +27,18 @@ class Relation:
     ``r.to_dense()`` (over ``r.symbols``, when it fits ``memory_budget``) convert.
     """
 
-    def __init__(self, name: str, arity: int, symbols: Symbols, domains: list[np.ndarray], *,
-                 rel: Rel | None = None, dense: np.ndarray | None = None,
-                 weighted: bool = False, memory_budget: int = 4 << 30) -> None:
+    def __init__(
+        self,
+        name: str,
+        arity: int,
+        symbols: Symbols,
+        domains: list[np.ndarray],
+        *,
+        rel: Rel | None = None,
+        dense: np.ndarray | None = None,
+        weighted: bool = False,
+        memory_budget: int = 4 << 30,
+    ) -> None:
         self.name = name
         self.arity = arity
         self._sym = symbols
@@ -131,8 +140,9 @@ class Relation:
         try:
             import pandas as pd
         except ImportError as exc:
-            raise MissingDependencyError("Relation.to_pandas() needs pandas: pip install "
-                                         "pandas") from exc
+            raise MissingDependencyError(
+                "Relation.to_pandas() needs pandas: pip install pandas"
+            ) from exc
         data = {f"c{i}": c for i, c in enumerate(self.columns)}
         if self._weighted:
             data["weight"] = self.weights
@@ -153,7 +163,10 @@ class Relation:
             raise ProgramError(
                 f"relation {self.name!r} needs a dense tensor over domains of sizes "
                 f"{shape}: {nbytes} bytes, over the memory budget of {self._budget} bytes",
-                code="memory_budget", relation=self.name, shape=shape)
+                code="memory_budget",
+                relation=self.name,
+                shape=shape,
+            )
         arr = np.zeros(shape, np.float32)
         rel = self._ids()
         if self.arity == 0:

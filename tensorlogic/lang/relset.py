@@ -136,8 +136,14 @@ class Rel:
 
     __slots__ = ("_cols", "_index", "_keys", "arity", "n", "w")
 
-    def __init__(self, arity: int, n: int, cols: list[np.ndarray] | None,
-                 w: np.ndarray | None = None, keys: tuple[int, np.ndarray] | None = None) -> None:
+    def __init__(
+        self,
+        arity: int,
+        n: int,
+        cols: list[np.ndarray] | None,
+        w: np.ndarray | None = None,
+        keys: tuple[int, np.ndarray] | None = None,
+    ) -> None:
         self.arity = arity
         self.n = n
         self._cols = cols
@@ -161,12 +167,17 @@ class Rel:
     @classmethod
     def empty(cls, arity: int, weighted: bool) -> Rel:
         """No rows."""
-        return cls(arity, 0, [np.zeros(0, np.int64) for _ in range(arity)],
-                   np.zeros(0) if weighted else None)
+        return cls(
+            arity,
+            0,
+            [np.zeros(0, np.int64) for _ in range(arity)],
+            np.zeros(0) if weighted else None,
+        )
 
     @classmethod
-    def build(cls, cols: list[np.ndarray], n: int, w: np.ndarray | None, bits: int,
-              sem: str = "boolean") -> Rel:
+    def build(
+        cls, cols: list[np.ndarray], n: int, w: np.ndarray | None, bits: int, sem: str = "boolean"
+    ) -> Rel:
         """The distinct rows of ``cols`` (``n`` rows; weights of repeats combined by ``sem``);
         rows of weight 0 are dropped."""
         if w is not None:
@@ -237,8 +248,12 @@ class Rel:
                 cols = [c[perm] for c in cols]
                 w = None if w is None else w[perm]
             if len(positions) * bits <= STARTS_BITS:
-                ix = ("starts", np.searchsorted(sk, np.arange((1 << (len(positions) * bits)) + 1)),
-                      cols, w)
+                ix = (
+                    "starts",
+                    np.searchsorted(sk, np.arange((1 << (len(positions) * bits)) + 1)),
+                    cols,
+                    w,
+                )
             else:
                 ix = ("sorted", sk, cols, w)
             self._index[(positions, bits)] = ix
@@ -400,8 +415,11 @@ class Known:
                 return new
             # with a filter, chunks are searched only for the few candidates it cannot clear,
             # so they are merged only when a rule reads the whole relation (or at the end)
-            while self.filter is None and len(self.chunks) > 1 and \
-                    self.chunks[-2].n <= 4 * self.chunks[-1].n:
+            while (
+                self.filter is None
+                and len(self.chunks) > 1
+                and self.chunks[-2].n <= 4 * self.chunks[-1].n
+            ):
                 last = self.chunks.pop()
                 self.chunks[-1] = union(self.chunks[-1], last, self.bits)
         return new

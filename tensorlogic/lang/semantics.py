@@ -25,8 +25,9 @@ SEMANTICS = ("boolean", "fuzzy", "probabilistic")
 def check_semantics(name: object) -> str:
     """``name`` if it is a known semantics, else a ProgramError(code='invalid_option')."""
     if name not in SEMANTICS:
-        raise ProgramError(f"unknown semantics {name!r}; expected one of {SEMANTICS}",
-                           code="invalid_option")
+        raise ProgramError(
+            f"unknown semantics {name!r}; expected one of {SEMANTICS}", code="invalid_option"
+        )
     return name  # type: ignore[return-value]
 
 

@@ -60,8 +60,9 @@ class Table:
 
 def _named(lit: Literal) -> list[str]:
     """The distinct named variables of an atom in order of first appearance."""
-    return list(dict.fromkeys(a.name for a in lit.atom.args
-                              if isinstance(a, Var) and not a.anonymous))
+    return list(
+        dict.fromkeys(a.name for a in lit.atom.args if isinstance(a, Var) and not a.anonymous)
+    )
 
 
 class Context:
@@ -136,11 +137,11 @@ class Context:
         free = tuple(k for k in range(view.ndim) if k not in bound)
         nz = np.nonzero(view.transpose(bound + free))
         bshape = tuple(view.shape[k] for k in bound)
-        free_cols = nz[len(bound):]
+        free_cols = nz[len(bound) :]
         if not bound:
             hit = (None, None, free_cols, len(free_cols[0]))
         else:
-            keys = np.ravel_multi_index(nz[:len(bound)], bshape) if len(bound) > 1 else nz[0]
+            keys = np.ravel_multi_index(nz[: len(bound)], bshape) if len(bound) > 1 else nz[0]
             space = math.prod(bshape)
             if space <= STARTS_LIMIT:
                 starts = np.zeros(space + 1, np.intp)
@@ -157,7 +158,7 @@ class Context:
         v = self._is_str.get(d)
         if v is None:
             v = np.zeros(self.dom.size(d), bool)
-            v[:len(self.dom.values[d])] = [isinstance(x, str) for x in self.dom.values[d]]
+            v[: len(self.dom.values[d])] = [isinstance(x, str) for x in self.dom.values[d]]
             self._is_str[d] = v
         return v
 
@@ -167,9 +168,10 @@ class Context:
         v = self._cmp.get(key)
         if v is None:
             v = np.zeros(self.dom.size(d), bool)
-            v[:len(self.dom.values[d])] = [
+            v[: len(self.dom.values[d])] = [
                 _compare(op, value, a) if const_left else _compare(op, a, value)
-                for a in self.dom.values[d]]
+                for a in self.dom.values[d]
+            ]
             self._cmp[key] = v
         return v
 
@@ -228,8 +230,9 @@ class Variant:
                             pick = item
                             break
             if pick is None:
-                pick = next((item for item in rest if isinstance(item, Literal)
-                             and not item.negated), None)
+                pick = next(
+                    (item for item in rest if isinstance(item, Literal) and not item.negated), None
+                )
             if pick is None:  # unreachable for a safe rule
                 raise AssertionError(f"no evaluable body item left in {rule}")
             rest.remove(pick)
@@ -314,8 +317,15 @@ class Variant:
             t = _dedupe(t, {v: shape[i] for v, i in first.items()})
         return t
 
-    def _join(self, ctx: Context, t: Table, lit: Literal, bound: tuple[int, ...],
-              bnames: list[str], free: list[str]) -> Table:
+    def _join(
+        self,
+        ctx: Context,
+        t: Table,
+        lit: Literal,
+        bound: tuple[int, ...],
+        bnames: list[str],
+        free: list[str],
+    ) -> Table:
         view = ctx.view(lit)
         if not free:  # every variable bound: a lookup
             if view.ndim == 0:
@@ -328,8 +338,11 @@ class Variant:
             rows = np.repeat(np.arange(t.m), n)
             pos = np.tile(np.arange(n), t.m)
         else:
-            q = (np.ravel_multi_index([t.cols[v] for v in bnames], bshape) if len(bnames) > 1
-                 else t.cols[bnames[0]])
+            q = (
+                np.ravel_multi_index([t.cols[v] for v in bnames], bshape)
+                if len(bnames) > 1
+                else t.cols[bnames[0]]
+            )
             if kind == "starts":
                 lo, hi = table[q], table[q + 1]
             else:
@@ -396,8 +409,11 @@ def _dedupe(t: Table, sizes: Mapping[str, int]) -> Table:
     shape = tuple(sizes[v] for v in names)
     if math.prod(shape) >= 1 << 62:  # the row key would overflow: keep the repeats
         return t
-    key = (np.ravel_multi_index([t.cols[v] for v in names], shape) if len(names) > 1
-           else t.cols[names[0]])
+    key = (
+        np.ravel_multi_index([t.cols[v] for v in names], shape)
+        if len(names) > 1
+        else t.cols[names[0]]
+    )
     uniq = _distinct(key, math.prod(shape))
     if len(uniq) == t.m:
         return t
@@ -423,8 +439,9 @@ def _distinct(flat_idx: np.ndarray, size: int) -> np.ndarray:
 class SparseStratum:
     """The semi-naive variants of a recursive stratum, run over index arrays."""
 
-    def __init__(self, an, preds: tuple[str, ...], rules: list[Rule],
-                 lower: Mapping[str, np.ndarray]) -> None:
+    def __init__(
+        self, an, preds: tuple[str, ...], rules: list[Rule], lower: Mapping[str, np.ndarray]
+    ) -> None:
         self.an = an
         self.preds = preds
         own = set(preds)
@@ -435,8 +452,9 @@ class SparseStratum:
                     self.variants.append(Variant(rule, k, an, an.rule_ids[id(rule)]))
         self.ctx = Context(an, lower)
 
-    def round(self, rel: Mapping[str, np.ndarray], delta: Mapping[str, np.ndarray],
-              budget: float) -> dict[str, np.ndarray]:
+    def round(
+        self, rel: Mapping[str, np.ndarray], delta: Mapping[str, np.ndarray], budget: float
+    ) -> dict[str, np.ndarray]:
         """The new tuples (sorted flat indices) of every predicate, and ``rel`` updated with them.
 
         ``rel`` holds the dense relations of this stratum (updated in place), ``delta`` the flat

@@ -82,12 +82,14 @@ class Context:
             raise ProgramError(
                 f"the rule for {rule.head.pred!r}{where(rule.pos)} would build {rows} binding "
                 f"rows ({need} bytes), over the memory budget of {self.budget} bytes",
-                code="memory_budget")
+                code="memory_budget",
+            )
 
 
 def _named(lit: Literal) -> list[str]:
-    return list(dict.fromkeys(a.name for a in lit.atom.args
-                              if isinstance(a, Var) and not a.anonymous))
+    return list(
+        dict.fromkeys(a.name for a in lit.atom.args if isinstance(a, Var) and not a.anonymous)
+    )
 
 
 def _vars_of(item) -> set[str]:
@@ -147,8 +149,12 @@ def _num(ctx: Context, t, table: Table) -> Num:
             z = np.zeros(m, bool)
             return Num(z, np.zeros(m, np.int64), np.zeros(m), z)
         is_int = isinstance(v, int)
-        return Num(np.full(m, is_int), np.full(m, int(v) if is_int else 0, np.int64),
-                   np.full(m, float(v)), np.ones(m, bool))
+        return Num(
+            np.full(m, is_int),
+            np.full(m, int(v) if is_int else 0, np.int64),
+            np.full(m, float(v)),
+            np.ones(m, bool),
+        )
     if isinstance(t, Var):
         ids = table.cols[t.name]
         k = ctx.sym.kind[ids]
@@ -167,8 +173,7 @@ def _num(ctx: Context, t, table: Table) -> Num:
         if t.op == "/":
             return Num(is_int, q, np.where(is_int, q, a.fval / np.where(zero, 1, b.fval)), ok)
         r = a.ival - bi * q
-        return Num(is_int, r, np.where(is_int, r, np.fmod(a.fval, np.where(zero, 1, b.fval))),
-                   ok)
+        return Num(is_int, r, np.where(is_int, r, np.fmod(a.fval, np.where(zero, 1, b.fval))), ok)
 
 
 def _compare_num(op: str, a: Num, b: Num) -> np.ndarray:
@@ -206,14 +211,14 @@ class SparseRule:
         while rest:
             pick = None
             for k, item in rest:  # filters first
-                if _vars_of(item) <= bound and not (isinstance(item, Comparison) and
-                                                     item.op == "=" and self._binds(item, bound)):
+                if _vars_of(item) <= bound and not (
+                    isinstance(item, Comparison) and item.op == "=" and self._binds(item, bound)
+                ):
                     pick = (k, item)
                     break
             if pick is None:
                 for k, item in rest:
-                    if isinstance(item, Comparison) and item.op == "=" and self._binds(item,
-                                                                                       bound):
+                    if isinstance(item, Comparison) and item.op == "=" and self._binds(item, bound):
                         pick = (k, item)
                         break
             if pick is None:
@@ -232,12 +237,14 @@ class SparseRule:
                 lt, rt = item.left, item.right
                 if isinstance(lt, Const) and isinstance(rt, Const):
                     from .joins import _compare
+
                     if not _compare(item.op, lt.value, rt.value):
                         self.never = True
                     continue
                 if item.op == "=" and self._binds(item, bound):
-                    x, other = (lt, rt) if isinstance(lt, Var) and lt.name not in bound else (
-                        rt, lt)
+                    x, other = (
+                        (lt, rt) if isinstance(lt, Var) and lt.name not in bound else (rt, lt)
+                    )
                     self.ops.append(("bind", x.name, other))
                     bound.add(x.name)
                 else:
@@ -259,14 +266,18 @@ class SparseRule:
     @staticmethod
     def _binds(c: Comparison, bound: set[str]) -> bool:
         for x, y in ((c.left, c.right), (c.right, c.left)):
-            if isinstance(x, Var) and x.name not in bound and all(
-                    v.name in bound for v in term_vars(y)):
+            if (
+                isinstance(x, Var)
+                and x.name not in bound
+                and all(v.name in bound for v in term_vars(y))
+            ):
                 return True
         return False
 
     # ------------------------------------------------------------------ running
-    def run(self, ctx: Context, source: Callable[[str, int], Rel]
-            ) -> tuple[list[np.ndarray], int, np.ndarray | None]:
+    def run(
+        self, ctx: Context, source: Callable[[str, int], Rel]
+    ) -> tuple[list[np.ndarray], int, np.ndarray | None]:
         """The head rows derived (columns, count, weights), possibly repeated."""
         head = self.rule.head
         t = Table(1, {}, np.ones(1) if ctx.weighted else None)
@@ -290,8 +301,9 @@ class SparseRule:
     def _scan(self, ctx, t: Table, source, k: int, lit: Literal) -> Table:
         return self._join(ctx, t, source, k, lit, [], _named(lit))
 
-    def _join(self, ctx, t: Table, source, k: int, lit: Literal, b: list[str],
-              free: list[str]) -> Table:
+    def _join(
+        self, ctx, t: Table, source, k: int, lit: Literal, b: list[str], free: list[str]
+    ) -> Table:
         view = atom_view(ctx, lit, source(lit.atom.pred, k))
         names = _named(lit)
         if not free:  # every variable bound: a semi-join
@@ -366,11 +378,16 @@ class SparseRule:
             # an undefined arithmetic term drops the row; a string side compared with a number
             # is unequal and unordered
             undefined = (~a.ok if isinstance(lt, Arith) else False) | (
-                ~b.ok if isinstance(rt, Arith) else False)
+                ~b.ok if isinstance(rt, Arith) else False
+            )
             res = np.where(a.ok & b.ok, _compare_num(c.op, a, b), c.op == "!=")
             return t.take(res & ~undefined)
-        ids = [t.cols[x.name] if isinstance(x, Var) else
-               np.full(t.m, ctx.sym.encode_value(x.value), np.int64) for x in (lt, rt)]
+        ids = [
+            t.cols[x.name]
+            if isinstance(x, Var)
+            else np.full(t.m, ctx.sym.encode_value(x.value), np.int64)
+            for x in (lt, rt)
+        ]
         a, b = ids
         if c.op == "=":
             return t.take(a == b)
@@ -398,8 +415,11 @@ class SparseRule:
     def _drop(self, ctx, t: Table, source, gone: list[str], dedupe: bool) -> Table:
         names = [v for v in t.cols if v not in gone]
         if not dedupe and (names or t.w is None):
-            return Table(t.m, {v: t.cols[v] for v in names}, t.w) if names else \
-                Table(min(t.m, 1), {}, None)
+            return (
+                Table(t.m, {v: t.cols[v] for v in names}, t.w)
+                if names
+                else Table(min(t.m, 1), {}, None)
+            )
         if not names:
             if t.m == 0:
                 return Table(0, {}, t.w)

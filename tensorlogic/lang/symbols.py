@@ -18,7 +18,7 @@ import numpy as np
 INT, FLOAT, STR = 0, 1, 2
 _I64 = np.iinfo(np.int64)
 #: integral floats in this range look up the integer table (so 2.0 finds 2)
-_EXACT = float(2 ** 62)
+_EXACT = float(2**62)
 
 
 def sorted_unique(a: np.ndarray) -> np.ndarray:
@@ -58,8 +58,11 @@ def split_kinds(col: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
     if col.dtype.kind == "U":
         return np.full(n, STR, np.int8), np.zeros(0, np.int64), np.zeros(0), col.astype(object)
     vals = col.tolist()
-    kind = np.fromiter((STR if isinstance(v, str) else FLOAT if isinstance(v, float) else INT
-                        for v in vals), np.int8, n)
+    kind = np.fromiter(
+        (STR if isinstance(v, str) else FLOAT if isinstance(v, float) else INT for v in vals),
+        np.int8,
+        n,
+    )
     if (kind == FLOAT).any():
         fi = np.flatnonzero(kind == FLOAT)
         f = np.array([vals[i] for i in fi], np.float64)
@@ -147,8 +150,11 @@ class Symbols:
         out[kind == INT] = self._find(self._int_keys, self._int_ids, i)
         out[kind == FLOAT] = self._find(self._flt_keys, self._flt_ids, f)
         if len(s):
-            out[kind == STR] = self._find(self._str_keys, self._str_ids,
-                                          np.asarray(s, object)) if len(self._str_keys) else -1
+            out[kind == STR] = (
+                self._find(self._str_keys, self._str_ids, np.asarray(s, object))
+                if len(self._str_keys)
+                else -1
+            )
         return out
 
     def encode_value(self, v: object) -> int:
@@ -167,8 +173,9 @@ class Symbols:
         return out
 
     def _add(self, q: np.ndarray, kind: int) -> np.ndarray:
-        keys, ids = (self._int_keys, self._int_ids) if kind == INT else (self._flt_keys,
-                                                                          self._flt_ids)
+        keys, ids = (
+            (self._int_keys, self._int_ids) if kind == INT else (self._flt_keys, self._flt_ids)
+        )
         got = self._find(keys, ids, q)
         miss = got < 0
         if miss.any():
@@ -192,8 +199,11 @@ class Symbols:
             self._values = self._objects = None
             self._rank = None
             self._identity = self._all_int = None
-            got = self._find(self._int_keys if kind == INT else self._flt_keys,
-                             self._int_ids if kind == INT else self._flt_ids, q)
+            got = self._find(
+                self._int_keys if kind == INT else self._flt_keys,
+                self._int_ids if kind == INT else self._flt_ids,
+                q,
+            )
         return got
 
     def values(self) -> np.ndarray:
@@ -230,9 +240,17 @@ class Symbols:
             return self.values()[:0]
         if self._identity is None:  # ints 0..n-1 in order: every id is its own value
             n = len(self.kind)
-            self._identity = bool((self.kind == INT).all() and (n == 0 or (
-                self.ival[0] == 0 and self.ival[-1] == n - 1 and
-                (self.ival == np.arange(n)).all())))
+            self._identity = bool(
+                (self.kind == INT).all()
+                and (
+                    n == 0
+                    or (
+                        self.ival[0] == 0
+                        and self.ival[-1] == n - 1
+                        and (self.ival == np.arange(n)).all()
+                    )
+                )
+            )
         if self._identity:
             out = ids.view()
             out.flags.writeable = False  # the relation's own ids: read-only
@@ -250,8 +268,7 @@ class Symbols:
 
     def value(self, i: int) -> object:
         """One constant."""
-        return self.decode(np.array([i]))[0].item() if self.kind[i] != STR else \
-            self.values()[i]
+        return self.decode(np.array([i]))[0].item() if self.kind[i] != STR else self.values()[i]
 
     # ------------------------------------------------------------------ order
     def rank(self) -> np.ndarray:

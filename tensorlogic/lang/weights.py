@@ -39,24 +39,38 @@ def rule_label(rule) -> str:
 class WeightedGraph:
     """The graph of a program's rules with learnable weights, and how to read it back."""
 
-    def __init__(self, rules: list, facts: Mapping[str, Iterable], semantics: str,
-                 learn_rules: bool, learn_facts: Iterable[str], rounds: int | None,
-                 init_rule_weight: float, memory_budget: int) -> None:
+    def __init__(
+        self,
+        rules: list,
+        facts: Mapping[str, Iterable],
+        semantics: str,
+        learn_rules: bool,
+        learn_facts: Iterable[str],
+        rounds: int | None,
+        init_rule_weight: float,
+        memory_budget: int,
+    ) -> None:
         if semantics not in ("fuzzy", "probabilistic"):
-            raise ProgramError(f"weights are learned under the 'fuzzy' or 'probabilistic' "
-                               f"semantics, got {semantics!r} (Boolean truth values have no "
-                               "gradient)", code="invalid_option")
+            raise ProgramError(
+                f"weights are learned under the 'fuzzy' or 'probabilistic' "
+                f"semantics, got {semantics!r} (Boolean truth values have no "
+                "gradient)",
+                code="invalid_option",
+            )
         an: Analysis = analyze(rules, normalize_facts(dict(facts)))
         if an.arithmetic:
-            raise ProgramError("weights cannot be learned for rules with arithmetic",
-                               code="invalid_option")
+            raise ProgramError(
+                "weights cannot be learned for rules with arithmetic", code="invalid_option"
+            )
         self.an = an
         learn_facts = list(learn_facts)
         unknown = [p for p in learn_facts if p not in an.predicates]
         if unknown:
-            raise ProgramError(f"learn_facts names {unknown}, which are no relations of the "
-                               f"program; its relations are {list(an.predicates)}",
-                               code="unknown_predicate")
+            raise ProgramError(
+                f"learn_facts names {unknown}, which are no relations of the "
+                f"program; its relations are {list(an.predicates)}",
+                code="unknown_predicate",
+            )
         g = self.g = EinsumGraph()
         b = RuleBuilder(g, semantics, an.domains, an.rule_ids, memory_budget)
         env: dict[str, Tensor] = {}
@@ -65,8 +79,9 @@ class WeightedGraph:
             base = an.dense_facts(pred)
             if pred in learn_facts:
                 mask = (base > 0).astype(np.float32)
-                theta = g.parameter(f"fact_{k}", np.where(mask > 0, _logit(base), 0.0)
-                                    .astype(np.float32))
+                theta = g.parameter(
+                    f"fact_{k}", np.where(mask > 0, _logit(base), 0.0).astype(np.float32)
+                )
                 env[pred] = g.sigmoid(theta) * g.constant(mask)
                 self.fact_params[pred] = (theta.name, mask)
             else:
@@ -83,11 +98,20 @@ class WeightedGraph:
                 continue
             base = {p: env[p] for p in st.preds}
             cur = dict(base)
-            n = (rounds if rounds is not None else max(
-                max(an.shape(p), default=1) for p in st.preds)) if st.recursive else 1
+            n = (
+                (
+                    rounds
+                    if rounds is not None
+                    else max(max(an.shape(p), default=1) for p in st.preds)
+                )
+                if st.recursive
+                else 1
+            )
             for _ in range(n):
+
                 def source(pred: str, _k: int, cur=cur) -> Tensor:
                     return cur[pred] if pred in cur else env[pred]
+
                 new = {}
                 for p in st.preds:
                     parts = [base[p]]
@@ -106,8 +130,10 @@ class WeightedGraph:
         """Dense target and mask of ``pred`` for examples ``{tuple: target}``."""
         an = self.an
         if pred not in self.env:
-            raise ProgramError(f"examples name {pred!r}, which is no relation of the program",
-                               code="unknown_predicate")
+            raise ProgramError(
+                f"examples name {pred!r}, which is no relation of the program",
+                code="unknown_predicate",
+            )
         shape = an.shape(pred)
         target = np.zeros(shape, np.float32)
         mask = np.zeros(shape, np.float32)
@@ -115,20 +141,26 @@ class WeightedGraph:
         for tup, value in rows.items():
             tup = tup if isinstance(tup, tuple) else (tup,)
             if len(tup) != arity:
-                raise ProgramError(f"example {tup!r} of {pred!r} has {len(tup)} values; "
-                                   f"expected {arity}", code="arity_mismatch")
+                raise ProgramError(
+                    f"example {tup!r} of {pred!r} has {len(tup)} values; expected {arity}",
+                    code="arity_mismatch",
+                )
             v = float(value)
             if not 0.0 <= v <= 1.0:
-                raise ProgramError(f"example {tup!r} of {pred!r}: target {value!r} is not in "
-                                   "[0, 1]", code="invalid_fact")
+                raise ProgramError(
+                    f"example {tup!r} of {pred!r}: target {value!r} is not in [0, 1]",
+                    code="invalid_fact",
+                )
             idx = []
             for i, c in enumerate(tup):
                 d = an.domains.of_position[(pred, i)]
                 pos = an.domains.index[d].get(c)
                 if pos is None:
-                    raise ProgramError(f"example {tup!r} of {pred!r}: {c!r} is not a constant "
-                                       f"of argument {i} (no fact or rule mentions it there)",
-                                       code="invalid_fact")
+                    raise ProgramError(
+                        f"example {tup!r} of {pred!r}: {c!r} is not a constant "
+                        f"of argument {i} (no fact or rule mentions it there)",
+                        code="invalid_fact",
+                    )
                 idx.append(pos)
             target[tuple(idx)] = v
             mask[tuple(idx)] = 1.0
@@ -140,8 +172,9 @@ class WeightedGraph:
         total, count = None, 0.0
         for pred, rows in examples.items():
             if not isinstance(rows, Mapping):
-                raise ProgramError(f"examples of {pred!r} must be a dict tuple -> target",
-                                   code="invalid_fact")
+                raise ProgramError(
+                    f"examples of {pred!r} must be a dict tuple -> target", code="invalid_fact"
+                )
             target, mask = self.cells(pred, rows)
             p = self.env[pred]
             t = g.constant(target)
@@ -155,8 +188,9 @@ class WeightedGraph:
         for k, pred in enumerate(self.an.predicates):
             g.output(self.env[pred] * 1.0, name=f"rel_{k}")
 
-    def read(self, plan: Any) -> tuple[dict[str, float], dict[str, dict[tuple, float]],
-                                       dict[str, np.ndarray]]:
+    def read(
+        self, plan: Any
+    ) -> tuple[dict[str, float], dict[str, dict[tuple, float]], dict[str, np.ndarray]]:
         """Learned rule weights, learned fact weights, and every relation's dense values."""
         params = {k: np.asarray(plan.backend.to_host(v)) for k, v in plan.parameters.items()}
         sig = lambda x: 1.0 / (1.0 + np.exp(-x))  # noqa: E731
@@ -164,15 +198,17 @@ class WeightedGraph:
         facts = {}
         for pred, (name, mask) in self.fact_params.items():
             w = sig(params[name])
-            dom = [self.an.domains.values[self.an.domains.of_position[(pred, i)]]
-                   for i in range(mask.ndim)]
-            facts[pred] = {tuple(dom[i][j] for i, j in enumerate(ix)): float(w[ix])
-                           for ix in zip(*np.nonzero(mask))}
+            dom = [
+                self.an.domains.values[self.an.domains.of_position[(pred, i)]]
+                for i in range(mask.ndim)
+            ]
+            facts[pred] = {
+                tuple(dom[i][j] for i, j in enumerate(ix)): float(w[ix])
+                for ix in zip(*np.nonzero(mask))
+            }
         out = plan({}, to_host=True)
         rels = {pred: np.asarray(out[f"rel_{k}"]) for k, pred in enumerate(self.an.predicates)}
         return rules, facts, rels
-
-
 
 
 __all__ = ["WeightedGraph", "rule_label"]

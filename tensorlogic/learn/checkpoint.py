@@ -24,8 +24,12 @@ def save_checkpoint(path: Any, plan: Any, optimizer: Any, **position: Any) -> No
     """Write the plan's parameters, the optimizer's state and ``position`` (plain data: the
     epoch, the next batch, the history) to ``path``."""
     opt = optimizer.state_dict()
-    meta = {"format": FORMAT, "version": VERSION, "position": position,
-            "optimizer": {k: opt[k] for k in ("type", "hyperparameters", "steps")}}
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "position": position,
+        "optimizer": {k: opt[k] for k in ("type", "hyperparameters", "steps")},
+    }
     arrays = {f"param.{k}": _host(v) for k, v in plan.parameters.items()}
     arrays.update({"opt." + k.replace("/", "."): v for k, v in opt["tensors"].items()})
     arrays[_META] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
@@ -39,23 +43,27 @@ def load_checkpoint(path: Any, plan: Any, optimizer: Any) -> dict[str, Any]:
     arrays = safe_io.read_npz(path, None, where)
     raw = arrays.pop(_META, None)
     if raw is None or raw.dtype != np.uint8 or raw.ndim != 1:
-        raise SerializationError(f"{where}: no checkpoint record inside; expected a file "
-                                 "written by tl.train(checkpoint=...)")
+        raise SerializationError(
+            f"{where}: no checkpoint record inside; expected a file "
+            "written by tl.train(checkpoint=...)"
+        )
     try:
         meta = json.loads(raw.tobytes())
     except ValueError as exc:
         raise SerializationError(f"{where}: the checkpoint record is not valid JSON") from exc
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT or \
-            meta.get("version") != VERSION:
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT or meta.get("version") != VERSION:
         raise SerializationError(f"{where}: not a {FORMAT} version {VERSION} record")
-    params = {k[len("param."):]: v for k, v in arrays.items() if k.startswith("param.")}
-    tensors = {k[len("opt."):].replace(".", "/", 1): v for k, v in arrays.items()
-               if k.startswith("opt.")}
+    params = {k[len("param.") :]: v for k, v in arrays.items() if k.startswith("param.")}
+    tensors = {
+        k[len("opt.") :].replace(".", "/", 1): v for k, v in arrays.items() if k.startswith("opt.")
+    }
     missing = sorted(set(plan.parameters) - set(params))
     extra = sorted(set(params) - set(plan.parameters))
     if missing or extra:
-        raise SerializationError(f"{where}: parameters {sorted(params)} do not match the "
-                                 f"plan's {sorted(plan.parameters)}")
+        raise SerializationError(
+            f"{where}: parameters {sorted(params)} do not match the "
+            f"plan's {sorted(plan.parameters)}"
+        )
     opt_meta = meta.get("optimizer")
     if not isinstance(opt_meta, dict):
         raise SerializationError(f"{where}: no optimizer record")

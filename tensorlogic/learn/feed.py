@@ -47,8 +47,9 @@ class FeedExecutor:
             inputs = check_batch(batch, self.check_finite)
             if self._read_ahead and not self.stager.device:
                 # the source may refill one buffer for every batch while this one waits
-                inputs = {k: v.copy() if isinstance(v, np.ndarray) else v
-                          for k, v in inputs.items()}
+                inputs = {
+                    k: v.copy() if isinstance(v, np.ndarray) else v for k, v in inputs.items()
+                }
             fut.set_result(Prepared(self.stager.stage(inputs, None), index, n_items))
         except Exception as exc:  # noqa: BLE001 - reported as this batch's failure
             fut.set_result(BatchFailure(index, batch_error(index, exc), n_items))

@@ -43,12 +43,24 @@ class History:
         return len(self.losses)
 
 
-def train(model: Any, batches: Iterable[Any] | Callable[[int], Iterable[Any]], *,
-          optimizer: Any, epochs: int = 1, loss: str = "loss", backend: str = "auto",
-          opt_level: int = 2, prefetch: int = 2, progress: bool = True,
-          on_error: str = "raise", check_finite: bool = False, checkpoint: Any = None,
-          checkpoint_every: int | None = None, resume: bool = False,
-          **compile_options: Any) -> History:
+def train(
+    model: Any,
+    batches: Iterable[Any] | Callable[[int], Iterable[Any]],
+    *,
+    optimizer: Any,
+    epochs: int = 1,
+    loss: str = "loss",
+    backend: str = "auto",
+    opt_level: int = 2,
+    prefetch: int = 2,
+    progress: bool = True,
+    on_error: str = "raise",
+    check_finite: bool = False,
+    checkpoint: Any = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
+    **compile_options: Any,
+) -> History:
     """Train ``model``'s parameters on ``batches`` for ``epochs`` epochs.
 
     Args:
@@ -84,8 +96,10 @@ def train(model: Any, batches: Iterable[Any] | Callable[[int], Iterable[Any]], *
     if on_error not in _ON_ERROR:
         raise InputError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
     if not isinstance(optimizer, Optimizer):
-        raise InputError(f"optimizer must be a tl.optim optimizer (SGD, Adam, ...), got "
-                         f"{type(optimizer).__name__}")
+        raise InputError(
+            f"optimizer must be a tl.optim optimizer (SGD, Adam, ...), got "
+            f"{type(optimizer).__name__}"
+        )
     if checkpoint is not None and not isinstance(checkpoint, (str, os.PathLike)):
         raise InputError(f"checkpoint must be a file path, got {type(checkpoint).__name__}")
     if (resume or checkpoint_every) and checkpoint is None:
@@ -103,10 +117,18 @@ def train(model: Any, batches: Iterable[Any] | Callable[[int], Iterable[Any]], *
         sums = [float(pos.get("epoch_sum", 0.0)), int(pos.get("epoch_count", 0))]
 
     def save(epoch: int, batch: int) -> None:
-        save_checkpoint(checkpoint, plan, optimizer, epoch=epoch, batch=batch,
-                        losses=history.losses, epoch_losses=history.epoch_losses,
-                        skipped=[list(s) for s in history.skipped], epoch_sum=sums[0],
-                        epoch_count=sums[1])
+        save_checkpoint(
+            checkpoint,
+            plan,
+            optimizer,
+            epoch=epoch,
+            batch=batch,
+            losses=history.losses,
+            epoch_losses=history.epoch_losses,
+            skipped=[list(s) for s in history.skipped],
+            epoch_sum=sums[0],
+            epoch_count=sums[1],
+        )
 
     layout = batch_layout(plan)
     for epoch in range(start_epoch, epochs):
@@ -116,8 +138,15 @@ def train(model: Any, batches: Iterable[Any] | Callable[[int], Iterable[Any]], *
         if skip:
             src = itertools.islice(src, skip, None)
         bar = Progress(progress, total, desc=f"epoch {epoch + 1}/{epochs}")
-        results = stream(FeedExecutor(plan, check_finite), src, layout, prefetch=prefetch,
-                         ordered=True, bar=bar, on_error=on_error)
+        results = stream(
+            FeedExecutor(plan, check_finite),
+            src,
+            layout,
+            prefetch=prefetch,
+            ordered=True,
+            bar=bar,
+            on_error=on_error,
+        )
         for res in results:
             index = skip + res.index
             if not res.ok:
@@ -145,19 +174,22 @@ def train(model: Any, batches: Iterable[Any] | Callable[[int], Iterable[Any]], *
     return history
 
 
-def _step(plan: Any, optimizer: Any, inputs: dict[str, Any], loss: str,
-          check_finite: bool) -> float:
+def _step(
+    plan: Any, optimizer: Any, inputs: dict[str, Any], loss: str, check_finite: bool
+) -> float:
     out = plan(inputs)
     value = float(np.asarray(plan.backend.to_host(out[loss])))
     if check_finite and not math.isfinite(value):
-        raise InputError(f"the loss {loss!r} is {value} (check_finite=True); the parameters "
-                         "were not updated")
+        raise InputError(
+            f"the loss {loss!r} is {value} (check_finite=True); the parameters were not updated"
+        )
     optimizer.step(plan, out)
     return value
 
 
-def _training_plan(model: Any, loss: str, backend: str, opt_level: int,
-                   options: dict[str, Any]) -> Any:
+def _training_plan(
+    model: Any, loss: str, backend: str, opt_level: int, options: dict[str, Any]
+) -> Any:
     from ..compiler.compile import compile as compile_graph
     from ..compiler.plan import CompiledPlan
     from ..ir.graph import EinsumGraph
@@ -165,28 +197,34 @@ def _training_plan(model: Any, loss: str, backend: str, opt_level: int,
     if isinstance(model, EinsumGraph):
         graph = model
         if loss not in graph.outputs:
-            raise GraphError(f"tl.train: the graph has no output {loss!r} to minimize; its "
-                             f"outputs are {list(graph.outputs)}")
+            raise GraphError(
+                f"tl.train: the graph has no output {loss!r} to minimize; its "
+                f"outputs are {list(graph.outputs)}"
+            )
         if not any(f"grad_{p}" in graph.outputs for p in graph.parameters):
             graph = _with_gradients(graph, loss)
         plan = compile_graph(graph, backend=backend, opt_level=opt_level, **options)
     elif isinstance(model, CompiledPlan):
         plan = model
     else:
-        raise GraphError(f"tl.train expects a CompiledPlan or an EinsumGraph, got "
-                         f"{type(model).__name__}")
+        raise GraphError(
+            f"tl.train expects a CompiledPlan or an EinsumGraph, got {type(model).__name__}"
+        )
     graph = plan.graph
     if loss not in graph.outputs:
-        raise GraphError(f"tl.train: the plan has no output {loss!r} to minimize; its outputs "
-                         f"are {list(graph.outputs)}")
+        raise GraphError(
+            f"tl.train: the plan has no output {loss!r} to minimize; its outputs "
+            f"are {list(graph.outputs)}"
+        )
     shape = graph.node(graph.outputs[loss]).shape
     if tuple(shape) != ():
-        raise GraphError(f"tl.train: the loss {loss!r} must be a scalar, got shape "
-                         f"{tuple(shape)}")
+        raise GraphError(f"tl.train: the loss {loss!r} must be a scalar, got shape {tuple(shape)}")
     if not any(f"grad_{p}" in graph.outputs for p in graph.parameters):
-        raise GraphError(f"tl.train: the plan has no output grad_<parameter> for any of its "
-                         f"parameters {list(graph.parameters)}; make the graph with "
-                         f"tl.grad(graph, of={loss!r}, wrt=[...])")
+        raise GraphError(
+            f"tl.train: the plan has no output grad_<parameter> for any of its "
+            f"parameters {list(graph.parameters)}; make the graph with "
+            f"tl.grad(graph, of={loss!r}, wrt=[...])"
+        )
     return plan
 
 
@@ -194,9 +232,11 @@ def _with_gradients(graph: Any, loss: str) -> Any:
     from ..autodiff import grad
 
     if not graph.parameters:
-        raise GraphError(f"tl.train: the graph has no grad_<parameter> outputs; add them with "
-                         f"tl.grad(graph, of={loss!r}, wrt=[...]) (parameters: "
-                         f"{list(graph.parameters)})")
+        raise GraphError(
+            f"tl.train: the graph has no grad_<parameter> outputs; add them with "
+            f"tl.grad(graph, of={loss!r}, wrt=[...]) (parameters: "
+            f"{list(graph.parameters)})"
+        )
     return grad(graph, of=loss, wrt=list(graph.parameters))
 
 
@@ -205,11 +245,15 @@ def _epoch_source(batches: Any, epochs: int) -> Callable[[int], Iterable[Any]]:
     if callable(batches) and not hasattr(batches, "__iter__"):
         return batches
     if isinstance(batches, dict) or not hasattr(batches, "__iter__"):
-        raise InputError("batches must be an iterable of input dicts (name -> array) or a "
-                         f"function epoch -> iterable, got {type(batches).__name__}")
+        raise InputError(
+            "batches must be an iterable of input dicts (name -> array) or a "
+            f"function epoch -> iterable, got {type(batches).__name__}"
+        )
     if epochs > 1 and iter(batches) is batches:
-        raise InputError("batches is a one-shot iterator but epochs > 1; pass a list, an "
-                         "iterable that can be iterated again, or a function epoch -> batches")
+        raise InputError(
+            "batches is a one-shot iterator but epochs > 1; pass a list, an "
+            "iterable that can be iterated again, or a function epoch -> batches"
+        )
     return lambda epoch: batches
 
 

@@ -22,21 +22,33 @@ class Adam(Optimizer):
 
     state_names = ("exp_avg", "exp_avg_sq")
 
-    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.0, decoupled: bool = False) -> None:
+    def __init__(
+        self,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.0,
+        decoupled: bool = False,
+    ) -> None:
         super().__init__(lr, weight_decay)
         if not isinstance(betas, (tuple, list)) or len(betas) != 2:
             raise InputError(f"betas must be a pair (beta1, beta2), got {betas!r}")
-        self.betas = (check_number("betas[0]", betas[0], high=1.0, high_open=True),
-                      check_number("betas[1]", betas[1], high=1.0, high_open=True))
+        self.betas = (
+            check_number("betas[0]", betas[0], high=1.0, high_open=True),
+            check_number("betas[1]", betas[1], high=1.0, high_open=True),
+        )
         self.eps = check_number("eps", eps)
         if not isinstance(decoupled, bool):
             raise InputError(f"decoupled must be True or False, got {decoupled!r}")
         self.decoupled = decoupled
 
     def hyperparameters(self) -> dict[str, Any]:  # noqa: D102
-        return {**super().hyperparameters(), "betas": list(self.betas), "eps": self.eps,
-                "decoupled": self.decoupled}
+        return {
+            **super().hyperparameters(),
+            "betas": list(self.betas),
+            "eps": self.eps,
+            "decoupled": self.decoupled,
+        }
 
     def _update(self, p, g, state, backend, fresh) -> None:  # noqa: D102
         shape, dtype = tuple(p.shape), p.dtype.name
@@ -44,26 +56,43 @@ class Adam(Optimizer):
         l2 = 0.0 if self.decoupled else self.weight_decay
         t = self.steps
         m, v = state["exp_avg"], state["exp_avg_sq"]
-        km = update_kernel(("adam_m", b1, l2), lambda: _first(b1, l2), shape, dtype, 3, (),
-                           backend)
+        km = update_kernel(("adam_m", b1, l2), lambda: _first(b1, l2), shape, dtype, 3, (), backend)
         km.run(m, g, p)
-        kv = update_kernel(("adam_v", b2, l2), lambda: _second(b2, l2), shape, dtype, 3, (),
-                           backend)
+        kv = update_kernel(
+            ("adam_v", b2, l2), lambda: _second(b2, l2), shape, dtype, 3, (), backend
+        )
         kv.run(v, g, p)
         decay = self.decoupled and self.weight_decay != 0
-        kp = update_kernel(("adam_p", self.eps, decay), lambda: _param(self.eps, decay), shape,
-                           dtype, 6, (3, 4, 5), backend)
-        step_size = self.lr / (1 - b1 ** t)
-        kp.run(p, m, v, scalar(backend, step_size, dtype),
-               scalar(backend, math.sqrt(1 - b2 ** t), dtype),
-               scalar(backend, 1 - self.lr * self.weight_decay if decay else 1.0, dtype))
+        kp = update_kernel(
+            ("adam_p", self.eps, decay),
+            lambda: _param(self.eps, decay),
+            shape,
+            dtype,
+            6,
+            (3, 4, 5),
+            backend,
+        )
+        step_size = self.lr / (1 - b1**t)
+        kp.run(
+            p,
+            m,
+            v,
+            scalar(backend, step_size, dtype),
+            scalar(backend, math.sqrt(1 - b2**t), dtype),
+            scalar(backend, 1 - self.lr * self.weight_decay if decay else 1.0, dtype),
+        )
 
 
 class AdamW(Adam):
     """Adam with decoupled weight decay (``torch.optim.AdamW``; default weight_decay 0.01)."""
 
-    def __init__(self, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8, weight_decay: float = 0.01) -> None:
+    def __init__(
+        self,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+    ) -> None:
         super().__init__(lr, betas, eps, weight_decay, decoupled=True)
 
 

@@ -11,16 +11,27 @@ import numpy as np
 from ..errors import DTypeError, InputError, ShapeError
 
 
-def check_number(name: str, value: Any, low: float = 0.0, high: float = math.inf,
-                 low_open: bool = False, high_open: bool = False) -> float:
+def check_number(
+    name: str,
+    value: Any,
+    low: float = 0.0,
+    high: float = math.inf,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
     """``value`` as a float, or InputError naming the hyperparameter and its allowed range."""
     ok = isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
     v = float(value) if ok else math.nan
-    if not ok or not math.isfinite(v) or v < low or v > high or (low_open and v == low) or (
-            high_open and v == high):
+    if (
+        not ok
+        or not math.isfinite(v)
+        or v < low
+        or v > high
+        or (low_open and v == low)
+        or (high_open and v == high)
+    ):
         lo, hi = "(" if low_open else "[", ")" if high_open else "]"
-        raise InputError(f"{name} must be a finite number in {lo}{low}, {high}{hi}, "
-                         f"got {value!r}")
+        raise InputError(f"{name} must be a finite number in {lo}{low}, {high}{hi}, got {value!r}")
     return v
 
 
@@ -48,11 +59,14 @@ class Optimizer:
         from ..compiler.plan import CompiledPlan
 
         if not isinstance(plan, CompiledPlan):
-            raise InputError(f"{type(self).__name__}.step: expected a CompiledPlan, got "
-                             f"{type(plan).__name__}")
+            raise InputError(
+                f"{type(self).__name__}.step: expected a CompiledPlan, got {type(plan).__name__}"
+            )
         if not isinstance(grads, Mapping):
-            raise InputError(f"{type(self).__name__}.step: grads must be a dict of name -> "
-                             f"array, got {type(grads).__name__}")
+            raise InputError(
+                f"{type(self).__name__}.step: grads must be a dict of name -> "
+                f"array, got {type(grads).__name__}"
+            )
         params = plan.parameters
         pairs = self._pairs(params, grads, plan.backend)
         self.steps += 1
@@ -60,12 +74,14 @@ class Optimizer:
             st = self.state.get(name)
             fresh = st is None
             if fresh:
-                st = self.state[name] = {k: self._initial_state(k, p, plan.backend)
-                                         for k in self.state_names}
+                st = self.state[name] = {
+                    k: self._initial_state(k, p, plan.backend) for k in self.state_names
+                }
             self._update(p, g, st, plan.backend, fresh)
 
-    def _pairs(self, params: Mapping[str, Any], grads: Mapping[str, Any],
-               backend: Any) -> dict[str, tuple[Any, Any]]:
+    def _pairs(
+        self, params: Mapping[str, Any], grads: Mapping[str, Any], backend: Any
+    ) -> dict[str, tuple[Any, Any]]:
         """(parameter, gradient) by name, every gradient checked before anything changes."""
         pairs = {}
         for name, p in params.items():
@@ -78,15 +94,18 @@ class Optimizer:
                     raise InputError(f"{where}: expected an array, got {type(g).__name__}")
                 g = backend.to_device(g)
             if tuple(g.shape) != tuple(p.shape):
-                raise ShapeError(f"{where}: shape {tuple(g.shape)}; expected the parameter's "
-                                 f"{tuple(p.shape)}")
+                raise ShapeError(
+                    f"{where}: shape {tuple(g.shape)}; expected the parameter's {tuple(p.shape)}"
+                )
             if g.dtype != p.dtype:
                 raise DTypeError(f"{where}: dtype {g.dtype}; expected the parameter's {p.dtype}")
             pairs[name] = (p, g)
         if not pairs:
-            raise InputError(f"{type(self).__name__}.step: no gradient for any parameter; "
-                             f"expected names among {list(params)} or grad_<name>, got "
-                             f"{list(grads)}")
+            raise InputError(
+                f"{type(self).__name__}.step: no gradient for any parameter; "
+                f"expected names among {list(params)} or grad_<name>, got "
+                f"{list(grads)}"
+            )
         return pairs
 
     def _initial_state(self, key: str, p: Any, backend: Any) -> Any:
@@ -110,8 +129,12 @@ class Optimizer:
         for pname, st in self.state.items():
             for key, arr in st.items():
                 tensors[f"{key}/{pname}"] = _host(arr)
-        return {"type": type(self).__name__, "hyperparameters": self.hyperparameters(),
-                "steps": self.steps, "tensors": tensors}
+        return {
+            "type": type(self).__name__,
+            "hyperparameters": self.hyperparameters(),
+            "steps": self.steps,
+            "tensors": tensors,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any], plan: Any) -> None:
         """Restore ``state_dict()`` output onto ``plan``'s backend (checked before any change)."""
@@ -130,18 +153,24 @@ class Optimizer:
         for full, arr in tensors.items():
             key, _, pname = str(full).partition("/")
             if key not in self.state_names or pname not in params:
-                raise InputError(f"{where}: unexpected tensor {full!r}; expected "
-                                 f"<{'|'.join(self.state_names)}>/<parameter of the plan>")
+                raise InputError(
+                    f"{where}: unexpected tensor {full!r}; expected "
+                    f"<{'|'.join(self.state_names)}>/<parameter of the plan>"
+                )
             p = params[pname]
             arr = np.asarray(arr)
             if arr.shape != tuple(p.shape) or arr.dtype != np.dtype(p.dtype):
-                raise ShapeError(f"{where}: {full!r} is {arr.dtype}{list(arr.shape)}; expected "
-                                 f"{np.dtype(p.dtype)}{list(p.shape)} like parameter {pname!r}")
+                raise ShapeError(
+                    f"{where}: {full!r} is {arr.dtype}{list(arr.shape)}; expected "
+                    f"{np.dtype(p.dtype)}{list(p.shape)} like parameter {pname!r}"
+                )
             new.setdefault(pname, {})[key] = plan.backend.to_device(np.array(arr))
         for pname, st in new.items():
             if set(st) != set(self.state_names):
-                raise InputError(f"{where}: parameter {pname!r} has state {sorted(st)}; "
-                                 f"expected {sorted(self.state_names)}")
+                raise InputError(
+                    f"{where}: parameter {pname!r} has state {sorted(st)}; "
+                    f"expected {sorted(self.state_names)}"
+                )
         self.state = new
         self.steps = int(steps)
 

@@ -53,18 +53,27 @@ class UpdateKernel:
     the kernel is compiled once); the others have the target's shape and dtype.
     """
 
-    def __init__(self, program: Program, shape: tuple[int, ...], dtype: str, n_inputs: int,
-                 scalars: Sequence[int], backend: Any) -> None:
+    def __init__(
+        self,
+        program: Program,
+        shape: tuple[int, ...],
+        dtype: str,
+        n_inputs: int,
+        scalars: Sequence[int],
+        backend: Any,
+    ) -> None:
         from ..compiler.compile import compile as compile_graph
         from ..ir.graph import EinsumGraph
 
         self.shape, self.dtype = tuple(shape), dtype
         g = EinsumGraph()
-        ids = [g.input(f"u{k}", () if k in scalars else self.shape, dtype).id
-                for k in range(n_inputs)]
+        ids = [
+            g.input(f"u{k}", () if k in scalars else self.shape, dtype).id for k in range(n_inputs)
+        ]
         body = program.body(self.shape)
-        nid = g.add_node(ops.FUSED, None, ids, {"body": body.to_args()}, shape=self.shape,
-                         dtype=dtype)
+        nid = g.add_node(
+            ops.FUSED, None, ids, {"body": body.to_args()}, shape=self.shape, dtype=dtype
+        )
         g.output(g.tensor(nid), name="out")
         # O0: the one hand-made fused node is the plan's only step
         plan = compile_graph(g, backend=backend.name, opt_level=0)
@@ -74,8 +83,9 @@ class UpdateKernel:
         (step,), (kernel,) = cp.steps, cp.kernels
         self.backend = plan.backend
         self._fn = kernel.fn
-        self._scratch = [self.backend.empty(cp.buffers[b].shape, cp.buffers[b].dtype)
-                         for b in step.scratch]
+        self._scratch = [
+            self.backend.empty(cp.buffers[b].shape, cp.buffers[b].dtype) for b in step.scratch
+        ]
         self.in_place = 0 in kernel.inplace
         self._tmp = None if self.in_place else self.backend.empty(self.shape, dtype)
         self._lock = threading.Lock()  # the scratch arrays are this kernel's own
@@ -94,8 +104,15 @@ _KERNELS: dict[tuple, UpdateKernel] = {}
 _KERNELS_LOCK = threading.Lock()
 
 
-def update_kernel(key: tuple, build: Any, shape: tuple[int, ...], dtype: str, n_inputs: int,
-                  scalars: Sequence[int], backend: Any) -> UpdateKernel:
+def update_kernel(
+    key: tuple,
+    build: Any,
+    shape: tuple[int, ...],
+    dtype: str,
+    n_inputs: int,
+    scalars: Sequence[int],
+    backend: Any,
+) -> UpdateKernel:
     """The cached kernel for ``key`` (the program's identity and hyperparameters) on this shape,
     dtype and backend; ``build()`` returns its Program on first use."""
     full = (key, tuple(shape), dtype, backend.name, id(backend))

@@ -19,8 +19,14 @@ class SGD(Optimizer):
     the parameter); the learning rate may be changed between steps (``opt.lr = ...``).
     """
 
-    def __init__(self, lr: float, momentum: float = 0.0, dampening: float = 0.0,
-                 weight_decay: float = 0.0, nesterov: bool = False) -> None:
+    def __init__(
+        self,
+        lr: float,
+        momentum: float = 0.0,
+        dampening: float = 0.0,
+        weight_decay: float = 0.0,
+        nesterov: bool = False,
+    ) -> None:
         super().__init__(lr, weight_decay)
         self.momentum = check_number("momentum", momentum)
         self.dampening = check_number("dampening", dampening, high=1.0)
@@ -32,8 +38,12 @@ class SGD(Optimizer):
         self.state_names = ("momentum_buffer",) if self.momentum else ()
 
     def hyperparameters(self) -> dict[str, Any]:  # noqa: D102
-        return {**super().hyperparameters(), "momentum": self.momentum,
-                "dampening": self.dampening, "nesterov": self.nesterov}
+        return {
+            **super().hyperparameters(),
+            "momentum": self.momentum,
+            "dampening": self.dampening,
+            "nesterov": self.nesterov,
+        }
 
     def _update(self, p, g, state, backend, fresh) -> None:  # noqa: D102
         shape, dtype = tuple(p.shape), p.dtype.name
@@ -47,12 +57,17 @@ class SGD(Optimizer):
         first = fresh  # torch: the buffer starts as the first gradient, undamped
         cb = scalar(backend, 0.0 if first else mom, dtype)
         cg = scalar(backend, 1.0 if first else 1.0 - self.dampening, dtype)
-        kb = update_kernel(("sgd_buf", wd), lambda: _buffer(wd), shape, dtype, 5, (3, 4),
-                           backend)
+        kb = update_kernel(("sgd_buf", wd), lambda: _buffer(wd), shape, dtype, 5, (3, 4), backend)
         kb.run(buf, g, p, cb, cg)
-        kp = update_kernel(("sgd_mom", wd, mom, self.nesterov),
-                           lambda: _momentum(wd, mom, self.nesterov), shape, dtype, 4, (3,),
-                           backend)
+        kp = update_kernel(
+            ("sgd_mom", wd, mom, self.nesterov),
+            lambda: _momentum(wd, mom, self.nesterov),
+            shape,
+            dtype,
+            4,
+            (3,),
+            backend,
+        )
         kp.run(p, g, buf, lr)
 
 

@@ -7,8 +7,15 @@ planning) and fusion.
 """
 
 from .base import (
-    PIPELINES, OptimizerReport, Pass, PassManager, PassResult, optimize, register_pass,
+    PIPELINES,
+    OptimizerReport,
+    Pass,
+    PassManager,
+    PassResult,
+    optimize,
+    register_pass,
 )
+
 # importing the pass modules registers them (their order is PIPELINES')
 from .dce import dce
 from .cse import cse
@@ -21,7 +28,21 @@ from .contraction import contraction
 from .fusion import fusion, is_legal_group
 
 __all__ = [
-    "PIPELINES", "OptimizerReport", "Pass", "PassManager", "PassResult", "attention",
-    "contraction", "cse", "dce", "fold", "fusion", "is_legal_group", "layernorm", "merge",
-    "optimize", "register_pass", "simplify",
+    "PIPELINES",
+    "OptimizerReport",
+    "Pass",
+    "PassManager",
+    "PassResult",
+    "attention",
+    "contraction",
+    "cse",
+    "dce",
+    "fold",
+    "fusion",
+    "is_legal_group",
+    "layernorm",
+    "merge",
+    "optimize",
+    "register_pass",
+    "simplify",
 ]

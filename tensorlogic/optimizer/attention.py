@@ -67,8 +67,12 @@ class _Match:
 def _scalar_constant(g: EinsumGraph, nid: int, like: Node) -> float | None:
     """The value of a one-element constant of ``like``'s dtype that broadcasts into it."""
     c = g.node(nid)
-    if c.kind != ops.CONSTANT or c.dtype != like.dtype or math.prod(c.shape) != 1 \
-            or len(c.shape) > len(like.shape):
+    if (
+        c.kind != ops.CONSTANT
+        or c.dtype != like.dtype
+        or math.prod(c.shape) != 1
+        or len(c.shape) > len(like.shape)
+    ):
         return None
     v = float(np.asarray(g.constants[nid]).reshape(()))
     return v if math.isfinite(v) else None
@@ -76,8 +80,7 @@ def _scalar_constant(g: EinsumGraph, nid: int, like: Node) -> float | None:
 
 def _private(g: EinsumGraph, nid: int, user: int, outputs: set[int]) -> bool:
     """``nid`` is no output and ``user`` is its only consumer (reading it once)."""
-    return (nid not in outputs and g.users(nid) == [user]
-            and g.node(user).inputs.count(nid) == 1)
+    return nid not in outputs and g.users(nid) == [user] and g.node(user).inputs.count(nid) == 1
 
 
 def _aligned(arr: np.ndarray, rank: int) -> np.ndarray:
@@ -160,8 +163,11 @@ def _chain(g: EinsumGraph, x: int, outputs: set[int], user: int) -> tuple[_Match
             a, b = n.inputs
             pairs = ((a, b), (b, a)) if n.op == "add" else ((a, b),)
             for y, c in pairs:
-                if tuple(g.node(y).shape) == tuple(n.shape) and g.node(c).dtype == n.dtype \
-                        and c != y:
+                if (
+                    tuple(g.node(y).shape) == tuple(n.shape)
+                    and g.node(c).dtype == n.dtype
+                    and c != y
+                ):
                     break
             else:
                 return None
@@ -214,8 +220,11 @@ def _roles(g: EinsumGraph, s: Node, key_axis: int):
     konly = (set(tk) & set(out)) - set(tq)
     if len(contracted) != 1 or len(qonly) != 1 or konly != {kl}:
         return None
-    if set(tq) != batch | qonly | contracted or set(tk) != batch | konly | contracted \
-            or set(out) != batch | qonly | konly:
+    if (
+        set(tq) != batch | qonly | contracted
+        or set(tk) != batch | konly | contracted
+        or set(out) != batch | qonly | konly
+    ):
         return None
     return q, k, tq, tk, out, scal, contracted.pop(), qonly.pop()
 
@@ -257,8 +266,12 @@ def match(g: EinsumGraph, o: Node, outputs: set[int]):
 def _layout(tp: str, tv: str, to: str, sout: str, ql: str, key_axis: int):
     """Letters of the value contraction by role: (batch letters of o in o's order, the key and
     query letters of p, the value letter), or None when o is not the value contraction."""
-    if len(tp) != len(sout) or len(set(tp)) != len(tp) or len(set(tv)) != len(tv) \
-            or len(set(to)) != len(to):
+    if (
+        len(tp) != len(sout)
+        or len(set(tp)) != len(tp)
+        or len(set(tv)) != len(tv)
+        or len(set(to)) != len(to)
+    ):
         return None
     kp, qp = tp[key_axis], tp[sout.index(ql)]
     batch_p = [c for i, c in enumerate(tp) if i not in (key_axis, sout.index(ql))]
@@ -321,8 +334,9 @@ def _rewrite(g: EinsumGraph, o: Node, found) -> None:
         mshape = g.node(m).shape
         rank = len(sout)
         if len(mshape) < rank:
-            m = g.add_node(ops.RESHAPE, None, [m], {"shape": [1] * (rank - len(mshape))
-                                                   + list(mshape)})
+            m = g.add_node(
+                ops.RESHAPE, None, [m], {"shape": [1] * (rank - len(mshape)) + list(mshape)}
+            )
         if mt.mask_coef != 1.0:
             c = g.constant(np.array(mt.mask_coef), dtype=o.dtype).id
             m = g.add_node(ops.BINARY, "mul", [m, c])
@@ -331,16 +345,25 @@ def _rewrite(g: EinsumGraph, o: Node, found) -> None:
     args = {"scale": float(mt.scale), "causal": bool(mt.causal)}
     att_letters = batch_o + [qp, e]
     if list(out_term) == att_letters:
-        new = Node(o.id, ops.ATTENTION, None, tuple(inputs), tuple(o.shape), o.dtype, o.name,
-                   MappingProxyType(args))
+        new = Node(
+            o.id,
+            ops.ATTENTION,
+            None,
+            tuple(inputs),
+            tuple(o.shape),
+            o.dtype,
+            o.name,
+            MappingProxyType(args),
+        )
     else:
         # the result's axis order as a one-operand einsum, not a transpose view: a consuming
         # einsum (an output projection) absorbs it when merged and plans the layout itself,
         # and anywhere else it is one copy into planned memory, where a strided view would make
         # a later contraction copy (and allocate) on every call
         a = g.add_node(ops.ATTENTION, None, inputs, args, name=f"{o.name}_attention")
-        new = replace(o, inputs=(a,),
-                      args=MappingProxyType({"spec": f"{''.join(att_letters)}->{out_term}"}))
+        new = replace(
+            o, inputs=(a,), args=MappingProxyType({"spec": f"{''.join(att_letters)}->{out_term}"})
+        )
     old_inputs = o.inputs
     g.replace_node(o.id, new)
     for i in old_inputs:
@@ -349,8 +372,11 @@ def _rewrite(g: EinsumGraph, o: Node, found) -> None:
 
 def _score_bytes(g: EinsumGraph, o: Node) -> int:
     """Bytes of the written-out scores (the softmax that value contraction ``o`` reads)."""
-    sizes = [math.prod(int(d) for d in g.node(i).shape) * np.dtype(g.node(i).dtype).itemsize
-             for i in o.inputs if g.node(i).kind == ops.ROWOP]
+    sizes = [
+        math.prod(int(d) for d in g.node(i).shape) * np.dtype(g.node(i).dtype).itemsize
+        for i in o.inputs
+        if g.node(i).kind == ops.ROWOP
+    ]
     return max(sizes, default=0)
 
 
@@ -363,8 +389,9 @@ def _attention(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     """
     enabled = options.get("fuse_attention", True)
     if not isinstance(enabled, (bool, tuple)) and enabled != "auto":
-        raise GraphError(f"fuse_attention must be True, False, 'auto' or a tuple of dtype "
-                         f"names, got {enabled!r}")
+        raise GraphError(
+            f"fuse_attention must be True, False, 'auto' or a tuple of dtype names, got {enabled!r}"
+        )
     if enabled is False or enabled == ():
         return PassResult(graph, False, {})
     only = frozenset(enabled) if isinstance(enabled, tuple) else None

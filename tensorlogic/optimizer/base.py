@@ -55,8 +55,10 @@ class OptimizerReport:
         return sum(r.seconds for r in self.records)
 
     def __str__(self) -> str:
-        head = (f"optimizer O{self.opt_level}: {self.nodes_before} -> {self.nodes_after} nodes "
-                f"in {self.seconds * 1e3:.2f} ms")
+        head = (
+            f"optimizer O{self.opt_level}: {self.nodes_before} -> {self.nodes_after} nodes "
+            f"in {self.seconds * 1e3:.2f} ms"
+        )
         lines = [head]
         for r in self.records:
             if r.changed or r.stats:
@@ -73,8 +75,7 @@ class OptimizerReport:
 # rewrites hand-written layer norms and written-out attention (before merge and fusion, which
 # would take the pattern apart), merges einsum chains and plans their contraction order before
 # fusion groups what is left into kernels. O3 is O2 until a pass needs autotuning.
-_O2 = ["dce", "cse", "fold", "simplify", "layernorm", "attention", "merge", "contraction",
-       "fusion"]
+_O2 = ["dce", "cse", "fold", "simplify", "layernorm", "attention", "merge", "contraction", "fusion"]
 PIPELINES: dict[int, list[str]] = {
     0: [],
     1: ["dce", "cse", "fold", "simplify"],
@@ -100,8 +101,9 @@ def register_pass(name: str, factory: Callable[..., Pass], levels: tuple[int, ..
 class PassManager:
     """Runs a list of passes to a fixpoint, timing each, validating in debug mode."""
 
-    def __init__(self, passes: list[Pass], opt_level: int, max_rounds: int = 8,
-                 debug: int | None = None) -> None:
+    def __init__(
+        self, passes: list[Pass], opt_level: int, max_rounds: int = 8, debug: int | None = None
+    ) -> None:
         self.passes = passes
         self.opt_level = opt_level
         self.max_rounds = max_rounds
@@ -155,7 +157,8 @@ class FunctionPass:
 
 
 def function_pass(
-    name: str, fn: Callable[[EinsumGraph, Mapping[str, Any]], PassResult],
+    name: str,
+    fn: Callable[[EinsumGraph, Mapping[str, Any]], PassResult],
     levels: tuple[int, ...] = (),
 ) -> Callable[[EinsumGraph, Mapping[str, Any] | None], PassResult]:
     """Register ``fn`` as the pass ``name`` (see ``register_pass`` for ``levels``); returns a
@@ -170,8 +173,9 @@ def function_pass(
     return run
 
 
-def optimize(graph: EinsumGraph, opt_level: int,
-             options: Mapping[str, Any] | None = None) -> tuple[EinsumGraph, OptimizerReport]:
+def optimize(
+    graph: EinsumGraph, opt_level: int, options: Mapping[str, Any] | None = None
+) -> tuple[EinsumGraph, OptimizerReport]:
     """Run the pipeline of ``opt_level`` over ``graph``; ``options`` are the compile options."""
     if opt_level not in PIPELINES:
         raise GraphError(f"opt_level must be one of {sorted(PIPELINES)}, got {opt_level!r}")
@@ -180,6 +184,7 @@ def optimize(graph: EinsumGraph, opt_level: int,
         raise GraphError(f"opt level {opt_level} runs passes {missing} that are not registered")
     # ``skip_passes`` drops named passes from the pipeline (the O3 autotuner's variants)
     skip = set((options or {}).get("skip_passes") or ())
-    passes = [PASSES[name](dict(options or {})) for name in PIPELINES[opt_level]
-              if name not in skip]
+    passes = [
+        PASSES[name](dict(options or {})) for name in PIPELINES[opt_level] if name not in skip
+    ]
     return PassManager(passes, opt_level).run(graph)

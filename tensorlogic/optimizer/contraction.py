@@ -31,8 +31,10 @@ from ..ir.graph import EinsumGraph, Node
 from . import path_search, slicing
 from .base import PassResult, function_pass
 
-def choose_path(terms: list[str], output: str, sizes: dict[str, int],
-                memory_limit: int | None = None) -> tuple[list[tuple[int, ...]], str]:
+
+def choose_path(
+    terms: list[str], output: str, sizes: dict[str, int], memory_limit: int | None = None
+) -> tuple[list[tuple[int, ...]], str]:
     """(path, strategy name) for a network of letter terms; ``memory_limit`` in elements."""
     return path_search.find_path(terms, output, sizes, memory_limit)
 
@@ -47,8 +49,9 @@ def _all_paths(n: int) -> list[list[tuple[int, int]]]:
     """Every pairwise contraction order of n operands, in opt_einsum's path format."""
     if n <= 1:
         return [[]]
-    return [[(i, j)] + rest for i in range(n) for j in range(i + 1, n)
-            for rest in _all_paths(n - 1)]
+    return [
+        [(i, j)] + rest for i in range(n) for j in range(i + 1, n) for rest in _all_paths(n - 1)
+    ]
 
 
 def _layout_tiebreak(es, shapes, sizes, plan, path, limit):
@@ -110,8 +113,11 @@ def _under_limit(es, shapes, sizes, terms, plan, path, strategy, limit, dtype, w
         if n_slices > MAX_SLICES:
             too_many = min(too_many or n_slices, n_slices)
             continue
-        splan = (sliced.plan_sliced(es, shapes, sizes, spath, sl, dtype) if sl
-                 else pairwise.plan_einsum(es, shapes, sizes, spath))
+        splan = (
+            sliced.plan_sliced(es, shapes, sizes, spath, sl, dtype)
+            if sl
+            else pairwise.plan_einsum(es, shapes, sizes, spath)
+        )
         if splan.largest_intermediate <= limit and (best is None or splan.flops < best[0].flops):
             best = (splan, spath, sname, sl)
     if best is not None and (not fits or best[0].flops < lplan.flops):
@@ -120,7 +126,8 @@ def _under_limit(es, shapes, sizes, terms, plan, path, strategy, limit, dtype, w
         raise MemoryBudgetError(
             f"{where}: its intermediates fit path_memory_limit={limit * itemsize} bytes only "
             f"when sliced into {too_many} slices, more than the {MAX_SLICES} allowed (each "
-            f"slice runs the whole network again); raise the limit or split the network")
+            f"slice runs the whole network again); raise the limit or split the network"
+        )
     return lplan, lpath, lstrategy, []
 
 
@@ -138,8 +145,17 @@ def plan_node(g: EinsumGraph, node: Node, memory_limit_bytes: int | None) -> Nod
     slices: list[str] = []
     if limit is not None and plan.largest_intermediate > limit:
         plan, path, strategy, slices = _under_limit(
-            es, shapes, sizes, terms, plan, path, strategy, limit, node.dtype,
-            f"einsum {node.name!r} ({einspec._show(node.args['spec'])})")
+            es,
+            shapes,
+            sizes,
+            terms,
+            plan,
+            path,
+            strategy,
+            limit,
+            node.dtype,
+            f"einsum {node.name!r} ({einspec._show(node.args['spec'])})",
+        )
     if len(terms) <= TIEBREAK_MAX_OPERANDS and plan.copied and not slices:
         plan, path = _layout_tiebreak(es, shapes, sizes, plan, path, limit)
     if limit is not None and plan.largest_intermediate > limit:
@@ -150,8 +166,12 @@ def plan_node(g: EinsumGraph, node: Node, memory_limit_bytes: int | None) -> Nod
             f"is {limit * itemsize} bytes; raise the limit or split the network"
         )
     naive = math.prod(sizes.values()) * len(terms)
-    info = {"strategy": strategy, "flops": int(plan.flops),
-            "largest_intermediate": int(plan.largest_intermediate), "naive_flops": int(naive)}
+    info = {
+        "strategy": strategy,
+        "flops": int(plan.flops),
+        "largest_intermediate": int(plan.largest_intermediate),
+        "naive_flops": int(naive),
+    }
     extra = {}
     if slices:
         n_slices = math.prod(int(sizes[c]) for c in slices)
@@ -181,8 +201,9 @@ def _contraction(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
         g.replace_node(node.id, new)
         flops += new.args["path_info"]["flops"]
         largest = max(largest, new.args["path_info"]["largest_intermediate"])
-    return PassResult(g, True, {"planned": len(todo), "flops": flops,
-                                "largest_intermediate": largest})
+    return PassResult(
+        g, True, {"planned": len(todo), "flops": flops, "largest_intermediate": largest}
+    )
 
 
 contraction = function_pass("contraction", _contraction)

@@ -48,8 +48,9 @@ def einsum_key(spec: str, inputs: tuple[int, ...], ranks: list[int]) -> tuple:
     return (ops.EINSUM, tuple(sorted(inputs)), best)
 
 
-def node_key(g: EinsumGraph, node: Node, inputs: tuple[int, ...],
-             lone: frozenset = frozenset()) -> tuple | None:
+def node_key(
+    g: EinsumGraph, node: Node, inputs: tuple[int, ...], lone: frozenset = frozenset()
+) -> tuple | None:
     """The CSE key of ``node`` whose inputs are (already deduplicated) ``inputs``; None: unique.
 
     ``lone`` holds constants whose dtype and shape no other constant shares: they cannot have a
@@ -80,8 +81,9 @@ def _cse(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     merges: list[tuple[int, int]] = []  # (node to drop, survivor), in discovery order
     swapped = False  # an output survived over an earlier twin: its users now point forward
     kinds = Counter((n.dtype, tuple(n.shape)) for n in graph if n.kind == ops.CONSTANT)
-    lone = frozenset(n.id for n in graph
-                     if n.kind == ops.CONSTANT and kinds[(n.dtype, tuple(n.shape))] == 1)
+    lone = frozenset(
+        n.id for n in graph if n.kind == ops.CONSTANT and kinds[(n.dtype, tuple(n.shape))] == 1
+    )
     for node in graph:
         ins = tuple(alias.get(i, i) for i in node.inputs)
         key = node_key(graph, node, ins, lone)

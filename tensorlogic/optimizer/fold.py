@@ -27,8 +27,9 @@ MAX_FOLD_ELEMENTS = 1 << 22
 Evaluator = Callable[[Node, list[np.ndarray]], np.ndarray]
 
 
-def evaluate(node: Node, arrays: list[np.ndarray],
-             evaluator: Evaluator | None = None) -> np.ndarray:
+def evaluate(
+    node: Node, arrays: list[np.ndarray], evaluator: Evaluator | None = None
+) -> np.ndarray:
     """One node's value on constant operands, as a read-only array that owns its memory."""
     with np.errstate(all="ignore"):
         res = (evaluator or evaluate_node)(node, arrays)
@@ -58,8 +59,9 @@ def _fold(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
         value = evaluate(node, [cur.constants[i] for i in node.inputs], evaluator)
         if g is None:
             g = graph.copy()
-        g.replace_node(node.id, replace(node, kind=ops.CONSTANT, op=None, inputs=(),
-                                             args=MappingProxyType({})))
+        g.replace_node(
+            node.id, replace(node, kind=ops.CONSTANT, op=None, inputs=(), args=MappingProxyType({}))
+        )
         g.constants[node.id] = value
         folded += 1
     if g is None:

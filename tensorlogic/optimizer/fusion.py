@@ -52,8 +52,9 @@ def _floats_only(g: EinsumGraph, nids) -> bool:
     """Every node of ``nids`` and each of their operands has a float dtype."""
     for nid in nids:
         node = g.node(nid)
-        if node.dtype not in dtypes.FLOATS or any(g.node(i).dtype not in dtypes.FLOATS
-                                                  for i in node.inputs):
+        if node.dtype not in dtypes.FLOATS or any(
+            g.node(i).dtype not in dtypes.FLOATS for i in node.inputs
+        ):
             return False
     return True
 
@@ -71,8 +72,9 @@ def legal_tail(root: Node, tail: Node) -> bool:
     return False
 
 
-def _legal_epilogue(g: EinsumGraph, tail: int, epilogue: Sequence[int],
-                    position: Mapping[int, int]) -> bool:
+def _legal_epilogue(
+    g: EinsumGraph, tail: int, epilogue: Sequence[int], position: Mapping[int, int]
+) -> bool:
     """The epilogue conditions of ``is_legal_group`` (the cycle test aside)."""
     t = g.node(tail)
     if t.kind != ops.ROWOP or len(set(epilogue)) != len(epilogue) or tail in epilogue:
@@ -82,10 +84,14 @@ def _legal_epilogue(g: EinsumGraph, tail: int, epilogue: Sequence[int],
     chain = [tail, *epilogue]
     for k, e in enumerate(epilogue):
         node = g.node(e)
-        if (not _is_elementwise(node) or tuple(node.shape) != tuple(t.shape)
-                or node.dtype != t.dtype or position[e] <= position[chain[k]]):
+        if (
+            not _is_elementwise(node)
+            or tuple(node.shape) != tuple(t.shape)
+            or node.dtype != t.dtype
+            or position[e] <= position[chain[k]]
+        ):
             return False
-        if not any(i in chain[:k + 1] for i in node.inputs):
+        if not any(i in chain[: k + 1] for i in node.inputs):
             return False  # it must consume the row op's value (or a later epilogue value)
     for m in chain[:-1]:  # every value but the last stays inside the node
         if m in outputs or any(u not in group for u in g.users(m)):
@@ -93,9 +99,14 @@ def _legal_epilogue(g: EinsumGraph, tail: int, epilogue: Sequence[int],
     return True
 
 
-def is_legal_group(g: EinsumGraph, members: frozenset[int], root: int | None,
-                   tail: int | None = None, position: Mapping[int, int] | None = None,
-                   epilogue: Sequence[int] = ()) -> bool:
+def is_legal_group(
+    g: EinsumGraph,
+    members: frozenset[int],
+    root: int | None,
+    tail: int | None = None,
+    position: Mapping[int, int] | None = None,
+    epilogue: Sequence[int] = (),
+) -> bool:
     """Whether ``members`` (elementwise, ending in ``root``), ``tail`` and ``epilogue`` may
     become one node.
 
@@ -172,8 +183,13 @@ def _inline_constant(g: EinsumGraph, nid: int, user: Node, members: set[int]) ->
     return float(g.constants[nid].reshape(()))
 
 
-def _program(g: EinsumGraph, order: Sequence[int], members: set[int], external: list[int],
-             special: Mapping[int, tuple]) -> tuple[FusedOp, ...]:
+def _program(
+    g: EinsumGraph,
+    order: Sequence[int],
+    members: set[int],
+    external: list[int],
+    special: Mapping[int, tuple],
+) -> tuple[FusedOp, ...]:
     """Instructions of ``order``: refs to earlier entries, ``special`` refs, literals, inputs."""
     tmp = {nid: j for j, nid in enumerate(order)}
     instrs = []
@@ -198,8 +214,13 @@ def _program(g: EinsumGraph, order: Sequence[int], members: set[int], external: 
     return tuple(instrs)
 
 
-def build_body(g: EinsumGraph, members: frozenset[int], root: int | None,
-               tail: int | None, epilogue: Sequence[int] = ()) -> tuple[FusedBody, list[int]]:
+def build_body(
+    g: EinsumGraph,
+    members: frozenset[int],
+    root: int | None,
+    tail: int | None,
+    epilogue: Sequence[int] = (),
+) -> tuple[FusedBody, list[int]]:
     """The fused program of a legal group and its external operands in order."""
     external: list[int] = []
     if members:
@@ -213,12 +234,17 @@ def build_body(g: EinsumGraph, members: frozenset[int], root: int | None,
         return FusedBody(instrs, space), external
     t = g.node(tail)
     if t.kind == ops.REDUCE:
-        body = FusedBody(instrs, space, t.op, tuple(t.args["axes"]),
-                         bool(t.args.get("keepdims")))
+        body = FusedBody(instrs, space, t.op, tuple(t.args["axes"]), bool(t.args.get("keepdims")))
     else:
         epi = _program(g, list(epilogue), {tail, *epilogue}, external, {tail: ("tail", 0)})
-        body = FusedBody(instrs, space, t.op, (int(t.args["axis"]),),
-                         eps=float(t.args.get("eps", ops.LAYER_NORM_EPS)), epilogue=epi)
+        body = FusedBody(
+            instrs,
+            space,
+            t.op,
+            (int(t.args["axis"]),),
+            eps=float(t.args.get("eps", ops.LAYER_NORM_EPS)),
+            epilogue=epi,
+        )
     return body, external
 
 
@@ -241,8 +267,7 @@ def _topological(g: EinsumGraph, members: frozenset[int]) -> list[int]:
     return order
 
 
-def _grow(g: EinsumGraph, root: int, taken: set[int], limit: int | None = None
-          ) -> frozenset[int]:
+def _grow(g: EinsumGraph, root: int, taken: set[int], limit: int | None = None) -> frozenset[int]:
     """The largest group around ``root`` that the greedy rule admits (a worklist walk), of at
     most ``limit`` nodes (default ``MAX_GROUP_OPS``): the nodes left out form groups of their
     own."""
@@ -258,15 +283,20 @@ def _grow(g: EinsumGraph, root: int, taken: set[int], limit: int | None = None
             if p in members or p in taken or p in outputs:
                 continue
             pn = g.node(p)
-            if (_is_elementwise(pn) and tuple(pn.shape) == tuple(rnode.shape)
-                    and pn.dtype == rnode.dtype and all(u in members for u in g.users(p))):
+            if (
+                _is_elementwise(pn)
+                and tuple(pn.shape) == tuple(rnode.shape)
+                and pn.dtype == rnode.dtype
+                and all(u in members for u in g.users(p))
+            ):
                 members.add(p)
                 work.append(p)
     return frozenset(members)
 
 
-def _grow_epilogue(g: EinsumGraph, tail: int, taken: set[int],
-                   position: Mapping[int, int]) -> list[int]:
+def _grow_epilogue(
+    g: EinsumGraph, tail: int, taken: set[int], position: Mapping[int, int]
+) -> list[int]:
     """Consumers of a row op's value that join it, in order: the earliest user from outside
     joins while it is elementwise over the row op's shape and dtype (so none of its operands
     can depend on the group: such a path would leave through an earlier user); the longest
@@ -280,8 +310,13 @@ def _grow_epilogue(g: EinsumGraph, tail: int, taken: set[int],
             break
         u = min(outside, key=position.__getitem__)
         un = g.node(u)
-        if (u in taken or not _is_elementwise(un) or tuple(un.shape) != tuple(t.shape)
-                or un.dtype != t.dtype or position[u] <= max(position[m] for m in chain)):
+        if (
+            u in taken
+            or not _is_elementwise(un)
+            or tuple(un.shape) != tuple(t.shape)
+            or un.dtype != t.dtype
+            or position[u] <= max(position[m] for m in chain)
+        ):
             break
         chain.append(u)
         group.add(u)
@@ -294,8 +329,12 @@ def _prologue(g: EinsumGraph, tail: int, taken: set[int]) -> tuple[frozenset[int
     """The elementwise group feeding a row op as its tail (empty when there is none)."""
     root = g.node(tail).inputs[0]
     rn = g.node(root)
-    if (root in taken or not _is_elementwise(rn) or root in g.outputs.values()
-            or g.users(root) != [tail]):
+    if (
+        root in taken
+        or not _is_elementwise(rn)
+        or root in g.outputs.values()
+        or g.users(root) != [tail]
+    ):
         return frozenset(), None
     return _grow(g, root, taken, MAX_GROUP_OPS // 2), root
 
@@ -306,16 +345,28 @@ def _fusion(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     taken: set[int] = set()
     position = {n.id: k for k, n in enumerate(graph.nodes)}  # fused nodes keep their root's
 
-    def fuse(cur: EinsumGraph, members: frozenset[int], root: int | None, tail: int | None,
-             epilogue: list[int]) -> None:
+    def fuse(
+        cur: EinsumGraph,
+        members: frozenset[int],
+        root: int | None,
+        tail: int | None,
+        epilogue: list[int],
+    ) -> None:
         body, external = build_body(cur, members, root, tail, epilogue)
         last = epilogue[-1] if epilogue else tail if tail is not None else root
         visible = cur.node(last)
         g = state["g"] if state["g"] is not None else graph.copy()
         state["g"] = g
-        fused = Node(visible.id, ops.FUSED, None, tuple(external), tuple(visible.shape),
-                     visible.dtype, visible.name,
-                     MappingProxyType({"body": body.to_args(), "flops": fused_flops(body)}))
+        fused = Node(
+            visible.id,
+            ops.FUSED,
+            None,
+            tuple(external),
+            tuple(visible.shape),
+            visible.dtype,
+            visible.name,
+            MappingProxyType({"body": body.to_args(), "flops": fused_flops(body)}),
+        )
         g.replace_node(visible.id, fused)
         group = set(members) | set(epilogue) | ({tail} if tail is not None else set())
         # users before producers: insertion order is topological, so remove from the back
@@ -353,8 +404,7 @@ def _fusion(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
         fuse(cur, members, node.id, tail, [])
     if state["g"] is None:
         return PassResult(graph, False, {})
-    return PassResult(state["g"], True, {"groups": state["groups"],
-                                         "nodes_fused": state["nodes"]})
+    return PassResult(state["g"], True, {"groups": state["groups"], "nodes_fused": state["nodes"]})
 
 
 fusion = function_pass("fusion", _fusion)

@@ -68,8 +68,13 @@ def _squared(g: EinsumGraph, q: Node, d: int) -> bool:
         return q.inputs == (d, d)
     if _is_op(q, ops.BINARY, "pow") and q.inputs[0] == d:
         e = g.node(q.inputs[1])
-        return (e.kind == ops.CONSTANT and math.prod(e.shape) == 1 and e.dtype == q.dtype
-                and len(e.shape) <= len(q.shape) and uniform_value(g, q.inputs[1]) == 2.0)
+        return (
+            e.kind == ops.CONSTANT
+            and math.prod(e.shape) == 1
+            and e.dtype == q.dtype
+            and len(e.shape) <= len(q.shape)
+            and uniform_value(g, q.inputs[1]) == 2.0
+        )
     return False
 
 
@@ -80,8 +85,12 @@ def _inverse_sqrt(g: EinsumGraph, nid: int) -> tuple[int, list[int]] | None:
         s = r.inputs[0]
     elif _is_op(r, ops.BINARY, "div") and uniform_value(g, r.inputs[0]) == 1.0:
         one = g.node(r.inputs[0])
-        if one.kind != ops.CONSTANT or one.dtype != r.dtype or math.prod(one.shape) != 1 \
-                or len(one.shape) > len(r.shape):
+        if (
+            one.kind != ops.CONSTANT
+            or one.dtype != r.dtype
+            or math.prod(one.shape) != 1
+            or len(one.shape) > len(r.shape)
+        ):
             return None
         s = r.inputs[1]
     else:
@@ -156,8 +165,16 @@ def _layernorm(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
         if g is None:
             g = graph.copy()
         y = g.node(node.id)
-        new = Node(y.id, ops.ROWOP, "layer_norm", (x,), tuple(y.shape), y.dtype, y.name,
-                   MappingProxyType({"axis": axis, "eps": eps}))
+        new = Node(
+            y.id,
+            ops.ROWOP,
+            "layer_norm",
+            (x,),
+            tuple(y.shape),
+            y.dtype,
+            y.name,
+            MappingProxyType({"axis": axis, "eps": eps}),
+        )
         g.replace_node(y.id, new)
         # users before producers, so each node is unused when it goes
         for nid in reversed(chain):

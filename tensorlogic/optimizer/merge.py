@@ -35,8 +35,9 @@ def _parsed(g: EinsumGraph, node: Node) -> einspec.EinsumSpec:
     return parse_spec(node.args["spec"], tuple(len(g.node(i).shape) for i in node.inputs))
 
 
-def _checked(g: EinsumGraph, node: Node, terms: list[str], output: str,
-             inputs: list[int]) -> Node | None:
+def _checked(
+    g: EinsumGraph, node: Node, terms: list[str], output: str, inputs: list[int]
+) -> Node | None:
     """The einsum record with the new operands if it infers to the node's shape and dtype."""
     spec = _spec_text(terms, output)
     in_nodes = [g.node(i) for i in inputs]
@@ -48,8 +49,9 @@ def _checked(g: EinsumGraph, node: Node, terms: list[str], output: str,
         return None
     if tuple(shape) != tuple(node.shape) or dtype != node.dtype:
         return None
-    return replace(node, kind=ops.EINSUM, op=None, inputs=tuple(inputs),
-                   args=MappingProxyType({"spec": spec}))
+    return replace(
+        node, kind=ops.EINSUM, op=None, inputs=tuple(inputs), args=MappingProxyType({"spec": spec})
+    )
 
 
 def _scalar_split(g: EinsumGraph, nid: int) -> tuple[int, int] | None:
@@ -81,8 +83,8 @@ def absorb_operand(g: EinsumGraph, node: Node, outputs: set[int]) -> tuple[Node,
                 if c not in mapping:
                     mapping[c] = next(fresh)
             new_terms = ["".join(mapping[c] for c in t) for t in pes.inputs]
-            terms[k:k + 1] = new_terms
-            inputs[k:k + 1] = list(prod.inputs)
+            terms[k : k + 1] = new_terms
+            inputs[k : k + 1] = list(prod.inputs)
         else:
             split = _scalar_split(g, p)
             if split is None:

@@ -62,8 +62,9 @@ def _fast_path(terms, output, sizes, memory_limit):
     shapes = [tuple(sizes[c] for c in t) for t in terms]
     eq = ",".join(terms) + "->" + output
     strategy = pairwise.choose_path_strategy(len(terms))
-    path, info = opt_einsum.contract_path(eq, *shapes, shapes=True, optimize=strategy,
-                                          memory_limit=memory_limit)
+    path, info = opt_einsum.contract_path(
+        eq, *shapes, shapes=True, optimize=strategy, memory_limit=memory_limit
+    )
     return [tuple(int(i) for i in p) for p in path], strategy, float(info.opt_cost)
 
 
@@ -85,16 +86,26 @@ def _searched_path(terms, output, sizes, seconds: float):
         opt = opt_einsum.RandomGreedy(max_repeats=128, max_time=seconds, minimize="flops")
         path, _ = opt_einsum.contract_path(eq, *shapes, shapes=True, optimize=opt)
         return [tuple(int(i) for i in p) for p in path], "random-greedy"
-    opt = cotengra.HyperOptimizer(methods=["greedy"], max_repeats=128, max_time=seconds,
-                                  minimize="flops", parallel=False, progbar=False)
+    opt = cotengra.HyperOptimizer(
+        methods=["greedy"],
+        max_repeats=128,
+        max_time=seconds,
+        minimize="flops",
+        parallel=False,
+        progbar=False,
+    )
     tree = opt.search([tuple(t) for t in terms], tuple(output), sizes)
     return [tuple(int(i) for i in p) for p in tree.get_path()], "cotengra"
 
 
 def _cache_key(terms, output, sizes, memory_limit) -> str:
     es = einspec.canonical(einspec.EinsumSpec(tuple(terms), output))
-    rename = dict(zip(einspec.EinsumSpec(tuple(terms), output).letters,
-                      einspec.EinsumSpec(es.inputs, es.output).letters))
+    rename = dict(
+        zip(
+            einspec.EinsumSpec(tuple(terms), output).letters,
+            einspec.EinsumSpec(es.inputs, es.output).letters,
+        )
+    )
     canon_sizes = sorted((rename[c], int(d)) for c, d in sizes.items() if c in rename)
     doc = json.dumps([CACHE_VERSION, str(es), canon_sizes, memory_limit], ensure_ascii=True)
     return hashlib.sha256(doc.encode()).hexdigest()
@@ -112,9 +123,12 @@ def _valid_path(path, n: int) -> bool:
         return False
     left = n
     for step in path:
-        if (not isinstance(step, list) or not 1 <= len(step) <= left
-                or any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < left
-                       for i in step) or len(set(step)) != len(step)):
+        if (
+            not isinstance(step, list)
+            or not 1 <= len(step) <= left
+            or any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < left for i in step)
+            or len(set(step)) != len(step)
+        ):
             return False
         left = left - len(step) + 1
     return left == 1
@@ -143,8 +157,9 @@ def _write(file: Path, path, strategy: str) -> None:
         pass
 
 
-def find_path(terms: list[str], output: str, sizes: dict[str, int],
-              memory_limit: int | None = None) -> tuple[list[tuple[int, ...]], str]:
+def find_path(
+    terms: list[str], output: str, sizes: dict[str, int], memory_limit: int | None = None
+) -> tuple[list[tuple[int, ...]], str]:
     """(path, strategy name) for a network of letter terms; ``memory_limit`` in elements.
 
     The strategy name ends in ``+cache`` when the path came from the disk cache.

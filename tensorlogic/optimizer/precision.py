@@ -47,9 +47,13 @@ def lower_precision(graph: EinsumGraph, dtype: str) -> EinsumGraph:
         if node.dtype != "float32" or node.kind not in (ops.INPUT, ops.CONSTANT):
             return ids[i]
         if i not in full:
-            full[i] = (new.inputs[node.name] if node.kind == ops.INPUT else
-                       new.constant(graph.constants[i], name=f"{node.name}:float32",
-                                    dtype="float32").id)
+            full[i] = (
+                new.inputs[node.name]
+                if node.kind == ops.INPUT
+                else new.constant(
+                    graph.constants[i], name=f"{node.name}:float32", dtype="float32"
+                ).id
+            )
         return full[i]
 
     for node in graph.nodes:
@@ -60,8 +64,11 @@ def lower_precision(graph: EinsumGraph, dtype: str) -> EinsumGraph:
             continue
         if node.kind == ops.CONSTANT:
             value = graph.constants[node.id]
-            t = new.constant(np.asarray(value).astype(dtype) if low else value, name=node.name,
-                             dtype=dtype if low else node.dtype)
+            t = new.constant(
+                np.asarray(value).astype(dtype) if low else value,
+                name=node.name,
+                dtype=dtype if low else node.dtype,
+            )
             ids[node.id] = t.id
             continue
         args = dict(node.args)
@@ -72,8 +79,15 @@ def lower_precision(graph: EinsumGraph, dtype: str) -> EinsumGraph:
         else:
             inputs = [full_value(i) for i in node.inputs]
         if node.kind == ops.FUSED:  # fused nodes carry their dtype (made by the optimizer)
-            ids[node.id] = new.add_node(node.kind, node.op, inputs, args, name=node.name,
-                                        shape=node.shape, dtype=dtype if low else node.dtype)
+            ids[node.id] = new.add_node(
+                node.kind,
+                node.op,
+                inputs,
+                args,
+                name=node.name,
+                shape=node.shape,
+                dtype=dtype if low else node.dtype,
+            )
         else:
             ids[node.id] = new.add_node(node.kind, node.op, inputs, args, name=node.name)
     for name, nid in graph.outputs.items():

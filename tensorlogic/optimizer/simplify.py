@@ -150,8 +150,9 @@ def rule_reshape(g, node, options):
     if tuple(g.node(src).shape) == tuple(node.shape) and node.id not in options["_outputs"]:
         return Alias(src)
     if src != node.inputs[0]:
-        return Rewrite(replace(node, inputs=(src,),
-                               args=MappingProxyType({"shape": tuple(node.shape)})))
+        return Rewrite(
+            replace(node, inputs=(src,), args=MappingProxyType({"shape": tuple(node.shape)}))
+        )
     return None
 
 
@@ -184,8 +185,9 @@ def rule_einsum_identity(g, node, options):
         spec = ",".join(terms) + "->" + es.output.replace(old, new)
         inputs = tuple(n for m, n in enumerate(node.inputs) if m != k)
         try:
-            shape, dtype = infer.infer(ops.EINSUM, None, [g.node(n) for n in inputs],
-                                       {"spec": spec}, node.name)
+            shape, dtype = infer.infer(
+                ops.EINSUM, None, [g.node(n) for n in inputs], {"spec": spec}, node.name
+            )
         except TensorLogicError:
             continue
         if tuple(shape) != tuple(node.shape) or dtype != node.dtype:
@@ -196,10 +198,18 @@ def rule_einsum_identity(g, node, options):
 
 # which node kinds each rule can match: the pass only tries the rules of a node's kind
 RULE_KINDS = {
-    "mul_one": ops.BINARY, "add_zero": ops.BINARY, "sub_zero": ops.BINARY, "div_one": ops.BINARY,
-    "pow_one": ops.BINARY, "mul_zero": ops.BINARY, "neg_neg": ops.UNARY,
-    "one_minus_twice": ops.UNARY, "transpose": ops.TRANSPOSE, "reshape": ops.RESHAPE,
-    "cast_same": ops.CAST, "einsum_identity": ops.EINSUM,
+    "mul_one": ops.BINARY,
+    "add_zero": ops.BINARY,
+    "sub_zero": ops.BINARY,
+    "div_one": ops.BINARY,
+    "pow_one": ops.BINARY,
+    "mul_zero": ops.BINARY,
+    "neg_neg": ops.UNARY,
+    "one_minus_twice": ops.UNARY,
+    "transpose": ops.TRANSPOSE,
+    "reshape": ops.RESHAPE,
+    "cast_same": ops.CAST,
+    "einsum_identity": ops.EINSUM,
 }
 
 RULES: tuple[tuple[str, Rule], ...] = (
@@ -253,8 +263,10 @@ def _simplify(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
             else:
                 arr = np.full(tuple(node.shape), action.value, dtype=node.dtype)
                 arr.setflags(write=False)
-                g.replace_node(node.id, replace(node, kind=ops.CONSTANT, op=None, inputs=(),
-                                                args=MappingProxyType({})))
+                g.replace_node(
+                    node.id,
+                    replace(node, kind=ops.CONSTANT, op=None, inputs=(), args=MappingProxyType({})),
+                )
                 g.constants[node.id] = arr
                 for i in node.inputs:
                     remove_if_unused(g, i)

@@ -7,8 +7,9 @@ searches paths and slices together; ``ir.sliced.plan_sliced`` builds the program
 from __future__ import annotations
 
 
-def choose_slices(terms: list[str], output: str, sizes: dict[str, int], path,
-                  limit: int) -> list[str] | None:
+def choose_slices(
+    terms: list[str], output: str, sizes: dict[str, int], path, limit: int
+) -> list[str] | None:
     """Contracted letters to slice so that every intermediate along ``path`` has at most
     ``limit`` elements (cotengra's slicing), or None when cotengra is missing or cannot."""
     try:
@@ -17,8 +18,11 @@ def choose_slices(terms: list[str], output: str, sizes: dict[str, int], path,
         return None
     used = {c for t in terms for c in t}
     tree = cotengra.ContractionTree.from_path(
-        [tuple(t) for t in terms], tuple(output), {c: int(sizes[c]) for c in used},
-        path=[tuple(p) for p in path])
+        [tuple(t) for t in terms],
+        tuple(output),
+        {c: int(sizes[c]) for c in used},
+        path=[tuple(p) for p in path],
+    )
     try:
         sliced = tree.slice(target_size=max(int(limit), 1), allow_outer=False, seed=0)
     except RuntimeError:  # the output alone, or an intermediate of output indices, is too large
@@ -28,8 +32,7 @@ def choose_slices(terms: list[str], output: str, sizes: dict[str, int], path,
     return sorted(sliced.sliced_inds)
 
 
-def search_sliced(terms: list[str], output: str, sizes: dict[str, int], limit: int,
-                  seconds: float):
+def search_sliced(terms: list[str], output: str, sizes: dict[str, int], limit: int, seconds: float):
     """(path, sliced letters, maybe none) from cotengra's hyper-optimizer searching paths and
     slices together for about ``seconds`` (a path chosen without the limit may slice badly), or
     None when cotengra is missing or finds nothing under the limit."""
@@ -41,12 +44,18 @@ def search_sliced(terms: list[str], output: str, sizes: dict[str, int], limit: i
     opt = cotengra.HyperOptimizer(
         # few repeats: each trial slices its tree, which can take seconds under a tight limit,
         # and max_time is only checked between trials
-        methods=["greedy"], max_repeats=8, max_time=seconds, minimize="flops",
+        methods=["greedy"],
+        max_repeats=8,
+        max_time=seconds,
+        minimize="flops",
         slicing_opts={"target_size": max(int(limit), 1), "allow_outer": False},
-        parallel=False, progbar=False)
+        parallel=False,
+        progbar=False,
+    )
     try:
-        tree = opt.search([tuple(t) for t in terms], tuple(output),
-                          {c: int(sizes[c]) for c in used})
+        tree = opt.search(
+            [tuple(t) for t in terms], tuple(output), {c: int(sizes[c]) for c in used}
+        )
     except RuntimeError:
         return None
     if tree.max_size() > limit:

@@ -6,5 +6,11 @@ from .batches import run_batched, run_batches
 from .dask import local_cluster
 from .results import BatchError, BatchFailure, BatchOutput
 
-__all__ = ["BatchError", "BatchFailure", "BatchOutput", "local_cluster", "run_batched",
-           "run_batches"]
+__all__ = [
+    "BatchError",
+    "BatchFailure",
+    "BatchOutput",
+    "local_cluster",
+    "run_batched",
+    "run_batches",
+]

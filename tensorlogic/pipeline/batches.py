@@ -40,10 +40,19 @@ def _check_plan(plan: Any) -> None:
         raise GraphError(f"expected a CompiledPlan (from tl.compile), got {type(plan).__name__}")
 
 
-def run_batches(plan: Any, batches: Iterable[Mapping[str, Any]], *, prefetch: int = 2,
-                workers: int = 1, ordered: bool = True, progress: bool = True,
-                on_error: str = "raise", client: Any = None, check_finite: bool = False,
-                devices: Any = None) -> Iterator[BatchOutput | BatchFailure]:
+def run_batches(
+    plan: Any,
+    batches: Iterable[Mapping[str, Any]],
+    *,
+    prefetch: int = 2,
+    workers: int = 1,
+    ordered: bool = True,
+    progress: bool = True,
+    on_error: str = "raise",
+    client: Any = None,
+    check_finite: bool = False,
+    devices: Any = None,
+) -> Iterator[BatchOutput | BatchFailure]:
     """Run ``plan`` on every batch of ``batches`` (an iterable of input dicts).
 
     Batch k+1 is taken from ``batches`` and prepared (checked; on a GPU backend copied to the
@@ -73,14 +82,17 @@ def run_batches(plan: Any, batches: Iterable[Mapping[str, Any]], *, prefetch: in
     if on_error not in _ON_ERROR:
         raise InputError(f"on_error must be one of {_ON_ERROR}, got {on_error!r}")
     if isinstance(batches, Mapping) or not hasattr(batches, "__iter__"):
-        raise InputError("batches must be an iterable of input dicts (name -> array), got "
-                         f"{type(batches).__name__}; for one dict of arrays use run_batched")
+        raise InputError(
+            "batches must be an iterable of input dicts (name -> array), got "
+            f"{type(batches).__name__}; for one dict of arrays use run_batched"
+        )
     layout = batch_layout(plan)
     total = len(batches) if hasattr(batches, "__len__") else None
     device_ids = resolve_devices(plan.backend, devices)
     if device_ids is not None and client is not None:
-        raise InputError("pass devices= (GPUs of this process) or client= (a Dask cluster), "
-                         "not both")
+        raise InputError(
+            "pass devices= (GPUs of this process) or client= (a Dask cluster), not both"
+        )
     if device_ids is not None:
         executor: Any = DevicesExecutor(plan, device_ids, check_finite)
     elif client is not None:
@@ -90,8 +102,9 @@ def run_batches(plan: Any, batches: Iterable[Mapping[str, Any]], *, prefetch: in
     else:
         executor = ThreadExecutor(plan, workers, check_finite)
     bar = Progress(progress, total)
-    return stream(executor, batches, layout, prefetch=prefetch, ordered=ordered, bar=bar,
-                  on_error=on_error)
+    return stream(
+        executor, batches, layout, prefetch=prefetch, ordered=ordered, bar=bar, on_error=on_error
+    )
 
 
 def _batch_count(layout: BatchLayout, inputs: Mapping[str, Any]) -> int:
@@ -102,8 +115,10 @@ def _batch_count(layout: BatchLayout, inputs: Mapping[str, Any]) -> int:
             raise InputError(f"missing input {name!r}; the plan expects {list(layout.input_axes)}")
         shape = getattr(x, "shape", None)
         if shape is None or len(shape) <= axis:
-            raise InputError(f"input {name!r}: expected an array with batch dimension "
-                             f"{layout.symbol!r} at axis {axis}, got shape {shape}")
+            raise InputError(
+                f"input {name!r}: expected an array with batch dimension "
+                f"{layout.symbol!r} at axis {axis}, got shape {shape}"
+            )
         counts[name] = int(shape[axis])
     if len(set(counts.values())) > 1:
         raise InputError(f"inputs disagree on the batch dimension {layout.symbol!r}: {counts}")
@@ -124,8 +139,9 @@ def _other_sizes(plan: Any, layout: BatchLayout, inputs: Mapping[str, Any]) -> d
     return sizes
 
 
-def _output_specs(plan: Any, layout: BatchLayout, sizes: dict[str, int], n: int
-                  ) -> dict[str, tuple[tuple[int, ...], str]] | None:
+def _output_specs(
+    plan: Any, layout: BatchLayout, sizes: dict[str, int], n: int
+) -> dict[str, tuple[tuple[int, ...], str]] | None:
     """Full output shapes and dtypes for ``n`` items, or None if the inputs do not bind."""
     missing = [s for s in plan.symbols if s != layout.symbol and s not in sizes]
     if missing:
@@ -134,8 +150,10 @@ def _output_specs(plan: Any, layout: BatchLayout, sizes: dict[str, int], n: int
         bound = plan.graph.bind({**sizes, layout.symbol: n})
     except Exception:  # noqa: BLE001 - bad inputs: the first batch's run reports them
         return None
-    return {name: (tuple(bound.node(nid).shape), bound.node(nid).dtype)
-            for name, nid in bound.outputs.items()}
+    return {
+        name: (tuple(bound.node(nid).shape), bound.node(nid).dtype)
+        for name, nid in bound.outputs.items()
+    }
 
 
 def _check_client(client: Any) -> None:
@@ -149,10 +167,19 @@ def _slice(x: Any, axis: int, start: int, stop: int) -> Any:
     return x[(slice(None),) * axis + (slice(start, stop),)]
 
 
-def run_batched(plan: Any, inputs: Mapping[str, Any], batch_size: int | None = None, *,
-                prefetch: int = 2, workers: int = 1, progress: bool = True,
-                check_finite: bool = False, client: Any = None, devices: Any = None,
-                store: Any = None) -> dict[str, Any]:
+def run_batched(
+    plan: Any,
+    inputs: Mapping[str, Any],
+    batch_size: int | None = None,
+    *,
+    prefetch: int = 2,
+    workers: int = 1,
+    progress: bool = True,
+    check_finite: bool = False,
+    client: Any = None,
+    devices: Any = None,
+    store: Any = None,
+) -> dict[str, Any]:
     """Split ``inputs`` along the batch dimension, run the pieces, concatenate the outputs.
 
     The batch dimension is the graph's first symbolic input dimension (e.g. "B"); inputs
@@ -178,30 +205,41 @@ def run_batched(plan: Any, inputs: Mapping[str, Any], batch_size: int | None = N
         raise InputError(f"inputs must be a dict of name -> array, got {type(inputs).__name__}")
     layout = batch_layout(plan)
     if layout.symbol is None:
-        raise InputError("run_batched needs a graph whose inputs have a symbolic batch "
-                         "dimension, e.g. g.input('x', shape=('B', 64)); use plan(...) instead")
+        raise InputError(
+            "run_batched needs a graph whose inputs have a symbolic batch "
+            "dimension, e.g. g.input('x', shape=('B', 64)); use plan(...) instead"
+        )
     twice = repeated_batch_axes(plan, layout.symbol)
     if twice:
-        raise InputError(f"{', '.join(twice)} hold the batch dimension {layout.symbol!r} more "
-                         "than once, so they cannot be split or concatenated along one axis; "
-                         "call the plan on all items (or run_batches on your own batches)")
+        raise InputError(
+            f"{', '.join(twice)} hold the batch dimension {layout.symbol!r} more "
+            "than once, so they cannot be split or concatenated along one axis; "
+            "call the plan on all items (or run_batches on your own batches)"
+        )
     no_axis = [n for n in plan.graph.outputs if n not in layout.output_axes]
     if no_axis:
-        raise InputError(f"output(s) {no_axis} have no batch dimension {layout.symbol!r}, so "
-                         "batch results cannot be concatenated; call the plan on all items")
+        raise InputError(
+            f"output(s) {no_axis} have no batch dimension {layout.symbol!r}, so "
+            "batch results cannot be concatenated; call the plan on all items"
+        )
     if any(is_dask_array(x) for x in inputs.values()):
         if devices is not None:
-            raise InputError("devices= runs numpy inputs on this process's GPUs; for dask "
-                             "arrays use a cluster with one worker per GPU: "
-                             "tl.local_cluster(gpus=N) and client=")
+            raise InputError(
+                "devices= runs numpy inputs on this process's GPUs; for dask "
+                "arrays use a cluster with one worker per GPU: "
+                "tl.local_cluster(gpus=N) and client="
+            )
         if client is not None:
             _check_client(client)
         size = None if batch_size is None else _check_int("batch_size", batch_size, 1)
-        return run_dask_arrays(plan, layout, inputs, size, client=client,
-                               check_finite=check_finite, store=store)
+        return run_dask_arrays(
+            plan, layout, inputs, size, client=client, check_finite=check_finite, store=store
+        )
     if store is not None:
-        raise InputError("store= writes the results of dask-array inputs on the workers; with "
-                         "numpy inputs the results are numpy arrays (save them yourself)")
+        raise InputError(
+            "store= writes the results of dask-array inputs on the workers; with "
+            "numpy inputs the results are numpy arrays (save them yourself)"
+        )
     n = _batch_count(layout, inputs)
     sizes = _other_sizes(plan, layout, inputs)
     resolve_devices(plan.backend, devices)  # bad devices fail before anything is allocated
@@ -216,8 +254,10 @@ def run_batched(plan: Any, inputs: Mapping[str, Any], batch_size: int | None = N
     if batch_size is None:
         budget = memory_budget(plan)
         if budget is None:
-            raise InputError("the backend cannot report its free memory and the plan has no "
-                             "memory_limit; pass batch_size")
+            raise InputError(
+                "the backend cannot report its free memory and the plan has no "
+                "memory_limit; pass batch_size"
+            )
         batch_size = pick_batch_size(plan, layout.symbol, max(n, 1), sizes, budget, concurrent)
     batch_size = _check_int("batch_size", batch_size, 1)
     n_batches = max(1, math.ceil(n / batch_size))
@@ -227,14 +267,23 @@ def run_batched(plan: Any, inputs: Mapping[str, Any], batch_size: int | None = N
         full = {name: np.empty(shape, dtype) for name, (shape, dtype) in specs.items()}
     # outputs along axis 0 on a host backend are written in place: no concatenation copy
     # (on a device backend too with devices=, whose lanes copy results out into them)
-    direct = [name for name in full if layout.output_axes[name] == 0 and client is None
-              and (devices is not None or not is_device_backend(plan.backend))]
+    direct = [
+        name
+        for name in full
+        if layout.output_axes[name] == 0
+        and client is None
+        and (devices is not None or not is_device_backend(plan.backend))
+    ]
 
     def pieces() -> Iterator[Staged]:
         for k in range(n_batches):
             lo, hi = k * batch_size, min(n, (k + 1) * batch_size)
-            batch = {name: (_slice(x, layout.input_axes[name], lo, hi)
-                            if name in layout.input_axes else x) for name, x in inputs.items()}
+            batch = {
+                name: (
+                    _slice(x, layout.input_axes[name], lo, hi) if name in layout.input_axes else x
+                )
+                for name, x in inputs.items()
+            }
             out = {name: full[name][lo:hi] for name in direct} or None
             yield Staged(batch, out)
 
@@ -245,9 +294,17 @@ def run_batched(plan: Any, inputs: Mapping[str, Any], batch_size: int | None = N
         def __iter__(self) -> Iterator[Staged]:
             return pieces()
 
-    results = run_batches(plan, _Sized(), prefetch=prefetch, workers=workers, ordered=False,
-                          progress=progress, client=client, check_finite=check_finite,
-                          devices=devices)
+    results = run_batches(
+        plan,
+        _Sized(),
+        prefetch=prefetch,
+        workers=workers,
+        ordered=False,
+        progress=progress,
+        client=client,
+        check_finite=check_finite,
+        devices=devices,
+    )
     for res in results:
         lo = res.index * batch_size
         for name, arr in res.items():

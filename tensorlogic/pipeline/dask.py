@@ -30,8 +30,9 @@ _WORKER_PLANS: dict[str, Any] = {}
 _WORKER_LOCK = threading.Lock()
 
 
-_PAYLOADS: "weakref.WeakKeyDictionary[Any, tuple[str, dict[str, Any]]]" = \
+_PAYLOADS: "weakref.WeakKeyDictionary[Any, tuple[str, dict[str, Any]]]" = (
     weakref.WeakKeyDictionary()
+)
 
 
 def plan_payload(plan: Any) -> tuple[str, dict[str, Any]]:
@@ -60,13 +61,18 @@ def _make_payload(plan: Any) -> tuple[str, dict[str, Any]]:
     try:
         json.dumps(options)
     except TypeError as exc:
-        raise InputError(f"plan options {sorted(options)} must be plain data to ship to Dask "
-                         f"workers ({exc})") from exc
+        raise InputError(
+            f"plan options {sorted(options)} must be plain data to ship to Dask workers ({exc})"
+        ) from exc
     blob = dumps(plan.graph_with_parameters() if plan.parameters else plan.graph)
     meta = json.dumps([plan.backend.name, plan.opt_level, options], sort_keys=True)
     key = hashlib.sha256(blob + meta.encode()).hexdigest()[:32]
-    payload = {"graph": blob, "backend": plan.backend.name, "opt_level": plan.opt_level,
-               "options": options}
+    payload = {
+        "graph": blob,
+        "backend": plan.backend.name,
+        "opt_level": plan.opt_level,
+        "options": options,
+    }
     return key, payload
 
 
@@ -80,8 +86,12 @@ def worker_plan(key: str, payload: dict[str, Any]) -> Any:
                 from ..compiler.compile import compile as compile_graph
                 from ..ir.serialize import loads
 
-                plan = compile_graph(loads(payload["graph"]), backend=payload["backend"],
-                                     opt_level=payload["opt_level"], **payload["options"])
+                plan = compile_graph(
+                    loads(payload["graph"]),
+                    backend=payload["backend"],
+                    opt_level=payload["opt_level"],
+                    **payload["options"],
+                )
                 _WORKER_PLANS[key] = plan
     return plan
 
@@ -90,8 +100,9 @@ def _hold(payload: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
-def _run_remote(key: str, payload: dict[str, Any], inputs: dict[str, Any],
-                check_finite: bool) -> dict[str, Any]:
+def _run_remote(
+    key: str, payload: dict[str, Any], inputs: dict[str, Any], check_finite: bool
+) -> dict[str, Any]:
     plan = worker_plan(key, payload)
     return plan(inputs, check_finite=check_finite, to_host=True)
 
@@ -110,14 +121,16 @@ def _worker_lost(exc: BaseException) -> bool:
 class DaskExecutor:
     """Submits batches to a ``dask.distributed.Client``; results come back as futures."""
 
-    def __init__(self, client: Any, plan: Any, *, check_finite: bool = False,
-                 retries: int = 3) -> None:
+    def __init__(
+        self, client: Any, plan: Any, *, check_finite: bool = False, retries: int = 3
+    ) -> None:
         import dask  # noqa: F401 - checked here so a missing extra fails at the call
         from distributed import Client
 
         if not isinstance(client, Client):
-            raise InputError(f"client must be a dask.distributed.Client, got "
-                             f"{type(client).__name__}")
+            raise InputError(
+                f"client must be a dask.distributed.Client, got {type(client).__name__}"
+            )
         self.client = client
         self.plan = plan
         self.check_finite = check_finite
@@ -137,7 +150,8 @@ class DaskExecutor:
     def _payload_ref(self) -> Any:
         if self._payload_future is None:
             self._payload_future = self.client.submit(
-                _hold, self._payload, key=f"tensorlogic-plan-{self.key}-{self._run_id}")
+                _hold, self._payload, key=f"tensorlogic-plan-{self.key}-{self._run_id}"
+            )
         return self._payload_future
 
     def submit(self, index: int, batch: Any, n_items: int) -> Future:
@@ -148,8 +162,9 @@ class DaskExecutor:
             if not hasattr(batch, "inputs"):
                 # a rerun resends the inputs later: keep them safe from a source that refills
                 # one buffer for every batch (run_batched's slices are ours and stay as they are)
-                inputs = {k: v.copy() if isinstance(v, np.ndarray) else v
-                          for k, v in inputs.items()}
+                inputs = {
+                    k: v.copy() if isinstance(v, np.ndarray) else v for k, v in inputs.items()
+                }
         except Exception as exc:  # noqa: BLE001 - reported as this batch's failure
             fut.set_result(BatchFailure(index, batch_error(index, exc), n_items))
             return fut
@@ -158,6 +173,7 @@ class DaskExecutor:
 
     def _send(self, fut: Future, index: int, inputs: dict, n_items: int, attempt: int) -> None:
         import dask
+
         with self._lock:
             if self._closed:
                 fut.cancel()
@@ -167,8 +183,14 @@ class DaskExecutor:
             # once per attempt, so dask's warning about large graphs does not apply
             with dask.config.set({"distributed.admin.large-graph-warning-threshold": "1TB"}):
                 dfut = self.client.submit(
-                    _run_remote, self.key, self._payload_ref(), inputs, self.check_finite,
-                    key=f"tensorlogic-batch-{self._run_id}-{index}-{attempt}", pure=False)
+                    _run_remote,
+                    self.key,
+                    self._payload_ref(),
+                    inputs,
+                    self.check_finite,
+                    key=f"tensorlogic-batch-{self._run_id}-{index}-{attempt}",
+                    pure=False,
+                )
             self._pending[index] = dfut
 
         def done(d: Any) -> None:
@@ -204,8 +226,9 @@ class DaskExecutor:
         self._payload_future = None
 
 
-def local_cluster(gpus: int = 0, *, n_workers: int | None = None,
-                  threads_per_worker: int = 1) -> Any:
+def local_cluster(
+    gpus: int = 0, *, n_workers: int | None = None, threads_per_worker: int = 1
+) -> Any:
     """A new Dask cluster of worker processes on this machine (use it as a context manager).
 
     With ``gpus=N`` it has one worker per GPU, ids 0 to N-1, each started with
@@ -217,19 +240,28 @@ def local_cluster(gpus: int = 0, *, n_workers: int | None = None,
     for name, value, low in (("gpus", gpus, 0), ("threads_per_worker", threads_per_worker, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise InputError(f"local_cluster: {name} must be an int >= {low}, got {value!r}")
-    if n_workers is not None and (isinstance(n_workers, bool) or not isinstance(n_workers, int)
-                                  or n_workers < 1):
+    if n_workers is not None and (
+        isinstance(n_workers, bool) or not isinstance(n_workers, int) or n_workers < 1
+    ):
         raise InputError(f"local_cluster: n_workers must be an int >= 1, got {n_workers!r}")
     if gpus and n_workers is not None and n_workers != gpus:
-        raise InputError(f"local_cluster: with gpus={gpus} the cluster has one worker per GPU; "
-                         f"n_workers={n_workers} disagrees (leave it out)")
+        raise InputError(
+            f"local_cluster: with gpus={gpus} the cluster has one worker per GPU; "
+            f"n_workers={n_workers} disagrees (leave it out)"
+        )
     from distributed import LocalCluster, Nanny, Scheduler, SpecCluster
 
     if gpus == 0:
-        return LocalCluster(n_workers=n_workers, threads_per_worker=threads_per_worker,
-                            dashboard_address=":0")
-    workers = {f"gpu-{i}": {"cls": Nanny, "options": {
-        "nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": str(i)}}} for i in range(gpus)}
+        return LocalCluster(
+            n_workers=n_workers, threads_per_worker=threads_per_worker, dashboard_address=":0"
+        )
+    workers = {
+        f"gpu-{i}": {
+            "cls": Nanny,
+            "options": {"nthreads": 1, "env": {"CUDA_VISIBLE_DEVICES": str(i)}},
+        }
+        for i in range(gpus)
+    }
     scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0"}}
     return SpecCluster(workers=workers, scheduler=scheduler)
 

@@ -53,37 +53,51 @@ def _check_inputs(plan: Any, layout: BatchLayout, inputs: Mapping[str, Any]) -> 
     missing = [n for n in plan.graph.inputs if n not in inputs]
     extra = [n for n in inputs if n not in plan.graph.inputs]
     if missing or extra:
-        raise InputError(f"missing input(s) {missing}, unknown input(s) {extra}; the plan "
-                         f"expects {list(plan.graph.inputs)}")
+        raise InputError(
+            f"missing input(s) {missing}, unknown input(s) {extra}; the plan "
+            f"expects {list(plan.graph.inputs)}"
+        )
     sizes: dict[str, int] = {}
     for name, nid in plan.graph.inputs.items():
         node, x = plan.graph.node(nid), inputs[name]
         shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
         if shape is None or dtype is None:
-            raise InputError(f"input {name!r}: expected a dask or numpy array, "
-                             f"got {type(x).__name__}")
+            raise InputError(
+                f"input {name!r}: expected a dask or numpy array, got {type(x).__name__}"
+            )
         if any(isinstance(d, float) and np.isnan(d) for d in shape):
-            raise InputError(f"input {name!r}: its shape {shape} has unknown sizes; call "
-                             ".compute_chunk_sizes() on it first")
+            raise InputError(
+                f"input {name!r}: its shape {shape} has unknown sizes; call "
+                ".compute_chunk_sizes() on it first"
+            )
         if np.dtype(dtype) != np.dtype(node.dtype):
-            raise InputError(f"input {name!r}: dtype {dtype} but the graph declares "
-                             f"{node.dtype}; convert it with .astype('{node.dtype}')")
+            raise InputError(
+                f"input {name!r}: dtype {dtype} but the graph declares "
+                f"{node.dtype}; convert it with .astype('{node.dtype}')"
+            )
         if len(shape) != len(node.shape):
-            raise InputError(f"input {name!r}: shape {tuple(shape)} has rank {len(shape)} but "
-                             f"the graph declares {tuple(node.shape)}")
+            raise InputError(
+                f"input {name!r}: shape {tuple(shape)} has rank {len(shape)} but "
+                f"the graph declares {tuple(node.shape)}"
+            )
         for k, (want, got) in enumerate(zip(node.shape, shape)):
             if isinstance(want, str):
                 if sizes.setdefault(want, int(got)) != int(got):
-                    raise InputError(f"input {name!r}: dimension {k} is {got} but symbol "
-                                     f"{want!r} is {sizes[want]} in another input")
+                    raise InputError(
+                        f"input {name!r}: dimension {k} is {got} but symbol "
+                        f"{want!r} is {sizes[want]} in another input"
+                    )
             elif want != got:
-                raise InputError(f"input {name!r}: shape {tuple(shape)} but the graph declares "
-                                 f"{tuple(node.shape)} (dimension {k}: expected {want})")
+                raise InputError(
+                    f"input {name!r}: shape {tuple(shape)} but the graph declares "
+                    f"{tuple(node.shape)} (dimension {k}: expected {want})"
+                )
     return sizes
 
 
-def _batch_chunks(layout: BatchLayout, inputs: Mapping[str, Any], n: int,
-                  batch_size: int | None) -> tuple[int, ...]:
+def _batch_chunks(
+    layout: BatchLayout, inputs: Mapping[str, Any], n: int, batch_size: int | None
+) -> tuple[int, ...]:
     """Items per batch: ``batch_size`` if given, else the first dask input's own chunks."""
     if batch_size is not None:
         return tuple(min(batch_size, n - lo) for lo in range(0, n, batch_size)) or (0,)
@@ -112,8 +126,9 @@ def _ship_plan(plan: Any, client: Any) -> str:
     return key
 
 
-def _run_block(plan: Any, key: str, names: tuple[str, ...], check_finite: bool,
-               *blocks: Any) -> dict[str, Any]:
+def _run_block(
+    plan: Any, key: str, names: tuple[str, ...], check_finite: bool, *blocks: Any
+) -> dict[str, Any]:
     if plan is None:  # on a worker: the plan its plugin installed, compiled once
         from .dask import worker_plan
         from .dask_plugin import PAYLOADS
@@ -126,9 +141,16 @@ def _pick(results: dict[str, Any], name: str) -> Any:
     return results[name]
 
 
-def run_dask_arrays(plan: Any, layout: BatchLayout, inputs: Mapping[str, Any],
-                    batch_size: int | None, *, client: Any, check_finite: bool,
-                    store: Any) -> dict[str, Any]:
+def run_dask_arrays(
+    plan: Any,
+    layout: BatchLayout,
+    inputs: Mapping[str, Any],
+    batch_size: int | None,
+    *,
+    client: Any,
+    check_finite: bool,
+    store: Any,
+) -> dict[str, Any]:
     """run_batched for inputs of which at least one is a dask array (see the module doc)."""
     import dask
     import dask.array as da
@@ -157,8 +179,15 @@ def run_dask_arrays(plan: Any, layout: BatchLayout, inputs: Mapping[str, Any],
         x = x.rechunk(want) if is_dask_array(x) else da.from_array(x, chunks=want)
         args += [x, ind]
     token = dask.base.tokenize(key, [a.name for a in args[8::2]], chunks, check_finite)
-    per_batch = da.blockwise(_run_block, "a", *args, dtype=object, concatenate=True,
-                             meta=np.empty((0,), object), name=f"tensorlogic-run-{token}")
+    per_batch = da.blockwise(
+        _run_block,
+        "a",
+        *args,
+        dtype=object,
+        concatenate=True,
+        meta=np.empty((0,), object),
+        name=f"tensorlogic-run-{token}",
+    )
 
     outputs: dict[str, Any] = {}
     for name, nid in bound.outputs.items():
@@ -173,9 +202,17 @@ def run_dask_arrays(plan: Any, layout: BatchLayout, inputs: Mapping[str, Any],
                 ind += c
                 new_axes[c] = int(d)
         outputs[name] = da.blockwise(
-            _pick, ind, per_batch, "a", name, None, new_axes=new_axes, dtype=node.dtype,
+            _pick,
+            ind,
+            per_batch,
+            "a",
+            name,
+            None,
+            new_axes=new_axes,
+            dtype=node.dtype,
             meta=np.empty((0,) * len(node.shape), node.dtype),
-            name=f"tensorlogic-{name}-{token}")
+            name=f"tensorlogic-{name}-{token}",
+        )
     if store is None:
         return outputs
     return _write_zarr(outputs, store, client)
@@ -187,8 +224,10 @@ def _write_zarr(outputs: dict[str, Any], store: Any, client: Any) -> dict[str, A
     import dask.array as da
 
     try:
-        writes = [da.to_zarr(arr, store, component=name, overwrite=True, compute=False)
-                  for name, arr in outputs.items()]
+        writes = [
+            da.to_zarr(arr, store, component=name, overwrite=True, compute=False)
+            for name, arr in outputs.items()
+        ]
     except (TypeError, ValueError, OSError) as exc:
         raise InputError(f"store: cannot write zarr arrays into {store!r}: {exc}") from exc
     if client is not None:

@@ -41,26 +41,32 @@ def resolve_devices(backend: Any, devices: Any) -> tuple[int, ...] | None:
     if devices is None:
         return None
     if not multi_device(backend):
-        raise InputError(f"devices={devices!r} picks GPUs, but the plan's backend "
-                         f"{backend.name!r} runs on the host; use workers= for threads, or "
-                         "compile for a device backend (cupy)")
+        raise InputError(
+            f"devices={devices!r} picks GPUs, but the plan's backend "
+            f"{backend.name!r} runs on the host; use workers= for threads, or "
+            "compile for a device backend (cupy)"
+        )
     count = int(backend.device_count())
     if isinstance(devices, str):
         if devices != "all":
-            raise InputError(f"devices must be None, 'all' or a list of device ids, "
-                             f"got {devices!r}")
+            raise InputError(
+                f"devices must be None, 'all' or a list of device ids, got {devices!r}"
+            )
         ids = tuple(range(count))
     elif isinstance(devices, (list, tuple, range)):
         ids = tuple(devices)
     else:
-        raise InputError(f"devices must be None, 'all' or a list of device ids such as [0, 1], "
-                         f"got {devices!r}")
+        raise InputError(
+            f"devices must be None, 'all' or a list of device ids such as [0, 1], got {devices!r}"
+        )
     if not ids:
         raise InputError(f"devices names no device; this machine has {count}")
     for d in ids:
         if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or not 0 <= d < count:
-            raise InputError(f"devices: {d!r} is not a device id; this machine has {count} "
-                             f"device(s), ids 0 to {count - 1}")
+            raise InputError(
+                f"devices: {d!r} is not a device id; this machine has {count} "
+                f"device(s), ids 0 to {count - 1}"
+            )
     if len(set(ids)) != len(ids):
         raise InputError(f"devices lists a device twice: {list(ids)}")
     return tuple(int(d) for d in ids)
@@ -93,8 +99,7 @@ class _Job:
         self.future: Future = Future()
 
     def fail(self, exc: BaseException) -> None:
-        self.future.set_result(BatchFailure(self.index, batch_error(self.index, exc),
-                                            self.n_items))
+        self.future.set_result(BatchFailure(self.index, batch_error(self.index, exc), self.n_items))
 
 
 class _Run:
@@ -117,8 +122,9 @@ class Lane:
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"tensorlogic-device-"
-                                                                f"{backend.device_id}")
+        self._thread = ThreadPoolExecutor(
+            1, thread_name_prefix=f"tensorlogic-device-{backend.device_id}"
+        )
         self._tx: Any = None
 
     def serve(self, run: _Run) -> None:

@@ -33,8 +33,16 @@ class Executor(Protocol):
 _END = "end"
 
 
-def stream(executor: Executor, source: Iterable[Any], layout: BatchLayout, *, prefetch: int,
-           ordered: bool, bar: Progress, on_error: str) -> Iterator[BatchOutput | BatchFailure]:
+def stream(
+    executor: Executor,
+    source: Iterable[Any],
+    layout: BatchLayout,
+    *,
+    prefetch: int,
+    ordered: bool,
+    bar: Progress,
+    on_error: str,
+) -> Iterator[BatchOutput | BatchFailure]:
     """Run every batch of ``source`` through ``executor``; yield results (see run_batches)."""
     window = max(1, executor.window(prefetch))
     slots = threading.Semaphore(window)
@@ -93,9 +101,12 @@ def stream(executor: Executor, source: Iterable[Any], layout: BatchLayout, *, pr
                 raise res.error
             yield res
         if source_error is not None:
-            err = BatchError(f"batch {total}: the batch source raised "
-                             f"{type(source_error).__name__}: {source_error}",
-                             index=total if total is not None else -1, error=source_error)
+            err = BatchError(
+                f"batch {total}: the batch source raised "
+                f"{type(source_error).__name__}: {source_error}",
+                index=total if total is not None else -1,
+                error=source_error,
+            )
             raise err from source_error
     finally:
         stop.set()

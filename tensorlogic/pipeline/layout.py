@@ -41,8 +41,10 @@ def batch_layout(plan: Any, symbol: str | None = None) -> BatchLayout:
     if symbol is None:
         symbol = symbols[0] if symbols else None
     elif symbol not in symbols:
-        raise InputError(f"batch dimension {symbol!r} is not a symbol of the graph; its symbols "
-                         f"are {list(symbols)}")
+        raise InputError(
+            f"batch dimension {symbol!r} is not a symbol of the graph; its symbols "
+            f"are {list(symbols)}"
+        )
     if symbol is None:
         first = next(iter(graph.inputs), None)
         axes = {first: 0} if first is not None and graph.node(graph.inputs[first]).shape else {}
@@ -51,10 +53,16 @@ def batch_layout(plan: Any, symbol: str | None = None) -> BatchLayout:
     def axis_of(shape: tuple) -> int | None:
         return shape.index(symbol) if symbol in shape else None
 
-    ins = {n: a for n, nid in graph.inputs.items()
-           if (a := axis_of(tuple(graph.node(nid).shape))) is not None}
-    outs = {n: a for n, nid in graph.outputs.items()
-            if (a := axis_of(tuple(graph.node(nid).shape))) is not None}
+    ins = {
+        n: a
+        for n, nid in graph.inputs.items()
+        if (a := axis_of(tuple(graph.node(nid).shape))) is not None
+    }
+    outs = {
+        n: a
+        for n, nid in graph.outputs.items()
+        if (a := axis_of(tuple(graph.node(nid).shape))) is not None
+    }
     return BatchLayout(symbol, ins, outs)
 
 

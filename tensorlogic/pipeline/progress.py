@@ -15,8 +15,9 @@ class Progress:
     shown after the rates (training puts the latest loss there).
     """
 
-    def __init__(self, enabled: bool, total: int | None, file: TextIO | None = None,
-                 desc: str = "batches") -> None:
+    def __init__(
+        self, enabled: bool, total: int | None, file: TextIO | None = None, desc: str = "batches"
+    ) -> None:
         self.items = 0
         self.failed = 0
         self.note = ""
@@ -27,8 +28,9 @@ class Progress:
             return
         from tqdm.auto import tqdm
 
-        self._bar = tqdm(total=total, unit="batch", desc=desc, file=file,
-                         mininterval=0.1, **_fallback_size(file))
+        self._bar = tqdm(
+            total=total, unit="batch", desc=desc, file=file, mininterval=0.1, **_fallback_size(file)
+        )
         self._t0 = time.perf_counter()
 
     @property

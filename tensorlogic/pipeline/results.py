@@ -15,8 +15,14 @@ class BatchError(TensorLogicError):
 
     code = "batch_error"
 
-    def __init__(self, message: str, *, index: int = -1, error: BaseException | None = None,
-                 **context: object) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        index: int = -1,
+        error: BaseException | None = None,
+        **context: object,
+    ) -> None:
         super().__init__(message, **context)
         self.index = index
         self.error = error

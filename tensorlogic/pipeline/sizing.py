@@ -32,8 +32,9 @@ def memory_budget(plan: Any) -> int | None:
     return None if free is None else int(free * FREE_MEMORY_SHARE)
 
 
-def pick_batch_size(plan: Any, symbol: str, n_items: int, sizes: dict[str, int],
-                    budget: int, concurrent: int = 1) -> int:
+def pick_batch_size(
+    plan: Any, symbol: str, n_items: int, sizes: dict[str, int], budget: int, concurrent: int = 1
+) -> int:
     """Largest batch size (at most ``n_items``) whose planned bytes, times the number of
     batches computed at once, fit ``budget``.
 

@@ -110,5 +110,11 @@ def make_stager(backend: Any) -> HostStager | DeviceStager:
     return DeviceStager(backend) if is_device_backend(backend) else HostStager()
 
 
-__all__ = ["DeviceStager", "HostStager", "Staged", "check_batch", "is_device_backend",
-           "make_stager"]
+__all__ = [
+    "DeviceStager",
+    "HostStager",
+    "Staged",
+    "check_batch",
+    "is_device_backend",
+    "make_stager",
+]

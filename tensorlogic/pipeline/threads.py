@@ -38,8 +38,9 @@ class ThreadExecutor:
                     # the source runs on while this batch waits: a generator that refills one
                     # buffer for every batch would change it under us, so keep a private copy
                     # (a device stager copies into pinned memory here already)
-                    inputs = {k: v.copy() if isinstance(v, np.ndarray) else v
-                              for k, v in inputs.items()}
+                    inputs = {
+                        k: v.copy() if isinstance(v, np.ndarray) else v for k, v in inputs.items()
+                    }
                 staged = self.stager.stage(inputs, None)
         except Exception as exc:  # noqa: BLE001 - reported as this batch's failure
             fut: Future = Future()
@@ -51,8 +52,9 @@ class ThreadExecutor:
         try:
             staged.wait()
             # host arrays were checked on the loader thread; device arrays are checked here
-            out = self.plan(staged.inputs, out=staged.out,
-                            check_finite=self.check_finite and self.stager.device)
+            out = self.plan(
+                staged.inputs, out=staged.out, check_finite=self.check_finite and self.stager.device
+            )
             if self.stager.device:
                 self.stager.finish()
             return BatchOutput(out, index, n_items)

@@ -12,6 +12,18 @@ from .events import CallEvent, CounterSample, HostEvent, StepEvent, Track
 from .timeline import Profile, profile
 
 __all__ = [
-    "Advice", "BottleneckReport", "CallEvent", "CounterSample", "HostEvent", "Peaks", "Profile",
-    "StepEvent", "StepStats", "ThreadInfo", "Track", "calibrate", "profile", "roofline",
+    "Advice",
+    "BottleneckReport",
+    "CallEvent",
+    "CounterSample",
+    "HostEvent",
+    "Peaks",
+    "Profile",
+    "StepEvent",
+    "StepStats",
+    "ThreadInfo",
+    "Track",
+    "calibrate",
+    "profile",
+    "roofline",
 ]

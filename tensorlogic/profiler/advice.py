@@ -109,19 +109,31 @@ def unfused_chain(ctx: Context) -> list[Advice]:
                 continue
             names = [steps[k].name for k in chain]
             small = sum(1 for k in chain if k in stats and stats[k].bound == "overhead")
-            cost = (f", {small} of them overhead-bound (each pays the fixed per-step cost)"
-                    if small else "")
+            cost = (
+                f", {small} of them overhead-bound (each pays the fixed per-step cost)"
+                if small
+                else ""
+            )
             if below_o2:
-                fix = (f"compile with opt_level=2 so the fusion pass merges it into one "
-                       f"kernel (this plan was compiled at opt_level={level})")
+                fix = (
+                    f"compile with opt_level=2 so the fusion pass merges it into one "
+                    f"kernel (this plan was compiled at opt_level={level})"
+                )
             else:
-                fix = ("it stayed unfused at this opt level: run it on a backend with "
-                       "fused kernels (numba, cupy) so it reads and writes memory once")
-            out.append(Advice(
-                "unfused-chain",
-                f"unfused elementwise chain of {len(chain)} steps ({_names(names)}) takes "
-                f"{_pct(share)} of step time{cost}, one pass over memory per op: {fix}",
-                tuple(names), secs, share))
+                fix = (
+                    "it stayed unfused at this opt level: run it on a backend with "
+                    "fused kernels (numba, cupy) so it reads and writes memory once"
+                )
+            out.append(
+                Advice(
+                    "unfused-chain",
+                    f"unfused elementwise chain of {len(chain)} steps ({_names(names)}) takes "
+                    f"{_pct(share)} of step time{cost}, one pass over memory per op: {fix}",
+                    tuple(names),
+                    secs,
+                    share,
+                )
+            )
     return out
 
 
@@ -138,22 +150,33 @@ def one_thread(ctx: Context) -> list[Advice]:
         step = ctx.plans[s.plan].steps[s.index]
         if step.threads != 1 or s.bound != "memory" or s.kind == ops.EINSUM:
             continue
-        if s.share_of_peak >= ctx.t["one_thread_roof_share"] or \
-                s.share_of_time < ctx.t["one_thread_min_share"]:
+        if (
+            s.share_of_peak >= ctx.t["one_thread_roof_share"]
+            or s.share_of_time < ctx.t["one_thread_min_share"]
+        ):
             continue
         bw = ctx.report.peaks[s.backend].bandwidth / 1e9
         if s.backend in NUMBA_BACKENDS:
-            fix = ("its iteration space is below the numba backend's parallel_threshold: "
-                   "compile with a lower parallel_threshold=, or batch more work per call")
+            fix = (
+                "its iteration space is below the numba backend's parallel_threshold: "
+                "compile with a lower parallel_threshold=, or batch more work per call"
+            )
         else:
-            fix = ("compile with threads='pool' (the default: every step may use every core), "
-                   "at opt_level=2 so it joins a fused kernel, or on the numba backend")
-        out.append(Advice(
-            "one-thread",
-            f"{s.name} ({s.label}) runs on 1 of {cores} threads: {s.gbps:.2f} GB/s, "
-            f"{_pct(s.share_of_peak)} of its roofline ({bw:.1f} GB/s with all threads), "
-            f"{_pct(s.share_of_time)} of step time while the other cores sit idle: {fix}",
-            (s.name,), s.total_seconds, s.share_of_time))
+            fix = (
+                "compile with threads='pool' (the default: every step may use every core), "
+                "at opt_level=2 so it joins a fused kernel, or on the numba backend"
+            )
+        out.append(
+            Advice(
+                "one-thread",
+                f"{s.name} ({s.label}) runs on 1 of {cores} threads: {s.gbps:.2f} GB/s, "
+                f"{_pct(s.share_of_peak)} of its roofline ({bw:.1f} GB/s with all threads), "
+                f"{_pct(s.share_of_time)} of step time while the other cores sit idle: {fix}",
+                (s.name,),
+                s.total_seconds,
+                s.share_of_time,
+            )
+        )
     return out
 
 
@@ -165,18 +188,26 @@ def overhead_bound(ctx: Context) -> list[Advice]:
         return []
     small.sort(key=lambda s: -s.total_seconds)
     names = [s.name for s in small]
-    per = ", ".join(f"{b} {ctx.report.peaks[b].step_overhead * 1e6:.1f} us"
-                    for b in sorted({s.backend for s in small}))
+    per = ", ".join(
+        f"{b} {ctx.report.peaks[b].step_overhead * 1e6:.1f} us"
+        for b in sorted({s.backend for s in small})
+    )
     gpu = any(s.backend in ctx.device_backends for s in small)
     fix = "batch more work into each call (a larger batch dimension, or tl.run_batches)"
     if gpu:
         fix += ", or capture the plan in a CUDA graph so its launches cost one"
-    return [Advice(
-        "overhead-bound",
-        f"{len(small)} of {len(ctx.report.steps)} steps are overhead-bound (too small to reach the "
-        f"memory or compute roof; fixed cost per step: {per}) and take {_pct(share)} of step "
-        f"time ({_names(names)}): {fix}",
-        tuple(names), sum(s.total_seconds for s in small), share)]
+    return [
+        Advice(
+            "overhead-bound",
+            f"{len(small)} of {len(ctx.report.steps)} steps are overhead-bound (too small to reach "
+            "the "
+            f"memory or compute roof; fixed cost per step: {per}) and take {_pct(share)} of step "
+            f"time ({_names(names)}): {fix}",
+            tuple(names),
+            sum(s.total_seconds for s in small),
+            share,
+        )
+    ]
 
 
 def transfers_dominate(ctx: Context) -> list[Advice]:
@@ -190,12 +221,19 @@ def transfers_dominate(ctx: Context) -> list[Advice]:
         per[h.name] = per.get(h.name, 0.0) + h.dur_ns * 1e-9
     names = sorted(per, key=lambda n: -per[n])
     listed = ", ".join(f"{n} {fmt_seconds(per[n])}" for n in names[:MAX_NAMES])
-    return [Advice(
-        "host-device-copies",
-        f"host-device copies take {_pct(secs / whole)} of the time ({listed}): keep inputs on the "
-        f"device between calls (pass device arrays), keep results there (drop to_host=True) and "
-        f"copy only what you need",
-        tuple(names), secs, secs / whole)]
+    return [
+        Advice(
+            "host-device-copies",
+            f"host-device copies take {_pct(secs / whole)} of the time ({listed}): keep inputs on "
+            "the "
+            "device between calls (pass device arrays), keep results there (drop to_host=True) "
+            "and "
+            f"copy only what you need",
+            tuple(names),
+            secs,
+            secs / whole,
+        )
+    ]
 
 
 def _batched_letters(plan: Any, s: StepStats) -> tuple[str, str, str] | None:
@@ -224,14 +262,20 @@ def batched_einsum(ctx: Context) -> list[Advice]:
         if found is None:
             continue
         spec, batch, contracted = found
-        out.append(Advice(
-            "batched-einsum",
-            f"batched contraction {s.name} ({spec}: batch {batch}, summed {contracted}) runs at "
-            f"{s.gflops:.2f} GFLOP/s, {_pct(s.share_of_peak)} of its roofline "
-            f"({s.attainable_gflops:.1f} GFLOP/s), as a plain einsum loop would: run it as one "
-            f"batched matmul (BLAS gemm over {batch}), e.g. on a backend whose contraction "
-            f"engine maps batch indices to BLAS (numpy, numba)",
-            (s.name,), s.total_seconds, s.share_of_time))
+        out.append(
+            Advice(
+                "batched-einsum",
+                f"batched contraction {s.name} ({spec}: batch {batch}, summed {contracted}) runs "
+                "at "
+                f"{s.gflops:.2f} GFLOP/s, {_pct(s.share_of_peak)} of its roofline "
+                f"({s.attainable_gflops:.1f} GFLOP/s), as a plain einsum loop would: run it as one "
+                f"batched matmul (BLAS gemm over {batch}), e.g. on a backend whose contraction "
+                f"engine maps batch indices to BLAS (numpy, numba)",
+                (s.name,),
+                s.total_seconds,
+                s.share_of_time,
+            )
+        )
     return out
 
 
@@ -247,18 +291,27 @@ def below_roofline(ctx: Context, skip: set[tuple[int, int]] = frozenset()) -> li
             continue
         if s.bound == "memory":
             got = f"{s.gbps:.2f} GB/s of {ctx.report.peaks[s.backend].bandwidth / 1e9:.1f} GB/s"
-            hint = ("look for strided or broadcast operands and temporaries; a fused kernel "
-                    "reads and writes each element once")
+            hint = (
+                "look for strided or broadcast operands and temporaries; a fused kernel "
+                "reads and writes each element once"
+            )
         else:
             got = f"{s.gflops:.2f} GFLOP/s of {s.attainable_gflops:.1f} GFLOP/s"
-            hint = ("check that it maps to one large matmul and its dtype (float64 runs at about "
-                    "half the float32 peak)")
-        out.append(Advice(
-            "below-roofline",
-            f"{s.name} ({s.label}, {s.bound}-bound) reaches {_pct(s.share_of_peak)} of its "
-            f"roofline "
-            f"({got}) and takes {_pct(s.share_of_time)} of step time: {hint}",
-            (s.name,), s.total_seconds, s.share_of_time))
+            hint = (
+                "check that it maps to one large matmul and its dtype (float64 runs at about "
+                "half the float32 peak)"
+            )
+        out.append(
+            Advice(
+                "below-roofline",
+                f"{s.name} ({s.label}, {s.bound}-bound) reaches {_pct(s.share_of_peak)} of its "
+                f"roofline "
+                f"({got}) and takes {_pct(s.share_of_time)} of step time: {hint}",
+                (s.name,),
+                s.total_seconds,
+                s.share_of_time,
+            )
+        )
     return out
 
 
@@ -287,13 +340,19 @@ def thread_pools(ctx: Context) -> list[Advice]:
         return []
     stalled.sort(key=lambda s: -s.total_seconds)
     names = [s.name for s in stalled]
-    return [Advice(
-        "thread-pools",
-        f"steps right after BLAS contractions ({_names(names)}) lose about {_pct(lost / total)} "
-        f"of step time waiting: BLAS ({th.blas} threads) and numba ({th.numba} threads) "
-        f"oversubscribe {th.cores} cores; let one pool have the cores, e.g. wrap the calls in "
-        f"threadpoolctl.threadpool_limits(1, user_api='blas') or lower numba's thread count",
-        tuple(names), lost, lost / total)]
+    return [
+        Advice(
+            "thread-pools",
+            f"steps right after BLAS contractions ({_names(names)}) lose about "
+            f"{_pct(lost / total)} "
+            f"of step time waiting: BLAS ({th.blas} threads) and numba ({th.numba} threads) "
+            f"oversubscribe {th.cores} cores; let one pool have the cores, e.g. wrap the calls in "
+            f"threadpoolctl.threadpool_limits(1, user_api='blas') or lower numba's thread count",
+            tuple(names),
+            lost,
+            lost / total,
+        )
+    ]
 
 
 RULES: dict[str, Callable[[Context], list[Advice]]] = {
@@ -307,19 +366,26 @@ RULES: dict[str, Callable[[Context], list[Advice]]] = {
 }
 
 
-def run_rules(report: BottleneckReport, plans: list[Any], transfers: list[Any],
-              rules: tuple[str, ...] | None, overrides: dict[str, float],
-              device_backends: set[str]) -> list[Advice]:
+def run_rules(
+    report: BottleneckReport,
+    plans: list[Any],
+    transfers: list[Any],
+    rules: tuple[str, ...] | None,
+    overrides: dict[str, float],
+    device_backends: set[str],
+) -> list[Advice]:
     """Run the named rules (all by default); advice sorted by the time at stake."""
     unknown = [k for k in overrides if k not in THRESHOLDS]
     if unknown:
-        raise TensorLogicError(f"unknown threshold(s) {unknown}; known: {sorted(THRESHOLDS)}",
-                               code="bad_argument")
+        raise TensorLogicError(
+            f"unknown threshold(s) {unknown}; known: {sorted(THRESHOLDS)}", code="bad_argument"
+        )
     names = tuple(RULES) if rules is None else tuple(rules)
     bad = [r for r in names if r not in RULES]
     if bad:
-        raise TensorLogicError(f"unknown advice rule(s) {bad}; known: {list(RULES)}",
-                               code="bad_argument")
+        raise TensorLogicError(
+            f"unknown advice rule(s) {bad}; known: {list(RULES)}", code="bad_argument"
+        )
     ctx = Context(report, plans, transfers, {**THRESHOLDS, **overrides}, device_backends)
     out: list[Advice] = []
     einsum_named: set[tuple[int, int]] = set()

@@ -120,8 +120,14 @@ class ThreadInfo:
 
         from threadpoolctl import threadpool_info
 
-        blas = max((int(p.get("num_threads", 1)) for p in threadpool_info()
-                    if p.get("user_api") == "blas"), default=1)
+        blas = max(
+            (
+                int(p.get("num_threads", 1))
+                for p in threadpool_info()
+                if p.get("user_api") == "blas"
+            ),
+            default=1,
+        )
         numba = 0
         nb = sys.modules.get("numba")
         if nb is not None:
@@ -150,8 +156,10 @@ class BottleneckReport:
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-able form."""
         return {
-            "total_seconds": self.total_seconds, "transfer_seconds": self.transfer_seconds,
-            "wall_seconds": self.wall_seconds, "by_bound": dict(self.by_bound),
+            "total_seconds": self.total_seconds,
+            "transfer_seconds": self.transfer_seconds,
+            "wall_seconds": self.wall_seconds,
+            "by_bound": dict(self.by_bound),
             "peaks": {k: v.to_dict() for k, v in self.peaks.items()},
             "threads": asdict(self.threads) if self.threads else None,
             "steps": [s.to_dict() for s in self.steps],
@@ -162,25 +170,45 @@ class BottleneckReport:
         lines = ["Bottleneck report"]
         for p in self.peaks.values():
             lines.append(f"  {p}")
-        lines.append(f"  step time {fmt_seconds(self.total_seconds)}"
-                     + (f", host-device transfers {fmt_seconds(self.transfer_seconds)}"
-                        if self.transfer_seconds else "")
-                     + f", wall {fmt_seconds(self.wall_seconds)}")
+        lines.append(
+            f"  step time {fmt_seconds(self.total_seconds)}"
+            + (
+                f", host-device transfers {fmt_seconds(self.transfer_seconds)}"
+                if self.transfer_seconds
+                else ""
+            )
+            + f", wall {fmt_seconds(self.wall_seconds)}"
+        )
         if self.by_bound:
             parts = [f"{b} {100 * s:.1f}%" for b, s in self.by_bound.items()]
             lines.append("  time by bound: " + ", ".join(parts))
-        rows = [("step", "op", "bound", "time/call", "% time", "GFLOP/s", "GB/s", "FLOP/B",
-                 "% of roof")]
+        rows = [
+            ("step", "op", "bound", "time/call", "% time", "GFLOP/s", "GB/s", "FLOP/B", "% of roof")
+        ]
         for s in sorted(self.steps, key=lambda s: -s.total_seconds)[:15]:
             ai = "inf" if math.isinf(s.intensity) else f"{s.intensity:.2f}"
-            rows.append((s.name, s.label, s.bound, fmt_seconds(s.seconds),
-                         f"{100 * s.share_of_time:.1f}", f"{s.gflops:.2f}", f"{s.gbps:.2f}", ai,
-                         f"{100 * s.share_of_peak:.1f}"))
+            rows.append(
+                (
+                    s.name,
+                    s.label,
+                    s.bound,
+                    fmt_seconds(s.seconds),
+                    f"{100 * s.share_of_time:.1f}",
+                    f"{s.gflops:.2f}",
+                    f"{s.gbps:.2f}",
+                    ai,
+                    f"{100 * s.share_of_peak:.1f}",
+                )
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines.append("")
         for k, r in enumerate(rows):
-            lines.append("  " + "  ".join(c.ljust(w) if i < 3 else c.rjust(w)
-                                          for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+            lines.append(
+                "  "
+                + "  ".join(
+                    c.ljust(w) if i < 3 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+                ).rstrip()
+            )
             if k == 0:
                 lines.append("  " + "  ".join("-" * w for w in widths))
         if len(self.steps) > 15:
@@ -203,15 +231,21 @@ def _peaks_for(backends: list[str], peaks: Any) -> dict[str, Peaks]:
     if isinstance(peaks, Mapping):
         missing = [b for b in backends if b not in peaks]
         if missing:
-            raise TensorLogicError(f"peaks given for {sorted(peaks)} but the profile also ran on "
-                                   f"{missing}; pass peaks for every backend", code="bad_peaks")
+            raise TensorLogicError(
+                f"peaks given for {sorted(peaks)} but the profile also ran on "
+                f"{missing}; pass peaks for every backend",
+                code="bad_peaks",
+            )
         for b in backends:
             if not isinstance(peaks[b], Peaks):
-                raise TensorLogicError(f"peaks[{b!r}] must be a Peaks, got "
-                                       f"{type(peaks[b]).__name__}", code="bad_peaks")
+                raise TensorLogicError(
+                    f"peaks[{b!r}] must be a Peaks, got {type(peaks[b]).__name__}", code="bad_peaks"
+                )
         return {b: peaks[b] for b in backends}
-    raise TensorLogicError(f"peaks must be a Peaks, a dict of backend -> Peaks, or None; got "
-                           f"{type(peaks).__name__}", code="bad_peaks")
+    raise TensorLogicError(
+        f"peaks must be a Peaks, a dict of backend -> Peaks, or None; got {type(peaks).__name__}",
+        code="bad_peaks",
+    )
 
 
 def step_stats(prof: Any, peaks: dict[str, Peaks]) -> list[StepStats]:
@@ -230,18 +264,44 @@ def step_stats(prof: Any, peaks: dict[str, Peaks]) -> list[StepStats]:
         pk = peaks[e.backend]
         rl = roofline(e.flops, e.bytes, e.dtype, pk)
         mean = ns * 1e-9 / n
-        out.append(StepStats(
-            p, k, e.name, e.node_id, e.kind, e.op, e.label, e.backend, e.dtype, e.shape,
-            e.flops, e.bytes, n, mean, ns * 1e-9, rl.intensity,
-            e.flops / mean / 1e9 if mean > 0 else 0.0, e.bytes / mean / 1e9 if mean > 0 else 0.0,
-            rl.attainable / 1e9, rl.seconds, rl.seconds / mean if mean > 0 else 0.0,
-            ns / total_ns if total_ns else 0.0, rl.bound,
-        ))
+        out.append(
+            StepStats(
+                p,
+                k,
+                e.name,
+                e.node_id,
+                e.kind,
+                e.op,
+                e.label,
+                e.backend,
+                e.dtype,
+                e.shape,
+                e.flops,
+                e.bytes,
+                n,
+                mean,
+                ns * 1e-9,
+                rl.intensity,
+                e.flops / mean / 1e9 if mean > 0 else 0.0,
+                e.bytes / mean / 1e9 if mean > 0 else 0.0,
+                rl.attainable / 1e9,
+                rl.seconds,
+                rl.seconds / mean if mean > 0 else 0.0,
+                ns / total_ns if total_ns else 0.0,
+                rl.bound,
+            )
+        )
     return out
 
 
-def analyze(prof: Any, peaks: Any = None, *, threads: ThreadInfo | None = None,
-            rules: tuple[str, ...] | None = None, **thresholds: float) -> BottleneckReport:
+def analyze(
+    prof: Any,
+    peaks: Any = None,
+    *,
+    threads: ThreadInfo | None = None,
+    rules: tuple[str, ...] | None = None,
+    **thresholds: float,
+) -> BottleneckReport:
     """Analyze a ``Profile``: roofline per step and advice from the rules in ``advice``.
 
     Args:
@@ -263,13 +323,34 @@ def analyze(prof: Any, peaks: Any = None, *, threads: ThreadInfo | None = None,
     for s in stats:
         by_bound[s.bound] = by_bound.get(s.bound, 0.0) + s.share_of_time
     threads = threads if threads is not None else ThreadInfo.current()
-    report = BottleneckReport(stats, [], pk, total, transfer_s, prof.wall_seconds, threads,
-                              {b: by_bound[b] for b in BOUNDS if b in by_bound})
-    report.advice = run_rules(report, prof.plans, transfers, rules, thresholds,
-                              device_backends={c.backend for c in prof.calls
-                                               if c.device_ns is not None})
+    report = BottleneckReport(
+        stats,
+        [],
+        pk,
+        total,
+        transfer_s,
+        prof.wall_seconds,
+        threads,
+        {b: by_bound[b] for b in BOUNDS if b in by_bound},
+    )
+    report.advice = run_rules(
+        report,
+        prof.plans,
+        transfers,
+        rules,
+        thresholds,
+        device_backends={c.backend for c in prof.calls if c.device_ns is not None},
+    )
     return report
 
 
-__all__ = ["Advice", "BottleneckReport", "Roofline", "StepStats", "ThreadInfo", "analyze",
-           "roofline", "step_stats"]
+__all__ = [
+    "Advice",
+    "BottleneckReport",
+    "Roofline",
+    "StepStats",
+    "ThreadInfo",
+    "analyze",
+    "roofline",
+    "step_stats",
+]

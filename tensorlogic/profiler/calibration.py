@@ -60,10 +60,12 @@ class Peaks:
             raise TensorLogicError(
                 f"peaks need bandwidth > 0 and overheads >= 0, got bandwidth={self.bandwidth}, "
                 f"step_overhead={self.step_overhead}, call_overhead={self.call_overhead}",
-                code="bad_peaks")
+                code="bad_peaks",
+            )
         if not self.flops or any(not v > 0 for v in self.flops.values()):
             raise TensorLogicError(
-                f"peaks need a positive FLOP/s per dtype, got {dict(self.flops)}", code="bad_peaks")
+                f"peaks need a positive FLOP/s per dtype, got {dict(self.flops)}", code="bad_peaks"
+            )
 
     def flops_for(self, dtype: str) -> float:
         """Peak FLOP/s for ``dtype`` (a dtype never measured takes the nearest wider one)."""
@@ -84,23 +86,41 @@ class Peaks:
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> "Peaks":
         """Inverse of ``to_dict``."""
-        return Peaks(float(d["bandwidth"]), {str(k): float(v) for k, v in d["flops"].items()},
-                     float(d["step_overhead"]), float(d.get("call_overhead", 0.0)),
-                     str(d.get("backend", "numpy")), str(d.get("device", "cpu")),
-                     str(d.get("measured", "")), dict(d.get("details", {})))
+        return Peaks(
+            float(d["bandwidth"]),
+            {str(k): float(v) for k, v in d["flops"].items()},
+            float(d["step_overhead"]),
+            float(d.get("call_overhead", 0.0)),
+            str(d.get("backend", "numpy")),
+            str(d.get("device", "cpu")),
+            str(d.get("measured", "")),
+            dict(d.get("details", {})),
+        )
 
     def __str__(self) -> str:
         fl = ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in self.flops.items())
-        return (f"peaks of {self.backend} on {self.device}: {self.bandwidth / 1e9:.1f} GB/s, {fl}, "
-                f"step overhead {self.step_overhead * 1e6:.2f} us, call overhead "
-                f"{self.call_overhead * 1e6:.2f} us")
+        return (
+            f"peaks of {self.backend} on {self.device}: {self.bandwidth / 1e9:.1f} GB/s, {fl}, "
+            f"step overhead {self.step_overhead * 1e6:.2f} us, call overhead "
+            f"{self.call_overhead * 1e6:.2f} us"
+        )
 
 
 def _fingerprint(backend: Any) -> str:
     """What the peaks depend on: host, CPU count, numpy, the backend and its device."""
     dev = backend.device_name
-    return "|".join(str(x) for x in (platform.node(), platform.machine(), platform.processor(),
-                                       os.cpu_count(), np.__version__, backend.name, dev or "cpu"))
+    return "|".join(
+        str(x)
+        for x in (
+            platform.node(),
+            platform.machine(),
+            platform.processor(),
+            os.cpu_count(),
+            np.__version__,
+            backend.name,
+            dev or "cpu",
+        )
+    )
 
 
 def _cache_path() -> Any:
@@ -254,10 +274,22 @@ def measure(backend_name: str = "auto") -> Peaks:
     flops = _matmul_flops(xp, timer, dtypes)
     step, call = _overheads(backend)
     dev = backend.device_name
-    details = dict(bw_details, seconds=round(time.perf_counter() - t0, 3),
-                   numpy=np.__version__, cpu_count=os.cpu_count())
-    return Peaks(bw, flops, step, call, backend.name, dev or "cpu",
-                 time.strftime("%Y-%m-%dT%H:%M:%S%z"), details)
+    details = dict(
+        bw_details,
+        seconds=round(time.perf_counter() - t0, 3),
+        numpy=np.__version__,
+        cpu_count=os.cpu_count(),
+    )
+    return Peaks(
+        bw,
+        flops,
+        step,
+        call,
+        backend.name,
+        dev or "cpu",
+        time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        details,
+    )
 
 
 def calibrate(backend: str = "auto", *, force: bool = False, cache: bool = True) -> Peaks:

@@ -36,8 +36,10 @@ def _random_inputs(graph: Any, seed: int) -> dict[str, np.ndarray]:
     for name, nid in graph.inputs.items():
         node = graph.node(nid)
         if any(isinstance(d, str) for d in node.shape):
-            raise InputError(f"input {name!r} has symbolic shape {tuple(node.shape)}; give its "
-                             "arrays with --inputs IN.npz")
+            raise InputError(
+                f"input {name!r} has symbolic shape {tuple(node.shape)}; give its "
+                "arrays with --inputs IN.npz"
+            )
         out[name] = rng.standard_normal(tuple(node.shape)).astype(node.dtype)
     return out
 
@@ -64,8 +66,10 @@ def _program_runner(path: Path, args: argparse.Namespace) -> Callable[[], Any]:
 
     load = getattr(tl, "load_program", None)
     if load is None:
-        raise TensorLogicError(f"{path.name}: .tl programs need the language front end "
-                               "(tl.load_program), which this build does not include")
+        raise TensorLogicError(
+            f"{path.name}: .tl programs need the language front end "
+            "(tl.load_program), which this build does not include"
+        )
     from ..ir.serialize import load_npz
 
     prog = load(path)

@@ -88,8 +88,14 @@ class HostEvent:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain, JSON-able form."""
-        return {"category": self.category, "name": self.name, "start_ns": self.start_ns,
-                "dur_ns": self.dur_ns, "track": asdict(self.track), "info": _jsonable(self.info)}
+        return {
+            "category": self.category,
+            "name": self.name,
+            "start_ns": self.start_ns,
+            "dur_ns": self.dur_ns,
+            "track": asdict(self.track),
+            "info": _jsonable(self.info),
+        }
 
 
 @dataclass(frozen=True)

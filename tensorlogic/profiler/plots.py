@@ -12,10 +12,22 @@ from typing import Any
 from ..errors import MissingDependencyError, TensorLogicError
 
 _KIND_COLORS = {
-    "einsum": "#1f77b4", "unary": "#2ca02c", "binary": "#98df8a", "where": "#bcbd22",
-    "reduce": "#ff7f0e", "rowop": "#d62728", "transpose": "#9467bd", "reshape": "#c5b0d5",
-    "cast": "#8c564b", "fused": "#17becf", "call": "#dddddd", "optimizer": "#7f7f7f",
-    "codegen": "#e377c2", "compile": "#aaaaaa", "cache": "#555555", "transfer": "#ff9896",
+    "einsum": "#1f77b4",
+    "unary": "#2ca02c",
+    "binary": "#98df8a",
+    "where": "#bcbd22",
+    "reduce": "#ff7f0e",
+    "rowop": "#d62728",
+    "transpose": "#9467bd",
+    "reshape": "#c5b0d5",
+    "cast": "#8c564b",
+    "fused": "#17becf",
+    "call": "#dddddd",
+    "optimizer": "#7f7f7f",
+    "codegen": "#e377c2",
+    "compile": "#aaaaaa",
+    "cache": "#555555",
+    "transfer": "#ff9896",
 }
 _BOUND_COLORS = {"compute": "#1f77b4", "memory": "#2ca02c", "overhead": "#d62728"}
 
@@ -26,7 +38,9 @@ def _pyplot() -> Any:
     except ImportError as exc:
         raise MissingDependencyError(
             "plotting needs matplotlib, which is not installed; install the plot extra: "
-            "pip install 'tensorlogic[plot]'", code="missing_dependency") from exc
+            "pip install 'tensorlogic[plot]'",
+            code="missing_dependency",
+        ) from exc
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
@@ -37,8 +51,9 @@ def _save(fig: Any, path: str | os.PathLike) -> None:
     try:
         fig.savefig(path, dpi=110, bbox_inches="tight")
     except OSError as exc:
-        raise TensorLogicError(f"cannot write the chart to {os.fspath(path)!r}: {exc}",
-                               code="io_error") from exc
+        raise TensorLogicError(
+            f"cannot write the chart to {os.fspath(path)!r}: {exc}", code="io_error"
+        ) from exc
 
 
 def plot_timeline(prof: Any, path: str | os.PathLike) -> None:
@@ -50,7 +65,8 @@ def plot_timeline(prof: Any, path: str | os.PathLike) -> None:
 
     def add(kind: str, track: Any, start_ns: int, dur_ns: int, height: float) -> None:
         spans.setdefault(kind, []).append(
-            (rows[(track.pid, track.tid)], start_ns * 1e-6, max(dur_ns * 1e-6, 1e-4), height))
+            (rows[(track.pid, track.tid)], start_ns * 1e-6, max(dur_ns * 1e-6, 1e-4), height)
+        )
 
     for c in prof.calls:
         add("call", c.track, c.start_ns, c.dur_ns, 0.9)
@@ -89,19 +105,36 @@ def plot_roofline(report: Any, path: str | os.PathLike) -> None:
         for name, pk in report.peaks.items():
             for dtype, pf in pk.flops.items():
                 ys = [min(pf, x * pk.bandwidth) / 1e9 for x in xs]
-                ax.plot(xs, ys, linewidth=1.5, label=f"{name} roof {dtype} "
-                        f"({pf / 1e9:.0f} GFLOP/s, {pk.bandwidth / 1e9:.0f} GB/s)")
+                ax.plot(
+                    xs,
+                    ys,
+                    linewidth=1.5,
+                    label=f"{name} roof {dtype} "
+                    f"({pf / 1e9:.0f} GFLOP/s, {pk.bandwidth / 1e9:.0f} GB/s)",
+                )
         total = sum(s.total_seconds for s in pts) or 1.0
         for bound, color in _BOUND_COLORS.items():
             sel = [s for s in pts if s.bound == bound]
             if not sel:
                 continue
-            ax.scatter([s.intensity for s in sel], [s.gflops for s in sel],
-                       s=[20 + 400 * s.total_seconds / total for s in sel], c=color, alpha=0.7,
-                       edgecolors="black", linewidths=0.5, label=f"{bound}-bound steps")
+            ax.scatter(
+                [s.intensity for s in sel],
+                [s.gflops for s in sel],
+                s=[20 + 400 * s.total_seconds / total for s in sel],
+                c=color,
+                alpha=0.7,
+                edgecolors="black",
+                linewidths=0.5,
+                label=f"{bound}-bound steps",
+            )
         for s in sorted(pts, key=lambda s: -s.total_seconds)[:8]:
-            ax.annotate(s.name, (s.intensity, s.gflops), fontsize=7, xytext=(4, 4),
-                        textcoords="offset points")
+            ax.annotate(
+                s.name,
+                (s.intensity, s.gflops),
+                fontsize=7,
+                xytext=(4, 4),
+                textcoords="offset points",
+            )
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("arithmetic intensity (FLOP/byte)")
@@ -110,8 +143,13 @@ def plot_roofline(report: Any, path: str | os.PathLike) -> None:
         ax.grid(True, which="both", linewidth=0.3)
         ax.legend(fontsize="small", loc="lower right")
         if not pts:
-            ax.text(0.5, 0.5, "no step with FLOPs and bytes was recorded", transform=ax.transAxes,
-                    ha="center")
+            ax.text(
+                0.5,
+                0.5,
+                "no step with FLOPs and bytes was recorded",
+                transform=ax.transAxes,
+                ha="center",
+            )
         _save(fig, path)
     finally:
         plt.close(fig)

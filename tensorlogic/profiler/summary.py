@@ -47,8 +47,9 @@ class KeyAverage:
 def key_averages(steps: list[StepEvent], group_by: str = "node") -> list[KeyAverage]:
     """Aggregate step events by node name (per plan and backend) or by op label."""
     if group_by not in GROUPS:
-        raise TensorLogicError(f"group_by must be one of {GROUPS}, got {group_by!r}",
-                               code="bad_argument")
+        raise TensorLogicError(
+            f"group_by must be one of {GROUPS}, got {group_by!r}", code="bad_argument"
+        )
     plans = {e.plan for e in steps}
     rows: dict[tuple, KeyAverage] = {}
     for e in steps:
@@ -80,41 +81,69 @@ def fmt_seconds(s: float) -> str:
 
 def _sort(rows: list[KeyAverage], sort_by: str) -> list[KeyAverage]:
     if sort_by not in SORT_KEYS:
-        raise TensorLogicError(f"sort_by must be one of {SORT_KEYS}, got {sort_by!r}",
-                               code="bad_argument")
+        raise TensorLogicError(
+            f"sort_by must be one of {SORT_KEYS}, got {sort_by!r}", code="bad_argument"
+        )
     keys = {
-        "total": lambda r: -r.total_ns, "mean": lambda r: -r.mean_seconds,
-        "calls": lambda r: -r.calls, "name": lambda r: r.key, "flops": lambda r: -r.flops,
-        "gflops": lambda r: -r.gflops, "gbps": lambda r: -r.gbps,
+        "total": lambda r: -r.total_ns,
+        "mean": lambda r: -r.mean_seconds,
+        "calls": lambda r: -r.calls,
+        "name": lambda r: r.key,
+        "flops": lambda r: -r.flops,
+        "gflops": lambda r: -r.gflops,
+        "gbps": lambda r: -r.gbps,
     }
     return sorted(rows, key=keys[sort_by])
 
 
-def render_table(rows: list[KeyAverage], sort_by: str = "total", row_limit: int | None = 20,
-                 group_by: str = "node") -> str:
+def render_table(
+    rows: list[KeyAverage],
+    sort_by: str = "total",
+    row_limit: int | None = 20,
+    group_by: str = "node",
+) -> str:
     """The aggregates as an aligned text table with a total line."""
     if row_limit is not None and (not isinstance(row_limit, int) or row_limit < 1):
-        raise TensorLogicError(f"row_limit must be a positive int or None, got {row_limit!r}",
-                               code="bad_argument")
+        raise TensorLogicError(
+            f"row_limit must be a positive int or None, got {row_limit!r}", code="bad_argument"
+        )
     rows = _sort(rows, sort_by)
     total_ns = sum(r.total_ns for r in rows)
     shown = rows if row_limit is None else rows[:row_limit]
-    head = ("Name" if group_by == "node" else "Op", "Op" if group_by == "node" else "Backend",
-            "Calls", "Total", "Mean", "% total", "GFLOP/s", "GB/s")
+    head = (
+        "Name" if group_by == "node" else "Op",
+        "Op" if group_by == "node" else "Backend",
+        "Calls",
+        "Total",
+        "Mean",
+        "% total",
+        "GFLOP/s",
+        "GB/s",
+    )
     table = [head]
     for r in shown:
         share = 100.0 * r.total_ns / total_ns if total_ns else 0.0
-        table.append((r.key, r.op if group_by == "node" else r.backend, str(r.calls),
-                      fmt_seconds(r.total_seconds), fmt_seconds(r.mean_seconds), f"{share:.1f}%",
-                      f"{r.gflops:.2f}", f"{r.gbps:.2f}"))
+        table.append(
+            (
+                r.key,
+                r.op if group_by == "node" else r.backend,
+                str(r.calls),
+                fmt_seconds(r.total_seconds),
+                fmt_seconds(r.mean_seconds),
+                f"{share:.1f}%",
+                f"{r.gflops:.2f}",
+                f"{r.gbps:.2f}",
+            )
+        )
     if not rows:
         return "no steps were recorded (call a plan inside `with tl.profile()`)"
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     right = {2, 3, 4, 5, 6, 7}
 
     def line(row: tuple) -> str:
-        cells = [c.rjust(w) if i in right else c.ljust(w)
-                 for i, (c, w) in enumerate(zip(row, widths))]
+        cells = [
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))
+        ]
         return "  ".join(cells).rstrip()
 
     sep = "  ".join("-" * w for w in widths)

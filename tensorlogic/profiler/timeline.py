@@ -25,8 +25,17 @@ HOST_PID = 1
 class _RawCall:
     """What one profiled plan call leaves behind (turned into events later)."""
 
-    __slots__ = ("plan", "ident", "thread", "stamps", "events", "offsets", "host_end", "pool",
-                 "device_mem")
+    __slots__ = (
+        "plan",
+        "ident",
+        "thread",
+        "stamps",
+        "events",
+        "offsets",
+        "host_end",
+        "pool",
+        "device_mem",
+    )
 
     def __init__(self, plan: Any, ident: int, thread: str, stamps: list[int]) -> None:
         self.plan = plan
@@ -148,11 +157,21 @@ class Profile:
         rec = _RawCall(plan, threading.get_ident(), threading.current_thread().name, [clock()])
         return _CallHook(self, rec)
 
-    def compile_event(self, category: str, name: str, start: float, seconds: float,
-                      info: dict) -> None:
+    def compile_event(
+        self, category: str, name: str, start: float, seconds: float, info: dict
+    ) -> None:
         """Observer hook: record host work (optimizer pass, codegen, cache, transfer)."""
-        self._host.append((category, name, int(round(start * 1e9)), int(round(seconds * 1e9)),
-                           threading.get_ident(), threading.current_thread().name, dict(info)))
+        self._host.append(
+            (
+                category,
+                name,
+                int(round(start * 1e9)),
+                int(round(seconds * 1e9)),
+                threading.get_ident(),
+                threading.current_thread().name,
+                dict(info),
+            )
+        )
 
     def counter(self, name: str, value: float) -> None:
         """Observer hook: record a counter sample."""
@@ -206,14 +225,16 @@ class Profile:
             if self._built == key:
                 return self._cache
             self._resolve_device_times()
-            self._cache = _Builder(self._t0).build(self._raw[:key[0]], self._host[:key[1]],
-                                                   self._counter_raw[:key[2]])
+            self._cache = _Builder(self._t0).build(
+                self._raw[: key[0]], self._host[: key[1]], self._counter_raw[: key[2]]
+            )
             self._built = key
             return self._cache
 
     # ------------------------------------------------------------------ presentation
-    def table(self, sort_by: str = "total", row_limit: int | None = 20,
-              group_by: str = "node") -> str:
+    def table(
+        self, sort_by: str = "total", row_limit: int | None = 20, group_by: str = "node"
+    ) -> str:
         """Text table of step times grouped by node (or ``group_by="op"``), like PyTorch's
         ``key_averages().table()``: calls, total, mean, % of total, GFLOP/s, GB/s."""
         from .summary import key_averages, render_table
@@ -244,8 +265,10 @@ class Profile:
         b = self._build()
         return {
             "wall_seconds": self.wall_seconds,
-            "plans": [{"index": i, "backend": p.backend.name, "steps": len(p.steps)}
-                      for i, p in enumerate(b["plans"])],
+            "plans": [
+                {"index": i, "backend": p.backend.name, "steps": len(p.steps)}
+                for i, p in enumerate(b["plans"])
+            ],
             "tracks": [t.__dict__.copy() for t in b["tracks"]],
             "steps": [e.to_dict() for e in b["steps"]],
             "calls": [e.to_dict() for e in b["calls"]],
@@ -317,8 +340,9 @@ class _Builder:
             tr = self.tracks[key] = Track(pid, tid, f"{backend} device", f"stream of {thread}")
         return tr
 
-    def build(self, raw: list[_RawCall], host: list[tuple],
-              counter_raw: list[tuple[str, int, float]]) -> dict[str, Any]:
+    def build(
+        self, raw: list[_RawCall], host: list[tuple], counter_raw: list[tuple[str, int, float]]
+    ) -> dict[str, Any]:
         t0 = self.t0
         plans: list[Any] = []
         plan_ix: dict[int, int] = {}
@@ -344,15 +368,33 @@ class _Builder:
                 device_ns = bounds[-1] - bounds[0]
                 tr = self.device_track(bname, rec.ident, rec.thread)
             n = len(bounds) - 1
-            calls.append(CallEvent(c, p, bname, n, start, rec.host_end - rec.stamps[0], host_tr,
-                                   device_ns))
+            calls.append(
+                CallEvent(c, p, bname, n, start, rec.host_end - rec.stamps[0], host_tr, device_ns)
+            )
             plan_steps = plan.steps
             for k in range(n):
                 s = plan_steps[k]
                 b = bounds[k]
-                steps.append(StepEvent(c, p, k, s.name, s.node_id, s.kind, s.op, s.label, bname,
-                                       s.shape, s.dtype, s.flops, s.bytes, b, bounds[k + 1] - b,
-                                       tr))
+                steps.append(
+                    StepEvent(
+                        c,
+                        p,
+                        k,
+                        s.name,
+                        s.node_id,
+                        s.kind,
+                        s.op,
+                        s.label,
+                        bname,
+                        s.shape,
+                        s.dtype,
+                        s.flops,
+                        s.bytes,
+                        b,
+                        bounds[k + 1] - b,
+                        tr,
+                    )
+                )
             t_end = rec.host_end - t0
             pools[f"plan {p}"] = float(rec.pool)
             counters.append(CounterSample("pool bytes", t_end, dict(pools)))
@@ -367,5 +409,11 @@ class _Builder:
             counters.append(CounterSample(name, t - t0, {name: v}))
         counters.sort(key=lambda c: c.t_ns)
         tracks = sorted(self.tracks.values(), key=lambda t: (t.pid, t.tid))
-        return {"plans": plans, "steps": steps, "calls": calls, "host": host_events,
-                "counters": counters, "tracks": tracks}
+        return {
+            "plans": plans,
+            "steps": steps,
+            "calls": calls,
+            "host": host_events,
+            "counters": counters,
+            "tracks": tracks,
+        }

@@ -47,8 +47,7 @@ def chrome_trace(prof: Any) -> dict[str, Any]:
     spans: dict[tuple[int, int], list[tuple[int, int, dict]]] = {(t.pid, t.tid): [] for t in tracks}
 
     def add(track: Track, start: int, dur: int, name: str, cat: str, args: dict) -> None:
-        ev = {"name": name, "cat": cat, "ph": "X", "pid": track.pid, "tid": track.tid,
-              "args": args}
+        ev = {"name": name, "cat": cat, "ph": "X", "pid": track.pid, "tid": track.tid, "args": args}
         spans[(track.pid, track.tid)].append((start, max(dur, 0), ev))
 
     for c in prof.calls:
@@ -57,11 +56,25 @@ def chrome_trace(prof: Any) -> dict[str, Any]:
             args["device_us"] = _us(c.device_ns)
         add(c.track, c.start_ns, c.dur_ns, f"plan {c.plan} call", "call", args)
     for e in prof.steps:
-        add(e.track, e.start_ns, e.dur_ns, e.name, e.kind, {
-            "op": e.label, "node_id": e.node_id, "step": e.index, "call": e.call,
-            "plan": e.plan, "backend": e.backend, "shape": list(e.shape), "dtype": e.dtype,
-            "flops": e.flops, "bytes": e.bytes,
-        })
+        add(
+            e.track,
+            e.start_ns,
+            e.dur_ns,
+            e.name,
+            e.kind,
+            {
+                "op": e.label,
+                "node_id": e.node_id,
+                "step": e.index,
+                "call": e.call,
+                "plan": e.plan,
+                "backend": e.backend,
+                "shape": list(e.shape),
+                "dtype": e.dtype,
+                "flops": e.flops,
+                "bytes": e.bytes,
+            },
+        )
     for h in prof.host_events:
         add(h.track, h.start_ns, h.dur_ns, h.name, h.category, h.to_dict()["info"])
 
@@ -70,14 +83,42 @@ def chrome_trace(prof: Any) -> dict[str, Any]:
     for t in tracks:
         if t.pid not in seen_pids:
             seen_pids.add(t.pid)
-            events.append({"name": "process_name", "ph": "M", "pid": t.pid, "tid": 0,
-                           "args": {"name": t.process}})
-            events.append({"name": "process_sort_index", "ph": "M", "pid": t.pid, "tid": 0,
-                           "args": {"sort_index": t.pid}})
-        events.append({"name": "thread_name", "ph": "M", "pid": t.pid, "tid": t.tid,
-                       "args": {"name": t.thread}})
-        events.append({"name": "thread_sort_index", "ph": "M", "pid": t.pid, "tid": t.tid,
-                       "args": {"sort_index": t.tid}})
+            events.append(
+                {
+                    "name": "process_name",
+                    "ph": "M",
+                    "pid": t.pid,
+                    "tid": 0,
+                    "args": {"name": t.process},
+                }
+            )
+            events.append(
+                {
+                    "name": "process_sort_index",
+                    "ph": "M",
+                    "pid": t.pid,
+                    "tid": 0,
+                    "args": {"sort_index": t.pid},
+                }
+            )
+        events.append(
+            {
+                "name": "thread_name",
+                "ph": "M",
+                "pid": t.pid,
+                "tid": t.tid,
+                "args": {"name": t.thread},
+            }
+        )
+        events.append(
+            {
+                "name": "thread_sort_index",
+                "ph": "M",
+                "pid": t.pid,
+                "tid": t.tid,
+                "args": {"sort_index": t.tid},
+            }
+        )
     for key in sorted(spans):
         for start, dur, ev in _nest(spans[key]):
             ev["ts"] = _us(start)
@@ -85,16 +126,19 @@ def chrome_trace(prof: Any) -> dict[str, Any]:
             events.append(ev)
     host_pid = tracks[0].pid if tracks else 1
     for c in prof.counters:
-        events.append({"name": c.name, "ph": "C", "pid": host_pid, "ts": _us(c.t_ns),
-                       "args": dict(c.values)})
+        events.append(
+            {"name": c.name, "ph": "C", "pid": host_pid, "ts": _us(c.t_ns), "args": dict(c.values)}
+        )
     from .. import __version__
 
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
         "otherData": {
-            "generator": f"tensorlogic {__version__}", "python": sys.version.split()[0],
-            "machine": platform.machine(), "node": platform.node(),
+            "generator": f"tensorlogic {__version__}",
+            "python": sys.version.split()[0],
+            "machine": platform.machine(),
+            "node": platform.node(),
             "wall_seconds": prof.wall_seconds,
         },
     }
@@ -107,5 +151,6 @@ def write_chrome_trace(prof: Any, path: str | os.PathLike) -> None:
         with open(path, "w", encoding="utf-8") as f:
             json.dump(doc, f, separators=(",", ":"))
     except OSError as exc:
-        raise TensorLogicError(f"cannot write the trace to {os.fspath(path)!r}: {exc}",
-                               code="io_error") from exc
+        raise TensorLogicError(
+            f"cannot write the trace to {os.fspath(path)!r}: {exc}", code="io_error"
+        ) from exc

@@ -27,6 +27,7 @@ try:  # numpy >= 2.0
         _extobj_contextvar.reset(token)
 
 except (ImportError, AttributeError, TypeError):  # pragma: no cover - older numpy
+
     def quiet() -> Any:
         """Enter the quiet state; returns the token that ``restore`` takes."""
         ctx: AbstractContextManager = np.errstate(all="ignore")
@@ -36,4 +37,3 @@ except (ImportError, AttributeError, TypeError):  # pragma: no cover - older num
     def restore(token: Any) -> None:
         """Leave the quiet state entered by ``quiet``."""
         token.__exit__(None, None, None)
-

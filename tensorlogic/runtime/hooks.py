@@ -87,8 +87,7 @@ def timed(category: str, name: str, **info: Any) -> Iterator[dict]:
             compile_event(category, name, t0, time.perf_counter() - t0, **info, **extra)
 
 
-def transfer(obs: Observer, direction: str, name: str, move: Any, x: Any,
-             sync: Any = None) -> Any:
+def transfer(obs: Observer, direction: str, name: str, move: Any, x: Any, sync: Any = None) -> Any:
     """Move one array with ``move(x)``; report it as a "transfer" event when it copied.
 
     ``sync`` (the backend's synchronize) runs first so a device->host copy is not charged with
@@ -99,6 +98,11 @@ def transfer(obs: Observer, direction: str, name: str, move: Any, x: Any,
     t0 = time.perf_counter()
     y = move(x)
     if y is not x:
-        obs.compile_event("transfer", f"{direction} {name}", t0, time.perf_counter() - t0,
-                          {"bytes": int(getattr(x, "nbytes", 0)), "direction": direction})
+        obs.compile_event(
+            "transfer",
+            f"{direction} {name}",
+            t0,
+            time.perf_counter() - t0,
+            {"bytes": int(getattr(x, "nbytes", 0)), "direction": direction},
+        )
     return y

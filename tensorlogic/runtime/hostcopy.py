@@ -45,9 +45,10 @@ def copyto(dst: np.ndarray, src: np.ndarray) -> None:
         return
     bounds = [rows * k // pieces for k in range(pieces + 1)]
     pool = _threads()
-    futures = [pool.submit(np.copyto, dst[lo:hi], src[lo:hi])
-               for lo, hi in zip(bounds[1:-1], bounds[2:])]
-    np.copyto(dst[:bounds[1]], src[:bounds[1]])  # the caller copies the first piece itself
+    futures = [
+        pool.submit(np.copyto, dst[lo:hi], src[lo:hi]) for lo, hi in zip(bounds[1:-1], bounds[2:])
+    ]
+    np.copyto(dst[: bounds[1]], src[: bounds[1]])  # the caller copies the first piece itself
     for f in futures:
         f.result()
 

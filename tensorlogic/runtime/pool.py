@@ -40,8 +40,9 @@ class TensorPool:
     behaviour of running without a pool, for comparison.
     """
 
-    def __init__(self, make_arena: Callable[[], list], arena_bytes: int = 0, *,
-                 reuse: bool = True) -> None:
+    def __init__(
+        self, make_arena: Callable[[], list], arena_bytes: int = 0, *, reuse: bool = True
+    ) -> None:
         self._make_arena = make_arena
         self._free: list[list] = []
         self._lock = threading.Lock()
@@ -95,4 +96,4 @@ def host_bytes(n: int) -> np.ndarray:
     """A 64-byte aligned host byte buffer of n bytes."""
     raw = np.empty(n + 64, dtype=np.uint8)
     off = (-raw.ctypes.data) % 64
-    return raw[off:off + n]
+    return raw[off : off + n]

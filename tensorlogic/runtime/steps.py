@@ -13,8 +13,9 @@ from typing import Any
 Program = Sequence[tuple[Callable[[list, Any], Any], tuple[int, ...], int]]
 
 
-def run_program(program: Program, env: MutableSequence[Any],
-                after_step: Callable[[int], None] | None = None) -> None:
+def run_program(
+    program: Program, env: MutableSequence[Any], after_step: Callable[[int], None] | None = None
+) -> None:
     """Run every step of ``program`` over ``env`` in order."""
     if after_step is None:
         for fn, ins, o in program:

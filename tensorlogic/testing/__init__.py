@@ -15,7 +15,11 @@ from typing import Any
 
 from . import bounds
 from .agree import (
-    AgreementReport, Tolerance, assert_backends_agree, choose_ranges, derive_tolerances,
+    AgreementReport,
+    Tolerance,
+    assert_backends_agree,
+    choose_ranges,
+    derive_tolerances,
     random_inputs,
 )
 from .grads import GradReport, assert_grads_agree
@@ -34,7 +38,16 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "AgreementReport", "GradReport", "GraphCase", "Tolerance", "assert_backends_agree",
-    "assert_grads_agree", "bounds",
-    "choose_ranges", "derive_tolerances", "graph_cases", "random_inputs", "reference_evaluate",
+    "AgreementReport",
+    "GradReport",
+    "GraphCase",
+    "Tolerance",
+    "assert_backends_agree",
+    "assert_grads_agree",
+    "bounds",
+    "choose_ranges",
+    "derive_tolerances",
+    "graph_cases",
+    "random_inputs",
+    "reference_evaluate",
 ]

@@ -65,9 +65,11 @@ def _ancestors_inputs(graph, nid: int) -> set[str]:
     return names
 
 
-def choose_ranges(graph, sizes: Mapping[str, int],
-                  given: Mapping[str, tuple[float, float]] | None = None,
-                  ) -> dict[str, tuple[float, float]]:
+def choose_ranges(
+    graph,
+    sizes: Mapping[str, int],
+    given: Mapping[str, tuple[float, float]] | None = None,
+) -> dict[str, tuple[float, float]]:
     """Value range per input: ``DEFAULT_RANGE``, or ``POSITIVE_RANGE`` for inputs that reach an op
     whose argument must stay away from zero (ranges in ``given`` are kept as they are)."""
     given = dict(given or {})
@@ -104,8 +106,11 @@ def _largest_sum(graph) -> int:
     return k
 
 
-def derive_tolerances(graph, sizes: Mapping[str, int], ranges: Mapping[str, tuple[float, float]],
-                      ) -> dict[str, Tolerance]:
+def derive_tolerances(
+    graph,
+    sizes: Mapping[str, int],
+    ranges: Mapping[str, tuple[float, float]],
+) -> dict[str, Tolerance]:
     """Per-output tolerance from the propagated error bound; a dtype and sum-length rule where
     the bound is not finite (then the absolute part scales with the reference's magnitude)."""
     g = graph.bind(dict(sizes)) if graph.symbols else graph
@@ -125,8 +130,12 @@ def derive_tolerances(graph, sizes: Mapping[str, int], ranges: Mapping[str, tupl
     return tols
 
 
-def random_inputs(graph, sizes: Mapping[str, int], ranges: Mapping[str, tuple[float, float]],
-                  rng: np.random.Generator) -> dict[str, np.ndarray]:
+def random_inputs(
+    graph,
+    sizes: Mapping[str, int],
+    ranges: Mapping[str, tuple[float, float]],
+    rng: np.random.Generator,
+) -> dict[str, np.ndarray]:
     """Fresh uniform random inputs in their ranges, with symbols bound to ``sizes``."""
     out = {}
     for name, nid in graph.inputs.items():
@@ -177,12 +186,19 @@ def _describe(graph) -> str:
     return "\n".join(lines)
 
 
-def assert_backends_agree(graph, backends: Iterable[str] | None = None,
-                          opt_levels: Iterable[int] | None = None, *, rtol: float | None = None,
-                          atol: float | None = None, inputs: Mapping[str, np.ndarray] | None = None,
-                          ranges: Mapping[str, tuple[float, float]] | None = None,
-                          sizes: Mapping[str, int] | None = None, seed: int | None = None,
-                          check_reference: bool = True) -> AgreementReport:
+def assert_backends_agree(
+    graph,
+    backends: Iterable[str] | None = None,
+    opt_levels: Iterable[int] | None = None,
+    *,
+    rtol: float | None = None,
+    atol: float | None = None,
+    inputs: Mapping[str, np.ndarray] | None = None,
+    ranges: Mapping[str, tuple[float, float]] | None = None,
+    sizes: Mapping[str, int] | None = None,
+    seed: int | None = None,
+    check_reference: bool = True,
+) -> AgreementReport:
     """Assert that every backend at every opt level matches the numpy backend at O0.
 
     Args:
@@ -211,8 +227,12 @@ def assert_backends_agree(graph, backends: Iterable[str] | None = None,
     rngs = choose_ranges(graph, sizes, ranges)
     tols = derive_tolerances(graph, sizes, rngs)
     if rtol is not None or atol is not None:
-        tols = {k: Tolerance(rtol if rtol is not None else 0.0, atol if atol is not None else 0.0,
-                             "given") for k in tols}
+        tols = {
+            k: Tolerance(
+                rtol if rtol is not None else 0.0, atol if atol is not None else 0.0, "given"
+            )
+            for k in tols
+        }
     if inputs is None:
         inputs = random_inputs(graph, sizes, rngs, rng)
     report = AgreementReport(seed, sizes, rngs, tols)
@@ -230,8 +250,10 @@ def assert_backends_agree(graph, backends: Iterable[str] | None = None,
             plan = _compile(graph, backend=be, opt_level=lvl, cache=False)
             return {k: _host(v) for k, v in plan(dict(inputs), to_host=True).items()}
         except Exception as exc:
-            exc.add_note(f"while running backend {be!r} at O{lvl}; seed={seed}, sizes={sizes}\n"
-                         f"graph:\n{_describe(graph)}")
+            exc.add_note(
+                f"while running backend {be!r} at O{lvl}; seed={seed}, sizes={sizes}\n"
+                f"graph:\n{_describe(graph)}"
+            )
             raise
 
     want = run("numpy", 0)

@@ -75,7 +75,7 @@ def _distance_from_zero(b: Bound) -> float:
 
 
 def _gelu(x: float) -> float:
-    return 0.5 * x * (1 + math.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))
+    return 0.5 * x * (1 + math.tanh(0.7978845608028654 * (x + 0.044715 * x**3)))
 
 
 def _safe_exp(x: float) -> float:
@@ -121,8 +121,9 @@ def unary(op: str, x: Bound, dtype: str) -> Bound:
     if op in ("log", "sqrt", "reciprocal"):
         d = _distance_from_zero(x)
         if op != "reciprocal" and lo < MIN_DISTANCE:
-            return _out_of_domain(prob, f"{op} of a value in [{lo:.3g}, {hi:.3g}]; expected >= "
-                                  f"{MIN_DISTANCE}")
+            return _out_of_domain(
+                prob, f"{op} of a value in [{lo:.3g}, {hi:.3g}]; expected >= {MIN_DISTANCE}"
+            )
         if op == "reciprocal" and d < MIN_DISTANCE:
             return _out_of_domain(prob, f"reciprocal of a value in [{lo:.3g}, {hi:.3g}] near zero")
         if err >= d / 2:
@@ -148,8 +149,10 @@ def unary(op: str, x: Bound, dtype: str) -> Bound:
             r, slope = (0.5 * math.tanh(lo / 2) + 0.5, 0.5 * math.tanh(hi / 2) + 0.5), 0.25
         return Bound(*r, slope * err + t * e, False, prob)
     if op == "softplus":
+
         def sp(v: float) -> float:
             return max(v, 0.0) + math.log1p(math.exp(-abs(v)))
+
         r = (sp(lo), sp(hi))
         return Bound(*r, err + t * e * (max(map(abs, r)) + 1), False, prob)
     if op == "gelu":
@@ -192,8 +195,9 @@ def binary(op: str, a: Bound, b: Bound, dtype: str) -> Bound:
         return Bound(lo, hi, err, False, prob)
     if op == "pow":
         if a.lo < MIN_DISTANCE or a.err >= a.lo / 2:
-            return _out_of_domain(prob, f"pow with a base in [{a.lo:.3g}, {a.hi:.3g}]; expected >= "
-                                  f"{MIN_DISTANCE}")
+            return _out_of_domain(
+                prob, f"pow with a base in [{a.lo:.3g}, {a.hi:.3g}]; expected >= {MIN_DISTANCE}"
+            )
         ln = (math.log(a.lo), math.log(a.hi))
         elo, ehi = _interval_mul(ln, (b.lo, b.hi))
         top = _safe_exp(ehi)
@@ -211,8 +215,9 @@ def ternary(op: str, c: Bound, a: Bound, b: Bound, dtype: str) -> Bound:
     prob = _merge(c.problem, a.problem, b.problem)
     if not c.exact:
         prob = _merge(prob, "where with a condition that backends may round differently")
-    return Bound(min(a.lo, b.lo), max(a.hi, b.hi), max(a.err, b.err),
-                 c.exact and a.exact and b.exact, prob)
+    return Bound(
+        min(a.lo, b.lo), max(a.hi, b.hi), max(a.err, b.err), c.exact and a.exact and b.exact, prob
+    )
 
 
 def reduce(op: str, x: Bound, k: int, dtype: str) -> Bound:
@@ -228,9 +233,9 @@ def reduce(op: str, x: Bound, k: int, dtype: str) -> Bound:
         return Bound(x.lo, x.hi, x.err + (g + 1) * e * x.mag, False, x.problem)
     if op == "prod":
         m = x.mag
-        top = m ** k if k else 1.0
-        lo = x.lo ** k if x.lo >= 0 else -top
-        hi = x.hi ** k if x.lo >= 0 else top
+        top = m**k if k else 1.0
+        lo = x.lo**k if x.lo >= 0 else -top
+        hi = x.hi**k if x.lo >= 0 else top
         # relative error of a k-term product: k relative errors of its factors plus k roundings
         if x.lo >= 0 and x.lo > 2 * x.err:
             rel = k * x.err / (x.lo - x.err)
@@ -276,8 +281,9 @@ def rowop(op: str, x: Bound, k: int, dtype: str, eps: float = 0.0) -> Bound:
     return Bound(lo, 0.0, 2 * x.err + TRANSCENDENTAL_ULPS * e * (abs(lo) + g), False, x.problem)
 
 
-def einsum(spec_text: str, xs: Sequence[Bound], shapes: Sequence[tuple[int, ...]],
-           dtype: str) -> Bound:
+def einsum(
+    spec_text: str, xs: Sequence[Bound], shapes: Sequence[tuple[int, ...]], dtype: str
+) -> Bound:
     """Bound of an einsum: each result element sums K products of one element per operand."""
     es = einspec.parse(spec_text, [len(s) for s in shapes])
     sizes = einspec.letter_sizes(es, list(shapes))
@@ -341,8 +347,12 @@ def elementwise(op: str, args: Sequence[Bound], dtype: str) -> Bound:
 _BY_ARITY = {1: unary, 2: binary, 3: ternary}
 
 
-def node_bound(node, in_bounds: Sequence[Bound], in_shapes: Sequence[tuple[int, ...]],
-               constant: np.ndarray | None = None) -> Bound:
+def node_bound(
+    node,
+    in_bounds: Sequence[Bound],
+    in_shapes: Sequence[tuple[int, ...]],
+    constant: np.ndarray | None = None,
+) -> Bound:
     """Bound of one graph node from its inputs' bounds and concrete shapes."""
     kind, op, dt = node.kind, node.op, node.dtype
     if kind == ops.CONSTANT:
@@ -358,8 +368,9 @@ def node_bound(node, in_bounds: Sequence[Bound], in_shapes: Sequence[tuple[int, 
         k = math.prod(in_shapes[0][a] for a in node.args["axes"])
         return reduce(op, in_bounds[0], k, dt)
     if kind == ops.ROWOP:
-        return rowop(op, in_bounds[0], in_shapes[0][node.args["axis"]], dt,
-                     float(node.args.get("eps", 0.0)))
+        return rowop(
+            op, in_bounds[0], in_shapes[0][node.args["axis"]], dt, float(node.args.get("eps", 0.0))
+        )
     if kind in (ops.TRANSPOSE, ops.RESHAPE):
         return in_bounds[0]
     if kind == ops.CAST:
@@ -373,16 +384,22 @@ def node_bound(node, in_bounds: Sequence[Bound], in_shapes: Sequence[tuple[int, 
     raise ValueError(f"no bound rule for node kind {kind!r}")
 
 
-def attention(xs: Sequence[Bound], shapes: Sequence[tuple[int, ...]], scale: float,
-              dtype: str) -> Bound:
+def attention(
+    xs: Sequence[Bound], shapes: Sequence[tuple[int, ...]], scale: float, dtype: str
+) -> Bound:
     """Bound of ``softmax(scale * q k^T + mask) v``: the scores' bound through the softmax,
     then a convex combination of v's rows (so within v's range), summed over Sk keys."""
     q, k, v = xs[:3]
     d, sk = shapes[0][-1], shapes[1][-2]
     qk = einsum("qd,kd->qk", [q, k], [(1, d), (1, d)], dtype)
     a = abs(scale)
-    s = Bound(min(qk.lo * scale, qk.hi * scale), max(qk.lo * scale, qk.hi * scale),
-              qk.err * a + _eps(dtype) * qk.mag * a, False, qk.problem)
+    s = Bound(
+        min(qk.lo * scale, qk.hi * scale),
+        max(qk.lo * scale, qk.hi * scale),
+        qk.err * a + _eps(dtype) * qk.mag * a,
+        False,
+        qk.problem,
+    )
     if len(xs) == 4:
         s = binary("add", s, xs[3], dtype)
     p = rowop("softmax", s, sk, dtype)
@@ -391,8 +408,11 @@ def attention(xs: Sequence[Bound], shapes: Sequence[tuple[int, ...]], scale: flo
     return Bound(v.lo, v.hi, pv.err, False, _merge(pv.problem, s.problem))
 
 
-def analyze(graph, ranges: Mapping[str, tuple[float, float]],
-            shape_of: Callable[[int], tuple[int, ...]] | None = None) -> dict[int, Bound]:
+def analyze(
+    graph,
+    ranges: Mapping[str, tuple[float, float]],
+    shape_of: Callable[[int], tuple[int, ...]] | None = None,
+) -> dict[int, Bound]:
     """Bounds of every node of a graph with concrete shapes, given each input's value range."""
     shape_of = shape_of or (lambda nid: tuple(graph.node(nid).shape))
     out: dict[int, Bound] = {}
@@ -401,6 +421,10 @@ def analyze(graph, ranges: Mapping[str, tuple[float, float]],
             lo, hi = ranges[node.name]
             out[node.id] = Bound(float(lo), float(hi), 0.0, True)
             continue
-        out[node.id] = node_bound(node, [out[i] for i in node.inputs],
-                                  [shape_of(i) for i in node.inputs], graph.constants.get(node.id))
+        out[node.id] = node_bound(
+            node,
+            [out[i] for i in node.inputs],
+            [shape_of(i) for i in node.inputs],
+            graph.constants.get(node.id),
+        )
     return out

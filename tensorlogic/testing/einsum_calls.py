@@ -20,15 +20,68 @@ from .. import dtypes as dt
 
 # numpy's test_einsum.py styles (single operand views and sums, ellipsis, broadcasting)
 NUMPY_STYLE = (
-    "ii", "ii->i", "iii", "iii->i", "ij->ji", "ij->i", "ij->j", "ij->", "ji", "i->", "...->...",
-    "...i->...", "i...->...", "...ii->...i", "i...i->...i", "...ij->...ji", "ij...->...ij",
-    "i...->", "ijk->kji", "iij->ij", "jii->ij", "i,i", "i,i->", "i,i->i", "i,j", "i,j->ij",
-    "ij,j", "ij,j->i", "ji,j->i", "ij,jk", "ij,jk->ik", "ij,kj->ik", "ijk,jil->kl",
-    "ijk,jkl->il", "...ij,...jk->...ik", "...ij,...jk", "ij...,jk...->ik...", "i...,i...",
-    "...i,...i", "...,...", "i,->i", ",i->i", ",->", "ab,->ab", ",ab->ab", "a,->", "ba,b",
-    "ba,b->", "ab,ab->", "ab,ab->ab", "ab,ab->ba", "abc,abc->", "ijkl,lk->ij", "ij,ij,ij->ij",
-    "i,i,i->i", "ijk,ik->ij", "ii,ij->j", "ijj,jk->ik", "...i,ij,jk->...k", "i,ij,j->",
-    "abc,cd,db->a", "bca,cdb,dbf,afc->",
+    "ii",
+    "ii->i",
+    "iii",
+    "iii->i",
+    "ij->ji",
+    "ij->i",
+    "ij->j",
+    "ij->",
+    "ji",
+    "i->",
+    "...->...",
+    "...i->...",
+    "i...->...",
+    "...ii->...i",
+    "i...i->...i",
+    "...ij->...ji",
+    "ij...->...ij",
+    "i...->",
+    "ijk->kji",
+    "iij->ij",
+    "jii->ij",
+    "i,i",
+    "i,i->",
+    "i,i->i",
+    "i,j",
+    "i,j->ij",
+    "ij,j",
+    "ij,j->i",
+    "ji,j->i",
+    "ij,jk",
+    "ij,jk->ik",
+    "ij,kj->ik",
+    "ijk,jil->kl",
+    "ijk,jkl->il",
+    "...ij,...jk->...ik",
+    "...ij,...jk",
+    "ij...,jk...->ik...",
+    "i...,i...",
+    "...i,...i",
+    "...,...",
+    "i,->i",
+    ",i->i",
+    ",->",
+    "ab,->ab",
+    ",ab->ab",
+    "a,->",
+    "ba,b",
+    "ba,b->",
+    "ab,ab->",
+    "ab,ab->ab",
+    "ab,ab->ba",
+    "abc,abc->",
+    "ijkl,lk->ij",
+    "ij,ij,ij->ij",
+    "i,i,i->i",
+    "ijk,ik->ij",
+    "ii,ij->j",
+    "ijj,jk->ik",
+    "...i,ij,jk->...k",
+    "i,ij,j->",
+    "abc,cd,db->a",
+    "bca,cdb,dbf,afc->",
 )
 
 
@@ -61,8 +114,10 @@ class EinsumCall:
         return out
 
     def __str__(self) -> str:
-        ops_ = [f"{s}" if s else f"{d}{list(sh)}" for sh, d, s in
-                zip(self.shapes, self.dtypes, self.scalars)]
+        ops_ = [
+            f"{s}" if s else f"{d}{list(sh)}"
+            for sh, d, s in zip(self.shapes, self.dtypes, self.scalars)
+        ]
         return f"{self.spec} [{', '.join(ops_)}]"
 
 
@@ -110,18 +165,37 @@ def _shapes(spec: str, rnd: random.Random) -> list[tuple[int, ...]] | None:
         dims = [sizes[c] for c in head]
         if "..." in t:
             n = rnd.randint(0, len(ell))
-            part = ell[len(ell) - n:]
+            part = ell[len(ell) - n :]
             dims += [1 if rnd.random() < 0.2 else d for d in part]
             dims += [sizes[c] for c in tail]
         shapes.append(tuple(dims))
     return shapes
 
 
-DTYPE_MIXES = (("int8",), ("uint8",), ("int16",), ("int32",), ("int64",), ("uint16",),
-               ("uint32",), ("uint64",), ("bool",), ("float16",), ("float32",), ("float64",),
-               ("complex64",), ("complex128",), ("int8", "int16"), ("bool", "int32"),
-               ("uint8", "int8"), ("int64", "uint64"), ("float32", "complex64"),
-               ("int32", "float32"), ("float64", "complex64"), ("int16", "float16"))
+DTYPE_MIXES = (
+    ("int8",),
+    ("uint8",),
+    ("int16",),
+    ("int32",),
+    ("int64",),
+    ("uint16",),
+    ("uint32",),
+    ("uint64",),
+    ("bool",),
+    ("float16",),
+    ("float32",),
+    ("float64",),
+    ("complex64",),
+    ("complex128",),
+    ("int8", "int16"),
+    ("bool", "int32"),
+    ("uint8", "int8"),
+    ("int64", "uint64"),
+    ("float32", "complex64"),
+    ("int32", "float32"),
+    ("float64", "complex64"),
+    ("int16", "float16"),
+)
 
 
 def corpus(seed: int = 0) -> list[EinsumCall]:
@@ -186,19 +260,30 @@ def einsum_calls(draw, max_operands: int = 4) -> EinsumCall:
     shapes = _shapes(spec, rnd)
     pool = draw(st.sampled_from(DTYPE_MIXES))
     dts = tuple(draw(st.sampled_from(pool)) for _ in range(n))
-    scalars = tuple(draw(st.sampled_from((None, "int", "float", "complex", "bool")))
-                    if sh == () else None for sh in shapes)
+    scalars = tuple(
+        draw(st.sampled_from((None, "int", "float", "complex", "bool"))) if sh == () else None
+        for sh in shapes
+    )
     return EinsumCall(spec, tuple(shapes), dts, scalars)
-
-
 
 
 # ---------------------------------------------------------------- integer/bool op programs
 # ops whose numpy meaning is one ufunc call, so numpy itself is the reference
 INT_UFUNCS = {
-    "neg": "negative", "abs": "absolute", "square": "square", "add": "add", "sub": "subtract",
-    "mul": "multiply", "maximum": "maximum", "minimum": "minimum", "gt": "greater",
-    "ge": "greater_equal", "lt": "less", "le": "less_equal", "eq": "equal", "ne": "not_equal",
+    "neg": "negative",
+    "abs": "absolute",
+    "square": "square",
+    "add": "add",
+    "sub": "subtract",
+    "mul": "multiply",
+    "maximum": "maximum",
+    "minimum": "minimum",
+    "gt": "greater",
+    "ge": "greater_equal",
+    "lt": "less",
+    "le": "less_equal",
+    "eq": "equal",
+    "ne": "not_equal",
 }
 _COMPARE = {"gt", "ge", "lt", "le", "eq", "ne"}
 INT_DTYPES = tuple(d for d in dt.DTYPES if dt.kind(d) in "biu")
@@ -243,8 +328,12 @@ COMPLEX_OPS = ("neg", "square", "add", "sub", "mul", "eq", "ne")
 
 
 @st.composite
-def int_programs(draw, max_steps: int = 5, dtypes: tuple[str, ...] = INT_DTYPES,
-                 ops: tuple[str, ...] = tuple(sorted(INT_UFUNCS))) -> IntProgram:
+def int_programs(
+    draw,
+    max_steps: int = 5,
+    dtypes: tuple[str, ...] = INT_DTYPES,
+    ops: tuple[str, ...] = tuple(sorted(INT_UFUNCS)),
+) -> IntProgram:
     """Random elementwise programs numpy (and so the graph builder) accepts, over integer and
     bool inputs by default (exact); ``dtypes=dt.COMPLEX, ops=COMPLEX_OPS`` gives complex ones
     (compared to their precision)."""
@@ -270,11 +359,14 @@ def int_programs(draw, max_steps: int = 5, dtypes: tuple[str, ...] = INT_DTYPES,
         steps.append((op, tuple(args)))
         kinds.append(res)
     if not steps:
-        steps, kinds = [("add", (("in", 0), ("in", 0)))], [_numpy_dtype(
-            "add", [("in", 0), ("in", 0)], [dts[0], dts[0]])]
+        steps, kinds = (
+            [("add", (("in", 0), ("in", 0)))],
+            [_numpy_dtype("add", [("in", 0), ("in", 0)], [dts[0], dts[0]])],
+        )
     ordered = all(dt.kind(d) != "c" for d in dts)
-    reduce = draw(st.sampled_from((None, "sum", "prod", "max", "min") if ordered else
-                                  (None, "sum", "prod")))
+    reduce = draw(
+        st.sampled_from((None, "sum", "prod", "max", "min") if ordered else (None, "sum", "prod"))
+    )
     return IntProgram(shape, dts, tuple(steps), reduce)
 
 
@@ -282,8 +374,12 @@ def _numpy_dtype(op: str, args, arg_dts) -> str:
     for (kind, v), other in zip(args, reversed(arg_dts)):
         # a Python int the tensor's dtype cannot hold: numpy refuses it in arithmetic, and so
         # does the graph builder for comparisons too (numpy 2 compares it exactly)
-        if kind == "int" and other is not None and dt.kind(other) in "iu" and not (
-                np.iinfo(other).min <= v <= np.iinfo(other).max):
+        if (
+            kind == "int"
+            and other is not None
+            and dt.kind(other) in "iu"
+            and not (np.iinfo(other).min <= v <= np.iinfo(other).max)
+        ):
             raise OverflowError(v)
     xs = [np.ones(1, d) if d is not None else v for (_, v), d in zip(args, arg_dts)]
     with np.errstate(all="ignore"):
@@ -291,5 +387,16 @@ def _numpy_dtype(op: str, args, arg_dts) -> str:
     return (np.result_type(*xs) if op in _COMPARE else r.dtype).name
 
 
-__all__ = ["COMPLEX_OPS", "EinsumCall", "IntProgram", "NUMPY_STYLE", "accepted", "corpus",
-           "einsum_calls", "int_programs", "numpy_result", "opt_einsum_specs", "random_array"]
+__all__ = [
+    "COMPLEX_OPS",
+    "EinsumCall",
+    "IntProgram",
+    "NUMPY_STYLE",
+    "accepted",
+    "corpus",
+    "einsum_calls",
+    "int_programs",
+    "numpy_result",
+    "opt_einsum_specs",
+    "random_array",
+]

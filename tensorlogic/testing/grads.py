@@ -57,6 +57,7 @@ def widen(graph: EinsumGraph, as_inputs: Iterable[str] = ()) -> EinsumGraph:
     cast widened, every other node rebuilt (and re-inferred) from its operands; the constants
     named in ``as_inputs`` become inputs of the same name."""
     as_inputs = set(as_inputs)
+
     def wide(dt: str) -> str:
         k = dtypes.kind(dt)
         return "float64" if k == "f" else "complex128" if k == "c" else dt
@@ -64,8 +65,11 @@ def widen(graph: EinsumGraph, as_inputs: Iterable[str] = ()) -> EinsumGraph:
     g = EinsumGraph()
     ids: dict[int, int] = {}
     for node in graph.nodes:
-        if node.kind == ops.INPUT or node.name in as_inputs or (
-                node.kind in DIFFERENTIABLE_LEAVES and node.kind != ops.CONSTANT):
+        if (
+            node.kind == ops.INPUT
+            or node.name in as_inputs
+            or (node.kind in DIFFERENTIABLE_LEAVES and node.kind != ops.CONSTANT)
+        ):
             t = g.input(node.name, node.shape, wide(node.dtype))
         elif node.kind == ops.CONSTANT:
             arr = graph.constants[node.id]
@@ -76,8 +80,15 @@ def widen(graph: EinsumGraph, as_inputs: Iterable[str] = ()) -> EinsumGraph:
                 args["dtype"] = wide(node.dtype)
             shape = node.shape if node.kind == ops.FUSED else None
             dtype = wide(node.dtype) if node.kind == ops.FUSED else None
-            nid = g.add_node(node.kind, node.op, [ids[i] for i in node.inputs], args,
-                             name=node.name, shape=shape, dtype=dtype)
+            nid = g.add_node(
+                node.kind,
+                node.op,
+                [ids[i] for i in node.inputs],
+                args,
+                name=node.name,
+                shape=shape,
+                dtype=dtype,
+            )
             t = g.tensor(nid)
         ids[node.id] = t.id
     for name, nid in graph.outputs.items():
@@ -93,12 +104,16 @@ def _leaf_value(graph: EinsumGraph, node) -> np.ndarray:
 
 
 def _differentiable(graph: EinsumGraph) -> list[str]:
-    return [n.name for n in graph.nodes
-            if n.kind in DIFFERENTIABLE_LEAVES and n.kind != ops.CONSTANT and inexact(n.dtype)]
+    return [
+        n.name
+        for n in graph.nodes
+        if n.kind in DIFFERENTIABLE_LEAVES and n.kind != ops.CONSTANT and inexact(n.dtype)
+    ]
 
 
-def _transform(graph: EinsumGraph, of: str, wrt: Sequence[str],
-               sizes: Mapping[str, int]) -> EinsumGraph:
+def _transform(
+    graph: EinsumGraph, of: str, wrt: Sequence[str], sizes: Mapping[str, int]
+) -> EinsumGraph:
     try:
         return _differentiate(graph, of, wrt)
     except GradError:
@@ -119,13 +134,18 @@ def _host(x) -> np.ndarray:
     return np.asarray(x.get() if hasattr(x, "get") else x)
 
 
-def assert_grads_agree(graph: EinsumGraph, of: str | None = None,
-                       wrt: Iterable[str] | None = None, *,
-                       backends: Iterable[str] | None = None,
-                       opt_levels: Iterable[int] | None = None,
-                       ranges: Mapping[str, tuple[float, float]] | None = None,
-                       sizes: Mapping[str, int] | None = None, seed: int | None = None,
-                       check_dtype: bool = True) -> GradReport:
+def assert_grads_agree(
+    graph: EinsumGraph,
+    of: str | None = None,
+    wrt: Iterable[str] | None = None,
+    *,
+    backends: Iterable[str] | None = None,
+    opt_levels: Iterable[int] | None = None,
+    ranges: Mapping[str, tuple[float, float]] | None = None,
+    sizes: Mapping[str, int] | None = None,
+    seed: int | None = None,
+    check_dtype: bool = True,
+) -> GradReport:
     """Assert that the gradient of output ``of`` matches central finite differences.
 
     Args:
@@ -202,7 +222,8 @@ def assert_grads_agree(graph: EinsumGraph, of: str | None = None,
                     raise AssertionError(
                         f"gradient of {of!r} wrt {w!r} on {be!r} at O{lvl}: element "
                         f"{tuple(int(i) for i in k)} is {a[k]!r}, finite differences give "
-                        f"{f[k]!r} (allowed {allowed[k]:.3g}); {context}\n{_describe(graph)}")
+                        f"{f[k]!r} (allowed {allowed[k]:.3g}); {context}\n{_describe(graph)}"
+                    )
     if check_dtype and want is not None and _tolerance(graph):
         _check_narrow(graph, of, wrt, sizes, inputs, ct, want, names, levels, report, context)
     return report
@@ -213,8 +234,7 @@ def _tolerance(graph: EinsumGraph) -> float:
     return max((DTYPE_TOL.get(n.dtype, 0.0) for n in graph.nodes), default=0.0)
 
 
-def _check_narrow(graph, of, wrt, sizes, inputs, ct, want, names, levels, report,
-                  context) -> None:
+def _check_narrow(graph, of, wrt, sizes, inputs, ct, want, names, levels, report, context) -> None:
     """The graph's gradient in its own dtypes against the float64 gradient."""
     back = _transform(graph, of, wrt, sizes)
     feed = {}
@@ -240,7 +260,8 @@ def _check_narrow(graph, of, wrt, sizes, inputs, ct, want, names, levels, report
                     raise AssertionError(
                         f"{dt} gradient of {of!r} wrt {w!r} on {be!r} at O{lvl}: element "
                         f"{tuple(int(i) for i in k)} is {a[k]!r}, the float64 gradient "
-                        f"{ref[k]!r} (allowed {bound:.3g}); {context}\n{_describe(graph)}")
+                        f"{ref[k]!r} (allowed {bound:.3g}); {context}\n{_describe(graph)}"
+                    )
 
 
 def _finite_differences(g64, of, wrt, inputs, ct, report):
@@ -272,8 +293,11 @@ def _finite_differences(g64, of, wrt, inputs, ct, report):
                     vals.append(f({**inputs, w: x}))
                 right, left = (vals[0] - base) / h, (base - vals[1]) / h
                 central = (vals[0] - vals[1]) / (2 * h)
-                good = (math.isfinite(central) and math.isfinite(base)
-                        and abs(right - left) <= KINK * max(1.0, abs(central)))
+                good = (
+                    math.isfinite(central)
+                    and math.isfinite(base)
+                    and abs(right - left) <= KINK * max(1.0, abs(central))
+                )
                 ok[idx] &= good
                 fd[idx] += central * (1.0 if unit == 1.0 else 1j)
                 mags.append(abs(central) if math.isfinite(central) else 0.0)

@@ -16,17 +16,35 @@ from ..ir import ops
 from ..ir.spec import np_einsum
 
 _UNARY = {
-    "neg": np.negative, "abs": np.abs, "exp": np.exp, "log": np.log, "sqrt": np.sqrt,
-    "square": np.square, "reciprocal": lambda x: 1.0 / x, "relu": lambda x: np.maximum(x, 0.0),
-    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)), "tanh": np.tanh,
+    "neg": np.negative,
+    "abs": np.abs,
+    "exp": np.exp,
+    "log": np.log,
+    "sqrt": np.sqrt,
+    "square": np.square,
+    "reciprocal": lambda x: 1.0 / x,
+    "relu": lambda x: np.maximum(x, 0.0),
+    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "tanh": np.tanh,
     "softplus": lambda x: np.log1p(np.exp(-np.abs(x))) + np.maximum(x, 0.0),
-    "gelu": lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x ** 3))),
-    "step": lambda x: (x > 0).astype(x.dtype), "one_minus": lambda x: 1.0 - x,
+    "gelu": lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3))),
+    "step": lambda x: (x > 0).astype(x.dtype),
+    "one_minus": lambda x: 1.0 - x,
 }
 _BINARY = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power,
-    "maximum": np.maximum, "minimum": np.minimum, "gt": np.greater, "ge": np.greater_equal,
-    "lt": np.less, "le": np.less_equal, "eq": np.equal, "ne": np.not_equal,
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "pow": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "eq": np.equal,
+    "ne": np.not_equal,
 }
 # every elementwise op of the table, written independently of it
 _ELEMENTWISE = {**_UNARY, **_BINARY, "where": lambda c, a, b: np.where(c != 0, a, b)}
@@ -63,8 +81,11 @@ def _attention(xs: list[np.ndarray], scale: float, causal: bool) -> np.ndarray:
     return _rowop("softmax", s, -1) @ v
 
 
-def evaluate(graph, inputs: Mapping[str, np.ndarray], binding: Mapping[str, int] | None = None,
-             ) -> dict[str, np.ndarray]:
+def evaluate(
+    graph,
+    inputs: Mapping[str, np.ndarray],
+    binding: Mapping[str, int] | None = None,
+) -> dict[str, np.ndarray]:
     """Outputs of ``graph`` on ``inputs``, computed in float64 by plain numpy.
 
     ``binding`` gives sizes of symbolic dimensions used by reshape targets.
@@ -79,8 +100,7 @@ def evaluate(graph, inputs: Mapping[str, np.ndarray], binding: Mapping[str, int]
         elif kind == ops.CONSTANT:
             r = np.asarray(graph.constants[node.id], dtype=np.float64)
         elif kind == ops.PARAMETER:  # the given value, else the graph's
-            r = np.asarray(inputs.get(node.name, graph.parameter_values[node.id]),
-                           dtype=np.float64)
+            r = np.asarray(inputs.get(node.name, graph.parameter_values[node.id]), dtype=np.float64)
         elif kind == ops.EINSUM:
             r = np_einsum(a["spec"], *xs)
         elif kind in ops.ELEMENTWISE_KINDS:
@@ -92,8 +112,9 @@ def evaluate(graph, inputs: Mapping[str, np.ndarray], binding: Mapping[str, int]
         elif kind == ops.TRANSPOSE:
             r = np.transpose(xs[0], tuple(a["perm"]))
         elif kind == ops.RESHAPE:
-            r = np.reshape(xs[0], tuple(binding.get(d, d) if isinstance(d, str) else d
-                                        for d in a["shape"]))
+            r = np.reshape(
+                xs[0], tuple(binding.get(d, d) if isinstance(d, str) else d for d in a["shape"])
+            )
         elif kind == ops.CAST:
             r = xs[0]
         elif kind == ops.ATTENTION:

@@ -31,8 +31,18 @@ HALF_ERROR_EPS = 16  # 16-bit dtypes: the budget is this many of the dtype's eps
 RANGES = ((-2.0, 2.0), (-1.0, 1.0), (-3.0, 0.5))
 POSITIVE_RANGES = ((0.5, 2.0), (0.25, 1.0), (1.0, 3.0))
 SCALARS = (2.0, 0.5, -1.5, 3.0, 1.0, -0.25)
-OP_KINDS = ("unary", "binary", "compare", "where", "reduce", "rowop", "einsum", "transpose",
-            "reshape", "cast")
+OP_KINDS = (
+    "unary",
+    "binary",
+    "compare",
+    "where",
+    "reduce",
+    "rowop",
+    "einsum",
+    "transpose",
+    "reshape",
+    "cast",
+)
 OP_WEIGHTS = (4, 4, 2, 1, 2, 1, 4, 1, 1, 1)
 
 
@@ -94,13 +104,19 @@ class _Builder:
         for nid in new:
             node = self.g.node(nid)
             self.bounds[nid] = _bounds.node_bound(
-                node, [self.bounds[i] for i in node.inputs],
+                node,
+                [self.bounds[i] for i in node.inputs],
                 [self.cshape(self.g.node(i).shape) for i in node.inputs],
-                self.g.constants.get(nid))
+                self.g.constants.get(nid),
+            )
         b = self.bounds[t.id]
         budget = max(ERROR_BUDGET, HALF_ERROR_EPS * dtypes.eps(t.node.dtype))
-        ok = (b.finite and not b.problem and b.mag <= MAX_MAGNITUDE
-              and b.err <= budget * max(b.mag, 1.0))
+        ok = (
+            b.finite
+            and not b.problem
+            and b.mag <= MAX_MAGNITUDE
+            and b.err <= budget * max(b.mag, 1.0)
+        )
         if not ok:
             for nid in reversed(new):
                 self.g.remove_node(nid)
@@ -171,6 +187,7 @@ class _Builder:
         if how == "scalar":
             return self.choice(SCALARS)
         if how == "pool":
+
             def fits(e: _Entry) -> bool:
                 if exact and not e.b.exact:
                     return False
@@ -179,12 +196,13 @@ class _Builder:
                 except ShapeError:
                     return False
                 return True
+
             e = self.pick(fits)
             if e is not None:
                 return e
         shape = list(a.t.shape)
         if shape and self.coin(0.3):
-            shape = shape[self.draw(st.integers(1, len(shape))):]  # a trailing suffix
+            shape = shape[self.draw(st.integers(1, len(shape))) :]  # a trailing suffix
         shape = [1 if self.coin(0.25) else d for d in shape]
         if len(shape) == len(a.t.shape) < 3 and self.coin(0.15):
             shape = [self.choice(SIZES)] + shape  # the partner widens the result
@@ -258,8 +276,14 @@ class _Builder:
         if rank == 0 or self.coin(0.15):
             axis = None
         else:
-            axes = self.draw(st.lists(st.integers(-rank, rank - 1), min_size=1, max_size=rank,
-                                      unique_by=lambda a: a % rank))
+            axes = self.draw(
+                st.lists(
+                    st.integers(-rank, rank - 1),
+                    min_size=1,
+                    max_size=rank,
+                    unique_by=lambda a: a % rank,
+                )
+            )
             axis = axes[0] if len(axes) == 1 and self.coin(0.5) else tuple(axes)
         keep = self.coin(0.4)
         return self.accept(lambda: self.g.reduce(op, x.t, axis, keep))
@@ -298,6 +322,7 @@ class _Builder:
             elif extra == "scalar":
                 y = y * scale
             return g.unary(act, y) if act else y
+
         return self.accept(make)
 
     def op_transpose(self) -> _Entry | None:
@@ -359,7 +384,7 @@ class _Builder:
             shape: list[Any] = []
             if ell_k and self.coin(0.6):
                 k = self.draw(st.integers(0, ell_k))
-                shape += [1 if self.coin(0.2) else d for d in ell_dims[ell_k - k:]]
+                shape += [1 if self.coin(0.2) else d for d in ell_dims[ell_k - k :]]
                 t = "..."
             picks = (
                 self.draw(st.lists(st.sampled_from(named), max_size=3, unique=True))
@@ -399,8 +424,13 @@ class _Builder:
 
 
 @st.composite
-def graph_cases(draw, max_ops: int = 8, dtypes: tuple[str, ...] = ("float32", "float64"),
-                symbolic: bool = True, kinds: tuple[str, ...] = OP_KINDS) -> GraphCase:
+def graph_cases(
+    draw,
+    max_ops: int = 8,
+    dtypes: tuple[str, ...] = ("float32", "float64"),
+    symbolic: bool = True,
+    kinds: tuple[str, ...] = OP_KINDS,
+) -> GraphCase:
     """A random ``GraphCase`` of 1 to ``max_ops`` ops of the given kinds."""
     b = _Builder(draw, draw(st.sampled_from(dtypes)), symbolic and draw(st.booleans()))
     weights = [w for k, w in zip(OP_KINDS, OP_WEIGHTS) if k in kinds]

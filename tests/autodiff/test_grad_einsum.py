@@ -15,16 +15,16 @@ CPU = ("numpy", "numba")
 CASES = [
     # spec, operand shapes
     ("ij,jk->ik", [(2, 3), (3, 4)]),
-    ("ii->i", [(3, 3)]),                      # diagonal
-    ("ii->", [(3, 3)]),                       # trace
-    ("iij,j->i", [(3, 3, 2), (2,)]),          # repeated index next to another
+    ("ii->i", [(3, 3)]),  # diagonal
+    ("ii->", [(3, 3)]),  # trace
+    ("iij,j->i", [(3, 3, 2), (2,)]),  # repeated index next to another
     ("iji,j->ij", [(3, 2, 3), (2,)]),
-    ("ij->", [(2, 3)]),                       # everything summed away
-    ("ij,k->i", [(2, 3), (4,)]),              # k only in one operand, summed
-    ("ij,ij->ij", [(1, 3), (2, 3)]),          # size-1 broadcast along i
+    ("ij->", [(2, 3)]),  # everything summed away
+    ("ij,k->i", [(2, 3), (4,)]),  # k only in one operand, summed
+    ("ij,ij->ij", [(1, 3), (2, 3)]),  # size-1 broadcast along i
     ("...ij,...jk->...ik", [(2, 1, 2, 3), (4, 3, 2)]),  # ellipsis with broadcasting
-    ("ij,jk", [(2, 3), (3, 4)]),              # implicit output
-    ("i,->i", [(3,), ()]),                    # a scalar operand
+    ("ij,jk", [(2, 3), (3, 4)]),  # implicit output
+    ("i,->i", [(3,), ()]),  # a scalar operand
     ("bij,bjk,bkl->bil", [(2, 2, 3), (2, 3, 2), (2, 2, 3)]),
     ("aab,bc,ca->b", [(2, 2, 3), (3, 2), (2, 2)]),
 ]
@@ -41,9 +41,8 @@ def test_einsum_grad(spec, shapes):
 def test_same_operand_twice():
     g = tl.EinsumGraph()
     x = g.input("x", (3, 4), "float32")
-    g.output(g.einsum("ij,ij->", x, x), "loss")        # sum(x^2): gradient 2x
-    out = tl.compile(tl.grad(g, "loss", ["x"]), backend="numpy")(x=np.full((3, 4), 1.5,
-                                                                           np.float32))
+    g.output(g.einsum("ij,ij->", x, x), "loss")  # sum(x^2): gradient 2x
+    out = tl.compile(tl.grad(g, "loss", ["x"]), backend="numpy")(x=np.full((3, 4), 1.5, np.float32))
     np.testing.assert_allclose(out["grad_x"], np.full((3, 4), 3.0), rtol=1e-6)
 
 
@@ -67,18 +66,29 @@ def test_more_than_52_indices():
     y = g.einsum(*args, [0, 60])
     g.output(g.sum(y * y), "loss")
     back = tl.grad(g, "loss", ["m0", "m30"])
-    assert any(not all(c.isascii() for c in n.args["spec"]) for n in back.nodes
-               if n.kind == "einsum")
+    assert any(
+        not all(c.isascii() for c in n.args["spec"]) for n in back.nodes if n.kind == "einsum"
+    )
     feed = {f"m{k}": rng.uniform(0.6, 0.9, (2, 2)) for k in range(60)}
     out = tl.compile(back, backend="numpy", opt_level=2)(**feed)
     # the gradient wrt m30: the chain before it, transposed, times 2Y, times the chain after
     sym = [opt_einsum.get_symbol(k) for k in range(61)]
-    before = opt_einsum.contract(",".join(sym[k] + sym[k + 1] for k in range(30))
-                                 + f"->{sym[0]}{sym[30]}", *[feed[f"m{k}"] for k in range(30)])
-    after = opt_einsum.contract(",".join(sym[k] + sym[k + 1] for k in range(31, 60))
-                                + f"->{sym[31]}{sym[60]}", *[feed[f"m{k}"] for k in range(31, 60)])
+    before = opt_einsum.contract(
+        ",".join(sym[k] + sym[k + 1] for k in range(30)) + f"->{sym[0]}{sym[30]}",
+        *[feed[f"m{k}"] for k in range(30)],
+    )
+    after = opt_einsum.contract(
+        ",".join(sym[k] + sym[k + 1] for k in range(31, 60)) + f"->{sym[31]}{sym[60]}",
+        *[feed[f"m{k}"] for k in range(31, 60)],
+    )
     y = before @ feed["m30"] @ after
     want = before.T @ (2 * y) @ after.T
     np.testing.assert_allclose(out["grad_m30"], want, rtol=1e-10)
-    assert_grads_agree(g, "loss", ["m0", "m59"], backends=("numpy",), opt_levels=(2,),
-                       ranges={f"m{k}": (0.6, 0.9) for k in range(60)})
+    assert_grads_agree(
+        g,
+        "loss",
+        ["m0", "m59"],
+        backends=("numpy",),
+        opt_levels=(2,),
+        ranges={f"m{k}": (0.6, 0.9) for k in range(60)},
+    )

@@ -34,16 +34,27 @@ def test_random_graph_gradients(fuzz_seed):
     start = time.monotonic()
 
     @seed(fuzz_seed)
-    @settings(max_examples=GRAPHS, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck), print_blob=True)
+    @settings(
+        max_examples=GRAPHS,
+        deadline=None,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+        print_blob=True,
+    )
     @given(case=graph_cases(max_ops=6), input_seed=st.integers(0, 2**32 - 1))
     def check(case, input_seed):
         elapsed = time.monotonic() - start
         if elapsed > TIME_BOX_S:
             return
         backends = ("numpy", "numba") if elapsed < NUMBA_SHARE * TIME_BOX_S else ("numpy",)
-        report = assert_grads_agree(case.graph, "out0", backends=backends, ranges=case.ranges,
-                                    sizes=case.sizes, seed=input_seed)
+        report = assert_grads_agree(
+            case.graph,
+            "out0",
+            backends=backends,
+            ranges=case.ranges,
+            sizes=case.sizes,
+            seed=input_seed,
+        )
         stats["graphs"] += 1
         stats["numba"] += "numba" in backends
         stats["checked"] += report.checked

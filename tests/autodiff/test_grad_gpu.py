@@ -28,8 +28,13 @@ def _mlp_block(dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_block_gradients_on_the_gpu(dtype):
-    assert_grads_agree(_mlp_block(dtype), "loss", backends=GPU, sizes={"B": 3},
-                       ranges={n: (-1.0, 1.0) for n in ("x", "w", "q", "k", "v")})
+    assert_grads_agree(
+        _mlp_block(dtype),
+        "loss",
+        backends=GPU,
+        sizes={"B": 3},
+        ranges={n: (-1.0, 1.0) for n in ("x", "w", "q", "k", "v")},
+    )
 
 
 @pytest.mark.parametrize("op", ops.UNARY_OPS + ops.BINARY_OPS)
@@ -39,8 +44,9 @@ def test_elementwise_gradients_on_the_gpu(op):
     y = g.unary(op, a) if op in ops.UNARY_OPS else g.binary(op, a, g.input("b", (4,), "float32"))
     g.output(y, "y")
     positive = op in ("log", "sqrt", "reciprocal", "pow", "div")
-    assert_grads_agree(g, "y", backends=GPU,
-                       ranges={"a": (0.5, 2.0), "b": (0.5, 2.0)} if positive else None)
+    assert_grads_agree(
+        g, "y", backends=GPU, ranges={"a": (0.5, 2.0), "b": (0.5, 2.0)} if positive else None
+    )
 
 
 @settings(max_examples=40, deadline=None, database=None, suppress_health_check=list(HealthCheck))

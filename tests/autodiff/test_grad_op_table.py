@@ -77,7 +77,7 @@ def test_where_transpose_reshape_cast_grad():
     c = g.input("c", (3, 1), "float64")
     a = g.input("a", (3, 4), "float32")
     b = g.input("b", (4,), "float64")
-    w = g.where(c > 0.0, a, b)                       # cond gets no gradient
+    w = g.where(c > 0.0, a, b)  # cond gets no gradient
     t = g.transpose(g.reshape(w, (2, 6)), (1, 0))
     y = g.cast(t, "float32") * g.cast(a, "float64").reshape(6, 2)
     g.output(g.sum(y), "loss")

@@ -33,13 +33,17 @@ def test_max_min_ties_share_the_gradient(backend, opt_level):
     g = tl.EinsumGraph()
     x = g.input("x", (2, 3), "float64")
     a = g.input("a", (3,), "float64")
-    loss = g.sum(g.max(x, axis=1) * 2.0) + g.sum(g.min(x, axis=0)) \
-        + g.sum(g.maximum(a, 1.0)) + g.sum(g.minimum(a, a))
+    loss = (
+        g.sum(g.max(x, axis=1) * 2.0)
+        + g.sum(g.min(x, axis=0))
+        + g.sum(g.maximum(a, 1.0))
+        + g.sum(g.minimum(a, a))
+    )
     g.output(loss, "loss")
     xv = np.array([[1.0, 3.0, 3.0], [5.0, 5.0, 5.0]])
     out = _grads(g, "loss", ["x", "a"], backend, opt_level, x=xv, a=np.array([1.0, 2.0, 0.0]))
     want = np.array([[0.0, 1.0, 1.0], [2 / 3, 2 / 3, 2 / 3]])  # amax: ties share equally
-    want += np.array([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])       # column minima, no ties
+    want += np.array([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])  # column minima, no ties
     np.testing.assert_allclose(out["grad_x"], want, rtol=1e-12)
     # maximum(a, 1): tie at a=1 gives 1/2; minimum(a, a): both halves reach a
     np.testing.assert_allclose(out["grad_a"], [0.5 + 1.0, 1.0 + 1.0, 0.0 + 1.0])
@@ -58,8 +62,8 @@ def test_complex_follows_torch():
     g = tl.EinsumGraph()
     z = g.input("z", (3,), "complex128")
     w = g.input("w", (3,), "complex128")
-    re = g.cast(g.einsum("i,i->", z, w), "float64")      # Re(sum z w)
-    g.output(re + g.sum(g.square(g.abs(z))), "loss")     # + sum |z|^2
+    re = g.cast(g.einsum("i,i->", z, w), "float64")  # Re(sum z w)
+    g.output(re + g.sum(g.square(g.abs(z))), "loss")  # + sum |z|^2
     rng = np.random.default_rng(1)
     zv = rng.standard_normal(3) + 1j * rng.standard_normal(3)
     wv = rng.standard_normal(3) + 1j * rng.standard_normal(3)
@@ -75,7 +79,7 @@ def test_complex_ops_against_finite_differences():
     w = g.input("w", (3,), "complex64")
     y = g.exp(z * 0.3) / (w + 2.0) + g.log(g.square(z) + 3.0) * g.sqrt(w + 2.0)
     y = g.einsum("ij,j->i", y, g.reciprocal(w + 3.0)) + g.prod(z, axis=1)
-    g.output(y, "y")                                     # complex output: a vjp
+    g.output(y, "y")  # complex output: a vjp
     assert_grads_agree(g, "y", ["z", "w"], backends=CPU)
 
 
@@ -98,8 +102,9 @@ def test_attention_causal_and_16bit(causal):
     h = tl.EinsumGraph()
     q, k, v = (h.input(n, (1, 3, 16), "float16") for n in "qkv")
     h.output(h.sum(h.attention(q, k, v, causal=causal)), "loss")
-    assert_grads_agree(h, "loss", ["q", "k", "v"], backends=("numpy",),
-                       ranges={n: (-1, 1) for n in "qkv"})
+    assert_grads_agree(
+        h, "loss", ["q", "k", "v"], backends=("numpy",), ranges={n: (-1, 1) for n in "qkv"}
+    )
 
 
 def test_unused_input_gets_zeros_and_int_inputs_block():
@@ -109,8 +114,9 @@ def test_unused_input_gets_zeros_and_int_inputs_block():
     n = g.input("n", ("B", 3), "int64")
     g.output(g.sum(x * n), "loss")
     back = tl.grad(g, "loss", ["x", "u"])
-    out = tl.compile(back, backend="numpy")(x=np.ones((2, 3), np.float32), u=np.ones(2, np.float32),
-                                            n=np.arange(6).reshape(2, 3))
+    out = tl.compile(back, backend="numpy")(
+        x=np.ones((2, 3), np.float32), u=np.ones(2, np.float32), n=np.arange(6).reshape(2, 3)
+    )
     np.testing.assert_array_equal(out["grad_u"], np.zeros(2, np.float32))
     np.testing.assert_array_equal(out["grad_x"], np.arange(6).reshape(2, 3))
     assert out["grad_x"].dtype == np.float32 and out["loss"] == 15
@@ -128,7 +134,7 @@ def test_integer_operands_take_part_but_get_no_gradient():
     g = tl.EinsumGraph()
     x = g.input("x", (3,), "float32")
     n = g.input("n", (3,), "int64")
-    y = x / n + x * n + g.maximum(x, n) + x ** n
+    y = x / n + x * n + g.maximum(x, n) + x**n
     g.output(g.sum(y), "loss")
     xv = np.array([0.5, 1.5, 3.5], np.float32)
     nv = np.array([2, 3, 1])

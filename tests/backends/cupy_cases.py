@@ -10,13 +10,22 @@ DTYPES = ("float32", "float64")
 # (space, reduced axes) per family: row (block per row), col (thread per point), mixed axes
 # plus a scalar register row (999 is no multiple of 4) and few long rows (split reductions; the
 # row ops fall back to the multi-pass row kernel)
-TAIL_LAYOUTS = (((64, 1000), (1,)), ((300, 5, 7), (1,)), ((40, 30, 20), (0, 2)), ((17, 300), (0,)),
-                ((50, 999), (1,)), ((4, 50000), (1,)))
+TAIL_LAYOUTS = (
+    ((64, 1000), (1,)),
+    ((300, 5, 7), (1,)),
+    ((40, 30, 20), (0, 2)),
+    ((17, 300), (0,)),
+    ((50, 999), (1,)),
+    ((4, 50000), (1,)),
+)
 
 
 # gelu(x + bias): a bias broadcast over leading axes, read with vector loads along the rows
-BIAS_GELU = S.Program((FusedOp("add", (("in", 0), ("in", 1))), FusedOp("gelu", (("tmp", 0),))),
-                      ("tmp", 1), (4, 64, 256))
+BIAS_GELU = S.Program(
+    (FusedOp("add", (("in", 0), ("in", 1))), FusedOp("gelu", (("tmp", 0),))),
+    ("tmp", 1),
+    (4, 64, 256),
+)
 
 
 def contiguous_spec(prog: S.Program, dtype: str, shapes, in_dtypes=None) -> S.KernelSpec:
@@ -33,8 +42,11 @@ def op_program(op: str, space) -> S.Program:
 
 # a row op's epilogue: tail * gamma (per position along the row) + residual (full), then a
 # literal shift; gamma's shape keeps only the row axis
-EPILOGUE = (FusedOp("mul", (("tail", 0), ("in", 1))), FusedOp("add", (("tmp", 0), ("in", 2))),
-            FusedOp("sub", (("tmp", 1), ("const", 0.125))))
+EPILOGUE = (
+    FusedOp("mul", (("tail", 0), ("in", 1))),
+    FusedOp("add", (("tmp", 0), ("in", 2))),
+    FusedOp("sub", (("tmp", 1), ("const", 0.125))),
+)
 
 
 def epilogue_program(tail: str, space, axis: int, prologue: bool = True) -> S.Program:
@@ -57,16 +69,22 @@ def epilogue_cases():
     for dt in DTYPES:
         for tail in ops.ROW_OPS:
             # plus a block of 1024 threads per register-held row, and a row of 64 (warp per row)
-            for j, (space, axes) in enumerate(TAIL_LAYOUTS + (((6, 16384), (1,)),
-                                                              ((16384, 64), (1,)))):
+            for j, (space, axes) in enumerate(
+                TAIL_LAYOUTS + (((6, 16384), (1,)), ((16384, 64), (1,)))
+            ):
                 if len(axes) > 1:
                     continue
                 prog = epilogue_program(tail, space, axes[0])
-                cases.append((f"{tail}_epi_{j}_{dt}",
-                              contiguous_spec(prog, dt, epilogue_shapes(space, axes[0]))))
+                cases.append(
+                    (
+                        f"{tail}_epi_{j}_{dt}",
+                        contiguous_spec(prog, dt, epilogue_shapes(space, axes[0])),
+                    )
+                )
             prog = epilogue_program(tail, (64, 1024), 1, prologue=False)
-            cases.append((f"{tail}_epi_bare_{dt}",
-                          contiguous_spec(prog, dt, epilogue_shapes((64, 1024), 1))))
+            cases.append(
+                (f"{tail}_epi_bare_{dt}", contiguous_spec(prog, dt, epilogue_shapes((64, 1024), 1)))
+            )
     return cases
 
 
@@ -78,9 +96,14 @@ def all_cases():
             prog = op_program(op, (1000, 37))
             cases.append((f"ew_{op}_{dt}", contiguous_spec(prog, dt, [(1000, 37)] * row.arity)))
         # broadcasting (strided) operands and a where
-        prog = S.Program((FusedOp("mul", (("in", 0), ("in", 1))),
-                          FusedOp("where", (("in", 2), ("tmp", 0), ("const", 1.5)))),
-                         ("tmp", 1), (8, 9, 10))
+        prog = S.Program(
+            (
+                FusedOp("mul", (("in", 0), ("in", 1))),
+                FusedOp("where", (("in", 2), ("tmp", 0), ("const", 1.5))),
+            ),
+            ("tmp", 1),
+            (8, 9, 10),
+        )
         cases.append((f"ew_bcast_{dt}", contiguous_spec(prog, dt, [(8, 1, 10), (9, 1), ()])))
         cases.append((f"ew_bias_{dt}", contiguous_spec(BIAS_GELU, dt, [(4, 64, 256), (256,)])))
         for tail in ops.REDUCTIONS + ops.ROW_OPS:
@@ -93,8 +116,12 @@ def all_cases():
     prog = S.Program((FusedOp("gelu", (("in", 0),)),), ("tmp", 0), (128, 256), "softmax", (1,))
     cases.append(("softmax_f16", contiguous_spec(prog, "float16", [(128, 256)])))
     prog = op_program("add", (1000,))
-    cases.append(("ew_add_mixed", contiguous_spec(prog, "float32", [(1000,), (1000,)],
-                                                  ["float16", "float32"])))
+    cases.append(
+        (
+            "ew_add_mixed",
+            contiguous_spec(prog, "float32", [(1000,), (1000,)], ["float16", "float32"]),
+        )
+    )
     return cases + half_cases() + epilogue_cases()
 
 
@@ -113,8 +140,12 @@ def half_cases():
             cases.append((f"{tail}_{j}_bf16", contiguous_spec(prog, "bfloat16", [space])))
         if tail in ops.ROW_OPS:
             prog = epilogue_program(tail, (64, 1024), 1)
-            cases.append((f"{tail}_epi_bf16",
-                          contiguous_spec(prog, "bfloat16", epilogue_shapes((64, 1024), 1))))
+            cases.append(
+                (
+                    f"{tail}_epi_bf16",
+                    contiguous_spec(prog, "bfloat16", epilogue_shapes((64, 1024), 1)),
+                )
+            )
     cases.append(("ew_bias_bf16", contiguous_spec(BIAS_GELU, "bfloat16", [(4, 64, 256), (256,)])))
     cast = S.Program((), ("in", 0), (1000,))
     for src in ("float16", "bfloat16", "float32", "float64"):
@@ -124,10 +155,12 @@ def half_cases():
     return cases
 
 
-def epilogue_reference(tail: str, x, gamma, r, axis: int, prologue: bool = True,
-                       eps: float = ops.LAYER_NORM_EPS):
+def epilogue_reference(
+    tail: str, x, gamma, r, axis: int, prologue: bool = True, eps: float = ops.LAYER_NORM_EPS
+):
     """``epilogue_program``'s result by plain numpy in float64 (no tensorlogic code)."""
     import numpy as np
+
     v = np.tanh(x.astype(np.float64)) if prologue else x.astype(np.float64)
     if tail == "layer_norm":
         mu = v.mean(axis=axis, keepdims=True)

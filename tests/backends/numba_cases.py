@@ -15,13 +15,23 @@ def fused_graph(shapes, dtype, instrs, space, tail=None, axes=(), keepdims=False
     """A graph with one FUSED node over inputs x0, x1, ... of ``shapes``."""
     g = tl.EinsumGraph()
     xs = [g.input(f"x{k}", s, dtype) for k, s in enumerate(shapes)]
-    body = FusedBody(tuple(FusedOp(op, tuple(args)) for op, args in instrs), tuple(space), tail,
-                     tuple(axes), keepdims)
+    body = FusedBody(
+        tuple(FusedOp(op, tuple(args)) for op, args in instrs),
+        tuple(space),
+        tail,
+        tuple(axes),
+        keepdims,
+    )
     if out_shape is None:
         out_shape = _tail_shape(space, tail, axes, keepdims)
-    nid = g.add_node(ops.FUSED, "fused", [x.id for x in xs],
-                     {"body": body.to_args(), "flops": math.prod(space)},
-                     shape=out_shape, dtype=dtype)
+    nid = g.add_node(
+        ops.FUSED,
+        "fused",
+        [x.id for x in xs],
+        {"body": body.to_args(), "flops": math.prod(space)},
+        shape=out_shape,
+        dtype=dtype,
+    )
     g.output(g.tensor(nid), "y")
     return g
 
@@ -97,8 +107,10 @@ def every_kind_graph(dtype):
 
 def every_kind_inputs(rng, dtype):
     """Fresh inputs for ``every_kind_graph``."""
-    return {"a": rng.uniform(-2, 2, (6, 10)).astype(dtype),
-            "b": rng.uniform(-2, 2, 10).astype(dtype)}
+    return {
+        "a": rng.uniform(-2, 2, (6, 10)).astype(dtype),
+        "b": rng.uniform(-2, 2, 10).astype(dtype),
+    }
 
 
 # the plan options every_kind_graph is compiled with per dtype (float32: all kernels parallel,

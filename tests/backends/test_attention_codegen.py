@@ -12,21 +12,28 @@ from tensorlogic.backends.cupy import attention_c, attention_mma
 from tensorlogic.errors import BackendError
 
 CASES = [  # d, dv, dtype, causal, mask
-    (32, 32, "float32", False, False), (64, 64, "float32", True, False),
-    (96, 80, "float32", False, True), (128, 128, "float32", True, True),
-    (64, 64, "float16", True, True), (128, 128, "float16", False, False),
-    (17, 5, "float64", True, True), (256, 256, "float32", False, False),
+    (32, 32, "float32", False, False),
+    (64, 64, "float32", True, False),
+    (96, 80, "float32", False, True),
+    (128, 128, "float32", True, True),
+    (64, 64, "float16", True, True),
+    (128, 128, "float16", False, False),
+    (17, 5, "float64", True, True),
+    (256, 256, "float32", False, False),
     (64, 64, "bfloat16", True, False),
 ]
 
 
 _C = attention_mma.Config
 MMA_CASES = [  # d, dv, dtype, causal, mask, block shape
-    (64, 64, "bfloat16", False, False, _C(8)), (128, 128, "bfloat16", True, True, _C(8)),
-    (32, 32, "float16", True, False, _C(4)), (96, 48, "bfloat16", False, True, _C(4)),
+    (64, 64, "bfloat16", False, False, _C(8)),
+    (128, 128, "bfloat16", True, True, _C(8)),
+    (32, 32, "float16", True, False, _C(4)),
+    (96, 48, "bfloat16", False, True, _C(4)),
     (16, 128, "float16", True, True, _C(8, 2, False, True)),
     (128, 64, "float16", False, False, _C(4, 2, False)),
-    (64, 64, "bfloat16", True, False, _C(4, 2, True, True))]
+    (64, 64, "bfloat16", True, False, _C(4, 2, True, True)),
+]
 
 
 def _tool(name: str) -> str:
@@ -47,8 +54,7 @@ def _sources() -> str:
             prelude_seen = True
         out.append(src)
     for k, (d, dv, dt, causal, mask, cfg) in enumerate(MMA_CASES):
-        out.append(attention_mma.render(f"mma{k}", d, dv, dt, causal, mask, cfg,
-                                        helpers=k == 0))
+        out.append(attention_mma.render(f"mma{k}", d, dv, dt, causal, mask, cfg, helpers=k == 0))
     return "\n".join(out)
 
 
@@ -57,17 +63,30 @@ def test_cuda_c_compiles_and_its_ptx_assembles(arch, tmp_path):
     cu = tmp_path / "att.cu"
     cu.write_text(_sources())
     ptx = tmp_path / "att.ptx"
-    r = subprocess.run([_tool("nvcc"), f"-arch={arch}", "-ptx", str(cu), "-o", str(ptx)],
-                       capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        [_tool("nvcc"), f"-arch={arch}", "-ptx", str(cu), "-o", str(ptx)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr[:4000]
-    r = subprocess.run([_tool("ptxas"), "--gpu-name", arch, "-v", str(ptx), "-o",
-                        str(tmp_path / "att.cubin")], capture_output=True, text=True, check=False)
+    r = subprocess.run(
+        [_tool("ptxas"), "--gpu-name", arch, "-v", str(ptx), "-o", str(tmp_path / "att.cubin")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr[:4000]
     assert r.stderr.count("Compiling entry function") == len(CASES) + len(MMA_CASES)
     text = ptx.read_text()
-    for instr in ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
-                  "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned",
-                  ".trans", "cp.async.cg.shared.global", "ex2.approx"):
+    for instr in (
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32",
+        "ldmatrix.sync.aligned",
+        ".trans",
+        "cp.async.cg.shared.global",
+        "ex2.approx",
+    ):
         assert instr in text, instr
 
 
@@ -110,8 +129,9 @@ def test_tensor_core_path_limits():
     assert attention_mma.grid_x(1000, True, _C(4, 2, pair=True)) == 4  # 8 blocks of 128
     assert attention_mma.grid_x(1000, False, _C(4, 2, pair=True)) == 8
     assert attention_mma.grid_x(1100, True, _C(8, 1, pair=True)) == 5  # 9 blocks: one alone
-    assert "PAIR = false" in attention_mma.render("k", 64, 64, "float16", False, False,
-                                                  _C(pair=True))
+    assert "PAIR = false" in attention_mma.render(
+        "k", 64, 64, "float16", False, False, _C(pair=True)
+    )
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -120,14 +140,34 @@ def test_tensor_core_kernel_keeps_its_registers(arch, tmp_path):
     # reports them (the causal and masked variants may spill a few bytes under the 128-register
     # cap that keeps two blocks of 64-wide heads per multiprocessor)
     cu = tmp_path / "mma.cu"
-    cu.write_text("\n".join(
-        attention_mma.render(f"k{i}", d, d, dt, False, False, cfg, helpers=i == 0)
-        for i, (d, dt, cfg) in enumerate([(64, "bfloat16", _C(8)), (128, "float16", _C(8)),
-                                          (64, "bfloat16", _C(4, 2, True)),
-                                          (128, "bfloat16", _C(4, 2, False))])))
-    r = subprocess.run([_tool("nvcc"), f"-arch={arch}", "-cubin", "-Xptxas", "-v", str(cu),
-                        "-o", str(tmp_path / "mma.cubin")], capture_output=True, text=True,
-                       check=False)
+    cu.write_text(
+        "\n".join(
+            attention_mma.render(f"k{i}", d, d, dt, False, False, cfg, helpers=i == 0)
+            for i, (d, dt, cfg) in enumerate(
+                [
+                    (64, "bfloat16", _C(8)),
+                    (128, "float16", _C(8)),
+                    (64, "bfloat16", _C(4, 2, True)),
+                    (128, "bfloat16", _C(4, 2, False)),
+                ]
+            )
+        )
+    )
+    r = subprocess.run(
+        [
+            _tool("nvcc"),
+            f"-arch={arch}",
+            "-cubin",
+            "-Xptxas",
+            "-v",
+            str(cu),
+            "-o",
+            str(tmp_path / "mma.cubin"),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert r.returncode == 0, r.stderr[:4000]
     # sm_80's ptxas spills ~88 bytes in the 32-row, head dim 128 shape (the last); sm_90's none
     assert r.stderr.count(" 0 bytes spill stores") == (4 if arch == "sm_90" else 3), r.stderr

@@ -48,15 +48,30 @@ def test_head_dims_dtypes_and_causal(d, causal, dtype, rng, monkeypatch):
 def _configs():
     from tensorlogic.backends.cupy.attention_mma import Config
 
-    return [Config(8), Config(4), Config(4, 2, True), Config(4, 2, False), Config(8, 1, True, True),
-            Config(4, 2, True, True), Config(4, 2, False, True), Config(8, 2, False)]
+    return [
+        Config(8),
+        Config(4),
+        Config(4, 2, True),
+        Config(4, 2, False),
+        Config(8, 1, True, True),
+        Config(4, 2, True, True),
+        Config(4, 2, False, True),
+        Config(8, 2, False),
+    ]
 
 
 @pytest.mark.parametrize("config", range(8))
-@pytest.mark.parametrize("shape", [  # batch, sq, sk, d, dv, causal, mask
-    ((2, 3), 1, 700, 64, 64, False, None), ((5,), 129, 129, 128, 64, True, (5, 129, 129)),
-    ((1, 2), 1000, 77, 32, 128, True, None), ((3,), 200, 1031, 16, 48, False, (1, 1031)),
-    ((2,), 65, 64, 96, 96, True, None), ((2,), 1100, 1100, 64, 64, True, None)])
+@pytest.mark.parametrize(
+    "shape",
+    [  # batch, sq, sk, d, dv, causal, mask
+        ((2, 3), 1, 700, 64, 64, False, None),
+        ((5,), 129, 129, 128, 64, True, (5, 129, 129)),
+        ((1, 2), 1000, 77, 32, 128, True, None),
+        ((3,), 200, 1031, 16, 48, False, (1, 1031)),
+        ((2,), 65, 64, 96, 96, True, None),
+        ((2,), 1100, 1100, 64, 64, True, None),
+    ],
+)
 def test_tensor_core_kernel_shapes_and_block_shapes(shape, config, rng, monkeypatch):
     from tensorlogic.backends.cupy import attention_gpu
 
@@ -79,8 +94,9 @@ def test_broadcast_masks_and_float64(mask_shape, dims, rng):
         g = _graph((2, 3), 70, 130, *dims, dtype, True, mask_shape)
         ins = _inputs(g, rng)
         got = to_numpy(tl.compile(g, backend="cupy", cache=False)(**ins)["y"])
-        want = textbook(ins["q"], ins["k"], ins["v"], g.node(g.outputs["y"]).args["scale"],
-                        True, ins["m"])
+        want = textbook(
+            ins["q"], ins["k"], ins["v"], g.node(g.outputs["y"]).args["scale"], True, ins["m"]
+        )
         np.testing.assert_allclose(got, want, rtol=_TOL[dtype], atol=_TOL[dtype])
 
 
@@ -92,8 +108,9 @@ def test_tensor_core_kernel_is_used_and_unaligned_inputs_fall_back(dtype, rng):
     plan = tl.compile(g, backend="cupy", cache=False)
     assert "tensor-core mma" in plan.steps[0].info
     ins = _inputs(g, rng)
-    want = textbook(ins["q"], ins["k"], ins["v"], g.node(g.outputs["y"]).args["scale"], True,
-                    ins["m"])
+    want = textbook(
+        ins["q"], ins["k"], ins["v"], g.node(g.outputs["y"]).args["scale"], True, ins["m"]
+    )
     dev = {}
     for n, a in ins.items():  # C-contiguous views 2 bytes past an aligned start
         buf = cupy.empty(a.size + 1, a.dtype)[1:].reshape(a.shape)
@@ -121,8 +138,9 @@ def test_written_out_model_attention_runs_fused_on_the_gpu(rng):
     b, s, h, k, d = 2, 150, 4, 16, 64
     g = tl.EinsumGraph()
     x = g.input("x", (b, s, d))
-    wq, wk, wv, wo = (g.constant((rng.standard_normal((h, k, d)) / 8).astype(np.float32))
-                      for _ in range(4))
+    wq, wk, wv, wo = (
+        g.constant((rng.standard_normal((h, k, d)) / 8).astype(np.float32)) for _ in range(4)
+    )
     q, kk, v = (g.einsum("bsd,hkd->bhsk", x, w) for w in (wq, wk, wv))
     scores = g.einsum("bhqk,bhsk->bhqs", q, kk) * 0.25
     scores = scores + g.constant(np.triu(np.full((s, s), -np.inf, np.float32), 1))
@@ -134,8 +152,10 @@ def test_written_out_model_attention_runs_fused_on_the_gpu(rng):
     assert any(st.kind == "attention" for st in plan.steps)
     # by default float32 stays written out on the GPU (cuBLAS measured faster than the FFMA
     # kernel); the 16-bit dtypes are fused (the tensor-core kernel measured faster)
-    assert not any(st.kind == "attention" for st in
-                   tl.compile(g, backend="cupy", opt_level=2, cache=False).steps)
+    assert not any(
+        st.kind == "attention"
+        for st in tl.compile(g, backend="cupy", opt_level=2, cache=False).steps
+    )
     np.testing.assert_allclose(to_numpy(plan(**ins)["y"]), o0, rtol=1e-4, atol=1e-4)
     half = tl.compile(g, backend="cupy", opt_level=2, cache=False, precision="bf16")
     step = next(st for st in half.steps if st.kind == "attention")
@@ -162,7 +182,7 @@ def test_sequence_of_16k_runs_in_o_of_s_memory(dtype, rng):
     qh, kh, vh = (to_numpy(ins[n]) for n in "qkv")
     want = np.empty((1, 2, len(rows), d))
     for r_i, r in enumerate(rows):  # query r sees keys 0..r
-        ref = textbook(qh[:, :, r:r + 1], kh[:, :, :r + 1], vh[:, :, :r + 1], 1 / np.sqrt(d))
+        ref = textbook(qh[:, :, r : r + 1], kh[:, :, : r + 1], vh[:, :, : r + 1], 1 / np.sqrt(d))
         want[:, :, r_i] = ref[:, :, 0]
     got = to_numpy(y)[:, :, rows].astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=_TOL[dtype], atol=_TOL[dtype])

@@ -43,8 +43,12 @@ def _graph(batch, sq, sk, d, dv, dtype, causal, mask_shape, scale=None):
 
 
 def _inputs(g, rng):
-    return {n: (rng.standard_normal(g.node(i).shape) * (2.0 if n == "m" else 1.0))
-            .astype(g.node(i).dtype) for n, i in g.inputs.items()}
+    return {
+        n: (rng.standard_normal(g.node(i).shape) * (2.0 if n == "m" else 1.0)).astype(
+            g.node(i).dtype
+        )
+        for n, i in g.inputs.items()
+    }
 
 
 _TOL = {"float16": 2e-3, "float32": 2e-5, "float64": 1e-12}
@@ -55,8 +59,9 @@ def _check(backend, g, rng, tol=None, **opts):
     plan = tl.compile(g, backend=backend, cache=False, **opts)
     got = to_numpy(plan(**ins)["y"])
     node = g.node(g.outputs["y"])
-    want = textbook(ins["q"], ins["k"], ins["v"], node.args["scale"], node.args["causal"],
-                    ins.get("m"))
+    want = textbook(
+        ins["q"], ins["k"], ins["v"], node.args["scale"], node.args["causal"], ins.get("m")
+    )
     t = tol or _TOL[node.dtype]
     np.testing.assert_allclose(got.astype(np.float64), want, rtol=t, atol=t, equal_nan=True)
     return plan
@@ -97,17 +102,26 @@ def test_fully_masked_row_is_nan_as_in_softmax(backend, rng, small_blocks):
     ins["m"][3, :] = -np.inf  # query 3 sees no key
     ins["m"][5, :25] = -np.inf  # query 5 sees only the last block's keys
     got = to_numpy(tl.compile(g, backend=backend, cache=False)(**ins)["y"])
-    want = textbook(ins["q"], ins["k"], ins["v"], g.node(g.outputs["y"]).args["scale"],
-                    mask=ins["m"])
+    want = textbook(
+        ins["q"], ins["k"], ins["v"], g.node(g.outputs["y"]).args["scale"], mask=ins["m"]
+    )
     assert np.isnan(got[:, 3]).all()
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, equal_nan=True)
 
 
-@settings(max_examples=25, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(sq=st.integers(1, 70), sk=st.integers(1, 70), d=st.integers(1, 20), dv=st.integers(1, 20),
-       nb=st.integers(0, 2), causal=st.booleans(), masked=st.booleans(),
-       seed=st.integers(0, 2**31))
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sq=st.integers(1, 70),
+    sk=st.integers(1, 70),
+    d=st.integers(1, 20),
+    dv=st.integers(1, 20),
+    nb=st.integers(0, 2),
+    causal=st.booleans(),
+    masked=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
 def test_attention_property_host(sq, sk, d, dv, nb, causal, masked, seed, small_blocks):
     rng = np.random.default_rng(seed)
     g = _graph((2,) * nb, sq, sk, d, dv, "float32", causal, (sq, sk) if masked else None)

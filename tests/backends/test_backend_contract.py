@@ -48,7 +48,7 @@ class MinimalBackend(Backend):
         return np.empty(max(int(n), 1), np.uint8)
 
     def view_bytes(self, raw, shape, dtype):
-        return raw[:math.prod(shape) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
+        return raw[: math.prod(shape) * np.dtype(dtype).itemsize].view(dtype).reshape(shape)
 
     def copy(self, x, out=None):
         if out is None:
@@ -82,15 +82,20 @@ def _mlp():
     return g
 
 
-@settings(max_examples=30, deadline=None, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=30, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(case=graph_cases(max_ops=6), seed=st.integers(0, 2**32 - 1))
 def test_conformance_on_random_graphs(case, seed):
     # hypothesis cannot use function-scoped fixtures: register around each example
     tl.register_backend(MinimalBackend.name, MinimalBackend, replace=True)
     try:
-        assert_backends_agree(case.graph, backends=(MinimalBackend.name,), opt_levels=(0, 1, 2),
-                              ranges=case.ranges, sizes=case.sizes, seed=seed)
+        assert_backends_agree(
+            case.graph,
+            backends=(MinimalBackend.name,),
+            opt_levels=(0, 1, 2),
+            ranges=case.ranges,
+            sizes=case.sizes,
+            seed=seed,
+        )
     finally:
         unregister_backend(MinimalBackend.name)
 
@@ -165,16 +170,20 @@ def test_factory_must_return_a_backend():
         unregister_backend("not_a_backend")
 
 
-@pytest.mark.parametrize("result,match", [
-    (42, "expected a PreparedKernel"),
-    ("closure-with-attrs", "as attributes"),
-])
+@pytest.mark.parametrize(
+    "result,match",
+    [
+        (42, "expected a PreparedKernel"),
+        ("closure-with-attrs", "as attributes"),
+    ],
+)
 def test_prepare_must_return_a_kernel(result, match):
     class Bad(MinimalBackend):
         name = "bad_prepare"
 
         def prepare(self, step, node, in_nodes, graph):
             if result == "closure-with-attrs":
+
                 def k(inputs, out):
                     return out
 

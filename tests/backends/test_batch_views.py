@@ -9,10 +9,12 @@ import pytest
 import tensorlogic as tl
 
 # heads between the sequence and the head dim: (b h) cannot merge in bshk
-SPECS = [("bshk,bthk->bhst", [(2, 7, 3, 5), (2, 6, 3, 5)]),
-         ("bhst,bthk->bshk", [(2, 3, 7, 6), (2, 6, 3, 5)]),
-         ("sbhk,tbhk->bhst", [(4, 2, 3, 5), (6, 2, 3, 5)]),
-         ("bshk,hkd->bhsd", [(2, 7, 3, 5), (3, 5, 4)])]
+SPECS = [
+    ("bshk,bthk->bhst", [(2, 7, 3, 5), (2, 6, 3, 5)]),
+    ("bhst,bthk->bshk", [(2, 3, 7, 6), (2, 6, 3, 5)]),
+    ("sbhk,tbhk->bhst", [(4, 2, 3, 5), (6, 2, 3, 5)]),
+    ("bshk,hkd->bhsd", [(2, 7, 3, 5), (3, 5, 4)]),
+]
 
 
 @pytest.mark.parametrize("backend", ["numpy", "numba"])
@@ -25,8 +27,9 @@ def test_batch_views_match_numpy(rng, backend, spec, shapes, dtype):
     arrays = {f"x{i}": (rng.standard_normal(s) * 3).astype(dtype) for i, s in enumerate(shapes)}
     want = np.einsum(spec, *[a.astype(np.float64) for a in arrays.values()])
     for threads in ("pool", "blas"):
-        got = tl.compile(g, backend=backend, opt_level=2, threads=threads, cache=False)(
-            **arrays)["y"]
+        got = tl.compile(g, backend=backend, opt_level=2, threads=threads, cache=False)(**arrays)[
+            "y"
+        ]
         tol = 1e-5 if dtype == "float32" else 1e-12
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 

@@ -8,13 +8,16 @@ import pytest
 import tensorlogic as tl
 
 
-@pytest.mark.parametrize("spec,shapes", [
-    ("x,c->cx", [(2,), (1,)]),
-    ("x,c->cx", [(2,), (3,)]),
-    ("ab,c->cab", [(2, 3), (4,)]),
-    ("ab,bc->ca", [(2, 3), (3, 4)]),
-    ("bab,cb->bca", [(2, 3, 2), (4, 2)]),
-])
+@pytest.mark.parametrize(
+    "spec,shapes",
+    [
+        ("x,c->cx", [(2,), (1,)]),
+        ("x,c->cx", [(2,), (3,)]),
+        ("ab,c->cab", [(2, 3), (4,)]),
+        ("ab,bc->ca", [(2, 3), (3, 4)]),
+        ("bab,cb->bca", [(2, 3, 2), (4, 2)]),
+    ],
+)
 def test_swapped_operand_order(spec, shapes, rng):
     g = tl.EinsumGraph()
     ins = [g.input(f"i{k}", s) for k, s in enumerate(shapes)]

@@ -29,20 +29,24 @@ def three_threads(monkeypatch):
     monkeypatch.setattr(cpu_threads, "MIN_SPLIT_FLOPS", 0)
 
 
-@pytest.mark.parametrize("a_shape,b_shape", [
-    ((5, 37, 19), (5, 19, 23)),     # batch split (5 >= 3 threads)
-    ((2, 70, 33), (2, 33, 9)),      # rows (m > n), not a multiple of the alignment
-    ((2, 9, 33), (2, 33, 70)),      # columns
-    ((97, 40), (40, 130)),          # 2-D, columns
-    ((130, 40), (40, 97)),          # 2-D, rows
-    ((1, 1), (1, 1)),
-])
+@pytest.mark.parametrize(
+    "a_shape,b_shape",
+    [
+        ((5, 37, 19), (5, 19, 23)),  # batch split (5 >= 3 threads)
+        ((2, 70, 33), (2, 33, 9)),  # rows (m > n), not a multiple of the alignment
+        ((2, 9, 33), (2, 33, 70)),  # columns
+        ((97, 40), (40, 130)),  # 2-D, columns
+        ((130, 40), (40, 97)),  # 2-D, rows
+        ((1, 1), (1, 1)),
+    ],
+)
 def test_parallel_matmul_matches_numpy(three_threads, a_shape, b_shape):
     rng = np.random.default_rng(0)
     a = rng.standard_normal(a_shape).astype(np.float32)
     b = rng.standard_normal(b_shape).astype(np.float32)
-    out = np.empty(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1]),
-                   np.float32)
+    out = np.empty(
+        np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1]), np.float32
+    )
     cpu_threads.parallel_matmul(a, b, out)
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
 
@@ -94,7 +98,7 @@ def _mlp(width=64, batch=96):
     g.output(y, name="y")
     xv = rng.standard_normal((batch, width)).astype(np.float32)
     hv = xv @ w1
-    hv = 0.5 * hv * (1 + np.tanh(0.7978845608028654 * (hv + 0.044715 * hv ** 3)))
+    hv = 0.5 * hv * (1 + np.tanh(0.7978845608028654 * (hv + 0.044715 * hv**3)))
     z = hv @ w2 + xv
     z = np.exp(z - z.max(-1, keepdims=True))
     return g, xv, z / z.sum(-1, keepdims=True)

@@ -59,8 +59,11 @@ def test_ptx_assembles_for_every_op_dtype_and_family(emitted, arch, tmp_path):
     ptxas = _tool("ptxas")
     f = tmp_path / "all.ptx"
     f.write_text(_module(emitted))
-    r = subprocess.run([ptxas, "--gpu-name", arch, str(f), "-o", str(tmp_path / "all.cubin")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [ptxas, "--gpu-name", arch, str(f), "-o", str(tmp_path / "all.cubin")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[:4000]
     assert (tmp_path / "all.cubin").stat().st_size > 0
 
@@ -88,8 +91,11 @@ def test_cuda_c_compiles_with_nvcc(tmp_path):
     ]
     f = tmp_path / "all.cu"
     f.write_text("\n".join(srcs))
-    r = subprocess.run([nvcc, "-arch=sm_90", "-c", str(f), "-o", str(tmp_path / "all.o")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [nvcc, "-arch=sm_90", "-c", str(f), "-o", str(tmp_path / "all.o")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[:4000]
 
 
@@ -137,13 +143,21 @@ def test_register_rows_read_once_with_vector_loads():
     assert src.count("ld.global.nc.v4.f32") == lay.chunks  # the (16, 1) operand: one scalar load
     assert src.count("ld.global.nc.f32") == 1 and src.count("st.global.v4.f32") == lay.chunks
     # a short row: a warp per row, four rows per block, shuffles only
-    small = contiguous_spec(S.Program((), ("in", 0), (4096, 1024), "log_softmax", (1,)), "float32",
-                            [(4096, 1024)])
+    small = contiguous_spec(
+        S.Program((), ("in", 0), (4096, 1024), "log_softmax", (1,)), "float32", [(4096, 1024)]
+    )
     assert S.row_layout(small, 4) == S.RowLayout(32, 4, 4, 8)
     assert "bar.sync" not in ptx.emit(small, "k", 90, vector=True)
     # too long for registers: the multi-pass kernel
-    assert S.row_layout(contiguous_spec(S.Program((), ("in", 0), (2, 70001), "softmax", (1,)),
-                                        "float32", [(2, 70001)]), 1) is None
+    assert (
+        S.row_layout(
+            contiguous_spec(
+                S.Program((), ("in", 0), (2, 70001), "softmax", (1,)), "float32", [(2, 70001)]
+            ),
+            1,
+        )
+        is None
+    )
 
 
 def test_full_reduction_splits_over_blocks():
@@ -220,7 +234,7 @@ def _layouts(draw):
     shapes = []
     for _ in range(draw(st.integers(1, 3))):
         r = draw(st.integers(0, rank))
-        shapes.append(tuple(1 if draw(st.booleans()) else d for d in space[rank - r:]))
+        shapes.append(tuple(1 if draw(st.booleans()) else d for d in space[rank - r :]))
     axes = tuple(sorted(draw(st.sets(st.integers(0, rank - 1), min_size=1))))
     return space, shapes, axes
 
@@ -254,18 +268,22 @@ def test_layout_offsets_match_numpy_broadcasting(layout):
 
 
 def test_codegen_modules_import_without_cupy():
-    code = ("import sys; sys.modules['cupy'] = None\n"
-            "import tensorlogic\n"
-            "from tensorlogic.backends.cupy import spec, ptx, ptx_math, cuda_c, cache\n"
-            "import tensorlogic.backends as b; assert 'cupy' in b.registered_backends()\n")
+    code = (
+        "import sys; sys.modules['cupy'] = None\n"
+        "import tensorlogic\n"
+        "from tensorlogic.backends.cupy import spec, ptx, ptx_math, cuda_c, cache\n"
+        "import tensorlogic.backends as b; assert 'cupy' in b.registered_backends()\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
 
 def test_cupy_factory_without_cupy_raises_backend_error():
-    code = ("import sys; sys.modules['cupy'] = None\n"
-            "import tensorlogic as tl\n"
-            "try:\n    tl.get_backend('cupy')\nexcept tl.BackendError as e:\n    print('ok', e)\n")
+    code = (
+        "import sys; sys.modules['cupy'] = None\n"
+        "import tensorlogic as tl\n"
+        "try:\n    tl.get_backend('cupy')\nexcept tl.BackendError as e:\n    print('ok', e)\n"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.startswith("ok"), r.stderr
 
@@ -285,12 +303,13 @@ def test_epilogue_kernels_load_their_operands_at_the_store():
     """The epilogue's operands are read once, where the row is written: gamma and the
     residual with one 16-byte load per chunk, after the row's reductions."""
     from cupy_cases import epilogue_program, epilogue_shapes
+
     prog = epilogue_program("layer_norm", (64, 1024), 1, prologue=False)
     spec = contiguous_spec(prog, "float32", epilogue_shapes((64, 1024), 1))
     assert spec.prologue_inputs() == {0} and spec.epilogue_inputs() == {1, 2}
     lay = S.row_layout(spec, 4)
     src = ptx.emit(spec, "k", 90, vector=True)
-    body = src[src.index("shfl.sync"):]
+    body = src[src.index("shfl.sync") :]
     assert src.count("ld.global.nc.v4.f32") == 3 * lay.chunks
     assert body.count("ld.global.nc.v4.f32") == 2 * lay.chunks  # after the first reduction
     assert src.count("st.global.v4.f32") == lay.chunks
@@ -302,21 +321,36 @@ def test_epilogue_kernels_load_their_operands_at_the_store():
 @pytest.mark.parametrize("mode", ["wait", "trigger"])
 def test_pdl_kernels_assemble_for_sm_90(mode, tmp_path):
     from cupy_cases import epilogue_cases
+
     specs = [s for n, s in all_cases() if n.endswith("float32")][:12] + [
-        s for n, s in epilogue_cases() if n.endswith("float32")]
+        s for n, s in epilogue_cases() if n.endswith("float32")
+    ]
     srcs = [ptx.emit(s, f"k{j}", 90, pdl=mode) for j, s in enumerate(specs)]
     assert all("griddepcontrol.wait;" in t for t in srcs)
     assert all(("griddepcontrol.launch_dependents;" in t) == (mode == "trigger") for t in srcs)
     f = tmp_path / "pdl.ptx"
     f.write_text(_module(srcs))
-    r = subprocess.run([_tool("ptxas"), "--gpu-name", "sm_90", str(f), "-o",
-                        str(tmp_path / "pdl.cubin")], capture_output=True, text=True)
+    r = subprocess.run(
+        [_tool("ptxas"), "--gpu-name", "sm_90", str(f), "-o", str(tmp_path / "pdl.cubin")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[:4000]
     cu = tmp_path / "pdl.cu"
-    cu.write_text("\n".join([cuda_c.render(specs[0], "k0", pdl=mode)] + [
-        cuda_c.render(s, f"k{j}", prelude=False, pdl=mode) for j, s in enumerate(specs[1:], 1)]))
-    r = subprocess.run([_tool("nvcc"), "-arch=sm_90", "-c", str(cu), "-o", str(tmp_path / "p.o")],
-                       capture_output=True, text=True)
+    cu.write_text(
+        "\n".join(
+            [cuda_c.render(specs[0], "k0", pdl=mode)]
+            + [
+                cuda_c.render(s, f"k{j}", prelude=False, pdl=mode)
+                for j, s in enumerate(specs[1:], 1)
+            ]
+        )
+    )
+    r = subprocess.run(
+        [_tool("nvcc"), "-arch=sm_90", "-c", str(cu), "-o", str(tmp_path / "p.o")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[:4000]
     with pytest.raises(BackendError, match="sm >= 90"):
         ptx.emit(specs[0], "k", 80, pdl=mode)
@@ -325,24 +359,36 @@ def test_pdl_kernels_assemble_for_sm_90(mode, tmp_path):
 def test_pdl_launch_structs_match_cuda_h(tmp_path):
     """The ctypes mirrors of CUlaunchAttribute / CUlaunchConfig have cuda.h's layout."""
     import ctypes
-    from tensorlogic.backends.cupy.pdl import (PROGRAMMATIC_STREAM_SERIALIZATION,
-                                               LaunchAttribute, LaunchConfig)
+    from tensorlogic.backends.cupy.pdl import (
+        PROGRAMMATIC_STREAM_SERIALIZATION,
+        LaunchAttribute,
+        LaunchConfig,
+    )
+
     src = tmp_path / "layout.c"
     src.write_text(
         "#include <cuda.h>\n#include <stdio.h>\n#include <stddef.h>\n"
-        "int main(void) { printf(\"%zu %zu %zu %zu %zu %zu %d\\n\", sizeof(CUlaunchAttribute),"
+        'int main(void) { printf("%zu %zu %zu %zu %zu %zu %d\\n", sizeof(CUlaunchAttribute),'
         " offsetof(CUlaunchAttribute, value), sizeof(CUlaunchConfig),"
         " offsetof(CUlaunchConfig, hStream), offsetof(CUlaunchConfig, attrs),"
         " offsetof(CUlaunchConfig, numAttrs),"
-        " (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION); return 0; }\n")
+        " (int)CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION); return 0; }\n"
+    )
     exe = tmp_path / "layout"
-    r = subprocess.run([_tool("nvcc"), "-x", "c", str(src), "-o", str(exe)], capture_output=True,
-                       text=True)
+    r = subprocess.run(
+        [_tool("nvcc"), "-x", "c", str(src), "-o", str(exe)], capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr[:2000]
     got = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
-    mine = [ctypes.sizeof(LaunchAttribute), LaunchAttribute.value.offset,
-            ctypes.sizeof(LaunchConfig), LaunchConfig.hStream.offset, LaunchConfig.attrs.offset,
-            LaunchConfig.numAttrs.offset, PROGRAMMATIC_STREAM_SERIALIZATION]
+    mine = [
+        ctypes.sizeof(LaunchAttribute),
+        LaunchAttribute.value.offset,
+        ctypes.sizeof(LaunchConfig),
+        LaunchConfig.hStream.offset,
+        LaunchConfig.attrs.offset,
+        LaunchConfig.numAttrs.offset,
+        PROGRAMMATIC_STREAM_SERIALIZATION,
+    ]
     assert [int(v) for v in got] == mine
 
 
@@ -352,12 +398,13 @@ def test_launch_variants_of_every_case(pdl):
     each with a positive geometry (row kernels: the block the code was emitted for)."""
     from cupy_cases import epilogue_cases
     from tensorlogic.backends.cupy import launch
+
     for name, spec in all_cases() + epilogue_cases():
         var = launch.variants(spec, 132, pdl)
         assert [v.vector for v in var] == ([False, True] if ptx.vector_width(spec) else [False])
         for v in var:
             assert v.grid >= 1 and 32 <= v.block <= 1024, name
-            assert v.pdl == ((("trigger" if v.grid <= 132 else "wait")) if pdl else "")
+            assert v.pdl == (("trigger" if v.grid <= 132 else "wait") if pdl else "")
             src = ptx.emit(spec, "k", 90, vector=v.vector, pdl=v.pdl)
             if ".maxntid" in src:  # the block the kernel was emitted for is the launch block
                 assert f".maxntid {v.block}, 1, 1" in src, name

@@ -15,8 +15,11 @@ from tensorlogic.ir.fused import FusedBody, FusedOp
 pytestmark = pytest.mark.gpu
 
 POSITIVE = {"log", "sqrt", "reciprocal", "pow", "div"}
-TOL = {"float32": dict(rtol=2e-5, atol=2e-5), "float64": dict(rtol=1e-12, atol=1e-12),
-       "float16": dict(rtol=2e-3, atol=2e-3)}
+TOL = {
+    "float32": dict(rtol=2e-5, atol=2e-5),
+    "float64": dict(rtol=1e-12, atol=1e-12),
+    "float16": dict(rtol=2e-3, atol=2e-3),
+}
 
 
 def _data(rng, shape, dtype, positive=False):
@@ -50,10 +53,20 @@ def test_every_elementwise_op(op, dtype, codegen, rng):
 @pytest.mark.parametrize("codegen", ["ptx", "cuda"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("tail", ops.REDUCTIONS + ops.ROW_OPS)
-@pytest.mark.parametrize("shape,axis", [((64, 1000), 1), ((300, 5, 7), 1), ((17, 300), 0),
-                                        ((6, 10, 20), (0, 2)), ((5, 3000), None),
-                                        ((50, 999), 1), ((96, 4096), 1), ((3, 70001), 1),
-                                        ((1 << 20,), None)])
+@pytest.mark.parametrize(
+    "shape,axis",
+    [
+        ((64, 1000), 1),
+        ((300, 5, 7), 1),
+        ((17, 300), 0),
+        ((6, 10, 20), (0, 2)),
+        ((5, 3000), None),
+        ((50, 999), 1),
+        ((96, 4096), 1),
+        ((3, 70001), 1),
+        ((1 << 20,), None),
+    ],
+)
 def test_reductions_and_row_ops(tail, dtype, codegen, shape, axis, rng):
     if tail in ops.ROW_OPS and not isinstance(axis, int):
         pytest.skip("row ops take one axis")
@@ -89,8 +102,9 @@ def _fused_graph(dtype, space=(96, 513), tail=None, axes=()):
         shape = tuple(d for k, d in enumerate(space) if k not in axes)
     else:
         shape = space
-    nid = g.add_node(ops.FUSED, None, [a.id, b.id, c.id], {"body": body.to_args()}, shape=shape,
-                     dtype=dtype)
+    nid = g.add_node(
+        ops.FUSED, None, [a.id, b.id, c.id], {"body": body.to_args()}, shape=shape, dtype=dtype
+    )
     g.output(g.tensor(nid), "y")
     return g, body
 
@@ -118,28 +132,45 @@ def _fused_ref(body, inputs):
             return shifted - lse
         return (lse + m) if kd else (lse + m).squeeze(axes)
     return {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod}[
-        body.tail](v, axis=axes, keepdims=kd)
+        body.tail
+    ](v, axis=axes, keepdims=kd)
 
 
 @pytest.mark.parametrize("codegen", ["ptx", "cuda"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("tail,axes", [(None, ()), ("sum", (1,)), ("max", (0,)), ("softmax", (1,)),
-                                       ("log_softmax", (0,)), ("logsumexp", (1,))])
+@pytest.mark.parametrize(
+    "tail,axes",
+    [
+        (None, ()),
+        ("sum", (1,)),
+        ("max", (0,)),
+        ("softmax", (1,)),
+        ("log_softmax", (0,)),
+        ("logsumexp", (1,)),
+    ],
+)
 def test_fused_nodes_with_broadcast_operands(dtype, codegen, tail, axes, rng):
     g, body = _fused_graph(dtype, tail=tail, axes=axes)
-    inputs = {"a": _data(rng, (96, 513), dtype), "b": _data(rng, (513,), dtype),
-              "c": _data(rng, (96, 1), dtype)}
+    inputs = {
+        "a": _data(rng, (96, 513), dtype),
+        "b": _data(rng, (513,), dtype),
+        "c": _data(rng, (96, 1), dtype),
+    }
     ref = _fused_ref(body, [inputs["a"], inputs["b"], inputs["c"]])
     got = tl.compile(g, backend="cupy", opt_level=0, codegen=codegen, cuda_graph=False)(**inputs)
-    np.testing.assert_allclose(_host(got["y"]), ref, rtol=TOL[dtype]["rtol"] * 10,
-                               atol=TOL[dtype]["atol"] * 30)
+    np.testing.assert_allclose(
+        _host(got["y"]), ref, rtol=TOL[dtype]["rtol"] * 10, atol=TOL[dtype]["atol"] * 30
+    )
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_ptx_and_cuda_c_paths_agree(dtype, rng):
     g, _ = _fused_graph(dtype, tail="softmax", axes=(1,))
-    inputs = {"a": _data(rng, (96, 513), dtype), "b": _data(rng, (513,), dtype),
-              "c": _data(rng, (96, 1), dtype)}
+    inputs = {
+        "a": _data(rng, (96, 513), dtype),
+        "b": _data(rng, (513,), dtype),
+        "c": _data(rng, (96, 1), dtype),
+    }
     p = tl.compile(g, backend="cupy", codegen="ptx", cuda_graph=False)(**inputs, to_host=True)
     c = tl.compile(g, backend="cupy", codegen="cuda", cuda_graph=False)(**inputs, to_host=True)
     np.testing.assert_allclose(p["y"], c["y"], rtol=TOL[dtype]["rtol"], atol=TOL[dtype]["atol"])
@@ -151,8 +182,9 @@ def test_float16_storage(rng):
     g.output(g.softmax(g.gelu(x)), "y")
     data = _data(rng, (64, 300), "float16")
     ref, got = _both(g, {"x": data}, cuda_graph=False)
-    np.testing.assert_allclose(_host(got["y"]).astype(np.float32), ref["y"].astype(np.float32),
-                               rtol=1e-2, atol=1e-3)
+    np.testing.assert_allclose(
+        _host(got["y"]).astype(np.float32), ref["y"].astype(np.float32), rtol=1e-2, atol=1e-3
+    )
 
 
 def test_einsum_through_cublas_and_transposed_views(rng):
@@ -188,8 +220,12 @@ def test_inputs_cupy_dlpack_and_outputs(rng):
             return self.a.__dlpack_device__()
 
     expect = np.exp(data) * 2
-    for given in (data, cupy.asarray(data), Foreign(cupy.asarray(data)),
-                  cupy.asfortranarray(cupy.asarray(data))):
+    for given in (
+        data,
+        cupy.asarray(data),
+        Foreign(cupy.asarray(data)),
+        cupy.asfortranarray(cupy.asarray(data)),
+    ):
         out = plan(x=given)["y"]
         assert isinstance(out, cupy.ndarray)
         np.testing.assert_allclose(out.get(), expect, rtol=1e-5)
@@ -229,8 +265,10 @@ def test_cuda_graph_replay_with_changing_inputs(rng):
 
 @pytest.mark.parametrize("codegen", ["ptx", "cuda"])
 @pytest.mark.parametrize("tail", ["max", "min", "sum", "logsumexp", "softmax"])
-@pytest.mark.parametrize("shape,axis", [((64, 1000), 1), ((50, 999), 1), ((17, 300), 0),
-                                        ((2, 100000), 1), ((3, 70001), 1)])
+@pytest.mark.parametrize(
+    "shape,axis",
+    [((64, 1000), 1), ((50, 999), 1), ((17, 300), 0), ((2, 100000), 1), ((3, 70001), 1)],
+)
 def test_nan_propagates_like_numpy(tail, shape, axis, codegen, rng):
     """A NaN in a reduced row gives NaN (numpy's max/min propagate it; PTX max/min drop it)."""
     data = rng.standard_normal(shape).astype(np.float32)
@@ -265,8 +303,14 @@ def test_contractions_are_captured_in_cuda_graphs(rng):
     g.output(g.einsum("ij,kj->ik", b, b), "bbt")
     plan = tl.compile(g, backend="cupy", opt_level=0, cuda_graph=True)
     ref = tl.compile(g, backend="numpy", opt_level=0)
-    shapes = {"q": (2, 3, 64, 32), "k": (2, 3, 64, 32), "v": (2, 3, 64, 32), "a": (40, 50),
-              "b": (50, 60), "c": (60, 30)}
+    shapes = {
+        "q": (2, 3, 64, 32),
+        "k": (2, 3, 64, 32),
+        "v": (2, 3, 64, 32),
+        "a": (40, 50),
+        "b": (50, 60),
+        "c": (60, 30),
+    }
     held = []
     for _ in range(4):
         inputs = {n: _data(rng, sh, "float32") for n, sh in shapes.items()}
@@ -288,8 +332,10 @@ def test_threads_share_a_plan(rng):
     g.output(g.softmax(g.einsum("ij,jk->ik", g.tanh(x), w)) * 2.0, "y")
     plan = tl.compile(g, backend="cupy", cuda_graph=False)
     ref = tl.compile(g, backend="numpy")
-    inputs = [{"x": _data(rng, (64, 256), "float32"), "w": _data(rng, (256, 128), "float32")}
-              for _ in range(8)]
+    inputs = [
+        {"x": _data(rng, (64, 256), "float32"), "w": _data(rng, (256, 128), "float32")}
+        for _ in range(8)
+    ]
 
     def work(i):
         return [plan(**inputs[i], to_host=True)["y"] for _ in range(10)]
@@ -315,8 +361,9 @@ def test_plan_that_cannot_be_captured_falls_back_and_says_so(rng, monkeypatch):
     ref = tl.compile(g, backend="numpy")
     for _ in range(3):
         inputs = {"x": _data(rng, (16, 32), "float32"), "w": _data(rng, (32, 8), "float32")}
-        np.testing.assert_allclose(plan(**inputs, to_host=True)["y"], ref(**inputs)["y"],
-                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            plan(**inputs, to_host=True)["y"], ref(**inputs)["y"], rtol=1e-4, atol=1e-5
+        )
     assert plan.concrete.runner.graph is None
     assert "cuda graph: off (capture failed, stream launches" in str(plan)
 
@@ -351,19 +398,22 @@ def test_out_of_memory_is_a_memory_budget_error_and_the_pool_stays_usable(rng):
     x2 = g2.input("x", (10, 10))
     g2.output(g2.exp(x2), "y")
     data = _data(rng, (10, 10), "float32")
-    np.testing.assert_allclose(tl.compile(g2, backend="cupy")(x=data, to_host=True)["y"],
-                               np.exp(data), rtol=1e-5)
+    np.testing.assert_allclose(
+        tl.compile(g2, backend="cupy")(x=data, to_host=True)["y"], np.exp(data), rtol=1e-5
+    )
 
 
 def test_kernel_cache_across_processes(tmp_path):
-    code = ("import numpy as np, tensorlogic as tl\n"
-            "from tensorlogic.backends.cupy.cache import KernelCache\n"
-            "g = tl.EinsumGraph(); x = g.input('x', (33, 77))\n"
-            "g.output(g.log_softmax(g.sigmoid(x) * 3.0), 'y')\n"
-            "be = tl.get_backend('cupy')\n"
-            "p = tl.compile(g, backend='cupy', opt_level=0)\n"
-            "p(x=np.ones((33, 77), np.float32))\n"
-            "s = be.cache.stats; print('STATS', s.hits, s.misses)\n")
+    code = (
+        "import numpy as np, tensorlogic as tl\n"
+        "from tensorlogic.backends.cupy.cache import KernelCache\n"
+        "g = tl.EinsumGraph(); x = g.input('x', (33, 77))\n"
+        "g.output(g.log_softmax(g.sigmoid(x) * 3.0), 'y')\n"
+        "be = tl.get_backend('cupy')\n"
+        "p = tl.compile(g, backend='cupy', opt_level=0)\n"
+        "p(x=np.ones((33, 77), np.float32))\n"
+        "s = be.cache.stats; print('STATS', s.hits, s.misses)\n"
+    )
     env = {**__import__("os").environ, "TL_CACHE_DIR": str(tmp_path)}
     first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
@@ -385,20 +435,34 @@ def test_profiler_event_hooks():
 
 
 # ------------------------------------------------------------------ row-op epilogues
-EPILOGUE_LAYOUTS = [((64, 1000), 1), ((50, 999), 1), ((4, 50000), 1), ((300, 5, 7), 1),
-                    ((16384, 64), 1), ((8, 4096), 1), ((6, 16384), 1)]
+EPILOGUE_LAYOUTS = [
+    ((64, 1000), 1),
+    ((50, 999), 1),
+    ((4, 50000), 1),
+    ((300, 5, 7), 1),
+    ((16384, 64), 1),
+    ((8, 4096), 1),
+    ((6, 16384), 1),
+]
 
 
 def _epilogue_graph(tail, space, axis, dtype, prologue):
     """A FUSED node: tail over tanh(x) (or x), then * gamma + residual - 0.125."""
     from cupy_cases import EPILOGUE, epilogue_shapes
+
     g = tl.EinsumGraph()
     shapes = epilogue_shapes(space, axis)
     ins = [g.input(n, s, dtype) for n, s in zip(("x", "gamma", "r"), shapes)]
     instrs = (FusedOp("tanh", (("in", 0),)),) if prologue else ()
     body = FusedBody(instrs, tuple(space), tail, (axis,), epilogue=EPILOGUE)
-    nid = g.add_node(ops.FUSED, None, [t.id for t in ins], {"body": body.to_args()},
-                     shape=tuple(space), dtype=dtype)
+    nid = g.add_node(
+        ops.FUSED,
+        None,
+        [t.id for t in ins],
+        {"body": body.to_args()},
+        shape=tuple(space),
+        dtype=dtype,
+    )
     g.output(g.tensor(nid), "y")
     return g, shapes
 
@@ -409,25 +473,32 @@ def _epilogue_graph(tail, space, axis, dtype, prologue):
 @pytest.mark.parametrize("prologue", [True, False])
 def test_row_op_epilogues_ptx_cuda_c_and_numpy_agree(tail, space, axis, dtype, prologue, rng):
     from cupy_cases import epilogue_reference
+
     g, shapes = _epilogue_graph(tail, space, axis, dtype, prologue)
     inputs = {n: _data(rng, s, dtype) for n, s in zip(("x", "gamma", "r"), shapes)}
     ref = tl.compile(g, backend="numpy", opt_level=0)(**inputs)["y"]
-    np.testing.assert_allclose(ref, epilogue_reference(tail, *inputs.values(), axis, prologue),
-                               rtol=TOL[dtype]["rtol"] * 10, atol=TOL[dtype]["atol"] * 30)
+    np.testing.assert_allclose(
+        ref,
+        epilogue_reference(tail, *inputs.values(), axis, prologue),
+        rtol=TOL[dtype]["rtol"] * 10,
+        atol=TOL[dtype]["atol"] * 30,
+    )
     tol = dict(rtol=TOL[dtype]["rtol"] * 10, atol=TOL[dtype]["atol"] * 30)
     outs = {}
     for cg in ("ptx", "cuda"):
         plan = tl.compile(g, backend="cupy", opt_level=0, codegen=cg, cuda_graph=False)
         outs[cg] = plan(**inputs, to_host=True)["y"]
         np.testing.assert_allclose(outs[cg], ref, err_msg=cg, **tol)
-    np.testing.assert_allclose(outs["ptx"], outs["cuda"], rtol=TOL[dtype]["rtol"] * 10,
-                               atol=TOL[dtype]["atol"] * 10)
+    np.testing.assert_allclose(
+        outs["ptx"], outs["cuda"], rtol=TOL[dtype]["rtol"] * 10, atol=TOL[dtype]["atol"] * 10
+    )
 
 
 @pytest.mark.parametrize("codegen", ["ptx", "cuda"])
 def test_epilogue_operands_off_16_byte_alignment(codegen, rng):
     """Operands at an odd element offset: the scalar variant runs, with the same result."""
     import cupy
+
     g, shapes = _epilogue_graph("layer_norm", (64, 1024), 1, "float32", False)
     data = {n: _data(rng, s, "float32") for n, s in zip(("x", "gamma", "r"), shapes)}
     ref = tl.compile(g, backend="numpy", opt_level=0)(**data)["y"]
@@ -442,6 +513,7 @@ def test_epilogue_operands_off_16_byte_alignment(codegen, rng):
 
 def test_layer_norm_affine_at_o2_is_one_kernel_and_replays(rng):
     import cupy
+
     g = tl.EinsumGraph()
     x = g.input("x", (512, 768))
     w, b = (rng.standard_normal(768).astype(np.float32) for _ in range(2))
@@ -451,13 +523,15 @@ def test_layer_norm_affine_at_o2_is_one_kernel_and_replays(rng):
     for _ in range(3):  # warm-up, capture, replays with changing inputs
         data = rng.standard_normal((512, 768)).astype(np.float32)
         want = tl.compile(g, backend="numpy", opt_level=0)(x=data)["y"]
-        np.testing.assert_allclose(plan(x=cupy.asarray(data), to_host=True)["y"], want,
-                                   rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(
+            plan(x=cupy.asarray(data), to_host=True)["y"], want, rtol=1e-4, atol=1e-4
+        )
 
 
 # ------------------------------------------------------------------ programmatic dependent launch
 def _needs_sm90():
     import cupy
+
     if int(cupy.cuda.Device().compute_capability) < 90:
         pytest.skip("programmatic dependent launch needs compute capability 9.0")
 
@@ -483,18 +557,21 @@ def _mixed_graph():
 @pytest.mark.parametrize("opt_level", [0, 2])
 def test_pdl_graph_replay_with_changing_inputs(codegen, opt_level, rng):
     import cupy
+
     _needs_sm90()
     g = _mixed_graph()
-    plan = tl.compile(g, backend="cupy", opt_level=opt_level, codegen=codegen, cuda_graph=True,
-                      pdl=True)
+    plan = tl.compile(
+        g, backend="cupy", opt_level=opt_level, codegen=codegen, cuda_graph=True, pdl=True
+    )
     ref = tl.compile(g, backend="numpy", opt_level=0)
     for call in range(5):  # warm-up, capture, then replays
         data = {"x": _data(rng, (64, 64), "float32"), "w": _data(rng, (64, 64), "float32") / 8}
         want = ref(**data)
         got = plan(**{k: cupy.asarray(v) for k, v in data.items()}, to_host=True)
         for name in want:
-            np.testing.assert_allclose(got[name], want[name], rtol=2e-4, atol=2e-4,
-                                       err_msg=f"call {call} {name}")
+            np.testing.assert_allclose(
+                got[name], want[name], rtol=2e-4, atol=2e-4, err_msg=f"call {call} {name}"
+            )
     runner = plan.concrete.runner
     assert runner.graph is not None and runner.replays >= 3
     assert "programmatic dependent launch" in str(plan)
@@ -502,6 +579,7 @@ def test_pdl_graph_replay_with_changing_inputs(codegen, opt_level, rng):
 
 def test_pdl_needs_hopper_and_a_bool():
     import cupy
+
     g = _mixed_graph()
     with pytest.raises(tl.TensorLogicError, match="pdl must be True or False"):
         tl.compile(g, backend="cupy", pdl="yes")
@@ -549,5 +627,6 @@ def test_direct_call_of_one_kernel_plans_and_its_fallbacks(rng):
     p2 = tl.compile(g2, backend="cupy", opt_level=0, cache=False)
     v = rng.standard_normal(1 << 20).astype(np.float32)
     assert p2._direct is None
-    np.testing.assert_allclose(float(p2(v=cp.asarray(v))["s"]), float(v.astype(np.float64).sum()),
-                               rtol=1e-4)
+    np.testing.assert_allclose(
+        float(p2(v=cp.asarray(v))["s"]), float(v.astype(np.float64).sum()), rtol=1e-4
+    )

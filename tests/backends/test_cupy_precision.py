@@ -56,8 +56,10 @@ def test_every_elementwise_op_16bit(op, dtype, codegen, rng):
 @pytest.mark.parametrize("codegen", ["ptx", "cuda"])
 @pytest.mark.parametrize("dtype", HALF)
 @pytest.mark.parametrize("tail", ops.REDUCTIONS + ops.ROW_OPS)
-@pytest.mark.parametrize("shape,axis", [((64, 1000), 1), ((17, 300), 0), ((96, 4096), 1),
-                                        ((3, 70001), 1), ((1 << 20,), None)])
+@pytest.mark.parametrize(
+    "shape,axis",
+    [((64, 1000), 1), ((17, 300), 0), ((96, 4096), 1), ((3, 70001), 1), ((1 << 20,), None)],
+)
 def test_reductions_and_row_ops_16bit(tail, dtype, codegen, shape, axis, rng):
     if tail in ops.ROW_OPS and axis is None:
         pytest.skip("row ops take one axis")
@@ -85,24 +87,28 @@ def test_long_sums_accumulate_in_float32(dtype):
     g.output(g.einsum("ij->i", x), "e")
     f = g.input("f", (1 << 16,), dtype)
     g.output(g.sum(f * 0.0625), "full")  # one long row: a split reduction
-    out = tl.compile(g, backend="cupy")(x=np.ones((5, 8192), dtype),
-                                         f=np.ones(1 << 16, dtype), to_host=True)
+    out = tl.compile(g, backend="cupy")(
+        x=np.ones((5, 8192), dtype), f=np.ones(1 << 16, dtype), to_host=True
+    )
     np.testing.assert_array_equal(out["s"].astype(np.float32), 8192.0)
     np.testing.assert_array_equal(out["e"].astype(np.float32), 8192.0)
     assert float(out["full"]) == 4096.0
 
 
 @pytest.mark.parametrize("dtype", HALF)
-@pytest.mark.parametrize("spec,shapes", [
-    ("ik,kj->ij", [(300, 200), (200, 100)]),
-    ("bik,bkj->bij", [(4, 64, 96), (4, 96, 32)]),
-    ("ki,jk->ij", [(200, 300), (100, 200)]),          # transposed operands: cuBLAS flags
-    ("bhqd,bhkd->bhqk", [(2, 4, 64, 32), (2, 4, 64, 32)]),
-    ("bsd,de->bse", [(3, 50, 64), (64, 48)]),
-    ("ij,jk,kl->il", [(40, 50), (50, 60), (60, 30)]),
-    ("iij,jk->ik", [(20, 20, 30), (30, 10)]),          # a diagonal: widened to float32
-    ("ij,ij->", [(64, 64), (64, 64)]),                 # a full inner product
-])
+@pytest.mark.parametrize(
+    "spec,shapes",
+    [
+        ("ik,kj->ij", [(300, 200), (200, 100)]),
+        ("bik,bkj->bij", [(4, 64, 96), (4, 96, 32)]),
+        ("ki,jk->ij", [(200, 300), (100, 200)]),  # transposed operands: cuBLAS flags
+        ("bhqd,bhkd->bhqk", [(2, 4, 64, 32), (2, 4, 64, 32)]),
+        ("bsd,de->bse", [(3, 50, 64), (64, 48)]),
+        ("ij,jk,kl->il", [(40, 50), (50, 60), (60, 30)]),
+        ("iij,jk->ik", [(20, 20, 30), (30, 10)]),  # a diagonal: widened to float32
+        ("ij,ij->", [(64, 64), (64, 64)]),  # a full inner product
+    ],
+)
 def test_contractions_16bit_on_cublas(dtype, spec, shapes, rng):
     arrays = [_data(rng, s, dtype) for s in shapes]
     g = tl.EinsumGraph()
@@ -136,13 +142,24 @@ def test_tf32_is_an_option_and_default_is_exact(rng):
         tl.compile(g, backend="cupy", matmul_precision="fast")
 
 
-@pytest.mark.parametrize("src,dst", [("float32", "bfloat16"), ("bfloat16", "float32"),
-                                     ("float64", "bfloat16"), ("bfloat16", "float64"),
-                                     ("float16", "bfloat16"), ("bfloat16", "float16")])
+@pytest.mark.parametrize(
+    "src,dst",
+    [
+        ("float32", "bfloat16"),
+        ("bfloat16", "float32"),
+        ("float64", "bfloat16"),
+        ("bfloat16", "float64"),
+        ("float16", "bfloat16"),
+        ("bfloat16", "float16"),
+    ],
+)
 def test_casts_round_to_nearest_even(src, dst, rng):
-    v = np.concatenate([np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), np.inf, -np.inf,
-                                  np.nan, 0.0, -0.0]),
-                        rng.standard_normal(1000) * 100]).astype(src)
+    v = np.concatenate(
+        [
+            np.array([1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), np.inf, -np.inf, np.nan, 0.0, -0.0]),
+            rng.standard_normal(1000) * 100,
+        ]
+    ).astype(src)
     g = tl.EinsumGraph()
     g.output(g.cast(g.input("x", v.shape, src), dst), "y")
     got = tl.compile(g, backend="cupy")(x=v, to_host=True)["y"]
@@ -169,15 +186,16 @@ def _encoder_block(rng, d=64, heads=4, s=128):
     x = g.input("x", ("B", s, d))
 
     def w(shape, name, scale=None):
-        return g.constant((rng.standard_normal(shape) * (scale or shape[0] ** -0.5))
-                          .astype(np.float32), name=name)
+        return g.constant(
+            (rng.standard_normal(shape) * (scale or shape[0] ** -0.5)).astype(np.float32), name=name
+        )
 
-    qkv = g.einsum("bsd,tdhe->tbhse", x, w((3, d, heads, dh), "wqkv", d ** -0.5))
+    qkv = g.einsum("bsd,tdhe->tbhse", x, w((3, d, heads, dh), "wqkv", d**-0.5))
     q = g.einsum("tbhse,t->bhse", qkv, g.constant(np.array([1, 0, 0], np.float32)))
     k = g.einsum("tbhse,t->bhse", qkv, g.constant(np.array([0, 1, 0], np.float32)))
     v = g.einsum("tbhse,t->bhse", qkv, g.constant(np.array([0, 0, 1], np.float32)))
-    att = g.softmax(g.einsum("bhqe,bhke->bhqk", q, k) * (dh ** -0.5), axis=-1)
-    o = g.einsum("bhqk,bhke,hed->bqd", att, v, w((heads, dh, d), "wo", d ** -0.5))
+    att = g.softmax(g.einsum("bhqe,bhke->bhqk", q, k) * (dh**-0.5), axis=-1)
+    o = g.einsum("bhqk,bhke,hed->bqd", att, v, w((heads, dh, d), "wo", d**-0.5))
     h = g.layer_norm(o + x, axis=-1) * w((d,), "g1", 1.0) + w((d,), "b1", 0.1)
     m = g.gelu(g.einsum("bsd,df->bsf", h, w((d, 4 * d), "w1")) + w((4 * d,), "c1", 0.1))
     m = g.einsum("bsf,fd->bsd", m, w((4 * d, d), "w2")) + w((d,), "c2", 0.1)

@@ -9,8 +9,9 @@ from hypothesis import given, settings, strategies as st
 from tensorlogic.backends import gemm_numba
 from tensorlogic.backends.numpy import threads as cpu_threads
 
-pytestmark = pytest.mark.skipif(not gemm_numba.available(),
-                                reason="numpy's BLAS exports no CBLAS gemm under a known name")
+pytestmark = pytest.mark.skipif(
+    not gemm_numba.available(), reason="numpy's BLAS exports no CBLAS gemm under a known name"
+)
 
 
 def _operands(rng, nb, m, n, k, ta, tb, dtype):
@@ -21,8 +22,9 @@ def _operands(rng, nb, m, n, k, ta, tb, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("ta,tb", [(0, 0), (1, 0), (0, 1), (1, 1)])
-@pytest.mark.parametrize("nb,m,n,k,parts", [(1, 67, 130, 33, 4), (3, 40, 9, 70, 5),
-                                            (5, 1, 17, 8, 3), (2, 129, 1, 5, 7)])
+@pytest.mark.parametrize(
+    "nb,m,n,k,parts", [(1, 67, 130, 33, 4), (3, 40, 9, 70, 5), (5, 1, 17, 8, 3), (2, 129, 1, 5, 7)]
+)
 def test_split_matches_numpy(rng, dtype, ta, tb, nb, m, n, k, parts):
     a, b = _operands(rng, nb, m, n, k, ta, tb, dtype)
     out = np.full((nb, m, n), np.nan, dtype)
@@ -48,8 +50,7 @@ def test_broadcast_and_strided_operands(rng):
 
 
 @settings(max_examples=60, deadline=None)
-@given(nb=st.integers(1, 5), m=st.integers(1, 300), n=st.integers(1, 300),
-       parts=st.integers(1, 40))
+@given(nb=st.integers(1, 5), m=st.integers(1, 300), n=st.integers(1, 300), parts=st.integers(1, 40))
 def test_grid_covers_every_element_once(nb, m, n, parts):
     blocks = gemm_numba.grid(nb, m, n, parts)
     seen = np.zeros((nb, m, n), np.int32)

@@ -35,7 +35,7 @@ def test_bfloat16_is_a_dtype_everywhere():
     assert dtypes.normalize("bfloat16") == "bfloat16"
     assert dtypes.normalize(ml_dtypes.bfloat16) == "bfloat16"
     assert dtypes.is_float(BF16) and not dtypes.is_float(np.int32)
-    assert dtypes.eps("bfloat16") == 2.0 ** -7
+    assert dtypes.eps("bfloat16") == 2.0**-7
     # as JAX places it: with float16 neither holds the other
     assert dtypes.promote("bfloat16", "float16") == "float32"
     assert dtypes.promote("bfloat16", "float32") == "float32"
@@ -116,12 +116,15 @@ def test_row_ops_and_fused_groups(backend, dtype, rng):
         out = tl.compile(g, backend=backend, opt_level=level)(x=x, g=gam)
         xf, gf = x.astype(np.float64), gam.astype(np.float64)
         h = 1.5 * xf + 0.25
-        h = 0.5 * h * (1 + np.tanh(0.7978845608028654 * (h + 0.044715 * h ** 3)))
+        h = 0.5 * h * (1 + np.tanh(0.7978845608028654 * (h + 0.044715 * h**3)))
         mu = h.mean(-1, keepdims=True)
         ln = (h - mu) / np.sqrt(((h - mu) ** 2).mean(-1, keepdims=True) + 1e-5) * gf + xf
         e = np.exp(xf - xf.max(-1, keepdims=True))
-        for name, want in (("ln", ln), ("sm", e / e.sum(-1, keepdims=True)),
-                           ("lse", np.log(np.exp(xf).sum(-1)))):
+        for name, want in (
+            ("ln", ln),
+            ("sm", e / e.sum(-1, keepdims=True)),
+            ("lse", np.log(np.exp(xf).sum(-1))),
+        ):
             assert out[name].dtype == np.dtype(dtype)
             # O0 rounds every op's result; a fused group once; either way a few epsilons
             assert _ulps(out[name], want, dtype) <= 8, (name, level)
@@ -130,8 +133,9 @@ def test_row_ops_and_fused_groups(backend, dtype, rng):
 @pytest.mark.parametrize("backend", CPU)
 def test_casts_round_to_nearest_even(backend):
     # halfway cases between bfloat16 neighbours go to the even one
-    v = np.array([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 3.0e38, 1e-40, np.inf, np.nan],
-                 np.float32)
+    v = np.array(
+        [1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 3.0e38, 1e-40, np.inf, np.nan], np.float32
+    )
     g = tl.EinsumGraph()
     x = g.input("x", v.shape, "float32")
     b = g.cast(x, "bfloat16")
@@ -139,7 +143,7 @@ def test_casts_round_to_nearest_even(backend):
     g.output(g.cast(b, "float64"), "back")
     out = tl.compile(g, backend=backend)(x=v)
     np.testing.assert_array_equal(out["b"].view(np.uint16), v.astype(BF16).view(np.uint16))
-    assert out["b"].astype(np.float32)[0] == 1.0 and out["b"].astype(np.float32)[1] == 1 + 2 ** -6
+    assert out["b"].astype(np.float32)[0] == 1.0 and out["b"].astype(np.float32)[1] == 1 + 2**-6
     np.testing.assert_array_equal(out["back"], v.astype(BF16).astype(np.float64))
 
 
@@ -173,8 +177,9 @@ def test_bfloat16_graph_saves_and_loads(tmp_path):
     g2 = tl.EinsumGraph.load(tmp_path / "m.json")
     assert [n.dtype for n in g2.nodes] == ["bfloat16"] * 3
     x0 = np.ones((2, 3), BF16)
-    np.testing.assert_array_equal(tl.compile(g2, backend="numpy")(x=x0)["y"],
-                                  tl.compile(g, backend="numpy")(x=x0)["y"])
+    np.testing.assert_array_equal(
+        tl.compile(g2, backend="numpy")(x=x0)["y"], tl.compile(g, backend="numpy")(x=x0)["y"]
+    )
 
 
 def _block(rng, d=32):
@@ -218,10 +223,16 @@ def test_precision_policy_graph_structure(rng):
     kinds = {n.kind: n.dtype for n in low.nodes if n.kind in (ops.EINSUM, ops.ROWOP)}
     assert kinds == {ops.EINSUM: "bfloat16", ops.ROWOP: "bfloat16"}
     assert low.node(low.inputs["x"]).dtype == "float32"
-    assert {name: low.node(nid).dtype for name, nid in low.outputs.items()} == \
-        {"y": "float32", "s": "float32", "wide": "float64"}
-    assert all(low.constants[n.id].dtype == BF16 for n in low.nodes
-               if n.kind == ops.CONSTANT and n.dtype == "bfloat16")
+    assert {name: low.node(nid).dtype for name, nid in low.outputs.items()} == {
+        "y": "float32",
+        "s": "float32",
+        "wide": "float64",
+    }
+    assert all(
+        low.constants[n.id].dtype == BF16
+        for n in low.nodes
+        if n.kind == ops.CONSTANT and n.dtype == "bfloat16"
+    )
     low.validate()
 
 
@@ -235,8 +246,15 @@ def test_tf32_option_is_exact_on_cpu(backend, rng):
         np.testing.assert_array_equal(a[k], b[k])
 
 
-@pytest.mark.parametrize("bad", [{"precision": "int8"}, {"precision": 16},
-                                 {"matmul_precision": "medium"}, {"matmul_precision": None}])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"precision": "int8"},
+        {"precision": 16},
+        {"matmul_precision": "medium"},
+        {"matmul_precision": None},
+    ],
+)
 def test_bad_precision_options_raise(bad, rng):
     with pytest.raises(tl.TensorLogicError, match="precision"):
         tl.compile(_block(rng), backend="numpy", **bad)

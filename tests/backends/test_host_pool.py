@@ -56,8 +56,13 @@ def test_parallel_fused_plans_called_from_threads_match_serial(monkeypatch):
     g.output(g.softmax(g.tanh(x * 0.5 + b) - x, axis=-1), "y")
     g.output(g.sum(g.exp(x * 0.1) * b, axis=-1), "s")
     rng = np.random.default_rng(11)
-    data = [{"x": rng.standard_normal((300, 50)).astype(np.float32),
-             "b": rng.standard_normal(50).astype(np.float32)} for _ in range(4)]
+    data = [
+        {
+            "x": rng.standard_normal((300, 50)).astype(np.float32),
+            "b": rng.standard_normal(50).astype(np.float32),
+        }
+        for _ in range(4)
+    ]
     serial = tl.compile(g, backend="numpy", opt_level=0, cache=False)
     want = [serial(**d) for d in data]
     monkeypatch.setattr(host_pool, "helper_count", lambda: 2)
@@ -119,8 +124,9 @@ def test_fused_kernels_in_plans_that_call_blas_follow_the_thread_mode(monkeypatc
         xv = rng.standard_normal((256, 64)).astype(np.float32)
         wv = rng.standard_normal((64, 64)).astype(np.float32)
         hv = xv @ wv if with_matmul else xv
-        np.testing.assert_allclose(plan(x=xv, w=wv)["y"], np.tanh(hv * 0.5 + 1.0) - hv,
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            plan(x=xv, w=wv)["y"], np.tanh(hv * 0.5 + 1.0) - hv, rtol=1e-5, atol=1e-5
+        )
         return len(fused.scratch)
 
     factor = 2 if mode == "blas" else 1

@@ -30,7 +30,7 @@ def test_merge_is_view_matches_numpy(data):
     new = []
     pos = 0
     for n in lens:
-        new.append(math.prod(t.shape[pos:pos + n]))
+        new.append(math.prod(t.shape[pos : pos + n]))
         pos += n
     try:
         t.reshape(new, copy=False)
@@ -44,15 +44,15 @@ EINSUMS = [
     ("ij,jk->ik", [(5, 6), (6, 7)]),
     ("ij,jk->ki", [(5, 6), (6, 7)]),
     ("bij,bjk->bik", [(3, 4, 5), (3, 5, 2)]),
-    ("ijk,kj->i", [(4, 5, 6), (6, 5)]),          # regroup copy of a non-matching layout
+    ("ijk,kj->i", [(4, 5, 6), (6, 5)]),  # regroup copy of a non-matching layout
     ("ikj,jl->kil", [(3, 4, 5), (5, 6)]),
-    ("ii,ij->j", [(4, 4), (4, 3)]),              # diagonal (repeated index)
-    ("ij,kl->ijkl", [(2, 3), (4, 5)]),           # outer product
-    ("ijx,jk->ik", [(3, 4, 5), (4, 6)]),         # x summed away before the matmul
+    ("ii,ij->j", [(4, 4), (4, 3)]),  # diagonal (repeated index)
+    ("ij,kl->ijkl", [(2, 3), (4, 5)]),  # outer product
+    ("ijx,jk->ik", [(3, 4, 5), (4, 6)]),  # x summed away before the matmul
     ("ij,jk,kl->il", [(2, 3), (3, 2), (2, 2)]),  # a pair whose operands swap
     ("ij,jk,kl,lm->im", [(3, 4), (4, 5), (5, 6), (6, 2)]),
     ("abc,cd,bd->a", [(2, 3, 4), (4, 5), (3, 5)]),
-    ("ij,j->i", [(4, 1), (5,)]),                 # broadcast dimension
+    ("ij,j->i", [(4, 1), (5,)]),  # broadcast dimension
     ("ij->ji", [(3, 4)]),
     ("iij->j", [(3, 3, 2)]),
     ("ij,ij->", [(3, 4), (3, 4)]),
@@ -87,7 +87,8 @@ def _node(kind, op, shape, dtype="float32", **args):
 
 
 ALIAS_CASES = [(ops.UNARY, op, 1) for op in ops.UNARY_OPS] + [
-    (ops.BINARY, op, 2) for op in ops.BINARY_OPS]
+    (ops.BINARY, op, 2) for op in ops.BINARY_OPS
+]
 
 
 @pytest.mark.parametrize("kind,op,arity", ALIAS_CASES, ids=[c[1] for c in ALIAS_CASES])
@@ -125,8 +126,9 @@ def test_logsumexp_kernel_with_scratch(keepdims, rng):
     x = rng.standard_normal((4, 6)).astype(np.float32) * 10
     x[1] = -np.inf  # an all -inf row stays -inf instead of becoming nan
     x[2, 3] = np.inf
-    node = _node(ops.REDUCE, "logsumexp", (4, 1) if keepdims else (4,), axes=(1,),
-                 keepdims=keepdims)
+    node = _node(
+        ops.REDUCE, "logsumexp", (4, 1) if keepdims else (4,), axes=(1,), keepdims=keepdims
+    )
     k = kernels.make_kernel(np, node, [_node(ops.INPUT, None, (4, 6))], True)
     scratch = [np.full(s, np.nan if d != "bool" else True, d) for s, d in k.scratch]
     out = np.empty(node.shape, np.float32)

@@ -14,8 +14,15 @@ from tensorlogic.ir.fused import FusedBody, FusedOp
 from tensorlogic.backends import kernels
 
 TOL = {"float32": dict(rtol=5e-5, atol=5e-5), "float64": dict(rtol=1e-11, atol=1e-11)}
-CASES = [((5, 7), -1), ((4, 6, 9), 1), ((3, 130), 0), ((2, 3, 300), -1), ((8, 1024), 1),
-         ((16, 4096), -1), ((3, 1), -1)]
+CASES = [
+    ((5, 7), -1),
+    ((4, 6, 9), 1),
+    ((3, 130), 0),
+    ((2, 3, 300), -1),
+    ((8, 1024), 1),
+    ((16, 4096), -1),
+    ((3, 1), -1),
+]
 
 
 def _reference(x, axis, eps):
@@ -53,6 +60,7 @@ def test_fusion_makes_layer_norm_a_tail():
     y = g.layer_norm(g.unary("tanh", x * 2.0), eps=1e-4)
     g.output(y, "y")
     from tensorlogic.optimizer import optimize
+
     og, _ = optimize(g, 2)
     fused = [n for n in og.nodes if n.kind == ops.FUSED]
     assert len(fused) == 1
@@ -138,5 +146,4 @@ def test_fused_body_round_trip_and_validation():
     assert FusedBody.from_args(body.to_args()) == body
     assert "eps" not in FusedBody((), (4, 8), "softmax", (1,)).to_args()
     with pytest.raises(GraphError, match="eps"):
-        FusedBody((FusedOp("neg", (("in", 0),)),), (4, 8), "layer_norm", (1,),
-                  eps=-1.0).validate(1)
+        FusedBody((FusedOp("neg", (("in", 0),)),), (4, 8), "layer_norm", (1,), eps=-1.0).validate(1)

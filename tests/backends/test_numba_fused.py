@@ -14,8 +14,13 @@ from tensorlogic.ir import ops
 from numba_cases import fused_graph, random_inputs, reference, tol
 
 # relu(a*b+c)*d-e : the benchmark chain
-CHAIN = [("mul", [("in", 0), ("in", 1)]), ("add", [("tmp", 0), ("in", 2)]),
-         ("relu", [("tmp", 1)]), ("mul", [("tmp", 2), ("in", 3)]), ("sub", [("tmp", 3), ("in", 4)])]
+CHAIN = [
+    ("mul", [("in", 0), ("in", 1)]),
+    ("add", [("tmp", 0), ("in", 2)]),
+    ("relu", [("tmp", 1)]),
+    ("mul", [("tmp", 2), ("in", 3)]),
+    ("sub", [("tmp", 3), ("in", 4)]),
+]
 # exp/log/where/constants in one program
 MIXED = [
     ("exp", [("in", 0)]),
@@ -41,11 +46,14 @@ def _check(rng, shapes, dtype, instrs, space, tail=None, axes=(), keepdims=False
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-@pytest.mark.parametrize("shapes", [
-    [(37,)] * 5,                                      # flat
-    [(6, 7), (7,), (6, 1), (1, 7), ()],               # bias, row scale, scalar-like
-    [(3, 1, 5), (4, 1), (3, 4, 5), (5,), (3, 4, 1)],  # rank 3 mixed broadcasting
-])
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        [(37,)] * 5,  # flat
+        [(6, 7), (7,), (6, 1), (1, 7), ()],  # bias, row scale, scalar-like
+        [(3, 1, 5), (4, 1), (3, 4, 5), (5,), (3, 4, 1)],  # rank 3 mixed broadcasting
+    ],
+)
 def test_chain_broadcasting(rng, dtype, shapes):
     space = np.broadcast_shapes(*shapes)
     _check(rng, shapes, dtype, CHAIN, space)
@@ -118,8 +126,10 @@ def test_parallel_kernels(rng, case):
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("tail", ["softmax", "log_softmax", "layer_norm"])
-@pytest.mark.parametrize("shape,axis", [((7,), 0), ((5, 33), 1), ((33, 5), 0), ((2, 3, 17), 2),
-                                        ((2, 17, 3), 1), ((4, 1), 1)])
+@pytest.mark.parametrize(
+    "shape,axis",
+    [((7,), 0), ((5, 33), 1), ((33, 5), 0), ((2, 3, 17), 2), ((2, 17, 3), 1), ((4, 1), 1)],
+)
 @pytest.mark.parametrize("threshold", [0, None])
 def test_row_ops_on_a_lone_input(rng, dtype, tail, shape, axis, threshold):
     """A row op of a plain input re-reads the input in each pass instead of storing it first."""

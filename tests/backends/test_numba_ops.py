@@ -8,8 +8,7 @@ import pytest
 import tensorlogic as tl
 from tensorlogic.ir import ops
 
-from numba_cases import (EVERY_KIND_OPTIONS, every_kind_graph, every_kind_inputs, libm_graph,
-                         tol)
+from numba_cases import EVERY_KIND_OPTIONS, every_kind_graph, every_kind_inputs, libm_graph, tol
 
 # inputs in a range where every op is defined (log, sqrt, pow need positive bases)
 _POSITIVE = {"log", "sqrt", "pow", "reciprocal"}
@@ -69,8 +68,10 @@ def test_einsum_and_layout_steps_use_blas_and_numpy(rng):
     h = g.einsum("ij,jk->ik", x, w)
     g.output(g.relu(h.T) + 1.0, "y")
     g.output(g.cast(h, "float64"), "c")
-    xs = {"x": rng.standard_normal((8, 5)).astype(np.float32),
-          "w": rng.standard_normal((5, 3)).astype(np.float32)}
+    xs = {
+        "x": rng.standard_normal((8, 5)).astype(np.float32),
+        "w": rng.standard_normal((5, 3)).astype(np.float32),
+    }
     got, want = _run_both(g, xs)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5)

@@ -36,8 +36,14 @@ _SCRIPT = textwrap.dedent("""
 
 
 def _run(env):
-    out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True,
-                         timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _SCRIPT],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -88,8 +94,13 @@ def test_warm_process_runs_every_kernel_kind_from_cache():
     seed = int(np.random.default_rng().integers(2**31))
     outs = []
     for _ in range(2):
-        out = subprocess.run([sys.executable, "-c", _EVERY_KIND, here, str(seed)],
-                             capture_output=True, text=True, timeout=600, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", _EVERY_KIND, here, str(seed)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        )
         outs.append(json.loads(out.stdout.strip().splitlines()[-1]))
     assert outs[1]["misses"] == 0, outs[1]
     for name, err in outs[1]["err"].items():
@@ -107,17 +118,27 @@ def test_four_threads_call_plans_concurrently(rng):
         ("mul", [("tmp", 2), ("in", 3)]),
         ("sub", [("tmp", 3), ("in", 4)]),
     ]
-    plans = [tl.compile(fused_graph(shapes, "float32", instrs, (256, 300)), backend="numba",
-                        opt_level=0, parallel_threshold=0),
-             tl.compile(fused_graph(shapes[:1], "float32", [("exp", [("in", 0)])], (256, 300),
-                                    "softmax", (1,)), backend="numba", opt_level=0,
-                        parallel_threshold=0)]
+    plans = [
+        tl.compile(
+            fused_graph(shapes, "float32", instrs, (256, 300)),
+            backend="numba",
+            opt_level=0,
+            parallel_threshold=0,
+        ),
+        tl.compile(
+            fused_graph(shapes[:1], "float32", [("exp", [("in", 0)])], (256, 300), "softmax", (1,)),
+            backend="numba",
+            opt_level=0,
+            parallel_threshold=0,
+        ),
+    ]
     cases = []
     for _ in range(4):
         xs = random_inputs(rng, shapes, "float32")
         want0 = reference(shapes, "float32", instrs, inputs=xs)
-        want1 = reference(shapes[:1], "float32", [("exp", [("in", 0)])], "softmax", (1,),
-                          inputs={"x0": xs["x0"]})
+        want1 = reference(
+            shapes[:1], "float32", [("exp", [("in", 0)])], "softmax", (1,), inputs={"x0": xs["x0"]}
+        )
         cases.append((xs, want0, want1))
     plans[0](**cases[0][0])
     errors = []
@@ -161,8 +182,9 @@ def test_fast_exp_log_accuracy_dense_sweep(dtype, bound):
     xs_exp = np.concatenate([np.linspace(lo - 1, hi, n), np.linspace(-1, 1, n)]).astype(dtype)
     lg_lo, lg_hi = np.log2(float(fi.smallest_subnormal)), np.log2(float(fi.max))
     with np.errstate(over="ignore"):  # the top of the sweep rounds past the max: dropped below
-        xs_log = np.concatenate([np.exp2(np.linspace(lg_lo, lg_hi, n)),
-                                 np.linspace(0.5, 2, n)]).astype(dtype)
+        xs_log = np.concatenate(
+            [np.exp2(np.linspace(lg_lo, lg_hi, n)), np.linspace(0.5, 2, n)]
+        ).astype(dtype)
     xs_log = xs_log[np.isfinite(xs_log)]
     xs_log = xs_log[xs_log > 0]
     worst = {}
@@ -195,8 +217,9 @@ def test_fast_tanh_log1p_accuracy_dense_sweep(dtype, bound):
 
     be = get_backend("numba")
     n = 1_000_003
-    xt = np.concatenate([np.linspace(-30, 30, n), np.linspace(-1, 1, n),
-                         np.linspace(-1e-3, 1e-3, n)]).astype(dtype)
+    xt = np.concatenate(
+        [np.linspace(-30, 30, n), np.linspace(-1, 1, n), np.linspace(-1e-3, 1e-3, n)]
+    ).astype(dtype)
     body = FusedBody((FusedOp("tanh", (("in", 0),)),), (xt.size,))
     k = be.kernel_for(body, [xt.shape], dtype, fast=True, threshold=0)
     assert "_tanh_f" in k.source
@@ -208,8 +231,9 @@ def test_fast_tanh_log1p_accuracy_dense_sweep(dtype, bound):
         for i in range(a.size):
             o[i] = fn(a[i])
 
-    xl = np.concatenate([np.linspace(-0.999, 1, n), np.linspace(-1e-3, 1e-3, n),
-                         np.exp2(np.linspace(-60, 100, n))]).astype(dtype)
+    xl = np.concatenate(
+        [np.linspace(-0.999, 1, n), np.linspace(-1e-3, 1e-3, n), np.exp2(np.linspace(-60, 100, n))]
+    ).astype(dtype)
     out = np.empty_like(xl)
     run(xl, out)
     worst["log1p"] = _ulps(out, xl, np.log1p, dtype)
@@ -220,8 +244,13 @@ def test_fast_tanh_log1p_accuracy_dense_sweep(dtype, bound):
     run(sp, out)
     with np.errstate(all="ignore"):
         np.testing.assert_allclose(out, np.log1p(sp), rtol=4 * np.finfo(dtype).eps)
-        ks = be.kernel_for(FusedBody((FusedOp("tanh", (("in", 0),)),), sp.shape), [sp.shape],
-                           dtype, fast=True, threshold=0)
+        ks = be.kernel_for(
+            FusedBody((FusedOp("tanh", (("in", 0),)),), sp.shape),
+            [sp.shape],
+            dtype,
+            fast=True,
+            threshold=0,
+        )
         t = ks([sp], np.empty_like(sp))
         np.testing.assert_allclose(t, np.tanh(sp), rtol=4 * np.finfo(dtype).eps)
         assert np.signbit(t[4]) and not np.signbit(t[3])
@@ -243,8 +272,20 @@ def test_float_keys_preserve_order_and_round_trip(dtype, rng):
             back[i] = unkey(k[i])
 
     fi = np.finfo(dtype)
-    special = [-np.inf, -fi.max, -1.0, -fi.tiny, -fi.smallest_subnormal, -0.0, 0.0,
-               fi.smallest_subnormal, fi.tiny, 1.0, fi.max, np.inf]
+    special = [
+        -np.inf,
+        -fi.max,
+        -1.0,
+        -fi.tiny,
+        -fi.smallest_subnormal,
+        -0.0,
+        0.0,
+        fi.smallest_subnormal,
+        fi.tiny,
+        1.0,
+        fi.max,
+        np.inf,
+    ]
     wide = rng.standard_normal(5000) * 10.0 ** rng.integers(-30, 30, 5000)
     x = np.sort(np.concatenate([special, wide]).astype(dtype), kind="stable")
     k = np.empty(x.size, np.int64)
@@ -261,8 +302,17 @@ def test_float_keys_preserve_order_and_round_trip(dtype, rng):
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
 def test_row_ops_with_nan_and_inf_rows_match_numpy(op):
-    x = np.array([[1.0, 2.0, 3.0], [np.nan, 0.0, 1.0], [np.inf, 0.0, 1.0], [-np.inf, 0.0, 1.0],
-                  [-np.inf, -np.inf, -np.inf], [-0.0, 0.0, -1e30]], np.float32)
+    x = np.array(
+        [
+            [1.0, 2.0, 3.0],
+            [np.nan, 0.0, 1.0],
+            [np.inf, 0.0, 1.0],
+            [-np.inf, 0.0, 1.0],
+            [-np.inf, -np.inf, -np.inf],
+            [-0.0, 0.0, -1e30],
+        ],
+        np.float32,
+    )
     g = tl.EinsumGraph()
     xi = g.input("x", x.shape, "float32")
     g.output(g._rowop(op, xi, 1, None), "y")
@@ -296,17 +346,26 @@ _GOMP = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("user,want_env,want_policy", [
-    ({}, "None None", "PASSIVE"),  # exported while libgomp loads, then taken back
-    ({"OMP_WAIT_POLICY": "active"}, "None active", "ACTIVE"),  # the user's setting wins
-])
+@pytest.mark.parametrize(
+    "user,want_env,want_policy",
+    [
+        ({}, "None None", "PASSIVE"),  # exported while libgomp loads, then taken back
+        ({"OMP_WAIT_POLICY": "active"}, "None active", "ACTIVE"),  # the user's setting wins
+    ],
+)
 def test_backend_sets_gomp_policy_while_openmp_loads(user, want_env, want_policy):
     if not numba_threads._loadable("omp"):
         pytest.skip("numba's OpenMP layer is not loadable here")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     # OMP_DISPLAY_ENV makes libgomp print the settings it read when it loaded
     env = {**env, **user, "OMP_DISPLAY_ENV": "TRUE"}
-    out = subprocess.run([sys.executable, "-c", _GOMP], env=env, capture_output=True, text=True,
-                         timeout=300, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _GOMP],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     assert out.stdout.strip().splitlines()[-1] == want_env
     assert f"OMP_WAIT_POLICY = '{want_policy}'" in out.stderr + out.stdout

@@ -41,6 +41,7 @@ def _timer(times: dict[str, float], calls: list[str] | None = None, default: flo
         if calls is not None:
             calls.append(label)
         return times.get(label, default)
+
     return timer
 
 
@@ -48,12 +49,16 @@ def test_the_fastest_candidate_wins_and_print_says_so():
     g, xv = _graph()
     times = {"numpy O2 without fusion threads=pool": 0.2, "numpy O2 threads=pool": 0.5}
     calls: list[str] = []
-    plan = tl.compile(g, backend="numpy", opt_level=3, cache=False,
-                      **BIG, autotune_timer=_timer(times, calls))
+    plan = tl.compile(
+        g, backend="numpy", opt_level=3, cache=False, **BIG, autotune_timer=_timer(times, calls)
+    )
     # coordinate search: O2, each pass left out, the thread modes on the best structure
-    assert calls == ["numpy O2 threads=pool", "numpy O2 without merge threads=pool",
-                     "numpy O2 without fusion threads=pool",
-                     "numpy O2 without fusion threads=blas"]
+    assert calls == [
+        "numpy O2 threads=pool",
+        "numpy O2 without merge threads=pool",
+        "numpy O2 without fusion threads=pool",
+        "numpy O2 without fusion threads=blas",
+    ]
     assert plan.concrete.autotune.winner == "numpy O2 without fusion threads=pool"
     assert not any(s.kind == "fused" for s in plan.steps)  # the unfused plan is the one kept
     text = str(plan)
@@ -67,29 +72,48 @@ def test_thread_mode_and_backend_are_tuned_for_auto():
     g, xv = _graph()
     times = {"numba O2 threads=blas": 0.3, "numpy O2 threads=blas": 0.1}
     calls: list[str] = []
-    plan = tl.compile(g, backend="auto", opt_level=3, cache=False,
-                      **BIG, autotune_timer=_timer(times, calls))
+    plan = tl.compile(
+        g, backend="auto", opt_level=3, cache=False, **BIG, autotune_timer=_timer(times, calls)
+    )
     assert plan.concrete.autotune.winner == "numpy O2 threads=blas"
     assert calls[-1] == "numpy O2 threads=blas"  # the backend is tried with the best settings
     assert plan.concrete.backend.name == "numpy"
     assert "threads: pool" not in str(plan)
-    np.testing.assert_allclose(plan(x=xv)["y"], tl.compile(g, backend="numpy", cache=False)(
-        x=xv)["y"], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(
+        plan(x=xv)["y"],
+        tl.compile(g, backend="numpy", cache=False)(x=xv)["y"],
+        rtol=1e-5,
+        atol=1e-7,
+    )
 
 
 def test_explicit_choices_are_not_tuned():
     g, _ = _graph()
     calls: list[str] = []
-    tl.compile(g, backend="numba", opt_level=3, cache=False, threads="blas",
-               skip_passes=["merge"], **BIG, autotune_timer=_timer({}, calls))
+    tl.compile(
+        g,
+        backend="numba",
+        opt_level=3,
+        cache=False,
+        threads="blas",
+        skip_passes=["merge"],
+        **BIG,
+        autotune_timer=_timer({}, calls),
+    )
     assert calls == ["numba O2 without merge", "numba O2 without merge+fusion"]
 
 
 def test_a_zero_budget_keeps_the_o2_plan():
     g, _ = _graph()
     calls: list[str] = []
-    plan = tl.compile(g, backend="numpy", opt_level=3, cache=False, autotune_budget=0,
-                      autotune_timer=_timer({}, calls))
+    plan = tl.compile(
+        g,
+        backend="numpy",
+        opt_level=3,
+        cache=False,
+        autotune_budget=0,
+        autotune_timer=_timer({}, calls),
+    )
     assert calls == ["numpy O2 threads=pool"]
     assert "left untried" in str(plan)
 
@@ -97,8 +121,9 @@ def test_a_zero_budget_keeps_the_o2_plan():
 def test_the_decision_is_cached_on_disk_for_the_next_process(own_cache):
     g, xv = _graph()
     times = {"numpy O2 without merge threads=pool": 0.1}
-    first = tl.compile(g, backend="numpy", opt_level=3, cache=False,
-                       **BIG, autotune_timer=_timer(times))
+    first = tl.compile(
+        g, backend="numpy", opt_level=3, cache=False, **BIG, autotune_timer=_timer(times)
+    )
     assert list((own_cache / "autotune").glob("*.json"))
 
     def never(label, run):
@@ -116,8 +141,15 @@ def test_cache_off_searches_again():
     g, _ = _graph()
     tl.compile(g, backend="numpy", opt_level=3, cache=False, **BIG, autotune_timer=_timer({}))
     calls: list[str] = []
-    tl.compile(g, backend="numpy", opt_level=3, cache=False, autotune_cache=False,
-               **BIG, autotune_timer=_timer({}, calls))
+    tl.compile(
+        g,
+        backend="numpy",
+        opt_level=3,
+        cache=False,
+        autotune_cache=False,
+        **BIG,
+        autotune_timer=_timer({}, calls),
+    )
     assert calls  # timed again
 
 
@@ -127,8 +159,9 @@ def test_a_corrupt_cache_entry_is_ignored(own_cache):
     for f in (own_cache / "autotune").glob("*.json"):
         f.write_text("{not json")
     calls: list[str] = []
-    tl.compile(g, backend="numpy", opt_level=3, cache=False, **BIG,
-               autotune_timer=_timer({}, calls))
+    tl.compile(
+        g, backend="numpy", opt_level=3, cache=False, **BIG, autotune_timer=_timer({}, calls)
+    )
     assert calls
 
 
@@ -138,8 +171,9 @@ def test_symbolic_graphs_are_tuned_per_binding():
     w = g.constant(np.eye(8, dtype=np.float32), name="w")
     g.output(g.relu(g.einsum("bi,ij->bj", x, w) + 1.0), name="y")
     calls: list[str] = []
-    plan = tl.compile(g, backend="numpy", opt_level=3, cache=False,
-                      **BIG, autotune_timer=_timer({}, calls))
+    plan = tl.compile(
+        g, backend="numpy", opt_level=3, cache=False, **BIG, autotune_timer=_timer({}, calls)
+    )
     assert calls == []  # nothing to tune before the sizes are known
     xv = np.random.default_rng(1).standard_normal((5, 8)).astype(np.float32)
     np.testing.assert_allclose(plan(x=xv)["y"], np.maximum(xv + 1.0, 0), rtol=1e-6)
@@ -150,13 +184,16 @@ def test_the_real_timer_measures():
     assert autotune.measure(lambda: sum(range(100)), 0.01) > 0
 
 
-@pytest.mark.parametrize("opts,match", [
-    ({"autotune_budget": -1}, "autotune_budget"),
-    ({"autotune_budget": "10"}, "autotune_budget"),
-    ({"autotune_timer": 3}, "autotune_timer"),
-    ({"skip_passes": ["nope"]}, "skip_passes"),
-    ({"skip_passes": 5}, "skip_passes"),
-])
+@pytest.mark.parametrize(
+    "opts,match",
+    [
+        ({"autotune_budget": -1}, "autotune_budget"),
+        ({"autotune_budget": "10"}, "autotune_budget"),
+        ({"autotune_timer": 3}, "autotune_timer"),
+        ({"skip_passes": ["nope"]}, "skip_passes"),
+        ({"skip_passes": 5}, "skip_passes"),
+    ],
+)
 def test_bad_tuning_options(opts, match):
     g, _ = _graph()
     with pytest.raises(GraphError, match=match):
@@ -174,8 +211,9 @@ def test_small_attention_is_tried_fused_and_written_out():
     assert not any(s.kind == "attention" for s in o2.steps)
     calls: list[str] = []
     times = {"numpy O2 threads=pool": 0.1}
-    plan = tl.compile(g, backend="numpy", opt_level=3, cache=False, **BIG,
-                      autotune_timer=_timer(times, calls))
+    plan = tl.compile(
+        g, backend="numpy", opt_level=3, cache=False, **BIG, autotune_timer=_timer(times, calls)
+    )
     assert "numpy O2 threads=pool" in calls and "numpy O2 without attention threads=pool" in calls
     assert any(s.kind == "attention" for s in plan.steps)  # the fused candidate won here
     feed = {n: rng.standard_normal((2, 16, 8)).astype(np.float32) for n in "qkv"}

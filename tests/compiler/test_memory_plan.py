@@ -50,8 +50,14 @@ def test_naive_layout_without_reuse():
 
 def test_view_extends_life_of_its_base():
     # t1 = f(x); v = view(t1); t2 = g(x); t3 = h(t2); y = k(v, t3): t1 must outlive t2 and t3
-    bufs = [_buf(0, 256, "input"), _buf(1, 256), _buf(2, 256, view_of=1), _buf(3, 256),
-            _buf(4, 256), _buf(5, 256, "output")]
+    bufs = [
+        _buf(0, 256, "input"),
+        _buf(1, 256),
+        _buf(2, 256, view_of=1),
+        _buf(3, 256),
+        _buf(4, 256),
+        _buf(5, 256, "output"),
+    ]
     io = [((0,), 1), ((1,), 2), ((0,), 3), ((3,), 4), ((2, 4), 5)]
     life = lifetimes(bufs, io)
     assert life[1] == (0, 4)
@@ -78,8 +84,13 @@ def test_best_fit_places_small_buffer_in_hole():
 
 
 def test_inplace_only_where_allowed():
-    bufs = [_buf(0, 64, "input", shape=(16,)), _buf(1, 64, shape=(16,)), _buf(2, 64, shape=(16,)),
-            _buf(3, 64, shape=(16,)), _buf(4, 64, "output", shape=(16,))]
+    bufs = [
+        _buf(0, 64, "input", shape=(16,)),
+        _buf(1, 64, shape=(16,)),
+        _buf(2, 64, shape=(16,)),
+        _buf(3, 64, shape=(16,)),
+        _buf(4, 64, "output", shape=(16,)),
+    ]
     io = [((0,), 1), ((1,), 2), ((2, 1), 3), ((3,), 4)]
     ok = {0: (0,), 1: (0,), 2: (0, 1), 3: (0,)}
     mp = plan_memory(bufs, io, ok)
@@ -157,8 +168,9 @@ class AliasChecker:
         o = plan.steps[k].output
         self.values.append(np.array(env[o], copy=True))
         if self.reference is not None:
-            np.testing.assert_allclose(env[o], self.reference[k], rtol=1e-5, atol=1e-6,
-                                       equal_nan=True, err_msg=f"step {k}")
+            np.testing.assert_allclose(
+                env[o], self.reference[k], rtol=1e-5, atol=1e-6, equal_nan=True, err_msg=f"step {k}"
+            )
         live = sorted(r for r, (a, z) in life.items() if a <= k <= z and env[r] is not None)
         allowed = {(mem.inplace[k], root[o])} if k in mem.inplace else set()
         for x in range(len(live)):
@@ -169,7 +181,8 @@ class AliasChecker:
                 self.checked_pairs += 1
                 assert not np.shares_memory(env[a], env[b]), (
                     f"step {k}: live buffers {plan.buffers[a].name} and "
-                    f"{plan.buffers[b].name} share memory")
+                    f"{plan.buffers[b].name} share memory"
+                )
 
     def compile_event(self, *a, **k):
         pass
@@ -192,9 +205,24 @@ def random_graphs(draw):
     nodes = list(xs)
     n_ops = draw(st.integers(2, 14))
     for _ in range(n_ops):
-        kind = draw(st.sampled_from(
-            ["unary", "binary", "bias", "scalar", "einsum", "einsum3", "transpose", "reshape",
-             "reduce", "rowop", "where", "cast"]))
+        kind = draw(
+            st.sampled_from(
+                [
+                    "unary",
+                    "binary",
+                    "bias",
+                    "scalar",
+                    "einsum",
+                    "einsum3",
+                    "transpose",
+                    "reshape",
+                    "reduce",
+                    "rowop",
+                    "where",
+                    "cast",
+                ]
+            )
+        )
         t = draw(st.sampled_from(nodes))
         m, n = t.shape
         if kind == "unary":
@@ -239,7 +267,7 @@ def random_graphs(draw):
             new = g.cast(g.cast(t, "float64") * 2.0, "float32")
         nodes.append(new)
     g.output(nodes[-1], name="out")
-    extra = draw(st.lists(st.sampled_from(nodes[len(xs):]), max_size=2))
+    extra = draw(st.lists(st.sampled_from(nodes[len(xs) :]), max_size=2))
     for k, t in enumerate(extra):
         g.output(t, name=f"extra{k}")
     inputs = {f"x{k}": rng.standard_normal(x.shape).astype(np.float32) for k, x in enumerate(xs)}
@@ -261,8 +289,9 @@ def _run_observed(plan, inputs, reference=None):
 @given(case=random_graphs())
 def test_random_graphs_never_alias_live_buffers(case, opt_level):
     g, inputs = case
-    unplanned = tl.compile(g, backend="numpy", opt_level=opt_level, reuse_memory=False, pool=False,
-                           cache=False)
+    unplanned = tl.compile(
+        g, backend="numpy", opt_level=opt_level, reuse_memory=False, pool=False, cache=False
+    )
     planned = tl.compile(g, backend="numpy", opt_level=opt_level, cache=False)
     want, ref_obs = _run_observed(unplanned, inputs)
     assert planned.memory.peak_bytes <= unplanned.memory.peak_bytes

@@ -30,13 +30,30 @@ def test_typo_suggests_the_close_option():
         tl.compile(_graph(), backend="numpy", fastmath=False)
 
 
-@pytest.mark.parametrize("name,value", [
-    ("fast_math", "no"), ("fast_math", "False"), ("fast_math", 0), ("fast_math", 1),
-    ("pool", "yes"), ("reuse_memory", None), ("assume_finite", 1.0), ("pdl", "true"),
-    ("cuda_graph", 1), ("cuda_graph", "yes"), ("codegen", "PTX"), ("codegen", None),
-    ("memory_limit", 0), ("memory_limit", -5), ("memory_limit", True), ("memory_limit", 1.5e9),
-    ("path_memory_limit", "1GB"), ("parallel_threshold", -1), ("parallel_threshold", 2.0),
-])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("fast_math", "no"),
+        ("fast_math", "False"),
+        ("fast_math", 0),
+        ("fast_math", 1),
+        ("pool", "yes"),
+        ("reuse_memory", None),
+        ("assume_finite", 1.0),
+        ("pdl", "true"),
+        ("cuda_graph", 1),
+        ("cuda_graph", "yes"),
+        ("codegen", "PTX"),
+        ("codegen", None),
+        ("memory_limit", 0),
+        ("memory_limit", -5),
+        ("memory_limit", True),
+        ("memory_limit", 1.5e9),
+        ("path_memory_limit", "1GB"),
+        ("parallel_threshold", -1),
+        ("parallel_threshold", 2.0),
+    ],
+)
 def test_wrong_kinds_are_refused_with_what_is_accepted(name, value):
     with pytest.raises(tl.GraphError) as err:
         tl.compile(_graph(), backend="numpy", cache=False, **{name: value})
@@ -102,19 +119,22 @@ def test_compile_options_are_read_only_and_complete():
 
 def test_a_new_option_is_one_registration():
     opt = register_option(
-        Option("test_only_flag", flag, "True or False", False, "test", ("numba",)))
+        Option("test_only_flag", flag, "True or False", False, "test", ("numba",))
+    )
     try:
         assert CompileOptions.resolve({"test_only_flag": True}, "numba")["test_only_flag"] is True
         assert CompileOptions.resolve({"test_only_flag": True}, "numpy").ignored == (
-            "test_only_flag",)
+            "test_only_flag",
+        )
         with pytest.raises(tl.GraphError, match="already registered"):
             register_option(opt)
     finally:
         del OPTIONS["test_only_flag"]
 
 
-@pytest.mark.parametrize("kw", [{"opt_level": 4}, {"opt_level": True}, {"opt_level": "2"},
-                                {"cache": "no"}])
+@pytest.mark.parametrize(
+    "kw", [{"opt_level": 4}, {"opt_level": True}, {"opt_level": "2"}, {"cache": "no"}]
+)
 def test_compile_arguments_are_checked(kw):
     with pytest.raises(tl.GraphError):
         tl.compile(_graph(), backend="numpy", **kw)

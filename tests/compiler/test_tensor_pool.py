@@ -34,8 +34,10 @@ def attention_graph(rng, batch=4, seq=64, width=128, heads=4):
     g = tl.EinsumGraph()
     h = g.input("x", (batch, seq, width))
     for _ in range(2):
-        wq, wk, wv = (g.constant((rng.standard_normal((width, heads, d)) * width**-0.5)
-                                 .astype(np.float32)) for _ in range(3))
+        wq, wk, wv = (
+            g.constant((rng.standard_normal((width, heads, d)) * width**-0.5).astype(np.float32))
+            for _ in range(3)
+        )
         wo = g.constant((rng.standard_normal((heads, d, width)) * width**-0.5).astype(np.float32))
         q = g.einsum("bsi,ihd->bhsd", h, wq)
         k = g.einsum("bsi,ihd->bhsd", h, wk)
@@ -82,8 +84,11 @@ def test_steady_state_allocates_only_outputs(make, rng):
     plan = tl.compile(g, backend="numpy", cache=False)
     node = g.node(g.inputs["x"])
     inputs = {"x": rng.standard_normal(node.shape).astype(np.float32)}
-    smallest = min(b.nbytes for b in plan.concrete.buffers
-                   if b.role == "intermediate" and b.view_of is None and b.nbytes > 4096)
+    smallest = min(
+        b.nbytes
+        for b in plan.concrete.buffers
+        if b.role == "intermediate" and b.view_of is None and b.nbytes > 4096
+    )
     assert smallest > SLACK
     assert _extra_bytes_per_call(plan, inputs) < SLACK
     # with caller-provided outputs nothing of size is allocated at all
@@ -140,8 +145,9 @@ def test_eight_threads_share_one_plan(backend, rng):
     assert pool.bytes_held == pool.arenas_created * plan.memory.peak_bytes
     plan.release_memory()
     assert pool.idle == 0 and pool.bytes_held == 0
-    np.testing.assert_allclose(plan(cases[0], to_host=True)["y"], expected[0]["y"], rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        plan(cases[0], to_host=True)["y"], expected[0]["y"], rtol=1e-5, atol=1e-5
+    )
 
 
 def test_arena_reset_drops_call_references():

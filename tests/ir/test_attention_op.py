@@ -14,8 +14,11 @@ from tensorlogic.testing import reference
 
 
 def _qkv(g, batch=(2, 3), sq=5, sk=7, d=4, dv=6, dtype="float32"):
-    return (g.input("q", (*batch, sq, d), dtype), g.input("k", (*batch, sk, d), dtype),
-            g.input("v", (*batch, sk, dv), dtype))
+    return (
+        g.input("q", (*batch, sq, d), dtype),
+        g.input("k", (*batch, sk, d), dtype),
+        g.input("v", (*batch, sk, dv), dtype),
+    )
 
 
 def test_shape_dtype_and_default_scale():
@@ -36,13 +39,16 @@ def test_symbolic_dims_with_explicit_scale():
     assert g.attention(q, k, v, scale=0.5, causal=True).shape == ("B", "S", 3)
 
 
-@pytest.mark.parametrize("bad, err, words", [
-    ({"k": (2, 3, 7, 5)}, ShapeError, "head dimension"),
-    ({"v": (2, 3, 8, 6)}, ShapeError, "number of keys"),
-    ({"k": (2, 4, 7, 4)}, ShapeError, "batch axes"),
-    ({"q": (4,)}, ShapeError, "rank >= 2"),
-    ({"k": (2, 3, 0, 4), "v": (2, 3, 0, 6)}, ShapeError, "zero keys"),
-])
+@pytest.mark.parametrize(
+    "bad, err, words",
+    [
+        ({"k": (2, 3, 7, 5)}, ShapeError, "head dimension"),
+        ({"v": (2, 3, 8, 6)}, ShapeError, "number of keys"),
+        ({"k": (2, 4, 7, 4)}, ShapeError, "batch axes"),
+        ({"q": (4,)}, ShapeError, "rank >= 2"),
+        ({"k": (2, 3, 0, 4), "v": (2, 3, 0, 6)}, ShapeError, "zero keys"),
+    ],
+)
 def test_bad_shapes_name_the_problem(bad, err, words):
     g = tl.EinsumGraph()
     shapes = {"q": (2, 3, 5, 4), "k": (2, 3, 7, 4), "v": (2, 3, 7, 6)} | bad

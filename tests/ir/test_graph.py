@@ -31,20 +31,24 @@ def test_spec_parsing_normal_forms():
     assert len(es.inputs[0]) == 4 and len(es.inputs[1]) == 2 and len(es.output) == 4
     assert es.inputs[0][2:] == "ij" and es.output.endswith("ik")
     assert spec.canonical(spec.parse("xy,yz->xz", [2, 2])) == spec.canonical(
-        spec.parse("ab,bc->ac", [2, 2]))
+        spec.parse("ab,bc->ac", [2, 2])
+    )
 
 
-@pytest.mark.parametrize("bad,ranks,fragment", [
-    ("ij,jk->ik", [2], "2 input term"),
-    ("ij->ik", [2], "'k' does not appear"),
-    ("ij,jk->iki", [2, 2], "more than once"),
-    ("i1,jk->ik", [2, 2], "invalid index character '1'"),
-    ("ij,jk->ik->i", [2, 2], "at most one '->'"),
-    ("ijk,jk->ik", [2, 2], "3 indices but operand 0 has rank 2"),
-    ("i.j->ij", [2], "'.'"),
-    ("...ij->ij", [3], "ellipsis"),
-    ("ij,j-k", [2, 2], "'->'"),
-])
+@pytest.mark.parametrize(
+    "bad,ranks,fragment",
+    [
+        ("ij,jk->ik", [2], "2 input term"),
+        ("ij->ik", [2], "'k' does not appear"),
+        ("ij,jk->iki", [2, 2], "more than once"),
+        ("i1,jk->ik", [2, 2], "invalid index character '1'"),
+        ("ij,jk->ik->i", [2, 2], "at most one '->'"),
+        ("ijk,jk->ik", [2, 2], "3 indices but operand 0 has rank 2"),
+        ("i.j->ij", [2], "'.'"),
+        ("...ij->ij", [3], "ellipsis"),
+        ("ij,j-k", [2, 2], "'->'"),
+    ],
+)
 def test_spec_errors(bad, ranks, fragment):
     with pytest.raises(tl.SpecError) as err:
         spec.parse(bad, ranks)

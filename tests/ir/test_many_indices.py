@@ -150,13 +150,16 @@ def test_json_and_dask_payload_round_trip_thousands_of_indices():
     assert tuple(e2.shape) == tuple(e1.shape)
 
     from tensorlogic.pipeline.dask import plan_payload, worker_plan
+
     small = _build(*_chain(80, rng))
     plan = tl.compile(small, "numpy", 2)
     key, payload = plan_payload(plan)
-    arrays = {f"x{i}": rng.standard_normal(small.node(small.inputs[f"x{i}"]).shape)
-              for i in range(80)}
-    np.testing.assert_allclose(worker_plan(key, payload)(arrays)["y"], plan(arrays)["y"],
-                               rtol=1e-12)
+    arrays = {
+        f"x{i}": rng.standard_normal(small.node(small.inputs[f"x{i}"]).shape) for i in range(80)
+    }
+    np.testing.assert_allclose(
+        worker_plan(key, payload)(arrays)["y"], plan(arrays)["y"], rtol=1e-12
+    )
 
 
 @pytest.mark.parametrize("spec", ["ab\ud800,bc->ac", "a b,bc->ac!", "a1,1b->ab"])
@@ -170,17 +173,20 @@ def test_loader_rejects_invalid_symbols(spec):
         serialize.from_dict(doc, arrays)
 
 
-@pytest.mark.parametrize("args, words", [
-    (("A", "x"), "must be a string, or numpy's interleaved form"),
-    (("A", [0, 1], "B", "x"), "sublist of operand 1"),
-    (("A", [0, -1]), "entry 1 is -1"),
-    (("A", [0, 1.5]), "entry 1 is 1.5"),
-    (("A", [0, True]), "entry 1 is True"),
-    (("A", [0, ..., ...]), "more than one"),
-    (("A", [0, 1], "B", [1, 2], [0, "z"]), "output sublist"),
-    (("A", [0, 1 << 30]), "expected an index"),
-    (("A",), "interleaved form"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("A", "x"), "must be a string, or numpy's interleaved form"),
+        (("A", [0, 1], "B", "x"), "sublist of operand 1"),
+        (("A", [0, -1]), "entry 1 is -1"),
+        (("A", [0, 1.5]), "entry 1 is 1.5"),
+        (("A", [0, True]), "entry 1 is True"),
+        (("A", [0, ..., ...]), "more than one"),
+        (("A", [0, 1], "B", [1, 2], [0, "z"]), "output sublist"),
+        (("A", [0, 1 << 30]), "expected an index"),
+        (("A",), "interleaved form"),
+    ],
+)
 def test_bad_interleaved_inputs_raise_spec_error(args, words):
     g = EinsumGraph()
     t = {"A": g.input("a", (2, 2), "float64"), "B": g.input("b", (2, 2), "float64")}
@@ -199,8 +205,15 @@ def test_interleaved_rank_mismatch_names_the_term():
 def test_every_get_symbol_is_an_index():
     """opt_einsum's symbols past 52 include Unicode spaces (U+2000...) and the planes past the
     surrogates: all are indices; a surrogate is not."""
-    for i in [*range(0, 2000), *range(0x2000 - 140, 0x2100 - 140), 0x3000 - 140, 55155, 55296,
-              100_000, einspec.MAX_INDICES - 1]:
+    for i in [
+        *range(0, 2000),
+        *range(0x2000 - 140, 0x2100 - 140),
+        0x3000 - 140,
+        55155,
+        55296,
+        100_000,
+        einspec.MAX_INDICES - 1,
+    ]:
         assert einspec.is_index(opt_einsum.get_symbol(i)), i
     # ours skip the surrogates get_symbol yields just below 55296, and never repeat
     ours = [einspec.symbol(i) for i in range(54_000, 57_000)]
@@ -222,20 +235,23 @@ def test_index_count_is_bounded_with_a_short_message():
     assert len(str(err.value)) < 600
 
 
-@pytest.mark.parametrize("subs", [([3, 0], [0, 1]), ([30, 2], [2, 5]), ([51, 0], [0, 26]),
-                                  ([1, 0], [0, 1], [1, 0])])
+@pytest.mark.parametrize(
+    "subs", [([3, 0], [0, 1]), ([30, 2], [2, 5]), ([51, 0], [0, 26]), ([1, 0], [0, 1], [1, 0])]
+)
 def test_interleaved_matches_numpy_implicit_and_explicit(subs):
     """Index k is numpy's k-th letter below 52: the implicit output orders like numpy's."""
     rng = np.random.default_rng(6)
     sizes = {}
-    arrays = [rng.standard_normal(tuple(sizes.setdefault(k, 2 + k % 3) for k in s))
-              for s in subs[:2]]
+    arrays = [
+        rng.standard_normal(tuple(sizes.setdefault(k, 2 + k % 3) for k in s)) for s in subs[:2]
+    ]
     out = list(subs[2]) if len(subs) == 3 else None
     g = EinsumGraph()
     ts = [g.input(f"x{i}", a.shape, "float64") for i, a in enumerate(arrays)]
     args = _interleaved(ts, subs[:2], out) if out else _interleaved(ts, subs[:2], None)[:-1]
     g.output(g.einsum(*args), "y")
     _, got = _run(g, "numpy", arrays)
-    np_args = _interleaved(arrays, subs[:2], out) if out else _interleaved(arrays, subs[:2],
-                                                                           None)[:-1]
+    np_args = (
+        _interleaved(arrays, subs[:2], out) if out else _interleaved(arrays, subs[:2], None)[:-1]
+    )
     np.testing.assert_allclose(got, np.einsum(*np_args), rtol=1e-12)

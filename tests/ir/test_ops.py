@@ -31,10 +31,19 @@ UNARY_REF = {
 POSITIVE_ONLY = {"log", "sqrt", "reciprocal"}
 
 BINARY_REF = {
-    "add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "pow": np.power,
-    "maximum": np.maximum, "minimum": np.minimum,
-    "gt": np.greater, "ge": np.greater_equal, "lt": np.less, "le": np.less_equal,
-    "eq": np.equal, "ne": np.not_equal,
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "pow": np.power,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+    "gt": np.greater,
+    "ge": np.greater_equal,
+    "lt": np.less,
+    "le": np.less_equal,
+    "eq": np.equal,
+    "ne": np.not_equal,
 }
 
 
@@ -85,17 +94,39 @@ def test_operators_and_scalars(backend, rng):
     g = tl.EinsumGraph()
     tx, ty = g.input("x", x.shape), g.input("y", y.shape)
     exprs = {
-        "a": tx + ty, "b": 2.0 - tx, "c": tx * 3, "d": 1 / tx, "e": tx ** 2, "f": 2 ** ty,
-        "g": -tx, "h": abs(tx - 1.2), "i": tx > ty, "j": tx <= 1.0, "k": tx == tx, "l": tx != ty,
-        "m": tx / ty - ty * tx, "n": tx @ g.reshape(ty, (4, 1)),
+        "a": tx + ty,
+        "b": 2.0 - tx,
+        "c": tx * 3,
+        "d": 1 / tx,
+        "e": tx**2,
+        "f": 2**ty,
+        "g": -tx,
+        "h": abs(tx - 1.2),
+        "i": tx > ty,
+        "j": tx <= 1.0,
+        "k": tx == tx,
+        "l": tx != ty,
+        "m": tx / ty - ty * tx,
+        "n": tx @ g.reshape(ty, (4, 1)),
     }
     for name, t in exprs.items():
         g.output(t, name=name)
     got = _run(g, backend, x=x, y=y)
     want = {
-        "a": x + y, "b": 2.0 - x, "c": x * 3, "d": 1 / x, "e": x**2, "f": 2**y, "g": -x,
-        "h": abs(x - 1.2), "i": (x > y) * 1.0, "j": (x <= 1.0) * 1.0, "k": np.ones_like(x),
-        "l": (x != y) * 1.0, "m": x / y - y * x, "n": x @ y.reshape(4, 1),
+        "a": x + y,
+        "b": 2.0 - x,
+        "c": x * 3,
+        "d": 1 / x,
+        "e": x**2,
+        "f": 2**y,
+        "g": -x,
+        "h": abs(x - 1.2),
+        "i": (x > y) * 1.0,
+        "j": (x <= 1.0) * 1.0,
+        "k": np.ones_like(x),
+        "l": (x != y) * 1.0,
+        "m": x / y - y * x,
+        "n": x @ y.reshape(4, 1),
     }
     for name in exprs:
         assert got[name].dtype == np.float32, name
@@ -115,22 +146,38 @@ def test_where(backend, rng):
     a = rng.standard_normal((5, 6))
     b = rng.standard_normal((6,))
     g = tl.EinsumGraph()
-    g.output(g.where(g.input("c", c.shape, "float64"), g.input("a", a.shape, "float64"),
-                     g.input("b", b.shape, "float64")), name="y")
+    g.output(
+        g.where(
+            g.input("c", c.shape, "float64"),
+            g.input("a", a.shape, "float64"),
+            g.input("b", b.shape, "float64"),
+        ),
+        name="y",
+    )
     np.testing.assert_array_equal(_run(g, backend, c=c, a=a, b=b)["y"], np.where(c != 0, a, b))
 
 
-LSE = lambda x, axis, keepdims: np.log(np.sum(np.exp(x - x.max(axis=axis, keepdims=True)),  # noqa: E731
-                                              axis=axis, keepdims=True)).__add__(
-    x.max(axis=axis, keepdims=True)).reshape(np.sum(x, axis=axis, keepdims=keepdims).shape)
-REDUCE_REF = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min, "prod": np.prod,
-              "logsumexp": LSE}
+def LSE(x, axis, keepdims):
+    m = x.max(axis=axis, keepdims=True)
+    out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
+    return out.reshape(np.sum(x, axis=axis, keepdims=keepdims).shape)
+
+
+REDUCE_REF = {
+    "sum": np.sum,
+    "mean": np.mean,
+    "max": np.max,
+    "min": np.min,
+    "prod": np.prod,
+    "logsumexp": LSE,
+}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("op", sorted(REDUCE_REF))
-@pytest.mark.parametrize("axis,keepdims", [(None, False), (0, False), (-1, True), ((0, 2), False),
-                                           ((1, 2), True)])
+@pytest.mark.parametrize(
+    "axis,keepdims", [(None, False), (0, False), (-1, True), ((0, 2), False), ((1, 2), True)]
+)
 def test_reductions(op, axis, keepdims, dtype, backend, rng):
     x = rng.uniform(0.8, 1.2, (3, 4, 5)).astype(dtype)
     g = tl.EinsumGraph()
@@ -200,8 +247,9 @@ def test_symbolic_batch_dimension(backend, rng):
     for batch in (1, 5, 17, 5):
         xv = rng.standard_normal((batch, 8)).astype("float32")
         out = plan(x=xv)
-        np.testing.assert_allclose(to_numpy(out["y"])[..., 0], _softmax(xv @ wv, -1), rtol=1e-5,
-                                   atol=1e-6)
+        np.testing.assert_allclose(
+            to_numpy(out["y"])[..., 0], _softmax(xv @ wv, -1), rtol=1e-5, atol=1e-6
+        )
         np.testing.assert_allclose(to_numpy(out["s"]), xv.sum(0), rtol=1e-5, atol=1e-5)
     assert len(plan._specs) == 3
 
@@ -213,7 +261,7 @@ def test_none_dimension_is_a_fresh_symbol(rng):
     assert a.shape[0] != b.shape[0]
     with pytest.raises(tl.ShapeError):
         a + b  # two independent unknown sizes cannot be assumed equal
-    g.output(g.sum(a, 1) , name="y")
+    g.output(g.sum(a, 1), name="y")
     plan = tl.compile(g, backend="numpy")
     np.testing.assert_allclose(
         plan(a=np.ones((4, 3), "float32"), b=np.ones((2, 3), "float32"))["y"], np.full(4, 3.0)

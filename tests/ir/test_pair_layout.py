@@ -27,15 +27,16 @@ def _run(plan, es, arrays, dtype, scratch: bool):
 
 
 def test_middle_index_runs_without_copy(monkeypatch):
-    sp = pair_layout.strided_pair("abltK", "t", [], ["t"], list("ablK"), [], dict.fromkeys(
-        "abltK", 4))
-    assert sp is not None and sp.calls == 4 ** 3 and sp.result == "ablK"
+    sp = pair_layout.strided_pair(
+        "abltK", "t", [], ["t"], list("ablK"), [], dict.fromkeys("abltK", 4)
+    )
+    assert sp is not None and sp.calls == 4**3 and sp.result == "ablK"
     A = np.random.default_rng(0).random((4,) * 5)
     Av, Bv = sp.views(A, np.ones(4))
     assert np.shares_memory(Av, A)  # a view: nothing copied
     es, strided = _plan("abltK,t->ablK", [(4,) * 5, (4,)], ["float64"] * 2, monkeypatch, True)
     _, merged = _plan("abltK,t->ablK", [(4,) * 5, (4,)], ["float64"] * 2, monkeypatch, False)
-    assert strided.copied == 0 and merged.copied == 4 ** 5
+    assert strided.copied == 0 and merged.copied == 4**5
     assert len(strided.scratch) < len(merged.scratch)
 
 
@@ -84,8 +85,9 @@ def _pairs(draw):
 
 
 @settings(max_examples=120, deadline=None)
-@given(case=_pairs(), dtype=st.sampled_from(_DTYPES), scratch=st.booleans(),
-       seed=st.integers(0, 2 ** 16))
+@given(
+    case=_pairs(), dtype=st.sampled_from(_DTYPES), scratch=st.booleans(), seed=st.integers(0, 2**16)
+)
 def test_strided_pairs_match_numpy(case, dtype, scratch, seed):
     spec, shapes = case
     rng = np.random.default_rng(seed)
@@ -121,30 +123,36 @@ def test_timed_choice_is_one_of_the_two(rng):
     es = einspec.parse(spec, [4, 1])
     sizes = einspec.letter_sizes(es, shapes)
     plan = pairwise.plan_einsum(es, shapes, sizes, "optimal", ["float64"] * 2, host=True)
-    np.testing.assert_allclose(_run(plan, es, arrays, np.float64, True),
-                               np.einsum(spec, *arrays), rtol=1e-12)
+    np.testing.assert_allclose(
+        _run(plan, es, arrays, np.float64, True), np.einsum(spec, *arrays), rtol=1e-12
+    )
 
 
 @pytest.mark.parametrize("pick", [0, 1, 2, 3])
-@pytest.mark.parametrize("spec,shapes", [
-    ("abtc,tcd,z->abdz", [(3, 4, 5, 2), (5, 2, 3), (2,)]),
-    ("abtc,dt,z->dcbaz", [(3, 4, 5, 2), (6, 5), (2,)]),
-    ("btc,bct,z->bz", [(3, 5, 2), (3, 2, 5), (2,)]),
-    ("xabt,ty,z->yxabz", [(2, 3, 4, 5), (5, 3), (2,)]),
-    ("abtc,dt->dcba", [(3, 4, 5, 2), (6, 5)]),  # a last pair: the layouts that land in ``out``
-])
+@pytest.mark.parametrize(
+    "spec,shapes",
+    [
+        ("abtc,tcd,z->abdz", [(3, 4, 5, 2), (5, 2, 3), (2,)]),
+        ("abtc,dt,z->dcbaz", [(3, 4, 5, 2), (6, 5), (2,)]),
+        ("btc,bct,z->bz", [(3, 5, 2), (3, 2, 5), (2,)]),
+        ("xabt,ty,z->yxabz", [(2, 3, 4, 5), (5, 3), (2,)]),
+        ("abtc,dt->dcba", [(3, 4, 5, 2), (6, 5)]),  # a last pair: the layouts that land in ``out``
+    ],
+)
 def test_every_candidate_layout_matches_numpy(pick, spec, shapes, monkeypatch, rng):
     # each candidate (merged or strided, either orientation) forced in turn
-    monkeypatch.setattr(pair_layout.Chooser, "choose",
-                        lambda self, est, build, shapes: min(pick, len(est) - 1))
+    monkeypatch.setattr(
+        pair_layout.Chooser, "choose", lambda self, est, build, shapes: min(pick, len(est) - 1)
+    )
     arrays = _arrays(rng, shapes, "float64")
     es = einspec.parse(spec, [len(s) for s in shapes])
     sizes = einspec.letter_sizes(es, shapes)
-    path = [(0, 1), (0, 1)][:len(shapes) - 1]
+    path = [(0, 1), (0, 1)][: len(shapes) - 1]
     plan = pairwise.plan_einsum(es, shapes, sizes, path, ["float64"] * len(shapes), host=True)
     for scratch in (True, False):
-        np.testing.assert_allclose(_run(plan, es, arrays, np.float64, scratch),
-                                   np.einsum(spec, *arrays), rtol=1e-12)
+        np.testing.assert_allclose(
+            _run(plan, es, arrays, np.float64, scratch), np.einsum(spec, *arrays), rtol=1e-12
+        )
 
 
 @pytest.mark.parametrize("dtype", ["float64", "int16", "complex128"])
@@ -155,12 +163,14 @@ def test_temporaries_share_buffers_when_never_live_together(dtype, rng):
     arrays = _arrays(rng, shapes, dtype)
     es = einspec.parse(spec, [2] * 6)
     sizes = einspec.letter_sizes(es, shapes)
-    plan = pairwise.plan_einsum(es, shapes, sizes, [(0, 1), (0, 4), (0, 3), (0, 2), (0, 1)],
-                                [dtype] * 6)
+    plan = pairwise.plan_einsum(
+        es, shapes, sizes, [(0, 1), (0, 4), (0, 3), (0, 2), (0, 1)], [dtype] * 6
+    )
     # fewer buffers than temporaries, none larger than the largest temporary
     assert 0 < len(plan.scratch) < 5
-    assert max(s[0][0] for s in plan.scratch) <= max(sizes[a] * sizes[b] for a in sizes
-                                                       for b in sizes)
+    assert max(s[0][0] for s in plan.scratch) <= max(
+        sizes[a] * sizes[b] for a in sizes for b in sizes
+    )
     ref = np.einsum(spec, *arrays)
     got = _run(plan, es, arrays, ref.dtype, True)  # buffers start full of garbage
     if np.dtype(dtype).kind in "iu":

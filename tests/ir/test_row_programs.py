@@ -50,14 +50,22 @@ def test_every_row_op_and_reduction_has_a_program():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.sampled_from(sorted(ops.ROW_PROGRAMS)), st.sampled_from(["float32", "float64"]),
-       st.integers(1, 4), st.integers(1, 9), st.integers(0, 2 ** 31 - 1))
+@given(
+    st.sampled_from(sorted(ops.ROW_PROGRAMS)),
+    st.sampled_from(["float32", "float64"]),
+    st.integers(1, 4),
+    st.integers(1, 9),
+    st.integers(0, 2**31 - 1),
+)
 def test_program_matches_the_reference(name, dtype, rows, n, seed):
     rng = np.random.default_rng(seed)
     x = rng.uniform(-3, 3, (rows, n)).astype(dtype)
     got = row_program(name, x, (1,), 1e-5)
-    want = (reference._rowop(name, x.astype(np.float64), 1, 1e-5) if name in ops.ROW_OPS
-            else reference._reduce(name, x.astype(np.float64), (1,), True))
+    want = (
+        reference._rowop(name, x.astype(np.float64), 1, 1e-5)
+        if name in ops.ROW_OPS
+        else reference._reduce(name, x.astype(np.float64), (1,), True)
+    )
     tol = 2e-5 if dtype == "float32" else 1e-12
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
 
@@ -73,9 +81,11 @@ def test_shift_of_rows_that_are_not_finite():
 
 
 # a row op the generators have never seen: x / sqrt(mean(x^2) + eps)
-_RMS = (ops.RowStep("reduce", "q", ("square", "x"), "sum"),
-        ops.RowStep("let", "r", ("reciprocal", ("sqrt", ("add", ("mul", "q", "inv_n"), "eps")))),
-        ops.RowStep("write", "", ("mul", "x", "r")))
+_RMS = (
+    ops.RowStep("reduce", "q", ("square", "x"), "sum"),
+    ops.RowStep("let", "r", ("reciprocal", ("sqrt", ("add", ("mul", "q", "inv_n"), "eps")))),
+    ops.RowStep("write", "", ("mul", "x", "r")),
+)
 
 
 def test_a_new_row_program_runs_on_the_host(monkeypatch, rng):
@@ -90,8 +100,7 @@ def test_a_new_row_program_renders_for_the_gpu(monkeypatch, shape, tmp_path):
     """PTX (ptxas) and CUDA C (nvcc) of a program added to the table and nowhere else, in the
     register-held, block-per-row and vector forms the specs choose."""
     monkeypatch.setitem(ops.ROW_PROGRAMS, "rms_norm", _RMS)
-    prog = S.Program((FusedOp("exp", (("in", 0),)),), ("tmp", 0), shape, "rms_norm", (1,),
-                     eps=1e-6)
+    prog = S.Program((FusedOp("exp", (("in", 0),)),), ("tmp", 0), shape, "rms_norm", (1,), eps=1e-6)
     spec = S.make_spec(prog, "float32", [shape], ["float32"], [S.contiguous_strides(shape)])
     srcs = [ptx.emit(spec, "rms", 80)]
     if ptx.vector_width(spec):
@@ -104,13 +113,19 @@ def test_a_new_row_program_renders_for_the_gpu(monkeypatch, shape, tmp_path):
         pytest.fail("the GPU codegen tests need the CUDA toolkit's ptxas and nvcc")
     f = tmp_path / "rms.ptx"
     f.write_text("\n".join(srcs))
-    r = subprocess.run([ptxas, "--gpu-name", "sm_90", str(f), "-o", str(tmp_path / "rms.o")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [ptxas, "--gpu-name", "sm_90", str(f), "-o", str(tmp_path / "rms.o")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[:3000]
     c = tmp_path / "rms.cu"
     c.write_text(cuda_c.render(spec, "rms_c"))
-    r = subprocess.run([nvcc, "-arch=sm_90", "-c", str(c), "-o", str(tmp_path / "rms_c.o")],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [nvcc, "-arch=sm_90", "-c", str(c), "-o", str(tmp_path / "rms_c.o")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[:3000]
 
 
@@ -136,15 +151,20 @@ def test_numba_renders_row_programs(monkeypatch, name, rng):
         np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("name,axes,keepdims", [("logsumexp", (0, 2), False),
-                                                ("mean", (1,), True), ("softmax", (2,), True)])
+@pytest.mark.parametrize(
+    "name,axes,keepdims",
+    [("logsumexp", (0, 2), False), ("mean", (1,), True), ("softmax", (2,), True)],
+)
 def test_host_program_kernel_matches_the_reference(name, axes, keepdims, rng):
     """The host kernel any row op or reduction without a tuned kernel runs."""
     from tensorlogic.backends.kernels import program_kernel
 
     x = rng.standard_normal((3, 4, 5)).astype(np.float32)
-    want = (reference._rowop(name, x.astype(np.float64), axes[0]) if name in ops.ROW_OPS
-            else reference._reduce(name, x.astype(np.float64), axes, keepdims))
+    want = (
+        reference._rowop(name, x.astype(np.float64), axes[0])
+        if name in ops.ROW_OPS
+        else reference._reduce(name, x.astype(np.float64), axes, keepdims)
+    )
     out = np.empty(np.shape(want), np.float32)
     program_kernel(name, axes, keepdims)([x], out)
     np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-6)

@@ -45,21 +45,27 @@ def _doc(rng):
     return doc, arrays
 
 
-@pytest.mark.parametrize("mutate,fragment", [
-    (lambda d: d.update(format="other"), "format"),
-    (lambda d: d.update(extra=1), "unknown top-level"),
-    (lambda d: d["nodes"][0].update(shape=[10**9, 10**9]), "elements"),
-    (lambda d: d["nodes"][0].update(shape="big"), "shape"),
-    (lambda d: d["nodes"][0].update(dtype=7), "dtype"),
-    (lambda d: d["nodes"][2].update(kind="python_eval"), "unknown node kind"),
-    (lambda d: d["nodes"][2].update(inputs=[99]), "inputs"),
-    (lambda d: d["nodes"][2].update(args={"spec": "ij,jk->ik", "code": "x"}), "unknown argument"),
-    (lambda d: d["nodes"][2].update(args={"spec": "bi,ij->bz"}), "does not appear"),
-    (lambda d: d["nodes"][2].update(surprise=True), "unknown field"),
-    (lambda d: d.update(outputs={}), "no outputs"),
-    (lambda d: d.update(outputs={"s": 12345}), "unknown node"),
-    (lambda d: d.update(nodes={"a": 1}), "'nodes' must be a list"),
-])
+@pytest.mark.parametrize(
+    "mutate,fragment",
+    [
+        (lambda d: d.update(format="other"), "format"),
+        (lambda d: d.update(extra=1), "unknown top-level"),
+        (lambda d: d["nodes"][0].update(shape=[10**9, 10**9]), "elements"),
+        (lambda d: d["nodes"][0].update(shape="big"), "shape"),
+        (lambda d: d["nodes"][0].update(dtype=7), "dtype"),
+        (lambda d: d["nodes"][2].update(kind="python_eval"), "unknown node kind"),
+        (lambda d: d["nodes"][2].update(inputs=[99]), "inputs"),
+        (
+            lambda d: d["nodes"][2].update(args={"spec": "ij,jk->ik", "code": "x"}),
+            "unknown argument",
+        ),
+        (lambda d: d["nodes"][2].update(args={"spec": "bi,ij->bz"}), "does not appear"),
+        (lambda d: d["nodes"][2].update(surprise=True), "unknown field"),
+        (lambda d: d.update(outputs={}), "no outputs"),
+        (lambda d: d.update(outputs={"s": 12345}), "unknown node"),
+        (lambda d: d.update(nodes={"a": 1}), "'nodes' must be a list"),
+    ],
+)
 def test_malformed_documents(mutate, fragment, rng):
     doc, arrays = _doc(rng)
     mutate(doc)

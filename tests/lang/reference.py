@@ -126,8 +126,11 @@ def _solutions(rule: Rule, db):
             for item in list(todo):
                 if isinstance(item, Comparison):
                     lv, rv = _value(item.left, b), _value(item.right, b)
-                    if item.op == "=" and (lv is _UNBOUND) != (rv is _UNBOUND) and isinstance(
-                            item.left if lv is _UNBOUND else item.right, Var):
+                    if (
+                        item.op == "="
+                        and (lv is _UNBOUND) != (rv is _UNBOUND)
+                        and isinstance(item.left if lv is _UNBOUND else item.right, Var)
+                    ):
                         var = item.left if lv is _UNBOUND else item.right
                         val = rv if lv is _UNBOUND else lv
                         if val is _UNDEFINED:
@@ -140,8 +143,10 @@ def _solutions(rule: Rule, db):
                         ok = False
                 else:
                     atom = item.atom
-                    if any(isinstance(t, Var) and not t.anonymous and t.name not in b
-                           for t in atom.args):
+                    if any(
+                        isinstance(t, Var) and not t.anonymous and t.name not in b
+                        for t in atom.args
+                    ):
                         continue
                     if any(_match(atom, row, b) is not None for row in db.get(atom.pred, set())):
                         ok = False
@@ -166,16 +171,24 @@ def _check(rules, facts):
                 raise RefError("arity_mismatch")
     for r in rules:
         r = _lift(r)
-        bound = {t.name for x in r.body if isinstance(x, Literal) and not x.negated
-                 for t in x.atom.args if isinstance(t, Var)}
+        bound = {
+            t.name
+            for x in r.body
+            if isinstance(x, Literal) and not x.negated
+            for t in x.atom.args
+            if isinstance(t, Var)
+        }
         grow = True
         while grow:
             grow = False
             for x in r.body:
                 if isinstance(x, Comparison) and x.op == "=":
                     for u, v in ((x.left, x.right), (x.right, x.left)):
-                        if isinstance(u, Var) and u.name not in bound and all(
-                                w.name in bound for w in _vars(v)):
+                        if (
+                            isinstance(u, Var)
+                            and u.name not in bound
+                            and all(w.name in bound for w in _vars(v))
+                        ):
                             bound.add(u.name)
                             grow = True
         for t in r.head.args:
@@ -183,8 +196,11 @@ def _check(rules, facts):
                 if v.anonymous or v.name not in bound:
                     raise RefError("unbound_variable")
         for x in r.body:
-            ts = x.atom.args if isinstance(x, Literal) and x.negated else (
-                (x.left, x.right) if isinstance(x, Comparison) else ())
+            ts = (
+                x.atom.args
+                if isinstance(x, Literal) and x.negated
+                else ((x.left, x.right) if isinstance(x, Comparison) else ())
+            )
             for t in ts:
                 for v in _vars(t):
                     if isinstance(x, Comparison) and v.anonymous:

@@ -17,8 +17,10 @@ from tensorlogic.lang.parser import parse_rules
 from .test_sparse import check_all
 
 CHAIN = {"e": [(i, i + 1) for i in range(6)] + [(6, 2)]}
-GRAPH = {"e": [(1, 2), (2, 3), (3, 1), (3, 4), (5, 6), (6, 6), (4, 7)],
-         "node": [(i,) for i in range(1, 9)]}
+GRAPH = {
+    "e": [(1, 2), (2, 3), (3, 1), (3, 4), (5, 6), (6, 6), (4, 7)],
+    "node": [(i,) for i in range(1, 9)],
+}
 
 
 def rng_edges(seed: int, n: int, m: int) -> list[tuple[int, int]]:
@@ -30,125 +32,188 @@ PROGRAMS = {
     "left_recursion": ("p(X, Y) :- e(X, Y).\np(X, Z) :- p(X, Y), e(Y, Z).", CHAIN),
     "right_recursion": ("p(X, Y) :- e(X, Y).\np(X, Z) :- e(X, Y), p(Y, Z).", CHAIN),
     "doubly_recursive": ("p(X, Y) :- e(X, Y).\np(X, Z) :- p(X, Y), p(Y, Z).", CHAIN),
-    "random_closure": ("p(X, Y) :- e(X, Y).\np(X, Z) :- p(X, Y), p(Y, Z).",
-                       {"e": rng_edges(3, 25, 40)}),
-    "mutual_even_odd": ("""
+    "random_closure": (
+        "p(X, Y) :- e(X, Y).\np(X, Z) :- p(X, Y), p(Y, Z).",
+        {"e": rng_edges(3, 25, 40)},
+    ),
+    "mutual_even_odd": (
+        """
         even(0).
         odd(Y) :- even(X), succ(X, Y).
         even(Y) :- odd(X), succ(X, Y).
-        """, {"succ": [(i, i + 1) for i in range(9)]}),
-    "mutual_three_way": ("""
+        """,
+        {"succ": [(i, i + 1) for i in range(9)]},
+    ),
+    "mutual_three_way": (
+        """
         a(X) :- s(X).
         b(Y) :- a(X), e(X, Y).
         c(Y) :- b(X), e(X, Y).
         a(Y) :- c(X), e(X, Y), Y != 4.
-        """, {**GRAPH, "s": [(1,)]}),
-    "same_generation": ("""
+        """,
+        {**GRAPH, "s": [(1,)]},
+    ),
+    "same_generation": (
+        """
         sg(X, X) :- node(X).
         sg(X, Y) :- par(X, XP), sg(XP, YP), par(Y, YP), X != Y.
-        """, {"node": [(i,) for i in range(12)],
-              "par": [(i, (i - 1) // 2) for i in range(1, 12)]}),
-    "stratified_negation": ("""
+        """,
+        {"node": [(i,) for i in range(12)], "par": [(i, (i - 1) // 2) for i in range(1, 12)]},
+    ),
+    "stratified_negation": (
+        """
         reach(X) :- start(X).
         reach(Y) :- reach(X), e(X, Y).
         unreach(X) :- node(X), not reach(X).
         lonely(X) :- unreach(X), not e(X, _), not e(_, X).
-        """, {**GRAPH, "start": [(1,)]}),
-    "negation_of_recursive_with_constants": ("""
+        """,
+        {**GRAPH, "start": [(1,)]},
+    ),
+    "negation_of_recursive_with_constants": (
+        """
         p(X, Y) :- e(X, Y).
         p(X, Z) :- p(X, Y), e(Y, Z).
         notfrom1(X) :- node(X), !p(1, X).
         cyclic(X) :- p(X, X).
         acyclic(X) :- node(X), \\+ cyclic(X).
-        """, GRAPH),
-    "comparisons": ("""
+        """,
+        GRAPH,
+    ),
+    "comparisons": (
+        """
         lt(X, Y) :- v(X), v(Y), X < Y.
         ge(X, Y) :- v(X), v(Y), X >= Y, X != Y.
         big(X) :- v(X), X > 2.
         strs(X) :- v(X), X >= "b".
         eq(X, Y) :- v(X), w(Y), X = Y.
-        """, {"v": [(1,), (2,), (3,), (2.5,), ("a",), ("b",), ("c",)],
-              "w": [(2,), ("b",), (2.0,), ("z",)]}),
-    "arithmetic": ("""
+        """,
+        {
+            "v": [(1,), (2,), (3,), (2.5,), ("a",), ("b",), ("c",)],
+            "w": [(2,), ("b",), (2.0,), ("z",)],
+        },
+    ),
+    "arithmetic": (
+        """
         fib(0, 0).
         fib(1, 1).
         fib(N + 1, A + B) :- fib(N, A), fib(N - 1, B), N < 15.
         sq(X, Y) :- fib(X, _), Y = X * X.
         divmod(X, X / 3, X % 3) :- n(X).
-        """, {"n": [(-7,), (-1,), (0,), (5,), (9,)]}),
-    "arithmetic_counter_and_comparison": ("""
+        """,
+        {"n": [(-7,), (-1,), (0,), (5,), (9,)]},
+    ),
+    "arithmetic_counter_and_comparison": (
+        """
         cnt(0).
         cnt(Y) :- cnt(X), Y = X + 3, Y <= 20.
         pair(X, Y) :- cnt(X), cnt(Y), X + Y = 21.
-        """, {}),
-    "constants_in_heads": ("""
+        """,
+        {},
+    ),
+    "constants_in_heads": (
+        """
         tag("src", X) :- e(X, _).
         tag("dst", Y) :- e(_, Y).
         both(X, "yes", 1) :- tag("src", X), tag("dst", X).
-        """, GRAPH),
-    "nullary_atoms": ("""
+        """,
+        GRAPH,
+    ),
+    "nullary_atoms": (
+        """
         has_cycle() :- e(X, Y), e(Y, X).
         has_self :- e(X, X).
         ok() :- not bad().
         bad() :- e(100, _).
         out(X) :- node(X), has_self, ok().
         none(X) :- node(X), not has_cycle().
-        """, GRAPH),
-    "duplicate_rules_and_facts": ("""
+        """,
+        GRAPH,
+    ),
+    "duplicate_rules_and_facts": (
+        """
         p(X, Y) :- e(X, Y).
         p(X, Y) :- e(X, Y).
         p(X, Z) :- p(X, Y), e(Y, Z).
         p(X, Z) :- p(X, Y), e(Y, Z).
         e(1, 2).
         e(1, 2).
-        """, {"e": [(2, 3), (2, 3)]}),
-    "string_and_int_facts": ("""
+        """,
+        {"e": [(2, 3), (2, 3)]},
+    ),
+    "string_and_int_facts": (
+        """
         parent("alice", "bob").
         parent("bob", "carol").
         parent("carol", 7).
         parent(7, "dave").
         anc(X, Y) :- parent(X, Y).
         anc(X, Z) :- anc(X, Y), parent(Y, Z).
-        """, {}),
-    "wildcards": ("""
+        """,
+        {},
+    ),
+    "wildcards": (
+        """
         src(X) :- e(X, _).
         two(X) :- e(X, _), e(_, X).
         any() :- e(_, _).
         w3(A) :- t(A, _, _).
         w4(B, D) :- q(_, B, _, D).
-        """, {**GRAPH, "t": [(1, 2, 3), (4, 5, 6)], "q": [(1, 2, 3, 4), (5, 6, 7, 8)]}),
-    "repeated_variables": ("""
+        """,
+        {**GRAPH, "t": [(1, 2, 3), (4, 5, 6)], "q": [(1, 2, 3, 4), (5, 6, 7, 8)]},
+    ),
+    "repeated_variables": (
+        """
         self(X) :- e(X, X).
         diag(X, Y) :- t(X, Y, X).
         same(A) :- q(A, A, A, A).
-        """, {**GRAPH, "t": [(1, 2, 1), (1, 2, 3), (4, 4, 4)],
-              "q": [(1, 1, 1, 1), (1, 2, 1, 1), ("a", "a", "a", "a")]}),
-    "arity_three_and_four": ("""
+        """,
+        {
+            **GRAPH,
+            "t": [(1, 2, 1), (1, 2, 3), (4, 4, 4)],
+            "q": [(1, 1, 1, 1), (1, 2, 1, 1), ("a", "a", "a", "a")],
+        },
+    ),
+    "arity_three_and_four": (
+        """
         path3(A, B, C) :- e(A, B), e(B, C).
         path4(A, B, C, D) :- path3(A, B, C), e(C, D), A != D.
         r4(A, B, C, D) :- q(A, B, C, D).
         r4(A, B, C, D) :- r4(D, A, B, C), A < 9.
         back(A, D) :- path4(A, _, _, D), not r4(A, _, _, D).
-        """, {**GRAPH, "q": [(1, 2, 3, 4), (5, "x", 7, 8)]}),
-    "recursion_through_arity_three": ("""
+        """,
+        {**GRAPH, "q": [(1, 2, 3, 4), (5, "x", 7, 8)]},
+    ),
+    "recursion_through_arity_three": (
+        """
         reach(X, Y, 1) :- e(X, Y).
         reach(X, Z, N + 1) :- reach(X, Y, N), e(Y, Z), N < 4.
-        """, GRAPH),
-    "equality_binding": ("""
+        """,
+        GRAPH,
+    ),
+    "equality_binding": (
+        """
         copy(X, Y) :- e(X, Z), Y = Z.
         const(X, Y) :- node(X), Y = "c".
         loop(X) :- e(X, Y), X = Y.
-        """, GRAPH),
-    "empty_inputs": ("""
+        """,
+        GRAPH,
+    ),
+    "empty_inputs": (
+        """
         p(X) :- q(X).
         r(X) :- node(X), not p(X).
-        """, {"q": [], "node": [(1,), (2,)]}),
-    "deep_strata": ("""
+        """,
+        {"q": [], "node": [(1,), (2,)]},
+    ),
+    "deep_strata": (
+        """
         s1(X) :- node(X), not e(X, _).
         s2(X) :- node(X), not s1(X).
         s3(X) :- node(X), not s2(X), X > 2.
         s4(X) :- s2(X), not s3(X).
-        """, GRAPH),
+        """,
+        GRAPH,
+    ),
 }
 
 
@@ -159,8 +224,9 @@ def test_program_matches_reference(name):
     want = check_all(text, facts, arithmetic=arithmetic)
     assert want  # a model was computed (no error expected for these programs)
     # something was derived beyond the facts (the programs are not vacuous)
-    heads = {line.split("(")[0].split(":-")[0].strip() for line in text.splitlines()
-             if ":-" in line}
+    heads = {
+        line.split("(")[0].split(":-")[0].strip() for line in text.splitlines() if ":-" in line
+    }
     assert any(want[h] for h in heads), name
 
 
@@ -180,25 +246,28 @@ def test_expected_models():
     assert got["has_cycle"] == {()} and got["ok"] == {()} and got["none"] == set()
 
 
-@pytest.mark.parametrize("text, code", [
-    ("p(X) :- q(X), not p(X).", "cyclic_negation"),
-    ("a(X) :- q(X), not b(X).\nb(X) :- q(X), not a(X).", "cyclic_negation"),
-    ("a(X) :- q(X), not b(X).\nb(X) :- c(X).\nc(X) :- a(X).", "cyclic_negation"),
-    ("p(X, Y) :- q(X).", "unbound_variable"),
-    ("p(_) :- q(X).", "unbound_variable"),
-    ("p(X) :- not q(X).", "unbound_variable"),
-    ("p(X) :- q(Y), X > 3.", "unbound_variable"),
-    ("p(X) :- q(Y), X != Y.", "unbound_variable"),
-    ("p(X) :- q(X), Y = Z.", "unbound_variable"),
-    ("p(X + Y) :- q(X).", "unbound_variable"),
-    ("p(X :- q(X).", "parse_error"),
-    ("p(X) :- q(X)", "parse_error"),
-    ("p(X) :- q(X),.", "parse_error"),
-    ("p(X) :- .", "parse_error"),
-    ("p(\"unterminated) :- q(X).", "parse_error"),
-    ("p(X) : q(X).", "parse_error"),
-    ("p(X) :- q(X, Y).\np(X) :- q(X).", "arity_mismatch"),
-])
+@pytest.mark.parametrize(
+    "text, code",
+    [
+        ("p(X) :- q(X), not p(X).", "cyclic_negation"),
+        ("a(X) :- q(X), not b(X).\nb(X) :- q(X), not a(X).", "cyclic_negation"),
+        ("a(X) :- q(X), not b(X).\nb(X) :- c(X).\nc(X) :- a(X).", "cyclic_negation"),
+        ("p(X, Y) :- q(X).", "unbound_variable"),
+        ("p(_) :- q(X).", "unbound_variable"),
+        ("p(X) :- not q(X).", "unbound_variable"),
+        ("p(X) :- q(Y), X > 3.", "unbound_variable"),
+        ("p(X) :- q(Y), X != Y.", "unbound_variable"),
+        ("p(X) :- q(X), Y = Z.", "unbound_variable"),
+        ("p(X + Y) :- q(X).", "unbound_variable"),
+        ("p(X :- q(X).", "parse_error"),
+        ("p(X) :- q(X)", "parse_error"),
+        ("p(X) :- q(X),.", "parse_error"),
+        ("p(X) :- .", "parse_error"),
+        ('p("unterminated) :- q(X).', "parse_error"),
+        ("p(X) : q(X).", "parse_error"),
+        ("p(X) :- q(X, Y).\np(X) :- q(X).", "arity_mismatch"),
+    ],
+)
 def test_error_codes(text, code):
     with pytest.raises(tl.ProgramError) as info:
         evaluate(text, {"q": [(1,)]} if code != "arity_mismatch" else {})
@@ -227,17 +296,22 @@ def test_integers_past_64_bits_are_refused_with_a_code():
         evaluate("q(99999999999999999999999). p(X) :- q(X).")
     assert info.value.code == "parse_error" and "64 bits" in str(info.value)
     with pytest.raises(tl.ProgramError) as info:
-        evaluate("p(X) :- q(X).", {"q": [(1,), (2 ** 70,)]})
+        evaluate("p(X) :- q(X).", {"q": [(1,), (2**70,)]})
     assert info.value.code == "invalid_fact" and "64-bit" in str(info.value)
-    top = 2 ** 63 - 1
+    top = 2**63 - 1
     assert evaluate(f"q({top}). p(X) :- q(X).")["p"] == {(top,)}
 
 
 def test_tuple_lists_of_every_kind_of_constant():
     """Lists of int tuples take a vectorized path; mixed, float and string rows the general one:
     the same models either way."""
-    for rows in ([(1, 2), (2, 3), (1, 2)], [(1, 2), (2, "a")], [(1, 2.5), (2, 3)],
-                 [(True, 2), (2, 3)], [(1, 2), [2, 3]]):
+    for rows in (
+        [(1, 2), (2, 3), (1, 2)],
+        [(1, 2), (2, "a")],
+        [(1, 2.5), (2, 3)],
+        [(True, 2), (2, 3)],
+        [(1, 2), [2, 3]],
+    ):
         got = evaluate("p(X, Z) :- e(X, Y), e(Y, Z).\nq(X, Y) :- e(X, Y).", {"e": rows})
         norm = {tuple(r) for r in rows}
         assert got["q"] == norm

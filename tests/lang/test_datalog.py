@@ -21,8 +21,9 @@ ROUNDS = ("auto", "dense", "sparse")
 
 def run_rounds(text: str, facts: dict, rounds: str, **kw) -> dict[str, set]:
     """``evaluate`` with recursive rounds forced dense or sparse (or chosen per round)."""
-    an, dense, _ = evaluate_rules(parse_rules(text), normalize_facts(facts),
-                                  Options(rounds=rounds, **kw))
+    an, dense, _ = evaluate_rules(
+        parse_rules(text), normalize_facts(facts), Options(rounds=rounds, **kw)
+    )
     return decode_all(an, dense)
 
 
@@ -31,8 +32,9 @@ def check(text: str, facts: dict | None = None, **kw) -> dict[str, set]:
     "auto"); require the same relations (or the same error code)."""
     facts = facts or {}
     try:
-        want = reference.evaluate(parse_rules(text), {p: set(map(tuple, r)) for p, r in
-                                                      facts.items()})
+        want = reference.evaluate(
+            parse_rules(text), {p: set(map(tuple, r)) for p, r in facts.items()}
+        )
     except reference.RefError as exc:
         with pytest.raises(tl.ProgramError) as info:
             evaluate(text, facts, **kw)
@@ -76,43 +78,55 @@ def test_transitive_closure_random(seed):
 
 
 def test_transitive_closure_right_and_nonlinear():
-    check("""
+    check(
+        """
     p(X, Y) :- e(X, Y).
     p(X, Z) :- e(X, Y), p(Y, Z).
     q(X, Y) :- e(X, Y).
     q(X, Z) :- q(X, Y), q(Y, Z).
-    """, {"e": random_graph(15, 25, 3)})
+    """,
+        {"e": random_graph(15, 25, 3)},
+    )
 
 
 def test_same_generation():
     r = random.Random(5)
     parent = [(i, r.randrange(i)) for i in range(1, 25)]
-    check("""
+    check(
+        """
     sg(X, X) :- node(X).
     sg(X, Y) :- par(X, XP), sg(XP, YP), par(Y, YP).
     node(X) :- par(X, _).
     node(Y) :- par(_, Y).
-    """, {"par": parent})
+    """,
+        {"par": parent},
+    )
 
 
 def test_mutual_recursion():
-    got = check("""
+    got = check(
+        """
     even(0).
     odd(Y) :- even(X), succ(X, Y).
     even(Y) :- odd(X), succ(X, Y).
-    """, {"succ": [(i, i + 1) for i in range(9)]})
+    """,
+        {"succ": [(i, i + 1) for i in range(9)]},
+    )
     assert got["even"] == {(0,), (2,), (4,), (6,), (8,)}
 
 
 def test_stratified_negation():
-    got = check("""
+    got = check(
+        """
     reach(X, Y) :- edge(X, Y).
     reach(X, Z) :- reach(X, Y), edge(Y, Z).
     node(X) :- edge(X, _).
     node(Y) :- edge(_, Y).
     unreach(X, Y) :- node(X), node(Y), not reach(X, Y).
     isolated(X) :- node(X), not reach(X, _).
-    """, {"edge": [(1, 2), (2, 3), (4, 4), (5, 1)]})
+    """,
+        {"edge": [(1, 2), (2, 3), (4, 4), (5, 1)]},
+    )
     assert (3, 1) in got["unreach"] and (1, 3) not in got["unreach"]
     assert got["isolated"] == {(3,)}
 
@@ -120,10 +134,17 @@ def test_stratified_negation():
 def test_negation_spellings_agree():
     """``not p``, ``!p`` and Prolog's ``\\+ p`` are the same negation."""
     facts = {"edge": [(1, 2), (2, 3), (3, 1), (4, 5)]}
-    results = [evaluate(f"oneway(X, Y) :- edge(X, Y), {neg}edge(Y, X).", facts)["oneway"]
-               for neg in ("not ", "!", "\\+ ")]
-    assert results[0] == results[1] == results[2] == {(1, 2), (2, 3), (3, 1), (4, 5)} - {
-        (x, y) for x, y in facts["edge"] if (y, x) in facts["edge"]}
+    results = [
+        evaluate(f"oneway(X, Y) :- edge(X, Y), {neg}edge(Y, X).", facts)["oneway"]
+        for neg in ("not ", "!", "\\+ ")
+    ]
+    assert (
+        results[0]
+        == results[1]
+        == results[2]
+        == {(1, 2), (2, 3), (3, 1), (4, 5)}
+        - {(x, y) for x, y in facts["edge"] if (y, x) in facts["edge"]}
+    )
 
 
 def test_query_lines_are_accepted_and_recorded():
@@ -139,36 +160,45 @@ def test_query_lines_are_accepted_and_recorded():
 
 
 def test_constants_and_mixed_types():
-    got = check("""
+    got = check(
+        """
     a(X) :- f(X, "1").
     b(X) :- f(X, 1).
     c(X, "tag", 3) :- f(X, _).
     d :- f("x", 1).
-    """, {"f": [("x", 1), ("y", "1"), ("z", 1.5)]})
+    """,
+        {"f": [("x", 1), ("y", "1"), ("z", 1.5)]},
+    )
     assert got["a"] == {("y",)} and got["b"] == {("x",)}
     assert got["c"] == {("x", "tag", 3), ("y", "tag", 3), ("z", "tag", 3)}
     assert got["d"] == {()}
 
 
 def test_repeated_variables_and_wildcards():
-    got = check("""
+    got = check(
+        """
     loop(X) :- e(X, X).
     twice(X, X) :- e(X, _).
     any2(X) :- e(X, _), e(_, X).
     tri(X, Y, X) :- e(X, Y), e(Y, X).
-    """, {"e": [(1, 1), (1, 2), (2, 1), (3, 2)]})
+    """,
+        {"e": [(1, 1), (1, 2), (2, 1), (3, 2)]},
+    )
     assert got["loop"] == {(1,)}
     assert got["twice"] == {(1, 1), (2, 2), (3, 3)}
 
 
 def test_nullary_atoms():
-    got = check("""
+    got = check(
+        """
     go :- start.
     done :- go, not stop.
     stopped :- stop.
     out(X) :- done, item(X).
     start.
-    """, {"item": [(1,), (2,)]})
+    """,
+        {"item": [(1,), (2,)]},
+    )
     assert got["done"] == {()} and got["stopped"] == set() and got["out"] == {(1,), (2,)}
 
 
@@ -183,14 +213,17 @@ def test_facts_as_rules_and_empty_predicates():
 
 
 def test_comparisons():
-    got = check("""
+    got = check(
+        """
     lt(X, Y) :- n(X), n(Y), X < Y.
     ne(X, Y) :- n(X), n(Y), X != Y, Y >= 2.
     eq(X, Y) :- n(X), Y = X.
     c(X) :- n(X), X = 2.
     s(X) :- m(X), X > "b".
     mixed(X) :- m(X), X < 10.
-    """, {"n": [(1,), (2,), (3,)], "m": [("a",), ("c",), (5,)]})
+    """,
+        {"n": [(1,), (2,), (3,)], "m": [("a",), ("c",), (5,)]},
+    )
     assert got["lt"] == {(1, 2), (1, 3), (2, 3)} and got["c"] == {(2,)}
     assert got["s"] == {("c",)} and got["mixed"] == {(5,)}
 
@@ -209,21 +242,24 @@ def test_rules_as_list():
     assert got["p"] == {(1,)}
 
 
-@pytest.mark.parametrize("text,facts,code", [
-    ("p(X :- q(X).", {}, "parse_error"),
-    ("p(X) :- q(X)", {}, "parse_error"),
-    ("p(X) :- q(X, Y).\np(X) :- q(X).", {}, "arity_mismatch"),
-    ("p(X) :- q(X).", {"q": [(1, 2)]}, "arity_mismatch"),
-    ("p(X, Y) :- q(X).", {}, "unbound_variable"),
-    ("p(X) :- q(X), not r(Y).", {}, "unbound_variable"),
-    ("p(X) :- not q(X).", {}, "unbound_variable"),
-    ("p(_) :- q(X).", {}, "unbound_variable"),
-    ("p(X).", {}, "unbound_variable"),
-    ("p(X) :- q(X), X < Y.", {}, "unbound_variable"),
-    ("p(X) :- q(X), not p(X).", {}, "cyclic_negation"),
-    ("p(X) :- q(X), not r(X).\nr(X) :- q(X), p(X).", {}, "cyclic_negation"),
-    ("p(X) :- q(X).", {"q": [(None,)]}, "invalid_fact"),
-])
+@pytest.mark.parametrize(
+    "text,facts,code",
+    [
+        ("p(X :- q(X).", {}, "parse_error"),
+        ("p(X) :- q(X)", {}, "parse_error"),
+        ("p(X) :- q(X, Y).\np(X) :- q(X).", {}, "arity_mismatch"),
+        ("p(X) :- q(X).", {"q": [(1, 2)]}, "arity_mismatch"),
+        ("p(X, Y) :- q(X).", {}, "unbound_variable"),
+        ("p(X) :- q(X), not r(Y).", {}, "unbound_variable"),
+        ("p(X) :- not q(X).", {}, "unbound_variable"),
+        ("p(_) :- q(X).", {}, "unbound_variable"),
+        ("p(X).", {}, "unbound_variable"),
+        ("p(X) :- q(X), X < Y.", {}, "unbound_variable"),
+        ("p(X) :- q(X), not p(X).", {}, "cyclic_negation"),
+        ("p(X) :- q(X), not r(X).\nr(X) :- q(X), p(X).", {}, "cyclic_negation"),
+        ("p(X) :- q(X).", {"q": [(None,)]}, "invalid_fact"),
+    ],
+)
 def test_error_codes(text, facts, code):
     with pytest.raises(tl.ProgramError) as info:
         evaluate(text, facts)
@@ -248,14 +284,17 @@ def test_error_positions_name_the_atom():
 
 def test_memory_budget_names_the_relation():
     with pytest.raises(tl.ProgramError) as info:
-        evaluate("p(X, Y) :- q(X), q(Y).", {"q": [(i,) for i in range(100)]},
-                 memory_budget=10_000, representation="dense")
+        evaluate(
+            "p(X, Y) :- q(X), q(Y).",
+            {"q": [(i,) for i in range(100)]},
+            memory_budget=10_000,
+            representation="dense",
+        )
     assert info.value.code == "memory_budget"
     assert "'p'" in str(info.value) and "(100, 100)" in str(info.value)
     # the sparse form refuses the 10,000-row cross product too, naming the rule
     with pytest.raises(tl.ProgramError) as info:
-        evaluate("p(X, Y) :- q(X), q(Y).", {"q": [(i,) for i in range(100)]},
-                 memory_budget=10_000)
+        evaluate("p(X, Y) :- q(X), q(Y).", {"q": [(i,) for i in range(100)]}, memory_budget=10_000)
     assert info.value.code == "memory_budget" and "'p'" in str(info.value)
 
 
@@ -270,9 +309,11 @@ def test_fuzzy_and_probabilistic():
     assert evaluate(TC, facts, semantics="fuzzy")["path"] == {(1, 2), (2, 3), (1, 3)}
     from tensorlogic.lang.facts import normalize_facts
     from tensorlogic.lang.fixpoint import Options, evaluate_rules
+
     for sem, want in (("fuzzy", 0.25), ("probabilistic", 1 - (1 - 0.2) * (1 - 0.25))):
-        an, dense, _ = evaluate_rules(parse_rules(TC), normalize_facts(facts),
-                                      Options(semantics=sem))
+        an, dense, _ = evaluate_rules(
+            parse_rules(TC), normalize_facts(facts), Options(semantics=sem)
+        )
         idx = an.domains.index[an.domains.of_position[("path", 0)]]
         assert dense["path"].to_dense()[idx[1], idx[3]] == pytest.approx(want, rel=1e-5)
 
@@ -304,8 +345,9 @@ def programs(draw):
     rules = []
     for _ in range(draw(st.integers(1, 5))):
         head = draw(st.sampled_from(DERIVED))
-        body = [_lit(draw, draw(st.sampled_from(sorted(PREDS))))
-                for _ in range(draw(st.integers(1, 3)))]
+        body = [
+            _lit(draw, draw(st.sampled_from(sorted(PREDS)))) for _ in range(draw(st.integers(1, 3)))
+        ]
         bound = {v for b in body for v in VARS if f"({v}" in b or f" {v}" in b}
         if draw(st.booleans()):
             body.append("not " + _lit(draw, draw(st.sampled_from(sorted(PREDS))), bound))
@@ -313,8 +355,9 @@ def programs(draw):
             x = draw(st.sampled_from(sorted(bound)))
             rhs = draw(st.sampled_from(sorted(bound) + ['"a"', "1"]))
             body.append(f"{x} {draw(st.sampled_from(['=', '!=', '<']))} {rhs}")
-        rules.append(f"{_lit(draw, head, bound if draw(st.integers(0, 9)) else None)} :- "
-                     f"{', '.join(body)}.")
+        rules.append(
+            f"{_lit(draw, head, bound if draw(st.integers(0, 9)) else None)} :- {', '.join(body)}."
+        )
     facts = {}
     for p in BASE:
         rows = draw(st.lists(st.tuples(*[st.sampled_from(CONSTS)] * PREDS[p]), max_size=6))
@@ -358,10 +401,10 @@ def test_bodies_of_comparisons_only():
 def _kinds(text: str, facts: dict, **kw) -> str:
     """Check every mode against the reference; the round kinds of the "auto" run with ``kw``."""
     check(text, facts)
-    an, dense, ev = evaluate_rules(parse_rules(text), normalize_facts(facts),
-                                   Options(representation="dense", **kw))
-    want = reference.evaluate(parse_rules(text), {p: set(map(tuple, r)) for p, r in
-                                                  facts.items()})
+    an, dense, ev = evaluate_rules(
+        parse_rules(text), normalize_facts(facts), Options(representation="dense", **kw)
+    )
+    want = reference.evaluate(parse_rules(text), {p: set(map(tuple, r)) for p, r in facts.items()})
     got = decode_all(an, dense)
     assert all(got[p] == want[p] for p in want)
     return "".join(ev.round_kinds.values())
@@ -381,34 +424,41 @@ def test_sparse_round_over_budget_runs_dense():
     # tuple, far over a budget sized for one candidate per tuple
     n = 20
     edges = [(i, j) for i in range(n) for j in range(n)]
-    kinds = _kinds(TC, {"edge": edges}, flops_per_candidate=2.0 * n ** 3 / (n * n))
+    kinds = _kinds(TC, {"edge": edges}, flops_per_candidate=2.0 * n**3 / (n * n))
     assert kinds.startswith("x"), kinds
 
 
 def test_sparse_rounds_several_recursive_atoms():
-    check("""
+    check(
+        """
     p(X, Y) :- e(X, Y).
     p(X, W) :- p(X, Y), p(Y, Z), p(Z, W).
     t(X, Y, Z) :- e(X, Y), e(Y, Z).
     t(X, Y, W) :- t(X, Y, Z), p(Z, W), not e(W, X).
     c(X) :- t(X, X, _).
     c(Y) :- c(X), p(X, Y), p(Y, X).
-    """, {"e": random_graph(12, 22, 11)})
+    """,
+        {"e": random_graph(12, 22, 11)},
+    )
 
 
 def test_sparse_rounds_mutual_recursion_with_lower_negation_and_comparisons():
-    check("""
+    check(
+        """
     blocked(X) :- n(X), not e(X, _).
     a(X, Y) :- e(X, Y), X < Y.
     b(X, Y) :- a(X, Z), e(Z, Y), not blocked(Y), X != Y.
     a(X, Y) :- b(X, Y), Y >= 3.
     a(X, Y) :- b(Y, X), X = Y.
     b(X, Y) :- b(X, Z), Z = Y, a(Y, _).
-    """, {"e": random_graph(14, 30, 2), "n": [(i,) for i in range(16)]})
+    """,
+        {"e": random_graph(14, 30, 2), "n": [(i,) for i in range(16)]},
+    )
 
 
 def test_sparse_rounds_projection_cross_product_and_bindings():
-    check("""
+    check(
+        """
     r(X) :- s(X).
     r(X) :- r(Y), e(Y, Z), e(Z, X).
     pair(X, Y) :- r(X), f(Y).
@@ -416,11 +466,14 @@ def test_sparse_rounds_projection_cross_product_and_bindings():
     tag(X, 1) :- r(X).
     tag(X, K) :- tag(X, J), e(J, K), K = 2.
     tag(X, Y) :- tag(Y, X), X = Y.
-    """, {"s": [(0,)], "e": random_graph(10, 18, 4), "f": [(1,), (3,)]})
+    """,
+        {"s": [(0,)], "e": random_graph(10, 18, 4), "f": [(1,), (3,)]},
+    )
 
 
 def test_sparse_rounds_nullary_constants_and_repeated_variables():
-    check("""
+    check(
+        """
     go :- start.
     on(X) :- go, e(0, X).
     on(Y) :- on(X), e(X, Y), go.
@@ -428,7 +481,9 @@ def test_sparse_rounds_nullary_constants_and_repeated_variables():
     loop(X, Y) :- loop(Z, Z), e(Z, X), e(X, Y).
     back(X) :- on(X), loop(X, X), not stop.
     start.
-    """, {"e": random_graph(9, 20, 8) + [(3, 3)]})
+    """,
+        {"e": random_graph(9, 20, 8) + [(3, 3)]},
+    )
 
 
 def test_sparse_rounds_empty_and_full_deltas():
@@ -470,8 +525,10 @@ def test_sparse_rounds_constants_nullary_heads_and_ordering(monkeypatch):
 def test_sparse_round_too_large_for_memory_runs_dense():
     n = 20
     edges = [(i, j) for i in range(n) for j in range(n)]
-    an, dense, ev = evaluate_rules(parse_rules(TC), normalize_facts({"edge": edges}),
-                                   Options(rounds="sparse", memory_budget=128 * 1000,
-                                           representation="dense"))
+    an, dense, ev = evaluate_rules(
+        parse_rules(TC),
+        normalize_facts({"edge": edges}),
+        Options(rounds="sparse", memory_budget=128 * 1000, representation="dense"),
+    )
     assert ev.round_kinds[("path",)].startswith("x")  # 8000 candidate rows > 1000 allowed
     assert len(decode_all(an, dense)["path"]) == n * n

@@ -19,9 +19,11 @@ def _graph(text: str, arrays: dict) -> tl.EinsumGraph:
 
 def test_weights_first_products_are_built_in_the_left_sides_order():
     rng = np.random.default_rng(0)
-    a = {"X": rng.standard_normal((6, 5)).astype(np.float32),
-         "W": rng.standard_normal((4, 5)).astype(np.float32),
-         "B": rng.standard_normal(4).astype(np.float32)}
+    a = {
+        "X": rng.standard_normal((6, 5)).astype(np.float32),
+        "W": rng.standard_normal((4, 5)).astype(np.float32),
+        "B": rng.standard_normal(4).astype(np.float32),
+    }
     g = _graph("Y[b, o.] = softmax(W[o, i] X[b, i] + B[o])", a)
     # the product lands as [b, o] directly: no transpose, and the softmax runs along rows
     specs = [n.args["spec"] for n in g if n.kind == ops.EINSUM]
@@ -36,8 +38,10 @@ def test_weights_first_products_are_built_in_the_left_sides_order():
 
 def test_indices_absent_from_the_left_side_follow_it():
     rng = np.random.default_rng(1)
-    a = {"A": rng.standard_normal((3, 4)).astype(np.float32),
-         "C": rng.standard_normal((4, 2)).astype(np.float32)}
+    a = {
+        "A": rng.standard_normal((3, 4)).astype(np.float32),
+        "C": rng.standard_normal((4, 2)).astype(np.float32),
+    }
     g = _graph("Z[j, i] = A[i, k] C[k, j]", a)
     out = tl.compile(g, backend="numpy", opt_level=0)(**a)["Z"]
     np.testing.assert_allclose(out, (a["A"] @ a["C"]).T, rtol=1e-5, atol=1e-6)

@@ -19,9 +19,16 @@ def test_linear_regression_recovers_the_weights(rng):
     x = rng.standard_normal((64, 4)).astype(np.float32)
     w = rng.standard_normal(4).astype(np.float32)
     y = x @ w + 0.7
-    hist = p.fit({"X": x, "Y": y}, loss="Loss", params=["W", "B"], epochs=300,
-                 init={"W": np.zeros(4), "B": 0.0}, optimizer=tl.optim.Adam(lr=0.05),
-                 backend="numpy", progress=False)
+    hist = p.fit(
+        {"X": x, "Y": y},
+        loss="Loss",
+        params=["W", "B"],
+        epochs=300,
+        init={"W": np.zeros(4), "B": 0.0},
+        optimizer=tl.optim.Adam(lr=0.05),
+        backend="numpy",
+        progress=False,
+    )
     assert hist.losses[-1] < 1e-4 * hist.losses[0]
     np.testing.assert_allclose(p.params["W"], w, atol=1e-2)
     np.testing.assert_allclose(p.params["B"], 0.7, atol=1e-2)
@@ -29,8 +36,15 @@ def test_linear_regression_recovers_the_weights(rng):
     out = p.run(X=x, Y=y, backend="numpy")
     assert out["Loss"] < 1e-4
     # and a second fit starts where the first ended
-    again = p.fit({"X": x, "Y": y}, loss="Loss", params=["W", "B"], epochs=1,
-                  optimizer=tl.optim.SGD(lr=1e-3), backend="numpy", progress=False)
+    again = p.fit(
+        {"X": x, "Y": y},
+        loss="Loss",
+        params=["W", "B"],
+        epochs=1,
+        optimizer=tl.optim.SGD(lr=1e-3),
+        backend="numpy",
+        progress=False,
+    )
     assert again.losses[0] == pytest.approx(float(out["Loss"]), rel=1e-3, abs=1e-7)
 
 
@@ -48,9 +62,16 @@ def test_declared_mlp_learns_a_classification_from_batches(rng):
     labels = rng.integers(0, 3, 600)
     x = (centers[labels] + 0.5 * rng.standard_normal((600, 2))).astype(np.float32)
     t = np.eye(3, dtype=np.float32)[labels]
-    batches = [{"X": x[i:i + 100], "T": t[i:i + 100]} for i in range(0, 600, 100)]
-    hist = p.fit(batches, loss="Loss", params=["W1", "B1", "W2", "B2"], epochs=20,
-                 optimizer=tl.optim.Adam(lr=0.02), backend="numba", progress=False)
+    batches = [{"X": x[i : i + 100], "T": t[i : i + 100]} for i in range(0, 600, 100)]
+    hist = p.fit(
+        batches,
+        loss="Loss",
+        params=["W1", "B1", "W2", "B2"],
+        epochs=20,
+        optimizer=tl.optim.Adam(lr=0.02),
+        backend="numba",
+        progress=False,
+    )
     assert hist.steps == 120 and hist.epoch_losses[-1] < 0.3 * hist.epoch_losses[0]
     pred = p.run(X=x, T=t, backend="numpy")["Y"].argmax(axis=1)
     assert (pred == labels).mean() > 0.95
@@ -67,9 +88,17 @@ def test_fit_reads_relations_of_the_rules(rng):
         Loss avg= Err[x] Err[x]
     """)
     edges = [(0, 1), (1, 2), (2, 3), (3, 4)]
-    p.fit({}, loss="Loss", params=["S"], init={"S": np.zeros(5)}, epochs=400,
-          facts={"edge": edges}, optimizer=tl.optim.Adam(lr=0.1), backend="numpy",
-          progress=False)
+    p.fit(
+        {},
+        loss="Loss",
+        params=["S"],
+        init={"S": np.zeros(5)},
+        epochs=400,
+        facts={"edge": edges},
+        optimizer=tl.optim.Adam(lr=0.1),
+        backend="numpy",
+        progress=False,
+    )
     np.testing.assert_allclose(p.params["S"], [4, 3, 2, 1, 0], atol=0.05)
 
 

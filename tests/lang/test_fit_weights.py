@@ -28,9 +28,16 @@ def test_fact_weights_are_recovered_from_derived_values(semantics, rng):
     ref = evaluate(PATH, {"edge": true}, semantics=semantics, as_relations=True)
     target = _weights(ref["path"])
     p = tl.parse(PATH)
-    hist = p.fit_weights({"path": target}, facts={"edge": {e: 0.5 for e in edges}},
-                         semantics=semantics, learn_rules=False, learn_facts=["edge"],
-                         epochs=500, backend="numpy", progress=False)
+    hist = p.fit_weights(
+        {"path": target},
+        facts={"edge": {e: 0.5 for e in edges}},
+        semantics=semantics,
+        learn_rules=False,
+        learn_facts=["edge"],
+        epochs=500,
+        backend="numpy",
+        progress=False,
+    )
     assert hist.losses[-1] < hist.losses[0]
     got = p.fact_weights["edge"]
     assert set(got) == set(edges)
@@ -38,8 +45,7 @@ def test_fact_weights_are_recovered_from_derived_values(semantics, rng):
         for e in edges:
             assert got[e] == pytest.approx(true[e], abs=0.02)
     # the learned weights reproduce the examples through the evaluator's own fixpoint
-    again = _weights(evaluate(PATH, {"edge": got}, semantics=semantics,
-                              as_relations=True)["path"])
+    again = _weights(evaluate(PATH, {"edge": got}, semantics=semantics, as_relations=True)["path"])
     for k, v in target.items():
         assert again[k] == pytest.approx(v, abs=0.03)
 
@@ -47,11 +53,18 @@ def test_fact_weights_are_recovered_from_derived_values(semantics, rng):
 def test_weighted_relations_match_the_evaluator(rng):
     edges = {(a, b): float(rng.uniform(0.1, 1.0)) for a, b in [(0, 1), (1, 2), (2, 0), (2, 3)]}
     p = tl.parse(PATH)
-    p.fit_weights({"path": {(0, 1): 0.5}}, facts={"edge": edges}, semantics="fuzzy",
-                  learn_rules=False, learn_facts=["edge"], epochs=1,
-                  optimizer=tl.optim.SGD(lr=1e-12), backend="numpy", progress=False)
-    ref = _weights(evaluate(PATH, {"edge": edges}, semantics="fuzzy",
-                            as_relations=True)["path"])
+    p.fit_weights(
+        {"path": {(0, 1): 0.5}},
+        facts={"edge": edges},
+        semantics="fuzzy",
+        learn_rules=False,
+        learn_facts=["edge"],
+        epochs=1,
+        optimizer=tl.optim.SGD(lr=1e-12),
+        backend="numpy",
+        progress=False,
+    )
+    ref = _weights(evaluate(PATH, {"edge": edges}, semantics="fuzzy", as_relations=True)["path"])
     dense = p.weighted_relations["path"]
     nodes = [0, 1, 2, 3]  # the constants in value order, as the dense axes hold them
     for (a, b), v in ref.items():
@@ -67,8 +80,13 @@ def test_rule_weights_learn_which_rule_explains_the_examples():
     friend = [("a", "b"), ("b", "c"), ("c", "d")]
     colleague = [("a", "c"), ("b", "d"), ("a", "d")]
     examples = {"likes": {**{f: 1.0 for f in friend}, **{c: 0.0 for c in colleague}}}
-    p.fit_weights(examples, facts={"friend": friend, "colleague": colleague}, epochs=300,
-                  backend="numpy", progress=False)
+    p.fit_weights(
+        examples,
+        facts={"friend": friend, "colleague": colleague},
+        epochs=300,
+        backend="numpy",
+        progress=False,
+    )
     w = p.rule_weights
     assert set(w) == {"likes (line 2)", "likes (line 3)"}
     assert w["likes (line 2)"] > 0.95 and w["likes (line 3)"] < 0.05

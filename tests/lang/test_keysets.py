@@ -40,8 +40,9 @@ def test_mark_new_scan_distinct_expand(path, space):
     scratch = keysets.bitmap(space)
     first = keysets.distinct(keys, scratch)
     assert not scratch.any()
-    assert first.tolist() == sorted({k: i for i, k in reversed(list(enumerate(keys.tolist())))
-                                     }.values())
+    assert first.tolist() == sorted(
+        {k: i for i, k in reversed(list(enumerate(keys.tolist())))}.values()
+    )
     for m in (5, n):  # few keys for the bitmap (sorted) and many (read back from the bitmap)
         assert keysets.sort_distinct(keys[:m], scratch).tolist() == sorted(set(keys[:m].tolist()))
         assert not scratch.any()
@@ -54,8 +55,7 @@ def test_mark_new_scan_distinct_expand(path, space):
 
 
 def _form(known: Known) -> str:
-    return "byte" if known.bytemap is not None else "bit" if known.bitmap is not None else \
-        "chunks"
+    return "byte" if known.bytemap is not None else "bit" if known.bitmap is not None else "chunks"
 
 
 @pytest.mark.parametrize("form", ["byte", "bit", "chunks", "grows"])
@@ -64,8 +64,9 @@ def test_known_matches_python_sets(path, form, monkeypatch):
         monkeypatch.setattr(relset, "BITMAP_BITS", 0)
         # bit: a bitmap from the start; chunks: never one; grows: sorted chunks until the
         # tuples are dense enough for a bitmap
-        monkeypatch.setattr(relset, "BITMAP_WORDS_PER_TUPLE",
-                            {"bit": 1 << 40, "chunks": 0, "grows": 1}[form])
+        monkeypatch.setattr(
+            relset, "BITMAP_WORDS_PER_TUPLE", {"bit": 1 << 40, "chunks": 0, "grows": 1}[form]
+        )
     rng = np.random.default_rng(7)
     bits, arity = 5, 2
     start = rng.integers(0, 1 << bits, (10, arity))

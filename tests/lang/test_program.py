@@ -65,8 +65,7 @@ def test_equation_errors():
         tl.parse("Y[i] = W[i,j] X[j]").run(W=np.ones((2, 3), np.float32))
     assert info.value.code == "missing_data" and "line 1, column 15" in str(info.value)
     with pytest.raises(tl.ProgramError) as info:
-        tl.parse("Y[i] = W[i,j] X[j]").run(W=np.ones((2, 3), np.float32),
-                                            X=np.ones(2, np.float32))
+        tl.parse("Y[i] = W[i,j] X[j]").run(W=np.ones((2, 3), np.float32), X=np.ones(2, np.float32))
     assert info.value.code == "shape_mismatch"
     with pytest.raises(tl.ProgramError) as info:
         tl.parse("A[i] = B[i]\nB[i] = A[i]").run()
@@ -83,8 +82,10 @@ def test_equation_errors():
 
 
 def test_program_query_and_symbols():
-    p = tl.parse('edge("a", "b").\nedge("b", "c").\npath(X, Y) :- edge(X, Y).\n'
-                 "path(X, Z) :- path(X, Y), edge(Y, Z).")
+    p = tl.parse(
+        'edge("a", "b").\nedge("b", "c").\npath(X, Y) :- edge(X, Y).\n'
+        "path(X, Z) :- path(X, Y), edge(Y, Z)."
+    )
     assert p.query("path") == {("a", "b"), ("b", "c"), ("a", "c")}
     assert p.query("path", facts={"edge": [("c", "d")]}) >= {("a", "d")}
     with pytest.raises(tl.ProgramError) as info:
@@ -101,8 +102,9 @@ def _reference_relations(path: Path) -> dict:
 
 
 def _datalog_part(path: Path) -> str:
-    return "\n".join(line for line in path.read_text().splitlines()
-                     if ":-" in line or line.strip().endswith("."))
+    return "\n".join(
+        line for line in path.read_text().splitlines() if ":-" in line or line.strip().endswith(".")
+    )
 
 
 def test_example_kinship():
@@ -130,8 +132,13 @@ def test_example_reachability():
 
 def test_example_mlp(rng):
     p = tl.load_program(EXAMPLES / "mlp.tl")
-    d = {"X": rand(rng, 5, 8), "W1": rand(rng, 16, 8), "B1": rand(rng, 16),
-         "W2": rand(rng, 4, 16), "B2": rand(rng, 4)}
+    d = {
+        "X": rand(rng, 5, 8),
+        "W1": rand(rng, 16, 8),
+        "B1": rand(rng, 16),
+        "W2": rand(rng, 4, 16),
+        "B2": rand(rng, 4),
+    }
     out = p.run(**d)
     H = np.maximum(d["X"] @ d["W1"].T + d["B1"], 0)
     z = H @ d["W2"].T + d["B2"]
@@ -141,8 +148,13 @@ def test_example_mlp(rng):
 
 def test_example_attention(rng):
     p = tl.load_program(EXAMPLES / "attention.tl")
-    d = {"Emb": rand(rng, 6, 8), "WQ": rand(rng, 4, 8), "WK": rand(rng, 4, 8),
-         "WV": rand(rng, 5, 8), "Dk": np.float32(4.0)}
+    d = {
+        "Emb": rand(rng, 6, 8),
+        "WQ": rand(rng, 4, 8),
+        "WK": rand(rng, 4, 8),
+        "WV": rand(rng, 5, 8),
+        "Dk": np.float32(4.0),
+    }
     out = p.run(**d)
     q, k, v = d["Emb"] @ d["WQ"].T, d["Emb"] @ d["WK"].T, d["Emb"] @ d["WV"].T
     s = q @ k.T / 2.0
@@ -154,8 +166,13 @@ def test_example_attention(rng):
 
 def test_example_kernel_machine(rng):
     p = tl.load_program(EXAMPLES / "kernel_machine.tl")
-    d = {"X": rand(rng, 7, 3), "Xq": rand(rng, 5, 3), "A": rng.random(7, dtype=np.float32),
-         "Ys": np.sign(rand(rng, 7)).astype(np.float32), "B": np.float32(0.1)}
+    d = {
+        "X": rand(rng, 7, 3),
+        "Xq": rand(rng, 5, 3),
+        "A": rng.random(7, dtype=np.float32),
+        "Ys": np.sign(rand(rng, 7)).astype(np.float32),
+        "B": np.float32(0.1),
+    }
     out = p.run(**d)
     K = (d["Xq"] @ d["X"].T + 1) ** 2
     score = K @ (d["A"] * d["Ys"]) + d["B"]
@@ -172,8 +189,9 @@ def test_example_embedding_reasoning(rng):
     out = p.run(Emb=emb, T=np.float32(0.3))
     score = emb @ (emb.T @ likes @ emb) @ emb.T
     np.testing.assert_allclose(out["Score"], score, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(out["Query"], 1 / (1 + np.exp(-(score - 0.5) / 0.3)),
-                               rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(
+        out["Query"], 1 / (1 + np.exp(-(score - 0.5) / 0.3)), rtol=1e-4, atol=1e-4
+    )
     # orthonormal embeddings and a low temperature give back the relation itself
     sharp = p.run(Emb=np.eye(4, dtype=np.float32), T=np.float32(0.01))["Query"]
     np.testing.assert_allclose(sharp, likes, atol=1e-6)
@@ -182,18 +200,25 @@ def test_example_embedding_reasoning(rng):
 def test_cli_runs_programs(tmp_path, capsys):
     facts = tmp_path / "facts.json"
     facts.write_text(json.dumps({"Edge": [[6, 7]]}))
-    assert main(["run", str(EXAMPLES / "reachability.tl"), "--facts", str(facts),
-                 "--query", "Reach"]) == 0
+    assert (
+        main(["run", str(EXAMPLES / "reachability.tl"), "--facts", str(facts), "--query", "Reach"])
+        == 0
+    )
     lines = capsys.readouterr().out.split("\n")
     assert "(5, 7)" in lines and "(1, 4)" in lines
     assert main(["run", str(EXAMPLES / "kinship.tl")]) == 0
     out = capsys.readouterr().out
-    assert 'aunt: 3 tuple(s)' in out and '("carol", "dave")' in out
+    assert "aunt: 3 tuple(s)" in out and '("carol", "dave")' in out
     assert main(["run", str(EXAMPLES / "kinship.tl"), "--query", "nope"]) == 2
     assert "unknown relation" in capsys.readouterr().err
     inputs = tmp_path / "in.npz"
-    np.savez(inputs, X=np.ones((2, 8), np.float32), W1=np.ones((16, 8), np.float32),
-             B1=np.zeros(16, np.float32), W2=np.ones((4, 16), np.float32),
-             B2=np.zeros(4, np.float32))
+    np.savez(
+        inputs,
+        X=np.ones((2, 8), np.float32),
+        W1=np.ones((16, 8), np.float32),
+        B1=np.zeros(16, np.float32),
+        W2=np.ones((4, 16), np.float32),
+        B2=np.zeros(4, np.float32),
+    )
     assert main(["run", str(EXAMPLES / "mlp.tl"), "--inputs", str(inputs)]) == 0
     assert "Y: shape=(2, 4)" in capsys.readouterr().out

@@ -21,8 +21,11 @@ from tensorlogic.lang.parser import parse_rules
 from . import reference
 
 TC = "p(X, Y) :- e(X, Y).\np(X, Z) :- p(X, Y), e(Y, Z)."
-REPRESENTATIONS = ({"representation": "sparse"}, {"representation": "dense"},
-                   {"dense_cells": 6})  # mixed: dense for relations of at most 6 cells
+REPRESENTATIONS = (
+    {"representation": "sparse"},
+    {"representation": "dense"},
+    {"dense_cells": 6},
+)  # mixed: dense for relations of at most 6 cells
 
 
 def run(text: str, facts: dict, **kw) -> tuple[dict, object]:
@@ -31,8 +34,7 @@ def run(text: str, facts: dict, **kw) -> tuple[dict, object]:
 
 
 def reference_model(text: str, facts: dict) -> dict:
-    return reference.evaluate(parse_rules(text), {p: set(map(tuple, r)) for p, r in
-                                                  facts.items()})
+    return reference.evaluate(parse_rules(text), {p: set(map(tuple, r)) for p, r in facts.items()})
 
 
 @contextlib.contextmanager
@@ -113,8 +115,10 @@ def programs(draw):
     rules = []
     for k in range(draw(st.integers(1, 6))):
         top = k > 0 and draw(st.integers(0, 3)) == 0
-        body = [_atom(draw, p, PREDS[p], VARS)
-                for p in draw(st.lists(st.sampled_from(sorted(PREDS)), min_size=1, max_size=3))]
+        body = [
+            _atom(draw, p, PREDS[p], VARS)
+            for p in draw(st.lists(st.sampled_from(sorted(PREDS)), min_size=1, max_size=3))
+        ]
         bound = sorted({v for b in body for v in VARS if f"({v}" in b or f" {v}" in b})
         if draw(st.booleans()):
             p = draw(st.sampled_from(sorted(PREDS)))
@@ -149,17 +153,22 @@ def test_random_programs_every_representation_matches_reference(prog):
 
 # ---------------------------------------------------------------------- conformance
 def test_arithmetic_terms():
-    want = check_all("""
+    want = check_all(
+        """
     a(X, Y, X + Y) :- r(X, Y).
     b(Y) :- r(X, _), Y = X * 2.
     c(X - Y - 1, X / 2, X % 4, -X) :- r(X, Y).
     d(X) :- r(X, Y), X + 1 > Y * 2.
     f(X / 2.0) :- r(X, _).
-    """, {"r": [(7, 2), (-7, 3), (0, 0)]}, arithmetic=True)
+    """,
+        {"r": [(7, 2), (-7, 3), (0, 0)]},
+        arithmetic=True,
+    )
     assert (7, 2, 9) in want["a"] and (-14,) in want["b"]
     assert (-7 - 3 - 1, -3, -3, 7) in want["c"]  # left-associative; / and % toward zero
-    got = evaluate("c(X / 0) :- r(X). d(X % 0) :- r(X). e(X + 1) :- s(X).",
-                   {"r": [(5,)], "s": [("a",), (1,)]})
+    got = evaluate(
+        "c(X / 0) :- r(X). d(X % 0) :- r(X). e(X + 1) :- s(X).", {"r": [(5,)], "s": [("a",), (1,)]}
+    )
     assert got["c"] == set() and got["d"] == set() and got["e"] == {(2,)}  # undefined: no tuple
 
 
@@ -172,15 +181,18 @@ def test_arithmetic_values_join_the_domain_during_the_fixpoint():
     assert prog.relation("n").to_dense().tolist() == [1.0] * 6
 
 
-@pytest.mark.parametrize("text, code", [
-    ("p(Y + 1) :- q(X).", "unbound_variable"),
-    ("p(X) :- q(X), Y > X + Z.", "unbound_variable"),
-    ("p(X + _) :- q(X).", "unbound_variable"),
-    ("Ok() :- not Ok().", "cyclic_negation"),
-    ("p(_) :- q(X).", "unbound_variable"),
-    ("p(X, Y) :- q(X).", "unbound_variable"),
-    ("p(X) :- q(X), not r(X, Y).", "unbound_variable"),
-])
+@pytest.mark.parametrize(
+    "text, code",
+    [
+        ("p(Y + 1) :- q(X).", "unbound_variable"),
+        ("p(X) :- q(X), Y > X + Z.", "unbound_variable"),
+        ("p(X + _) :- q(X).", "unbound_variable"),
+        ("Ok() :- not Ok().", "cyclic_negation"),
+        ("p(_) :- q(X).", "unbound_variable"),
+        ("p(X, Y) :- q(X).", "unbound_variable"),
+        ("p(X) :- q(X), not r(X, Y).", "unbound_variable"),
+    ],
+)
 def test_semantic_error_codes(text, code):
     with pytest.raises(tl.ProgramError) as info:
         evaluate(text, {"q": [(1,)]})
@@ -221,8 +233,12 @@ def test_relation_object():
 
 
 def test_relation_strings_mixed_and_weights():
-    rels = evaluate("q(X, Y) :- r(X, Y).", {"r": {("a", 1): 0.5, (2.5, "b"): 0.25}},
-                    semantics="fuzzy", as_relations=True)
+    rels = evaluate(
+        "q(X, Y) :- r(X, Y).",
+        {"r": {("a", 1): 0.5, (2.5, "b"): 0.25}},
+        semantics="fuzzy",
+        as_relations=True,
+    )
     q = rels["q"]
     assert q.to_set() == {("a", 1), (2.5, "b")}
     w = dict(zip(q, q.weights.tolist()))
@@ -262,18 +278,22 @@ def test_array_inputs_agree_with_tuples():
     strs = np.array([f"n{i}" for i in range(5)])
     got = evaluate("q(X) :- r(X).", {"r": strs})["q"]
     assert got == {(s,) for s in strs.tolist()}
-    got = evaluate("q(X, Y) :- r(X, Y).", {"r": (np.array([1.5, 2.0]),
-                                                  np.array(["a", "b"], dtype=object))})["q"]
+    got = evaluate(
+        "q(X, Y) :- r(X, Y).", {"r": (np.array([1.5, 2.0]), np.array(["a", "b"], dtype=object))}
+    )["q"]
     assert got == {(1.5, "a"), (2, "b")}
 
 
-@pytest.mark.parametrize("facts", [
-    {"e": np.zeros((2, 2, 2))},
-    {"e": (np.array([1, 2]), np.array([1]))},
-    {"e": np.array([[1.0, np.nan]])},
-    {"e": (np.array([1, 2]), np.array([None, 1], dtype=object))},
-    {"e": np.array([[1 + 2j, 2]])},
-])
+@pytest.mark.parametrize(
+    "facts",
+    [
+        {"e": np.zeros((2, 2, 2))},
+        {"e": (np.array([1, 2]), np.array([1]))},
+        {"e": np.array([[1.0, np.nan]])},
+        {"e": (np.array([1, 2]), np.array([None, 1], dtype=object))},
+        {"e": np.array([[1 + 2j, 2]])},
+    ],
+)
 def test_bad_array_inputs(facts):
     with pytest.raises(tl.ProgramError) as info:
         evaluate(TC, facts)
@@ -283,8 +303,13 @@ def test_bad_array_inputs(facts):
 # ---------------------------------------------------------------------- scale and shape
 def test_ten_million_constants():
     n = 10_000_000
-    got = evaluate("small(X) :- big(X), X < 5.\nnext(Y) :- small(X), Y = X + n0, big(Y).\n"
-                   .replace("n0", str(n - 5)), {"big": np.arange(n)}, as_relations=True)
+    got = evaluate(
+        "small(X) :- big(X), X < 5.\nnext(Y) :- small(X), Y = X + n0, big(Y).\n".replace(
+            "n0", str(n - 5)
+        ),
+        {"big": np.arange(n)},
+        as_relations=True,
+    )
     assert got["small"].to_set() == {(i,) for i in range(5)}
     assert got["next"].to_set() == {(n - 5 + i,) for i in range(5)}
     assert len(got["big"]) == n
@@ -301,24 +326,28 @@ def test_arity_four_with_keys_wider_than_62_bits():
     j(A, D) :- s(A, B, C, D), x(D, B, _, _).
     k(A) :- x(A, A, _, _).
     """
-    check_all(text, {"x": [tuple(r) for r in x.tolist()], "f": [tuple(r) for r in
-                                                                 x[:20, :1].tolist()]})
+    check_all(
+        text, {"x": [tuple(r) for r in x.tolist()], "f": [tuple(r) for r in x[:20, :1].tolist()]}
+    )
     sparse, _ = run(text, facts, representation="sparse")
-    want = reference_model(text, {"x": [tuple(r) for r in x.tolist()],
-                                  "f": [tuple(r) for r in x[:20, :1].tolist()]})
+    want = reference_model(
+        text, {"x": [tuple(r) for r in x.tolist()], "f": [tuple(r) for r in x[:20, :1].tolist()]}
+    )
     assert all(sparse[p] == want[p] for p in want)
 
 
 def test_comparison_over_a_large_domain_builds_no_matrix():
     n = 4000
     e = np.stack([np.arange(n), (np.arange(n) * 7) % n], axis=1)
-    got = evaluate("p(X, Y) :- e(X, Y), X != Y.\nq(X, Y) :- e(X, Y), X < Y.", {"e": e},
-                   memory_budget=1 << 22)  # a dense 4000 x 4000 matrix would need 64 MB
+    got = evaluate(
+        "p(X, Y) :- e(X, Y), X != Y.\nq(X, Y) :- e(X, Y), X < Y.", {"e": e}, memory_budget=1 << 22
+    )  # a dense 4000 x 4000 matrix would need 64 MB
     assert len(got["p"]) == sum(1 for a, b in e if a != b)
     assert len(got["q"]) == sum(1 for a, b in e if a < b)
     with pytest.raises(tl.ProgramError) as info:
-        evaluate("p(X, Y) :- e(X, Y), X != Y.", {"e": e}, memory_budget=1 << 22,
-                 representation="dense")
+        evaluate(
+            "p(X, Y) :- e(X, Y), X != Y.", {"e": e}, memory_budget=1 << 22, representation="dense"
+        )
     assert info.value.code == "memory_budget"
 
 
@@ -336,13 +365,18 @@ def test_dense_rounds_take_over_dense_fixpoints():
 @pytest.mark.parametrize("sem", ["fuzzy", "probabilistic"])
 def test_weighted_semantics_sparse_matches_dense(sem):
     rng = np.random.default_rng(2)
-    facts = {"e": {(int(a), int(b)): float(w) for a, b, w in
-                   zip(rng.integers(0, 12, 30), rng.integers(0, 12, 30), rng.random(30))}}
+    facts = {
+        "e": {
+            (int(a), int(b)): float(w)
+            for a, b, w in zip(rng.integers(0, 12, 30), rng.integers(0, 12, 30), rng.random(30))
+        }
+    }
     text = "p(X, Y) :- e(X, Y).\np(X, Z) :- p(X, Y), e(Y, Z).\nq(X) :- p(X, X), not e(X, X)."
     out = {}
     for rep in ("dense", "sparse"):
-        an, rels, _ = evaluate_rules(parse_rules(text), normalize_facts(facts),
-                                     Options(semantics=sem, representation=rep))
+        an, rels, _ = evaluate_rules(
+            parse_rules(text), normalize_facts(facts), Options(semantics=sem, representation=rep)
+        )
         out[rep] = {p: dict(zip(rels[p], rels[p].weights.tolist())) for p in ("p", "q")}
     for p in ("p", "q"):
         assert out["dense"][p].keys() == out["sparse"][p].keys()
@@ -355,8 +389,9 @@ def test_relation_sets_from_shared_objects_and_from_columns():
     relation, else convert the decoded columns: the same tuples, values of the same types."""
     rows = [(1, "a"), (2.5, "b"), (3, 3), ("c", -1)]
     small = evaluate("q(X, Y) :- r(X, Y).", {"r": rows}, as_relations=True)["q"]
-    big = evaluate("q(X, Y) :- r(X, Y).", {"r": rows, "pad": np.arange(1000, 5000)[:, None]},
-                   as_relations=True)["q"]
+    big = evaluate(
+        "q(X, Y) :- r(X, Y).", {"r": rows, "pad": np.arange(1000, 5000)[:, None]}, as_relations=True
+    )["q"]
     for rel in (small, big):
         got = rel.to_set()
         assert got == set(rows) == set(iter(rel))

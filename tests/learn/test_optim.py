@@ -47,8 +47,8 @@ def adam_ref(p, grads, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decou
             g = g + weight_decay * p
         m = m + (1 - b1) * (g - m)
         v = b2 * v + (1 - b2) * g * g
-        step = lr / (1 - b1 ** t)
-        denom = np.sqrt(v) / math.sqrt(1 - b2 ** t) + eps
+        step = lr / (1 - b1**t)
+        denom = np.sqrt(v) / math.sqrt(1 - b2**t) + eps
         p = p - step * m / denom
     return p
 
@@ -72,8 +72,9 @@ def test_updates_match_the_reference(backend, dtype, kind, kw, _, rng):
     p0 = {k: to_numpy(v).copy() for k, v in plan.parameters.items()}
     ids = {k: id(v) for k, v in plan.parameters.items()}
     opt = tl.optim.SGD(**kw) if kind == "sgd" else tl.optim.Adam(**kw)
-    grads = {k: [rng.standard_normal(v.shape).astype(dtype) for _ in range(5)]
-             for k, v in p0.items()}
+    grads = {
+        k: [rng.standard_normal(v.shape).astype(dtype) for _ in range(5)] for k, v in p0.items()
+    }
     for t in range(5):
         opt.step(plan, {f"grad_{k}": plan.backend.to_device(g[t]) for k, g in grads.items()})
     ref = sgd_ref if kind == "sgd" else adam_ref
@@ -99,11 +100,18 @@ def test_learning_rate_changes_between_steps_without_new_kernels(rng):
     np.testing.assert_array_equal(plan.parameters["b"], plan.graph.parameter_value("b"))
 
 
-@pytest.mark.parametrize("make", [lambda: tl.optim.Adam(lr=0.01, weight_decay=0.1),
-                                  lambda: tl.optim.SGD(lr=0.1, momentum=0.9)])
+@pytest.mark.parametrize(
+    "make",
+    [lambda: tl.optim.Adam(lr=0.01, weight_decay=0.1), lambda: tl.optim.SGD(lr=0.1, momentum=0.9)],
+)
 def test_state_dict_resumes_exactly(make, rng):
-    grads = [{"w": rng.standard_normal((3, 5)).astype(np.float32),
-              "b": rng.standard_normal(5).astype(np.float32)} for _ in range(6)]
+    grads = [
+        {
+            "w": rng.standard_normal((3, 5)).astype(np.float32),
+            "b": rng.standard_normal(5).astype(np.float32),
+        }
+        for _ in range(6)
+    ]
     a = _plan("numpy", rng, "float32")
     b = tl.compile(a.graph, backend="numpy", cache=False)
     opt_a = make()
@@ -125,12 +133,14 @@ def test_state_dict_resumes_exactly(make, rng):
 
 def test_bad_optimizer_input(rng):
     plan = _plan("numpy", rng, "float32")
-    for make, match in [(lambda: tl.optim.SGD(lr=0), "lr must be"),
-                        (lambda: tl.optim.SGD(lr=0.1, momentum=-1), "momentum"),
-                        (lambda: tl.optim.SGD(lr=0.1, nesterov=True), "nesterov"),
-                        (lambda: tl.optim.Adam(betas=(0.9, 1.0)), r"betas\[1\]"),
-                        (lambda: tl.optim.Adam(betas=0.9), "pair"),
-                        (lambda: tl.optim.Adam(lr="big"), "lr must be")]:
+    for make, match in [
+        (lambda: tl.optim.SGD(lr=0), "lr must be"),
+        (lambda: tl.optim.SGD(lr=0.1, momentum=-1), "momentum"),
+        (lambda: tl.optim.SGD(lr=0.1, nesterov=True), "nesterov"),
+        (lambda: tl.optim.Adam(betas=(0.9, 1.0)), r"betas\[1\]"),
+        (lambda: tl.optim.Adam(betas=0.9), "pair"),
+        (lambda: tl.optim.Adam(lr="big"), "lr must be"),
+    ]:
         with pytest.raises(tl.InputError, match=match):
             make()
     opt = tl.optim.Adam()

@@ -43,15 +43,24 @@ def _tool(name):
 def test_update_kernels_assemble_and_compile(dtype, tmp_path):
     specs = list(_specs(dtype))
     sources = [ptx.emit(spec, name, 90) for name, spec in specs]
-    head = sources[0][:sources[0].index(".visible .entry")]
+    head = sources[0][: sources[0].index(".visible .entry")]
     f = tmp_path / "updates.ptx"
-    f.write_text(head + "\n".join(s[s.index(".visible .entry"):] for s in sources))
-    r = subprocess.run([_tool("ptxas"), "--gpu-name", "sm_90", str(f), "-o",
-                        str(tmp_path / "u.cubin")], capture_output=True, text=True)
+    f.write_text(head + "\n".join(s[s.index(".visible .entry") :] for s in sources))
+    r = subprocess.run(
+        [_tool("ptxas"), "--gpu-name", "sm_90", str(f), "-o", str(tmp_path / "u.cubin")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[:4000]
     cu = tmp_path / "updates.cu"
-    cu.write_text("\n".join(cuda_c.render(spec, name, prelude=(k == 0))
-                            for k, (name, spec) in enumerate(specs)))
-    r = subprocess.run([_tool("nvcc"), "-arch=sm_90", "-c", str(cu), "-o", str(tmp_path / "u.o")],
-                       capture_output=True, text=True)
+    cu.write_text(
+        "\n".join(
+            cuda_c.render(spec, name, prelude=(k == 0)) for k, (name, spec) in enumerate(specs)
+        )
+    )
+    r = subprocess.run(
+        [_tool("nvcc"), "-arch=sm_90", "-c", str(cu), "-o", str(tmp_path / "u.o")],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr[:4000]

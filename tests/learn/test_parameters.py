@@ -43,8 +43,9 @@ def test_plan_reads_parameters_and_in_place_updates_need_no_recompile(backend, o
     # the graph keeps the values it was given
     np.testing.assert_array_equal(g.parameter_value("W"), w0)
     # a per-call override leaves the store alone
-    np.testing.assert_allclose(to_numpy(plan(x=x, W=w0)["y"]), _ref(x, w0, b1), rtol=1e-5,
-                               atol=1e-5)
+    np.testing.assert_allclose(
+        to_numpy(plan(x=x, W=w0)["y"]), _ref(x, w0, b1), rtol=1e-5, atol=1e-5
+    )
     np.testing.assert_array_equal(to_numpy(plan.parameters["W"]), w1)
 
 
@@ -60,8 +61,9 @@ def test_parameters_are_never_folded_or_merged(rng):
     g.output(x * (a * c) + g.exp(b * c), name="y")
     plan = tl.compile(g, backend="numpy", opt_level=2, cache=False)
     kinds = [n.kind for n in plan.optimized_graph.nodes]
-    assert ops.CONSTANT not in [plan.optimized_graph.node(i).kind
-                                for i in plan.optimized_graph.inputs.values()]
+    assert ops.CONSTANT not in [
+        plan.optimized_graph.node(i).kind for i in plan.optimized_graph.inputs.values()
+    ]
     assert {"a", "b"} <= set(plan.optimized_graph.inputs) and kinds.count(ops.INPUT) == 3
     xv = rng.standard_normal(6).astype(np.float32)
     a1 = rng.standard_normal(6).astype(np.float32)
@@ -77,15 +79,17 @@ def test_compiles_of_one_graph_share_kernels_not_parameters(rng):
     assert p1 is not p2 and p1.specialize(B=2) is p2.specialize(B=2)
     p1.parameters["b"][...] = 100.0
     x = rng.standard_normal((2, 4)).astype(np.float32)
-    np.testing.assert_allclose(p2(x=x)["y"], _ref(x, g.parameter_value("W"),
-                                                  g.parameter_value("b")), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        p2(x=x)["y"], _ref(x, g.parameter_value("W"), g.parameter_value("b")), rtol=1e-5, atol=1e-5
+    )
     # another graph of the same structure and other values: the same kernels, its own values
     g2 = tl.EinsumGraph()
     x2 = g2.input("x", ("B", 4))
     w2 = rng.standard_normal((4, 3)).astype(np.float32)
     b2 = rng.standard_normal(3).astype(np.float32)
-    g2.output(g2.tanh(g2.einsum("bi,ij->bj", x2, g2.parameter("W", w2))
-                      + g2.parameter("b", b2)), name="y")
+    g2.output(
+        g2.tanh(g2.einsum("bi,ij->bj", x2, g2.parameter("W", w2)) + g2.parameter("b", b2)), name="y"
+    )
     p3 = tl.compile(g2, backend="numpy")
     np.testing.assert_allclose(p3(x=x)["y"], _ref(x, w2, b2), rtol=1e-5, atol=1e-5)
 
@@ -200,9 +204,12 @@ def test_dask_workers_run_the_current_parameters(rng):
     g = _linear(rng)
     plan = tl.compile(g, backend="numpy", cache=False)
     x = rng.standard_normal((40, 4)).astype(np.float32)
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                  dashboard_address=":0") as cluster, \
-            distributed.Client(cluster) as client:
+    with (
+        distributed.LocalCluster(
+            n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0"
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         plan.set_parameters(W=rng.standard_normal((4, 3)).astype(np.float32))
         got = tl.run_batched(plan, {"x": x}, 16, client=client, progress=False)
         np.testing.assert_allclose(got["y"], plan(x=x)["y"], rtol=1e-6)

@@ -36,8 +36,9 @@ def data(rng, n_batches, true_w, noise=0.01):
     return out
 
 
-@pytest.mark.parametrize("make", [lambda: tl.optim.SGD(lr=0.1, momentum=0.5),
-                                  lambda: tl.optim.Adam(lr=0.05)])
+@pytest.mark.parametrize(
+    "make", [lambda: tl.optim.SGD(lr=0.1, momentum=0.5), lambda: tl.optim.Adam(lr=0.05)]
+)
 def test_training_recovers_the_weights(backend, make, rng):
     true_w = rng.standard_normal(D)
     g = least_squares(rng)
@@ -45,8 +46,9 @@ def test_training_recovers_the_weights(backend, make, rng):
     hist = tl.train(g, batches, epochs=15, optimizer=make(), backend=backend, progress=False)
     assert hist.steps == 300 and len(hist.epoch_losses) == 15
     assert hist.epoch_losses[-1] < 1e-2 * hist.epoch_losses[0]
-    w = np.asarray(hist.plan.parameters["w"].get() if backend == "cupy"
-                   else hist.plan.parameters["w"])
+    w = np.asarray(
+        hist.plan.parameters["w"].get() if backend == "cupy" else hist.plan.parameters["w"]
+    )
     np.testing.assert_allclose(w, true_w, atol=0.05)
     np.testing.assert_allclose(float(hist.plan.parameters["c"]), 0.5, atol=0.05)
 
@@ -56,8 +58,15 @@ def test_each_step_sees_the_previous_update(rng):
     hand-written loop of plan call + optimizer step."""
     g = least_squares(rng)
     batches = data(rng, 6, rng.standard_normal(D))
-    hist = tl.train(g, batches, epochs=2, optimizer=tl.optim.SGD(lr=0.1), backend="numpy",
-                    prefetch=3, progress=False)
+    hist = tl.train(
+        g,
+        batches,
+        epochs=2,
+        optimizer=tl.optim.SGD(lr=0.1),
+        backend="numpy",
+        prefetch=3,
+        progress=False,
+    )
     plan = tl.compile(g, backend="numpy", cache=False)
     opt, losses = tl.optim.SGD(lr=0.1), []
     for _ in range(2):
@@ -76,8 +85,13 @@ class Interrupt(Exception):
 def test_resume_gives_the_uninterrupted_result(tmp_path, rng):
     g = least_squares(rng)
     batches = data(rng, 7, rng.standard_normal(D))
-    full = tl.train(tl.compile(g, backend="numpy", cache=False), batches, epochs=3,
-                    optimizer=tl.optim.Adam(lr=0.05, weight_decay=0.01), progress=False)
+    full = tl.train(
+        tl.compile(g, backend="numpy", cache=False),
+        batches,
+        epochs=3,
+        optimizer=tl.optim.Adam(lr=0.05, weight_decay=0.01),
+        progress=False,
+    )
     ck = tmp_path / "run.ckpt"
     stop = {"epoch": 1, "batch": 5}
 
@@ -89,19 +103,40 @@ def test_resume_gives_the_uninterrupted_result(tmp_path, rng):
 
     plan = tl.compile(g, backend="numpy", cache=False)
     with pytest.raises(tl.BatchError, match="Interrupt"):
-        tl.train(plan, flaky, epochs=3, optimizer=tl.optim.Adam(lr=0.05, weight_decay=0.01),
-                 checkpoint=ck, checkpoint_every=2, progress=False)
+        tl.train(
+            plan,
+            flaky,
+            epochs=3,
+            optimizer=tl.optim.Adam(lr=0.05, weight_decay=0.01),
+            checkpoint=ck,
+            checkpoint_every=2,
+            progress=False,
+        )
     stop.clear()
     fresh = tl.compile(g, backend="numpy", cache=False)  # a new process would start here
-    resumed = tl.train(fresh, flaky, epochs=3, optimizer=tl.optim.Adam(lr=0.05,
-                       weight_decay=0.01), checkpoint=ck, resume=True, progress=False)
+    resumed = tl.train(
+        fresh,
+        flaky,
+        epochs=3,
+        optimizer=tl.optim.Adam(lr=0.05, weight_decay=0.01),
+        checkpoint=ck,
+        resume=True,
+        progress=False,
+    )
     assert resumed.losses == full.losses
     assert resumed.epoch_losses == full.epoch_losses
     for k in ("w", "c"):
         np.testing.assert_array_equal(fresh.parameters[k], full.plan.parameters[k])
     # a finished run resumes to nothing more
-    again = tl.train(fresh, batches, epochs=3, optimizer=tl.optim.Adam(lr=0.05),
-                     checkpoint=ck, resume=True, progress=False)
+    again = tl.train(
+        fresh,
+        batches,
+        epochs=3,
+        optimizer=tl.optim.Adam(lr=0.05),
+        checkpoint=ck,
+        resume=True,
+        progress=False,
+    )
     assert again.losses == full.losses
 
 
@@ -109,19 +144,37 @@ def test_checkpoint_errors_change_nothing(tmp_path, rng):
     g = least_squares(rng)
     plan = tl.compile(g, backend="numpy", cache=False)
     ck = tmp_path / "a.ckpt"
-    tl.train(plan, data(rng, 2, np.ones(D)), optimizer=tl.optim.SGD(lr=0.1, momentum=0.9),
-             checkpoint=ck, progress=False)
-    other = tl.compile(least_squares(rng, np.ones(D, np.float64)).copy(), backend="numpy",
-                       cache=False)
+    tl.train(
+        plan,
+        data(rng, 2, np.ones(D)),
+        optimizer=tl.optim.SGD(lr=0.1, momentum=0.9),
+        checkpoint=ck,
+        progress=False,
+    )
+    other = tl.compile(
+        least_squares(rng, np.ones(D, np.float64)).copy(), backend="numpy", cache=False
+    )
     before = np.array(other.parameters["w"])
     with pytest.raises(tl.SerializationError, match="state of a Adam, got SGD"):
-        tl.train(other, data(rng, 1, np.ones(D)), optimizer=tl.optim.Adam(),
-                 checkpoint=ck, resume=True, progress=False)
+        tl.train(
+            other,
+            data(rng, 1, np.ones(D)),
+            optimizer=tl.optim.Adam(),
+            checkpoint=ck,
+            resume=True,
+            progress=False,
+        )
     np.testing.assert_array_equal(other.parameters["w"], before)
     (tmp_path / "junk.ckpt").write_bytes(b"not a zip")
     with pytest.raises(tl.SerializationError):
-        tl.train(other, data(rng, 1, np.ones(D)), optimizer=tl.optim.Adam(),
-                 checkpoint=tmp_path / "junk.ckpt", resume=True, progress=False)
+        tl.train(
+            other,
+            data(rng, 1, np.ones(D)),
+            optimizer=tl.optim.Adam(),
+            checkpoint=tmp_path / "junk.ckpt",
+            resume=True,
+            progress=False,
+        )
 
 
 def test_bad_batches_are_skipped_or_raised(rng):
@@ -130,11 +183,17 @@ def test_bad_batches_are_skipped_or_raised(rng):
     bad_shape = {"x": np.ones((B, D + 1)), "y": np.ones(B)}
     nan = {"x": np.full((B, D), np.nan), "y": np.ones(B)}
     batches = [good[0], bad_shape, good[1], nan, good[2], good[3]]
-    skipped = tl.train(g, batches, optimizer=tl.optim.SGD(lr=0.1), backend="numpy",
-                       on_error="skip", check_finite=True, progress=False)
+    skipped = tl.train(
+        g,
+        batches,
+        optimizer=tl.optim.SGD(lr=0.1),
+        backend="numpy",
+        on_error="skip",
+        check_finite=True,
+        progress=False,
+    )
     assert skipped.skipped == [(0, 1), (0, 3)] and skipped.steps == 4
-    clean = tl.train(g, good, optimizer=tl.optim.SGD(lr=0.1), backend="numpy",
-                     progress=False)
+    clean = tl.train(g, good, optimizer=tl.optim.SGD(lr=0.1), backend="numpy", progress=False)
     assert skipped.losses == clean.losses
     with pytest.raises(tl.BatchError, match="batch 1") as info:
         tl.train(g, batches, optimizer=tl.optim.SGD(lr=0.1), backend="numpy", progress=False)
@@ -143,8 +202,14 @@ def test_bad_batches_are_skipped_or_raised(rng):
     huge = {"x": np.full((B, D), 1e200), "y": np.ones(B)}
     plan = tl.compile(g, backend="numpy", cache=False)
     w = np.array(plan.parameters["w"])
-    hist = tl.train(plan, [huge], optimizer=tl.optim.SGD(lr=0.1), check_finite=True,
-                    on_error="skip", progress=False)
+    hist = tl.train(
+        plan,
+        [huge],
+        optimizer=tl.optim.SGD(lr=0.1),
+        check_finite=True,
+        on_error="skip",
+        progress=False,
+    )
     assert hist.skipped == [(0, 0)]
     np.testing.assert_array_equal(plan.parameters["w"], w)
 
@@ -170,11 +235,14 @@ def test_bad_calls(rng, tmp_path):
         tl.train(g, batches[0], optimizer=opt, progress=False)
     no_grads = tl.EinsumGraph()
     x = no_grads.input("x", (3,))
-    no_grads.output(no_grads.sum(x * no_grads.parameter("p", np.ones(3, np.float32))),
-                    name="loss")
+    no_grads.output(no_grads.sum(x * no_grads.parameter("p", np.ones(3, np.float32))), name="loss")
     with pytest.raises(tl.GraphError, match="grad_<parameter>"):
-        tl.train(tl.compile(no_grads, backend="numpy"), [{"x": np.ones(3, np.float32)}],
-                 optimizer=opt, progress=False)
+        tl.train(
+            tl.compile(no_grads, backend="numpy"),
+            [{"x": np.ones(3, np.float32)}],
+            optimizer=opt,
+            progress=False,
+        )
     with pytest.raises(tl.GraphError, match="CompiledPlan or an EinsumGraph"):
         tl.train("model", batches, optimizer=opt)
 
@@ -200,12 +268,18 @@ def test_a_graph_without_gradient_outputs_gets_them_from_grad(rng):
     for name in ("grad_w", "grad_c"):
         del g.outputs[name]
     batches = data(rng, 5, rng.standard_normal(D))
-    auto = tl.train(g, batches, epochs=3, optimizer=tl.optim.SGD(lr=0.1), backend="numpy",
-                    progress=False)
+    auto = tl.train(
+        g, batches, epochs=3, optimizer=tl.optim.SGD(lr=0.1), backend="numpy", progress=False
+    )
     assert {"grad_w", "grad_c"} <= set(auto.plan.output_names)
-    by_hand = tl.train(least_squares(np.random.default_rng(0), g.parameter_value("w")),
-                       batches, epochs=3, optimizer=tl.optim.SGD(lr=0.1), backend="numpy",
-                       progress=False)
+    by_hand = tl.train(
+        least_squares(np.random.default_rng(0), g.parameter_value("w")),
+        batches,
+        epochs=3,
+        optimizer=tl.optim.SGD(lr=0.1),
+        backend="numpy",
+        progress=False,
+    )
     np.testing.assert_allclose(auto.losses, by_hand.losses, rtol=1e-12)
     no_params = tl.EinsumGraph()
     no_params.output(no_params.sum(no_params.input("x", (3,), "float64")), name="loss")

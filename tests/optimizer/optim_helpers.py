@@ -26,8 +26,14 @@ def assert_same_as_o0(g: tl.EinsumGraph, rng, opt_level: int, rtol=None, atol=No
     for name in ref:
         dt = ref[name].dtype
         tol = 1e-9 if dt == np.float64 else 2e-5 if dt == np.float32 else 3e-3
-        np.testing.assert_allclose(got[name], ref[name], rtol=rtol or tol, atol=atol or tol,
-                                   equal_nan=True, err_msg=f"output {name!r} at O{opt_level}")
+        np.testing.assert_allclose(
+            got[name],
+            ref[name],
+            rtol=rtol or tol,
+            atol=atol or tol,
+            equal_nan=True,
+            err_msg=f"output {name!r} at O{opt_level}",
+        )
     return plan
 
 

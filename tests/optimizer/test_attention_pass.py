@@ -39,8 +39,10 @@ def _build(form: str):
     sk = S if form.startswith("causal") else T
     if form == "model":  # the model issue's spelling: head dim 'k', keys 's', output bqhk
         x = g.input("x", (B, S, 8))
-        w = [g.constant(np.random.default_rng(i).standard_normal((H, D, 8)).astype(np.float32))
-             for i in range(3)]
+        w = [
+            g.constant(np.random.default_rng(i).standard_normal((H, D, 8)).astype(np.float32))
+            for i in range(3)
+        ]
         q, k, v = (g.einsum("bsd,hkd->bhsk", x, wi) for wi in w)
         p = g.softmax(g.einsum("bhqk,bhsk->bhqs", q, k) * float(1 / np.sqrt(D)), -1)
         g.output(g.einsum("bqhk,hkd->bqd", g.einsum("bhqs,bhsk->bqhk", p, v), w[0]), "y")
@@ -102,9 +104,22 @@ def _build(form: str):
     return g, causal, mask
 
 
-FORMS = ["model", "bshd", "keys_first", "plain", "scalar_operand", "mask_then_scale",
-         "scale_then_sub_mask", "causal_add", "causal_finfo_min", "causal_where",
-         "causal_where_inverted", "causal_from_comparison", "causal_and_mask", "mask_minus_1e9"]
+FORMS = [
+    "model",
+    "bshd",
+    "keys_first",
+    "plain",
+    "scalar_operand",
+    "mask_then_scale",
+    "scale_then_sub_mask",
+    "causal_add",
+    "causal_finfo_min",
+    "causal_where",
+    "causal_where_inverted",
+    "causal_from_comparison",
+    "causal_and_mask",
+    "mask_minus_1e9",
+]
 
 
 @pytest.mark.parametrize("form", FORMS)
@@ -124,8 +139,9 @@ def test_every_spelling_becomes_one_attention_node(form):
 def test_rewrite_is_numerically_the_same(form, rng):
     g, _, _ = _build(form)
     assert_same_as_o0(g, rng, 2)
-    inputs = {n: rng.uniform(-1, 1, g.node(i).shape).astype(np.float32)
-              for n, i in g.inputs.items()}
+    inputs = {
+        n: rng.uniform(-1, 1, g.node(i).shape).astype(np.float32) for n, i in g.inputs.items()
+    }
     ref = tl.compile(g, backend="numpy", opt_level=0, cache=False)(**inputs)["y"]
     got = tl.compile(g, backend="numba", opt_level=2, cache=False)(**inputs)["y"]
     np.testing.assert_allclose(got, ref, rtol=2e-5, atol=2e-5)
@@ -156,8 +172,17 @@ def _blocked(which: str):
     return g
 
 
-@pytest.mark.parametrize("which", ["scores_output", "probs_used_twice", "wrong_axis",
-                                   "log_softmax", "two_contracted", "mask_is_data_dependent_where"])
+@pytest.mark.parametrize(
+    "which",
+    [
+        "scores_output",
+        "probs_used_twice",
+        "wrong_axis",
+        "log_softmax",
+        "two_contracted",
+        "mask_is_data_dependent_where",
+    ],
+)
 def test_blocked_rewrites_leave_the_graph_correct(which, rng):
     g = _blocked(which)
     assert not _att(_o2(g))
@@ -240,8 +265,9 @@ def test_fuse_attention_by_dtype(rng):
     plan = assert_same_as_o0(g, rng, 2, fuse_attention=("float32",))
     assert any(s.kind == ops.ATTENTION for s in plan.steps)
     # under the bf16 policy the attention is bfloat16 (its -inf mask constant included)
-    half = tl.compile(g, backend="numpy", cache=False, precision="bf16",
-                      fuse_attention={"bfloat16"})
+    half = tl.compile(
+        g, backend="numpy", cache=False, precision="bf16", fuse_attention={"bfloat16"}
+    )
     assert any(s.kind == ops.ATTENTION for s in half.steps)
     for bad in ("bfloat16", ["bf16"], [1]):
         with pytest.raises(tl.errors.GraphError, match="fuse_attention"):
@@ -259,8 +285,11 @@ def test_any_layout_and_letters_is_found_and_exact(data):
     v_l, o_l = perm("bhke"), perm("bhqe")
 
     def letters():
-        picked = data.draw(st.lists(st.sampled_from("abcdefghijklmnopqrstuvwxyz"),
-                                    min_size=6, max_size=6, unique=True))
+        picked = data.draw(
+            st.lists(
+                st.sampled_from("abcdefghijklmnopqrstuvwxyz"), min_size=6, max_size=6, unique=True
+            )
+        )
         return dict(zip("bhqkde", picked))
 
     n1, n2 = letters(), letters()
@@ -281,8 +310,7 @@ def test_any_layout_and_letters_is_found_and_exact(data):
     terms = [(t(s_l, n2), p), (t(v_l, n2), v)]
     if data.draw(st.booleans()):
         terms.reverse()
-    g.output(g.einsum(f"{terms[0][0]},{terms[1][0]}->{t(o_l, n2)}", terms[0][1], terms[1][1]),
-             "y")
+    g.output(g.einsum(f"{terms[0][0]},{terms[1][0]}->{t(o_l, n2)}", terms[0][1], terms[1][1]), "y")
     (att,) = _att(_o2(g))
     assert (len(att.inputs) == 4) is masked
     assert_same_as_o0(g, np.random.default_rng(data.draw(st.integers(0, 2**31))), 2)

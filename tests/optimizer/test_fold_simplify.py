@@ -47,7 +47,7 @@ CASES = [
     ("add_zero", lambda g, x: 0.0 + x),
     ("sub_zero", lambda g, x: x - 0.0),
     ("div_one", lambda g, x: x / 1.0),
-    ("pow_one", lambda g, x: x ** 1.0),
+    ("pow_one", lambda g, x: x**1.0),
     ("neg_neg", lambda g, x: -(-x)),  # noqa: B002 (double negation on purpose)
     ("one_minus_twice", lambda g, x: g.one_minus(g.one_minus(x))),
     ("transpose", lambda g, x: x.T.T),
@@ -105,7 +105,8 @@ def test_mul_zero_only_with_assume_finite(rng):
     assert "mul_zero" not in simplify(g).stats
     # IEEE: inf*0 is nan, and the default keeps that
     out = tl.compile(g, backend="numpy", opt_level=2, cache=False)(
-        x=np.array([np.inf, 1, 2, 3, np.nan], np.float32))["y"]
+        x=np.array([np.inf, 1, 2, 3, np.nan], np.float32)
+    )["y"]
     assert np.isnan(out[0]) and np.isnan(out[4]) and (out[1:4] == 1).all()
     res = simplify(g, {"assume_finite": True})
     assert res.stats.get("mul_zero") == 1
@@ -140,7 +141,8 @@ def test_fold_takes_an_evaluator_from_the_options(rng):
     xv = rng.standard_normal((3, 3)).astype(np.float32)
     e = np.exp(g.constants[w.id]) * 0.5
     want = xv + np.exp(e - e.max(1, keepdims=True)) / np.exp(e - e.max(1, keepdims=True)).sum(
-        1, keepdims=True)
+        1, keepdims=True
+    )
     plan = tl.compile(g, backend="numpy", opt_level=1, cache=False, fold_evaluator=counting)
     np.testing.assert_allclose(plan(x=xv)["y"], want, rtol=1e-5)
     with pytest.raises(tl.GraphError, match="fold_evaluator"):

@@ -41,10 +41,26 @@ def test_chain_becomes_one_fused_node(rng):
 
 @pytest.mark.parametrize("helpers", [0, 3])
 @pytest.mark.parametrize("block_bytes", [64, 1000, 1 << 20])
-@pytest.mark.parametrize("tail", [None, "sum", "mean", "max", "min", "prod", "logsumexp",
-                                  "softmax", "log_softmax", "layer_norm", "sum2", "all"])
-def test_fused_kernel_matches_o0_for_every_tail_and_block_size(tail, block_bytes, helpers, rng,
-                                                               monkeypatch):
+@pytest.mark.parametrize(
+    "tail",
+    [
+        None,
+        "sum",
+        "mean",
+        "max",
+        "min",
+        "prod",
+        "logsumexp",
+        "softmax",
+        "log_softmax",
+        "layer_norm",
+        "sum2",
+        "all",
+    ],
+)
+def test_fused_kernel_matches_o0_for_every_tail_and_block_size(
+    tail, block_bytes, helpers, rng, monkeypatch
+):
     """Every tail and block size, with the blocks on the calling thread alone or spread over
     helper threads (more helpers than this machine has cores: they queue, results are the same)."""
     monkeypatch.setattr(fused_numpy, "BLOCK_BYTES", block_bytes)

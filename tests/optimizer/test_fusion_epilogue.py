@@ -17,8 +17,9 @@ from optim_helpers import count, random_inputs
 TOL = {"float32": 3e-5, "float64": 1e-10}
 
 
-def _affine(shape=(64, 96), dtype="float32", op="layer_norm", prologue=False, residual=False,
-            act=False):
+def _affine(
+    shape=(64, 96), dtype="float32", op="layer_norm", prologue=False, residual=False, act=False
+):
     """``op(x) * gamma + beta`` (gamma, beta of shape (D,)), optionally after ``x * 1.5 - s``,
     followed by a residual add and a relu."""
     g = tl.EinsumGraph()
@@ -110,7 +111,9 @@ def test_epilogue_stops_where_a_value_leaves_the_group():
     # the add and exp after it are an elementwise group of their own
     z = gg.node(gg.outputs["z"])
     assert z.kind == ops.FUSED and [i.op for i in FusedBody.from_args(z.args["body"]).instrs] == [
-        "add", "exp"]
+        "add",
+        "exp",
+    ]
 
 
 def test_no_epilogue_across_a_broadcast_or_a_second_user():
@@ -146,16 +149,17 @@ def test_legality_is_a_pure_predicate_that_refuses_cycles():
 def test_bad_epilogues_are_graph_errors():
     mul = FusedOp("mul", (("tail", 0), ("in", 0)))
     with pytest.raises(GraphError, match="epilogue needs a row-op tail"):
-        FusedBody((FusedOp("exp", (("in", 0),)),), (4, 5), "sum", (1,),
-                  epilogue=(mul,)).validate(1)
+        FusedBody((FusedOp("exp", (("in", 0),)),), (4, 5), "sum", (1,), epilogue=(mul,)).validate(1)
     with pytest.raises(GraphError, match="bad ref"):
-        FusedBody((FusedOp("add", (("tail", 0), ("in", 0))),), (4, 5), "softmax",
-                  (1,)).validate(1)  # ("tail", 0) outside an epilogue
+        FusedBody((FusedOp("add", (("tail", 0), ("in", 0))),), (4, 5), "softmax", (1,)).validate(
+            1
+        )  # ("tail", 0) outside an epilogue
     with pytest.raises(GraphError, match="empty program"):
         FusedBody((), (4, 5), "sum", (1,)).validate(1)
     with pytest.raises(GraphError, match="epilogue instruction 0"):
-        FusedBody((), (4, 5), "softmax", (1,),
-                  epilogue=(FusedOp("mul", (("tail", 0), ("in", 3))),)).validate(1)
+        FusedBody(
+            (), (4, 5), "softmax", (1,), epilogue=(FusedOp("mul", (("tail", 0), ("in", 3))),)
+        ).validate(1)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
@@ -175,6 +179,7 @@ def test_layer_norm_affine_on_every_backend(dtype, backend, rng):
 def test_numpy_blocks_and_aliasing(rng, monkeypatch):
     """Small blocks (many per row set) and an epilogue input of the output's shape."""
     from tensorlogic.backends.numpy import fused as fused_numpy
+
     monkeypatch.setattr(fused_numpy, "BLOCK_BYTES", 512)
     g = tl.EinsumGraph()
     x = g.input("x", (6, 5, 40), "float64")
@@ -199,8 +204,11 @@ def _epilogue_graphs(draw):
         if kind == "unary":
             v = g.unary(draw(st.sampled_from(["tanh", "relu", "neg", "sigmoid"])), v)
             continue
-        operand = (g.input(f"p{k}", {"col": (d,), "full": shape, "rows": rows + (1,)}[kind], dtype)
-                   if kind != "scalar" else draw(st.sampled_from([0.5, -2.0, 3.0])))
+        operand = (
+            g.input(f"p{k}", {"col": (d,), "full": shape, "rows": rows + (1,)}[kind], dtype)
+            if kind != "scalar"
+            else draw(st.sampled_from([0.5, -2.0, 3.0]))
+        )
         op = draw(st.sampled_from(["add", "mul", "sub", "maximum"]))
         v = g.binary(op, v, operand) if draw(st.booleans()) else g.binary(op, operand, v)
     g.output(v, "y")
@@ -216,6 +224,7 @@ def test_random_epilogues_match_o0_on_numpy(g, rnd):
 
 def _has_epilogue(case) -> bool:
     from tensorlogic.optimizer import optimize
+
     g, _report = optimize(case.graph, 2)
     return any(n.kind == ops.FUSED and FusedBody.from_args(n.args["body"]).epilogue for n in g)
 
@@ -224,20 +233,29 @@ def test_fuzzer_graphs_reach_epilogues():
     """The differential fuzzer's graph strategy produces row ops that get an epilogue."""
     from hypothesis import find
     from tensorlogic.testing import graph_cases
-    case = find(graph_cases(max_ops=3, symbolic=False, kinds=("rowop", "unary")), _has_epilogue,
-                settings=settings(max_examples=300, database=None))
+
+    case = find(
+        graph_cases(max_ops=3, symbolic=False, kinds=("rowop", "unary")),
+        _has_epilogue,
+        settings=settings(max_examples=300, database=None),
+    )
     assert _has_epilogue(case)
 
 
-@settings(max_examples=15, deadline=None, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=15, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_fuzzed_row_op_graphs_agree_on_cpu_backends(data):
     from tensorlogic.testing import assert_backends_agree, graph_cases
+
     case = data.draw(graph_cases(max_ops=3, symbolic=False, kinds=("rowop", "binary", "unary")))
-    assert_backends_agree(case.graph, backends=("numpy", "numba"), opt_levels=(0, 2),
-                          ranges=case.ranges, sizes=case.sizes,
-                          seed=data.draw(st.integers(0, 2**32 - 1)))
+    assert_backends_agree(
+        case.graph,
+        backends=("numpy", "numba"),
+        opt_levels=(0, 2),
+        ranges=case.ranges,
+        sizes=case.sizes,
+        seed=data.draw(st.integers(0, 2**32 - 1)),
+    )
 
 
 @pytest.mark.parametrize("block_bytes", [96, 1 << 20])
@@ -249,9 +267,11 @@ def test_numpy_fused_row_ops_over_any_axis(tail, axis, prologue, block_bytes, rn
     that axis and the ones after it whole in a block) against plain numpy."""
     import sys
     from pathlib import Path
+
     sys.path.insert(0, str(Path(__file__).parents[1] / "backends"))
     from cupy_cases import EPILOGUE, epilogue_reference, epilogue_shapes
     from tensorlogic.backends.numpy import fused as fused_numpy
+
     monkeypatch.setattr(fused_numpy, "BLOCK_BYTES", block_bytes)
     space = (6, 5, 7)
     g = tl.EinsumGraph()
@@ -259,8 +279,9 @@ def test_numpy_fused_row_ops_over_any_axis(tail, axis, prologue, block_bytes, rn
     ins = [g.input(n, s, "float64") for n, s in zip(("x", "gamma", "r"), shapes)]
     instrs = (FusedOp("tanh", (("in", 0),)),) if prologue else ()
     body = FusedBody(instrs, space, tail, (axis,), epilogue=EPILOGUE)
-    nid = g.add_node(ops.FUSED, None, [t.id for t in ins], {"body": body.to_args()},
-                     shape=space, dtype="float64")
+    nid = g.add_node(
+        ops.FUSED, None, [t.id for t in ins], {"body": body.to_args()}, shape=space, dtype="float64"
+    )
     g.output(g.tensor(nid), "y")
     data = {n: rng.standard_normal(s) for n, s in zip(("x", "gamma", "r"), shapes)}
     got = tl.compile(g, backend="numpy", opt_level=0, cache=False)(**data)["y"]

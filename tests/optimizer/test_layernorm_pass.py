@@ -18,11 +18,15 @@ def _written(form: int, shape=(6, 40), axis=-1, dtype="float32", eps=1e-5):
     m = x.mean(axis=axis, keepdims=True)
     d = x - m
     # each spelling is built lazily: a built alternative would be one more user of d
-    q = [lambda: d * d, lambda: d.square(), lambda: d ** 2.0][form % 3]()
+    q = [lambda: d * d, lambda: d.square(), lambda: d**2.0][form % 3]()
     v = q.mean(axis=axis, keepdims=True)
     s = (v + eps).sqrt() if form % 2 == 0 else (eps + v).sqrt()
-    y = [lambda: d / s, lambda: d * s.reciprocal(), lambda: s.reciprocal() * d,
-         lambda: d * (1.0 / s)][form % 4]()
+    y = [
+        lambda: d / s,
+        lambda: d * s.reciprocal(),
+        lambda: s.reciprocal() * d,
+        lambda: d * (1.0 / s),
+    ][form % 4]()
     return g, x, {"m": m, "d": d, "q": q, "v": v, "s": s, "y": y}
 
 
@@ -59,8 +63,12 @@ def test_rewrite_is_numerically_the_same(form, rng):
 
 
 @settings(max_examples=25, deadline=None)
-@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=3), data=st.data(),
-       dtype=st.sampled_from(["float32", "float64"]), form=st.integers(0, 5))
+@given(
+    shape=st.lists(st.integers(1, 9), min_size=1, max_size=3),
+    data=st.data(),
+    dtype=st.sampled_from(["float32", "float64"]),
+    form=st.integers(0, 5),
+)
 def test_rewrite_property(shape, data, dtype, form):
     axis = data.draw(st.integers(-len(shape), len(shape) - 1))
     seed = data.draw(st.integers(0, 2**31))

@@ -17,8 +17,13 @@ from tensorlogic.optimizer.base import PIPELINES
 def test_pipelines_per_level():
     assert PIPELINES[0] == []
     assert PIPELINES[1] == ["dce", "cse", "fold", "simplify"]
-    assert PIPELINES[2] == PIPELINES[1] + ["layernorm", "attention", "merge", "contraction",
-                                          "fusion"]
+    assert PIPELINES[2] == PIPELINES[1] + [
+        "layernorm",
+        "attention",
+        "merge",
+        "contraction",
+        "fusion",
+    ]
     assert PIPELINES[3] == PIPELINES[2]
 
 
@@ -54,7 +59,7 @@ def test_report_and_fixpoint(rng):
     # the run stops once every pass has run unchanged after the last change (the pass that made
     # it is idempotent, so it does not run again on its own result)
     last = max(i for i, r in enumerate(report.records) if r.changed)
-    after = report.records[last + 1:]
+    after = report.records[last + 1 :]
     assert len(after) == n - 1 and not any(r.changed for r in after)
     assert {r.name for r in after} == set(PIPELINES[2]) - {report.records[last].name}
     # and it is a fixpoint: a second run changes nothing

@@ -37,12 +37,15 @@ def test_merge_builds_one_network_with_scalars(rng):
     assert_same_as_o0(g, rng, 2)
 
 
-@pytest.mark.parametrize("spec1,spec2,shapes", [
-    ("ij,jk->ik", "ii->i", [(5, 3), (3, 5)]),  # diagonal of a merged product
-    ("ij,jk->ki", "ab,b->a", [(4, 3), (3, 6), (4,)]),
-    ("...ij,...jk->...ik", "bij->bi", [(2, 3, 4), (2, 4, 5)]),
-    ("ij,j->ij", "ij,kj->ik", [(4, 1), (3,), (5, 3)]),  # a size-1 dim broadcast inside
-])
+@pytest.mark.parametrize(
+    "spec1,spec2,shapes",
+    [
+        ("ij,jk->ik", "ii->i", [(5, 3), (3, 5)]),  # diagonal of a merged product
+        ("ij,jk->ki", "ab,b->a", [(4, 3), (3, 6), (4,)]),
+        ("...ij,...jk->...ik", "bij->bi", [(2, 3, 4), (2, 4, 5)]),
+        ("ij,j->ij", "ij,kj->ik", [(4, 1), (3,), (5, 3)]),  # a size-1 dim broadcast inside
+    ],
+)
 def test_merge_keeps_numpy_semantics(spec1, spec2, shapes, rng):
     g = tl.EinsumGraph()
     ins = [g.input(f"x{k}", s, "float64") for k, s in enumerate(shapes)]
@@ -52,10 +55,14 @@ def test_merge_keeps_numpy_semantics(spec1, spec2, shapes, rng):
     res = merge(g)
     assert res.changed and count(res.graph, ops.EINSUM) == 1
     assert_same_as_o0(g, rng, 2)
-    ref = np.einsum(spec2, np.einsum(spec1, *[np.ones(s) for s in shapes[:n1]]),
-                    *[np.ones(s) for s in shapes[n1:]])
+    ref = np.einsum(
+        spec2,
+        np.einsum(spec1, *[np.ones(s) for s in shapes[:n1]]),
+        *[np.ones(s) for s in shapes[n1:]],
+    )
     out = tl.compile(g, backend="numpy", opt_level=2, cache=False)(
-        **{f"x{k}": np.ones(s) for k, s in enumerate(shapes)})["y"]
+        **{f"x{k}": np.ones(s) for k, s in enumerate(shapes)}
+    )["y"]
     np.testing.assert_allclose(out, ref)
 
 
@@ -132,18 +139,23 @@ def test_equal_flop_orders_are_broken_by_operand_copies(rng):
 
     es = einspec.parse("abc,bcd,cde->ae", [3, 3, 3])
     shapes, sizes = [(6, 7, 8), (7, 8, 9), (8, 9, 5)], dict(zip("abcde", (6, 7, 8, 9, 5)))
-    copies = {str(p): contract.plan_einsum(es, shapes, sizes, p).copied
-              for p in ([(0, 1), (0, 1)], [(1, 2), (0, 1)])}
+    copies = {
+        str(p): contract.plan_einsum(es, shapes, sizes, p).copied
+        for p in ([(0, 1), (0, 1)], [(1, 2), (0, 1)])
+    }
     assert copies["[(1, 2), (0, 1)]"] < copies["[(0, 1), (0, 1)]"]
     g = tl.EinsumGraph()
     ins = [g.input(n, s) for n, s in zip("xyz", shapes)]
     g.output(g.einsum("abc,bcd,cde->ae", *ins), "out")
     plan = assert_same_as_o0(g, rng, 2)
     (step,) = plan.steps
-    assert [tuple(p) for p in plan.optimized_graph.node(step.node_id).args["path_strategy"]] == \
-        [(1, 2), (0, 1)]
+    assert [tuple(p) for p in plan.optimized_graph.node(step.node_id).args["path_strategy"]] == [
+        (1, 2),
+        (0, 1),
+    ]
     # with no copies to save, opt_einsum's order stays
     es2 = einspec.parse("ab,bc,cd->ad", [2, 2, 2])
-    plan2 = contract.plan_einsum(es2, [(4, 5), (5, 6), (6, 7)], dict(zip("abcd", (4, 5, 6, 7))),
-                                 [(0, 1), (0, 1)])
+    plan2 = contract.plan_einsum(
+        es2, [(4, 5), (5, 6), (6, 7)], dict(zip("abcd", (4, 5, 6, 7))), [(0, 1), (0, 1)]
+    )
     assert plan2.copied == 0

@@ -24,8 +24,9 @@ def _own_cache(tmp_path, monkeypatch):
 
 
 def _network(n, d_max, seed=7):
-    eq, shapes, sizes = rand_equation(n, 3, n_out=2, d_min=2, d_max=d_max, seed=seed,
-                                      return_size_dict=True)
+    eq, shapes, sizes = rand_equation(
+        n, 3, n_out=2, d_min=2, d_max=d_max, seed=seed, return_size_dict=True
+    )
     lhs, out = eq.split("->")
     return lhs.split(","), out, sizes
 
@@ -49,6 +50,7 @@ def _spy(monkeypatch):
     def spy(terms, output, sizes, seconds):
         calls.append(seconds)
         return real(terms, output, sizes, min(seconds, 0.2))
+
     monkeypatch.setattr(path_search, "_searched_path", spy)
     return calls
 
@@ -95,8 +97,14 @@ print(json.dumps({"path": [list(p) for p in path], "strategy": strategy, "search
 
 def _child(cache):
     env = {**os.environ, "TL_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
-    done = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
-                          text=True, timeout=300, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -123,8 +131,9 @@ def test_cache_key_is_the_structure():
     assert path_search.cache_path(terms, out, sizes, 1000) != key
 
 
-@pytest.mark.parametrize("content", ["not json", '{"path": [[0, 99]]}', '{"path": [[0, 0]]}',
-                                     '{"path": [[0, 1]]}', "[]"])
+@pytest.mark.parametrize(
+    "content", ["not json", '{"path": [[0, 99]]}', '{"path": [[0, 0]]}', '{"path": [[0, 1]]}', "[]"]
+)
 def test_bad_cache_file_is_ignored_and_replaced(content):
     terms, out, sizes = _network(20, 3)
     file = path_search.cache_path(terms, out, sizes)
@@ -138,6 +147,7 @@ def test_bad_cache_file_is_ignored_and_replaced(content):
 
 def test_cached_path_runs_correctly(tmp_path):
     import tensorlogic as tl
+
     terms, out, sizes = _network(24, 3, seed=11)
     rng = np.random.default_rng(0)
     arrays = [rng.standard_normal(tuple(sizes[c] for c in t)) for t in terms]

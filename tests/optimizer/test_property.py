@@ -25,7 +25,7 @@ def _pick(data, pool, pred=lambda t: True):
 def _einsum(data, g, pool):
     a = _pick(data, pool, lambda t: t.ndim >= 1)
     b = _pick(data, pool, lambda t: t.ndim >= 1 and t.shape[0] == a.shape[-1])
-    la = LETTERS[:a.ndim]
+    la = LETTERS[: a.ndim]
     if b is None:  # a single-operand einsum: a transpose or a sum over the last axis
         out = la[::-1] if data.draw(st.booleans()) else la[:-1]
         return g.einsum(f"{la}->{out}", a)
@@ -40,17 +40,22 @@ def _einsum(data, g, pool):
 
 
 def _step(data, g, pool, inputs):
-    kind = data.draw(st.sampled_from(
-        ("unary", "binary", "scalar", "einsum", "reduce", "rowop", "layout", "where", "dup")))
+    kind = data.draw(
+        st.sampled_from(
+            ("unary", "binary", "scalar", "einsum", "reduce", "rowop", "layout", "where", "dup")
+        )
+    )
     if kind == "unary":
         return g.unary(data.draw(st.sampled_from(UNARY)), _pick(data, pool))
     if kind == "binary":
         a = _pick(data, pool)
+
         def fits(t):
             try:
                 return infer.broadcast([a.shape, t.shape], "") == tuple(a.shape) or t.ndim <= a.ndim
             except ShapeError:
                 return False
+
         b = _pick(data, pool, fits)
         op = data.draw(st.sampled_from(BINARY))
         return g.binary(op, a, b) if data.draw(st.booleans()) else g.binary(op, b, a)
@@ -86,14 +91,19 @@ def _step(data, g, pool, inputs):
     return g.tanh(a) + g.tanh(a)
 
 
-@settings(max_examples=500, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@settings(
+    max_examples=500,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 @given(st.data())
 def test_random_graphs_match_o0_at_every_level(data):
     g = tl.EinsumGraph()
     n_in = data.draw(st.integers(1, 3))
-    inputs = [g.input(f"x{k}", data.draw(st.sampled_from(INPUT_SHAPES)), "float64")
-              for k in range(n_in)]
+    inputs = [
+        g.input(f"x{k}", data.draw(st.sampled_from(INPUT_SHAPES)), "float64") for k in range(n_in)
+    ]
     pool = list(inputs)
     for _ in range(data.draw(st.integers(1, 10))):
         t = _step(data, g, pool, inputs)
@@ -101,7 +111,7 @@ def test_random_graphs_match_o0_at_every_level(data):
             pool.append(t)
     g.output(pool[-1], name="y")
     extra = data.draw(st.integers(0, 2))
-    for k, t in enumerate(pool[-1 - extra:-1]):
+    for k, t in enumerate(pool[-1 - extra : -1]):
         if t.id not in g.outputs.values():
             g.output(t, name=f"o{k}")
     seed = data.draw(st.integers(0, 2**31 - 1))
@@ -112,5 +122,6 @@ def test_random_graphs_match_o0_at_every_level(data):
         got = tl.compile(g, backend="numpy", opt_level=level, cache=False)(**vals)
         assert set(got) == set(ref)
         for name in ref:
-            np.testing.assert_allclose(got[name], ref[name], rtol=1e-9, atol=1e-9,
-                                       err_msg=f"output {name} at O{level}")
+            np.testing.assert_allclose(
+                got[name], ref[name], rtol=1e-9, atol=1e-9, err_msg=f"output {name} at O{level}"
+            )

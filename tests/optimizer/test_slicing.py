@@ -33,14 +33,16 @@ def _einsum_node(plan):
 def _lattice(n, bond, phys):
     """An n x n lattice (open boundaries), one physical output index per site at row 0."""
     from opt_einsum import get_symbol
+
     idx = iter(range(10_000))
     h = {(r, c): get_symbol(next(idx)) for r in range(n) for c in range(n - 1)}
     v = {(r, c): get_symbol(next(idx)) for r in range(n - 1) for c in range(n)}
     terms, shapes, out = [], [], []
     for r in range(n):
         for c in range(n):
-            t = "".join(x for x in (h.get((r, c - 1)), h.get((r, c)), v.get((r - 1, c)),
-                                    v.get((r, c))) if x)
+            t = "".join(
+                x for x in (h.get((r, c - 1)), h.get((r, c)), v.get((r - 1, c)), v.get((r, c))) if x
+            )
             if r == 0:
                 p = get_symbol(next(idx))
                 t += p
@@ -84,8 +86,9 @@ def test_integer_slices_sum_exactly():
     rng = np.random.default_rng(2)
     eq, shapes = "ij,jk,kl->il", [(4, 64), (64, 64), (64, 4)]
     arrays = [rng.integers(-100, 100, s).astype(np.int32) for s in shapes]
-    plan = tl.compile(_graph(eq, shapes, "int32"), "numpy", 2, cache=False,
-                      path_memory_limit=100 * 4)
+    plan = tl.compile(
+        _graph(eq, shapes, "int32"), "numpy", 2, cache=False, path_memory_limit=100 * 4
+    )
     assert _einsum_node(plan).args["path_info"]["slices"]
     got = plan({f"x{i}": a for i, a in enumerate(arrays)})["y"]
     ref = np.einsum(eq, *arrays)
@@ -104,6 +107,7 @@ def test_joint_search_of_path_and_slices_runs_correctly():
     from tensorlogic.ir import pairwise as contract, sliced
     from tensorlogic.optimizer import slicing
     from tensorlogic.ir import spec as einspec
+
     eq, shapes = _lattice(5, 4, 2)
     es = einspec.parse(eq, [len(s) for s in shapes])
     sizes = einspec.letter_sizes(es, shapes)
@@ -126,6 +130,7 @@ def test_too_many_slices_are_refused(monkeypatch):
     # the chain needs 4+ slices under this limit; with at most 2 allowed the compile refuses,
     # naming the slice count and the cap
     import sys
+
     # the module (the package re-exports its pass under the same name)
     monkeypatch.setattr(sys.modules["tensorlogic.optimizer.contraction"], "MAX_SLICES", 2)
     g = _graph("ij,jk,kl->il", [(4, 64), (64, 64), (64, 4)])

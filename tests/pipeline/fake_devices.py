@@ -47,8 +47,9 @@ class FakeGpus(NumpyBackend):
 
     name = NAME
     # the numpy backend's compile options (threads) are registered for "numpy" by name
-    capabilities = dataclasses.replace(NumpyBackend.capabilities, multi_device=True,
-                                       options=frozenset())
+    capabilities = dataclasses.replace(
+        NumpyBackend.capabilities, multi_device=True, options=frozenset()
+    )
     count = 3
     delay: ClassVar[dict[int, float]] = {}
     runs: ClassVar[Counter] = Counter()  # kernel runs per device
@@ -133,5 +134,4 @@ class FakeTransfers:
 def register() -> None:
     """Register the stand-in (once per process; a fresh device-0 instance each time)."""
     FakeGpus.instances.clear()
-    tl.register_backend(NAME, lambda: FakeGpus.instances.setdefault(0, FakeGpus(0)),
-                        replace=True)
+    tl.register_backend(NAME, lambda: FakeGpus.instances.setdefault(0, FakeGpus(0)), replace=True)

@@ -13,8 +13,9 @@ def mlp_graph(width: int = 32, depth: int = 2, seed: int = 0) -> tl.EinsumGraph:
     g = tl.EinsumGraph()
     h = g.input("x", shape=("B", width), dtype="float32")
     for k in range(depth):
-        w = g.constant((rng.standard_normal((width, width)) * width**-0.5).astype(np.float32),
-                       name=f"w{k}")
+        w = g.constant(
+            (rng.standard_normal((width, width)) * width**-0.5).astype(np.float32), name=f"w{k}"
+        )
         h = g.tanh(g.einsum("bi,ij->bj", h, w))
     g.output(h, name="y")
     g.output(g.sum(h * h, axis=1), name="s")

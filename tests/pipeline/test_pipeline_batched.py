@@ -18,8 +18,12 @@ def plan():
 
 
 @settings(max_examples=20, deadline=None)
-@given(n=st.integers(1, 300), batch_size=st.integers(1, 128), workers=st.integers(1, 3),
-       seed=st.integers(0, 2**31))
+@given(
+    n=st.integers(1, 300),
+    batch_size=st.integers(1, 128),
+    workers=st.integers(1, 3),
+    seed=st.integers(0, 2**31),
+)
 def test_run_batched_equals_big_call(plan, n, batch_size, workers, seed):
     x = np.random.default_rng(seed).standard_normal((n, 32)).astype(np.float32)
     ref = plan(x=x)
@@ -36,8 +40,8 @@ def test_batch_axis_not_first_and_shared_input(rng):
     g = tl.EinsumGraph()
     x = g.input("x", shape=(8, "B"))
     m = g.input("m", shape=(8, 4))
-    g.output(g.einsum("ib,ij->jb", x, m), name="y")      # batch axis 1
-    g.output(g.relu(g.einsum("ib->b", x)), name="t")     # batch axis 0
+    g.output(g.einsum("ib,ij->jb", x, m), name="y")  # batch axis 1
+    g.output(g.relu(g.einsum("ib->b", x)), name="t")  # batch axis 0
     p = tl.compile(g, backend="numpy")
     xs = rng.standard_normal((8, 103)).astype(np.float32)
     ms = rng.standard_normal((8, 4)).astype(np.float32)
@@ -104,5 +108,7 @@ def test_run_batched_errors(plan, rng):
     b = g.input("b", shape=("B", 4))
     g.output(a + b, name="y")
     with pytest.raises(tl.InputError, match="disagree on the batch dimension"):
-        tl.run_batched(tl.compile(g, backend="numpy"),
-                       {"a": np.ones((3, 4), np.float32), "b": np.ones((5, 4), np.float32)})
+        tl.run_batched(
+            tl.compile(g, backend="numpy"),
+            {"a": np.ones((3, 4), np.float32), "b": np.ones((5, 4), np.float32)},
+        )

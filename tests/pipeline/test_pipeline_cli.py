@@ -21,8 +21,19 @@ def saved(tmp_path):
 
 
 def _run(tmp_path, *extra):
-    return cli.main(["run", str(tmp_path / "g.json"), "--inputs", str(tmp_path / "in.npz"),
-                     "--out", str(tmp_path / "out.npz"), "--backend", "numpy", *extra])
+    return cli.main(
+        [
+            "run",
+            str(tmp_path / "g.json"),
+            "--inputs",
+            str(tmp_path / "in.npz"),
+            "--out",
+            str(tmp_path / "out.npz"),
+            "--backend",
+            "numpy",
+            *extra,
+        ]
+    )
 
 
 def _check(tmp_path, ref):
@@ -41,8 +52,9 @@ def test_run_in_batches_on_threads(saved, capsys):
 def test_run_on_a_dask_scheduler_address(saved):
     distributed = pytest.importorskip("distributed")
     tmp_path, ref = saved
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
-                                  dashboard_address=":0") as cluster:
+    with distributed.LocalCluster(
+        n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0"
+    ) as cluster:
         assert _run(tmp_path, "--batch-size", "25", "--dask", cluster.scheduler_address) == 0
     _check(tmp_path, ref)
 

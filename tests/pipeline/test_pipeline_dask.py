@@ -26,8 +26,9 @@ def plan():
 
 @pytest.fixture(scope="module")
 def thread_client():
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=2, processes=False,
-                                  dashboard_address=":0") as cluster:
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=2, processes=False, dashboard_address=":0"
+    ) as cluster:
         with distributed.Client(cluster) as client:
             yield client
 
@@ -35,16 +36,16 @@ def thread_client():
 @pytest.mark.parametrize("ordered", [True, False])
 def test_threads_cluster_equals_one_big_call(plan, thread_client, rng, ordered):
     x = rng.standard_normal((230, 32)).astype(np.float32)
-    batches = [{"x": x[i:i + 20]} for i in range(0, 230, 20)]
-    res = list(tl.run_batches(plan, batches, client=thread_client, ordered=ordered,
-                              progress=False))
+    batches = [{"x": x[i : i + 20]} for i in range(0, 230, 20)]
+    res = list(tl.run_batches(plan, batches, client=thread_client, ordered=ordered, progress=False))
     if ordered:
         assert [r.index for r in res] == list(range(12))
     res = sorted(res, key=lambda r: r.index)
     ref = plan(x=x)
     for name in ("y", "s"):
-        np.testing.assert_allclose(np.concatenate([r[name] for r in res]), ref[name],
-                                   rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(
+            np.concatenate([r[name] for r in res]), ref[name], rtol=1e-5, atol=1e-6
+        )
     got = tl.run_batched(plan, {"x": x}, 32, client=thread_client, progress=False)
     np.testing.assert_allclose(got["y"], ref["y"], rtol=1e-5, atol=1e-6)
 
@@ -54,8 +55,11 @@ def test_remote_bad_batch_is_skipped_or_raised(plan, thread_client, rng):
     nan = x[:5].copy()
     nan[0, 0] = np.inf
     batches = [{"x": x[:10]}, {"x": x[:10, :3]}, {"x": nan}, {"x": x[10:]}]
-    res = list(tl.run_batches(plan, batches, client=thread_client, on_error="skip",
-                              check_finite=True, progress=False))
+    res = list(
+        tl.run_batches(
+            plan, batches, client=thread_client, on_error="skip", check_finite=True, progress=False
+        )
+    )
     assert [r.ok for r in res] == [True, False, False, True]
     assert "batch 1" in str(res[1].error) and "expected 32" in str(res[1].error)
     assert "batch 2" in str(res[2].error) and "NaN or inf" in str(res[2].error)
@@ -89,7 +93,7 @@ def _killing_source(x, client, n_batches, state):
             pid = pids[addr]
             os.kill(pid, signal.SIGKILL)
             state["killed"] = (addr, pid)
-        yield {"x": x[8 * k:8 * (k + 1)]}
+        yield {"x": x[8 * k : 8 * (k + 1)]}
 
 
 def test_process_cluster_survives_a_killed_worker(plan, rng):
@@ -98,8 +102,9 @@ def test_process_cluster_survives_a_killed_worker(plan, rng):
     ref = plan(x=x)
     state: dict = {}
     t0 = time.monotonic()
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                  dashboard_address=":0") as cluster:
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+    ) as cluster:
         with distributed.Client(cluster) as client:
             client.wait_for_workers(2, timeout=60)
             seen: dict[int, int] = {}
@@ -107,9 +112,14 @@ def test_process_cluster_survives_a_killed_worker(plan, rng):
 
             def consume() -> None:
                 try:
-                    for r in tl.run_batches(plan, _killing_source(x, client, n_batches, state),
-                                            client=client, prefetch=3, ordered=False,
-                                            progress=False):
+                    for r in tl.run_batches(
+                        plan,
+                        _killing_source(x, client, n_batches, state),
+                        client=client,
+                        prefetch=3,
+                        ordered=False,
+                        progress=False,
+                    ):
                         results.append(r)
                 except BaseException as exc:  # noqa: BLE001 - checked below
                     results.append(exc)
@@ -122,8 +132,9 @@ def test_process_cluster_survives_a_killed_worker(plan, rng):
             for r in results:
                 assert isinstance(r, tl.BatchOutput), r
                 seen[r.index] = seen.get(r.index, 0) + 1
-                np.testing.assert_allclose(r["y"], ref["y"][8 * r.index:8 * (r.index + 1)],
-                                           rtol=1e-5, atol=1e-6)
+                np.testing.assert_allclose(
+                    r["y"], ref["y"][8 * r.index : 8 * (r.index + 1)], rtol=1e-5, atol=1e-6
+                )
             assert state.get("killed"), "the worker was never killed"
             _, pid = state["killed"]
             with pytest.raises(ProcessLookupError):

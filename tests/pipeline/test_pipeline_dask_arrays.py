@@ -24,8 +24,11 @@ def process_client():
     off so that where a task runs is the scheduler's placement, which the tests check."""
     import dask
 
-    with dask.config.set({"distributed.scheduler.work-stealing": False}), \
-            tl.local_cluster(n_workers=2) as cluster, distributed.Client(cluster) as client:
+    with (
+        dask.config.set({"distributed.scheduler.work-stealing": False}),
+        tl.local_cluster(n_workers=2) as cluster,
+        distributed.Client(cluster) as client,
+    ):
         client.wait_for_workers(2, timeout=60)
         yield client
 
@@ -62,8 +65,11 @@ def test_chunks_computed_and_persisted_on_the_workers(plan, process_client, rng)
     from tensorlogic.pipeline.dask import plan_payload
 
     key = plan_payload(plan)[0]
-    held = client.run(lambda: sorted(__import__("tensorlogic.pipeline.dask_plugin",
-                                                fromlist=["PAYLOADS"]).PAYLOADS))
+    held = client.run(
+        lambda: sorted(
+            __import__("tensorlogic.pipeline.dask_plugin", fromlist=["PAYLOADS"]).PAYLOADS
+        )
+    )
     assert [key in keys for keys in held.values()] == [True, True]
     # every output chunk stays on the worker that holds its input chunk
     where_x = client.who_has(xd)
@@ -134,8 +140,9 @@ def test_bad_inputs_fail_before_any_task(plan, rng):
 def test_bad_values_fail_their_task(plan, rng):
     x = rng.standard_normal((20, 32)).astype(np.float32)
     x[13, 2] = np.nan
-    out = tl.run_batched(plan, {"x": da.from_array(x, chunks=10)}, check_finite=True,
-                         progress=False)
+    out = tl.run_batched(
+        plan, {"x": da.from_array(x, chunks=10)}, check_finite=True, progress=False
+    )
     np.testing.assert_allclose(out["y"][:10].compute(), plan(x=x[:10])["y"], rtol=1e-5)
     with pytest.raises(tl.InputError, match="NaN or inf"):
         out["y"].compute()

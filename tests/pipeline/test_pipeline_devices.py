@@ -42,9 +42,12 @@ def _close(got, ref):
 
 
 @settings(max_examples=15, deadline=None)
-@given(n=st.integers(1, 200), batch_size=st.integers(1, 64),
-       devices=st.sampled_from(["all", [0], [2, 0], [1, 2], (0, 1, 2)]),
-       seed=st.integers(0, 2**31))
+@given(
+    n=st.integers(1, 200),
+    batch_size=st.integers(1, 64),
+    devices=st.sampled_from(["all", [0], [2, 0], [1, 2], (0, 1, 2)]),
+    seed=st.integers(0, 2**31),
+)
 def test_run_batched_on_devices_equals_big_call(plan, ref_plan, n, batch_size, devices, seed):
     x = np.random.default_rng(seed).standard_normal((n, 32)).astype(np.float32)
     got = tl.run_batched(plan, {"x": x}, batch_size, devices=devices, progress=False)
@@ -75,8 +78,8 @@ def test_batch_axis_not_first_and_shared_input(rng):
     g = tl.EinsumGraph()
     x = g.input("x", shape=(8, "B"))
     m = g.input("m", shape=(8, 4))
-    g.output(g.einsum("ib,ij->jb", x, m), name="y")      # batch axis 1: placed by the caller
-    g.output(g.relu(g.einsum("ib->b", x)), name="t")     # batch axis 0: written in place
+    g.output(g.einsum("ib,ij->jb", x, m), name="y")  # batch axis 1: placed by the caller
+    g.output(g.relu(g.einsum("ib->b", x)), name="t")  # batch axis 0: written in place
     plan = tl.compile(g, backend=NAME, opt_level=1)
     ref = tl.compile(g, backend="numpy", opt_level=1)
     xs = rng.standard_normal((8, 77)).astype(np.float32)
@@ -88,9 +91,8 @@ def test_batch_axis_not_first_and_shared_input(rng):
 @pytest.mark.parametrize("ordered", [True, False])
 def test_run_batches_on_devices(plan, ref_plan, rng, ordered):
     x = rng.standard_normal((230, 32)).astype(np.float32)
-    batches = [{"x": x[i:i + 20]} for i in range(0, 230, 20)]
-    res = list(tl.run_batches(plan, batches, devices=[0, 1, 2], ordered=ordered,
-                              progress=False))
+    batches = [{"x": x[i : i + 20]} for i in range(0, 230, 20)]
+    res = list(tl.run_batches(plan, batches, devices=[0, 1, 2], ordered=ordered, progress=False))
     if ordered:
         assert [r.index for r in res] == list(range(12))
     res = sorted(res, key=lambda r: r.index)
@@ -103,7 +105,7 @@ def test_device_arrays_are_used_in_place_or_moved(plan, ref_plan, rng):
     """An input already on the lane's device is used as it is; one on another device goes
     through the host."""
     x = rng.standard_normal((60, 32)).astype(np.float32)
-    batches = [{"x": on_device(x[i:i + 20], i // 20)} for i in range(0, 60, 20)]
+    batches = [{"x": on_device(x[i : i + 20], i // 20)} for i in range(0, 60, 20)]
     res = list(tl.run_batches(plan, batches, devices=[0, 1], progress=False))
     got = {name: np.concatenate([r[name] for r in res]) for name in ("y", "s")}
     _close(got, ref_plan(x=x))
@@ -114,8 +116,11 @@ def test_bad_batches_follow_on_error(plan, ref_plan, rng):
     nan = x[:5].copy()
     nan[0, 0] = np.nan
     batches = [{"x": x[:10]}, {"x": x[:10, :3]}, {"x": nan}, [1, 2], {"x": x[10:]}]
-    res = list(tl.run_batches(plan, batches, devices="all", on_error="skip",
-                              check_finite=True, progress=False))
+    res = list(
+        tl.run_batches(
+            plan, batches, devices="all", on_error="skip", check_finite=True, progress=False
+        )
+    )
     assert [r.index for r in res] == [0, 1, 2, 3, 4]
     assert [r.ok for r in res] == [True, False, False, False, True]
     assert "batch 1" in str(res[1].error) and "expected 32" in str(res[1].error)
@@ -131,7 +136,7 @@ def test_bad_batches_follow_on_error(plan, ref_plan, rng):
 
 def test_stopping_early_leaves_the_lanes_usable(plan, ref_plan, rng):
     x = rng.standard_normal((400, 32)).astype(np.float32)
-    batches = ({"x": x[i:i + 4]} for i in range(0, 400, 4))
+    batches = ({"x": x[i : i + 4]} for i in range(0, 400, 4))
     for k, _ in enumerate(tl.run_batches(plan, batches, devices=[0, 1], progress=False)):
         if k == 3:
             break
@@ -139,11 +144,18 @@ def test_stopping_early_leaves_the_lanes_usable(plan, ref_plan, rng):
     _close(got, ref_plan(x=x))
 
 
-@pytest.mark.parametrize("devices, match", [
-    ("some", "None, 'all' or a list"), (1, "list of device ids"), ([], "names no device"),
-    ([0, 0], "twice"), ([3], "3 is not a device id.*has 3"), ([True], "not a device id"),
-    ([0, 1.0], "not a device id"),
-])
+@pytest.mark.parametrize(
+    "devices, match",
+    [
+        ("some", "None, 'all' or a list"),
+        (1, "list of device ids"),
+        ([], "names no device"),
+        ([0, 0], "twice"),
+        ([3], "3 is not a device id.*has 3"),
+        ([True], "not a device id"),
+        ([0, 1.0], "not a device id"),
+    ],
+)
 def test_bad_devices_are_named(plan, devices, match):
     x = np.ones((4, 32), np.float32)
     with pytest.raises(tl.InputError, match=match):

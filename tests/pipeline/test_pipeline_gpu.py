@@ -99,7 +99,7 @@ def test_device_run_equals_host_reference(device_plan, rng, workers):
 
     x = rng.standard_normal((1000, 256)).astype(np.float32)
     ref = tl.compile(mlp_graph(width=256, depth=3), backend="numpy")(x=x)
-    batches = [{"x": x[i:i + 128]} for i in range(0, 1000, 128)]
+    batches = [{"x": x[i : i + 128]} for i in range(0, 1000, 128)]
     res = list(tl.run_batches(device_plan, batches, workers=workers, progress=False))
     assert all(isinstance(r["y"], cupy.ndarray) for r in res)
     got = np.concatenate([cupy.asnumpy(r["y"]) for r in res])

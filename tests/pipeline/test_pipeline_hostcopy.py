@@ -8,10 +8,18 @@ import pytest
 from tensorlogic.runtime import hostcopy
 
 
-@pytest.mark.parametrize("shape, view", [
-    ((), None), ((5,), None), ((3, 4), None), ((3000, 2048), None),   # 24 MB: in pieces
-    ((3001, 2048), "strided"), ((17, 3, 100_000), None), ((1, 5_000_000), None),
-])
+@pytest.mark.parametrize(
+    "shape, view",
+    [
+        ((), None),
+        ((5,), None),
+        ((3, 4), None),
+        ((3000, 2048), None),  # 24 MB: in pieces
+        ((3001, 2048), "strided"),
+        ((17, 3, 100_000), None),
+        ((1, 5_000_000), None),
+    ],
+)
 def test_copyto_equals_numpy(rng, shape, view):
     src = rng.standard_normal(shape).astype(np.float32)
     if view == "strided":  # a non-contiguous source (every other column)

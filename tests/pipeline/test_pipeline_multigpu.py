@@ -55,7 +55,7 @@ def test_run_batches_keeps_order_and_takes_device_arrays(plans, rng):
     x = rng.standard_normal((1200, 256)).astype(np.float32)
     batches = []
     for k, i in enumerate(range(0, 1200, 100)):
-        piece = x[i:i + 100]
+        piece = x[i : i + 100]
         if k % 3 == 1:
             with cupy.cuda.Device(k % 2):  # a CuPy array on either GPU
                 piece = cupy.asarray(piece)
@@ -72,8 +72,11 @@ def test_a_bad_batch_follows_on_error(plans, rng):
     nan = x[:10].copy()
     nan[3, 3] = np.inf
     batches = [{"x": x[:100]}, {"x": x[:10, :7]}, {"x": nan}, {"x": x[100:]}]
-    res = list(tl.run_batches(plan, batches, devices="all", on_error="skip",
-                              check_finite=True, progress=False))
+    res = list(
+        tl.run_batches(
+            plan, batches, devices="all", on_error="skip", check_finite=True, progress=False
+        )
+    )
     assert [r.ok for r in res] == [True, False, False, True]
     assert "batch 1" in str(res[1].error) and "batch 2" in str(res[2].error)
     np.testing.assert_allclose(res[3]["y"], ref_plan(x=x[100:])["y"], rtol=1e-4, atol=1e-3)

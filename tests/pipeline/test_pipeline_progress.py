@@ -32,8 +32,13 @@ def _run_in_pty(progress: bool) -> str:
     """Run the script with stderr on a pseudo-terminal; return what the terminal showed."""
     code = SCRIPT.format(here=os.path.dirname(__file__), progress=progress)
     master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=slave, stderr=slave,
-                            stdin=subprocess.DEVNULL, close_fds=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=slave,
+        stderr=slave,
+        stdin=subprocess.DEVNULL,
+        close_fds=True,
+    )
     os.close(slave)
     chunks = []
     deadline = time.monotonic() + 60

@@ -26,7 +26,7 @@ def _data(rng, n, width=32):
 def _split(x, sizes):
     out, lo = [], 0
     for s in sizes:
-        out.append({"x": x[lo:lo + s]})
+        out.append({"x": x[lo : lo + s]})
         lo += s
     return out
 
@@ -45,8 +45,16 @@ def _check_equal(plan, x, results, n_batches):
 def test_runs_equal_one_big_call(plan, rng, ordered, workers, prefetch):
     x = _data(rng, 300)
     sizes = [64, 64, 64, 64, 44]
-    res = list(tl.run_batches(plan, _split(x, sizes), workers=workers, prefetch=prefetch,
-                              ordered=ordered, progress=False))
+    res = list(
+        tl.run_batches(
+            plan,
+            _split(x, sizes),
+            workers=workers,
+            prefetch=prefetch,
+            ordered=ordered,
+            progress=False,
+        )
+    )
     if ordered:
         assert [r.index for r in res] == list(range(len(sizes)))
     assert [r.n_items for r in sorted(res, key=lambda r: r.index)] == sizes
@@ -55,15 +63,22 @@ def test_runs_equal_one_big_call(plan, rng, ordered, workers, prefetch):
 
 
 @settings(max_examples=15, deadline=None)
-@given(sizes=st.lists(st.integers(1, 40), min_size=1, max_size=12),
-       workers=st.integers(1, 3), prefetch=st.integers(0, 3), ordered=st.booleans(),
-       seed=st.integers(0, 2**31))
+@given(
+    sizes=st.lists(st.integers(1, 40), min_size=1, max_size=12),
+    workers=st.integers(1, 3),
+    prefetch=st.integers(0, 3),
+    ordered=st.booleans(),
+    seed=st.integers(0, 2**31),
+)
 def test_property_any_split_equals_big_call(plan, sizes, workers, prefetch, ordered, seed):
     x = _data(np.random.default_rng(seed), sum(sizes))
     # a generator source: no length, consumed once
     source = (b for b in _split(x, sizes))
-    res = list(tl.run_batches(plan, source, workers=workers, prefetch=prefetch, ordered=ordered,
-                              progress=False))
+    res = list(
+        tl.run_batches(
+            plan, source, workers=workers, prefetch=prefetch, ordered=ordered, progress=False
+        )
+    )
     _check_equal(plan, x, res, len(sizes))
 
 
@@ -83,15 +98,17 @@ def _bad_batches(rng):
     x = _data(rng, 40)
     nan = x[:8].copy()
     nan[3, 5] = np.nan
-    return [{"x": x[:10]}, {"x": x[:10, :5]}, {"x": x[10:20]}, {"x": nan}, [x[:3]],
-            {"x": x[20:40]}]
+    return [{"x": x[:10]}, {"x": x[:10, :5]}, {"x": x[10:20]}, {"x": nan}, [x[:3]], {"x": x[20:40]}]
 
 
 @pytest.mark.parametrize("ordered", [True, False])
 def test_skip_policy_reports_bad_batches_and_goes_on(plan, rng, ordered):
     batches = _bad_batches(rng)
-    res = list(tl.run_batches(plan, batches, on_error="skip", check_finite=True,
-                              ordered=ordered, progress=False))
+    res = list(
+        tl.run_batches(
+            plan, batches, on_error="skip", check_finite=True, ordered=ordered, progress=False
+        )
+    )
     by_index = {r.index: r for r in res}
     assert sorted(by_index) == list(range(6))
     failed = {i for i, r in by_index.items() if not r.ok}
@@ -150,7 +167,7 @@ def test_window_bounds_batches_taken_ahead(plan, rng):
     def source():
         for k in range(20):
             taken.append(k)
-            yield {"x": x[k:k + 2]}
+            yield {"x": x[k : k + 2]}
 
     it = tl.run_batches(plan, source(), prefetch=2, workers=1, progress=False)
     first = next(it)
@@ -177,19 +194,25 @@ def test_closing_early_stops_the_loader(plan, rng):
     it.close()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        alive = [t for t in threading.enumerate()
-                 if t.name == "tensorlogic-batch-loader" and t not in before]
+        alive = [
+            t
+            for t in threading.enumerate()
+            if t.name == "tensorlogic-batch-loader" and t not in before
+        ]
         if not alive:
             break
         time.sleep(0.02)
     assert not alive
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"prefetch": -1}, "prefetch must be an int >= 0"),
-    ({"workers": 0}, "workers must be an int >= 1"),
-    ({"on_error": "ignore"}, "on_error must be one of"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"prefetch": -1}, "prefetch must be an int >= 0"),
+        ({"workers": 0}, "workers must be an int >= 1"),
+        ({"on_error": "ignore"}, "on_error must be one of"),
+    ],
+)
 def test_bad_arguments(plan, kwargs, match):
     with pytest.raises(tl.InputError, match=match):
         tl.run_batches(plan, [], **kwargs)

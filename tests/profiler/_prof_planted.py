@@ -174,9 +174,15 @@ def fused_chain_graph(n: int, length: int) -> tl.EinsumGraph:
         instrs.append(FusedOp(op, (prev,) if c is None else (prev, ("const", c))))
         prev = ("tmp", k)
     body = FusedBody(tuple(instrs), (n,))
-    nid = g.add_node(ops.FUSED, None, [x.id],
-                     {"body": body.to_args(), "flops": body.flops_per_element() * n},
-                     name="fused_chain", shape=(n,), dtype="float32")
+    nid = g.add_node(
+        ops.FUSED,
+        None,
+        [x.id],
+        {"body": body.to_args(), "flops": body.flops_per_element() * n},
+        name="fused_chain",
+        shape=(n,),
+        dtype="float32",
+    )
     g.output(g.tensor(nid), name="y")
     return g
 
@@ -185,6 +191,10 @@ def chain_reference(x: np.ndarray, length: int) -> np.ndarray:
     """numpy reference of ``chain_graph``."""
     y = x
     for k in range(length):
-        y = [lambda t: t * np.float32(1.5), lambda t: t + np.float32(0.25),
-             lambda t: np.maximum(t, 0), lambda t: t - np.float32(0.125)][k % 4](y)
+        y = [
+            lambda t: t * np.float32(1.5),
+            lambda t: t + np.float32(0.25),
+            lambda t: np.maximum(t, 0),
+            lambda t: t - np.float32(0.125),
+        ][k % 4](y)
     return y

@@ -15,7 +15,13 @@ from tensorlogic.profiler import advice as advice_mod
 from tensorlogic.profiler.bottleneck import ThreadInfo, roofline
 
 from _prof_planted import (
-    Copying, FusedNumpy, PlainEinsum, Stalling, chain_graph, chain_reference, fused_chain_graph,
+    Copying,
+    FusedNumpy,
+    PlainEinsum,
+    Stalling,
+    chain_graph,
+    chain_reference,
+    fused_chain_graph,
     registered,
 )
 
@@ -248,8 +254,13 @@ def test_bad_peaks_and_options_raise(rng):
 
 
 @settings(max_examples=200, deadline=None)
-@given(flops=st.integers(0, 10**13), nbytes=st.integers(0, 10**11),
-       bw=st.floats(1e8, 1e13), pf=st.floats(1e8, 1e15), ovh=st.floats(0, 1e-4))
+@given(
+    flops=st.integers(0, 10**13),
+    nbytes=st.integers(0, 10**11),
+    bw=st.floats(1e8, 1e13),
+    pf=st.floats(1e8, 1e15),
+    ovh=st.floats(0, 1e-4),
+)
 def test_roofline_properties(flops, nbytes, bw, pf, ovh):
     pk = tl.Peaks(bandwidth=bw, flops={"float32": pf}, step_overhead=ovh)
     r = roofline(flops, nbytes, "float32", pk)
@@ -281,8 +292,9 @@ def test_o0_chains_are_named_however_the_schedule_interleaves_them(rng):
     x = rng.standard_normal((256, 256)).astype(np.float32)
     for _ in range(3):  # the same advice every time, whatever the timings
         prof, _ = _profile(plan, {"x": x})
-        chains = [a for a in prof.bottlenecks(PEAKS, threads=CALM).advice
-                  if a.rule == "unfused-chain"]
+        chains = [
+            a for a in prof.bottlenecks(PEAKS, threads=CALM).advice if a.rule == "unfused-chain"
+        ]
         named = sorted(tuple(sorted(a.nodes)) for a in chains)
         kinds = {s.name: s.kind for s in plan.steps}
         assert len(chains) == 2

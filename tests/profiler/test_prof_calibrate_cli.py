@@ -15,8 +15,9 @@ from tensorlogic.profiler import calibration as cal
 
 from _prof_planted import chain_graph
 
-PEAKS = tl.Peaks(bandwidth=20e9, flops={"float32": 200e9, "float64": 100e9}, step_overhead=2e-6,
-                 backend="numpy")
+PEAKS = tl.Peaks(
+    bandwidth=20e9, flops={"float32": 200e9, "float64": 100e9}, step_overhead=2e-6, backend="numpy"
+)
 
 
 @pytest.fixture
@@ -111,9 +112,26 @@ def test_cli_profile_graph(tmp_path, cache_dir, capsys, rng):
     g.save(tmp_path / "g.json")
     np.savez(tmp_path / "in.npz", x=rng.standard_normal(2048).astype(np.float32))
     trace, roof, timeline = tmp_path / "t.json", tmp_path / "r.png", tmp_path / "tl.png"
-    code = cli.main(["profile", str(tmp_path / "g.json"), "--inputs", str(tmp_path / "in.npz"),
-                     "--backend", "numpy", "--opt-level", "0", "--repeat", "3",
-                     "--trace", str(trace), "--roofline", str(roof), "--timeline", str(timeline)])
+    code = cli.main(
+        [
+            "profile",
+            str(tmp_path / "g.json"),
+            "--inputs",
+            str(tmp_path / "in.npz"),
+            "--backend",
+            "numpy",
+            "--opt-level",
+            "0",
+            "--repeat",
+            "3",
+            "--trace",
+            str(trace),
+            "--roofline",
+            str(roof),
+            "--timeline",
+            str(timeline),
+        ]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "Calls" in out and "Bottleneck report" in out and "20.0 GB/s" in out
@@ -126,8 +144,23 @@ def test_cli_profile_graph(tmp_path, cache_dir, capsys, rng):
 def test_cli_profile_random_inputs_and_errors(tmp_path, cache_dir, capsys):
     _seed_cache(cache_dir)
     chain_graph(64, 2).save(tmp_path / "g.json")
-    assert cli.main(["profile", str(tmp_path / "g.json"), "--backend", "numpy", "--opt-level", "0",
-                     "--repeat", "2", "--row-limit", "1"]) == 0
+    assert (
+        cli.main(
+            [
+                "profile",
+                str(tmp_path / "g.json"),
+                "--backend",
+                "numpy",
+                "--opt-level",
+                "0",
+                "--repeat",
+                "2",
+                "--row-limit",
+                "1",
+            ]
+        )
+        == 0
+    )
     assert "more rows not shown" in capsys.readouterr().out
     assert cli.main(["profile", str(tmp_path / "g.json"), "--repeat", "0"]) == 2
     assert "--repeat must be at least 1" in capsys.readouterr().err

@@ -41,7 +41,13 @@ def test_records_every_step_and_matches_unprofiled(rng):
     for e in prof.steps:
         s = plan.steps[e.index]
         assert (e.kind, e.label, e.flops, e.bytes, e.dtype, e.backend) == (
-            s.kind, s.label, s.flops, s.bytes, s.dtype, "numpy")
+            s.kind,
+            s.label,
+            s.flops,
+            s.bytes,
+            s.dtype,
+            "numpy",
+        )
         assert e.dur_ns >= 0
     for c in prof.calls:
         mine = [e for e in prof.steps if e.call == c.call]

@@ -42,16 +42,18 @@ def check_trace(doc: dict) -> None:
     assert set(doc) >= {"traceEvents", "displayTimeUnit"}
     evs = doc["traceEvents"]
     named_procs = {e["pid"] for e in evs if e["ph"] == "M" and e["name"] == "process_name"}
-    named_threads = {(e["pid"], e["tid"]) for e in evs
-                     if e["ph"] == "M" and e["name"] == "thread_name"}
+    named_threads = {
+        (e["pid"], e["tid"]) for e in evs if e["ph"] == "M" and e["name"] == "thread_name"
+    }
     spans: dict[tuple, list[tuple[int, int]]] = {}
     for e in evs:
         assert e["ph"] in ("X", "M", "C"), e
         assert isinstance(e["name"], str) and e["name"]
         assert isinstance(e["pid"], int)
         if e["ph"] == "M":
-            assert isinstance(e["args"]["name" if e["name"].endswith("_name") else "sort_index"],
-                              (str, int))
+            assert isinstance(
+                e["args"]["name" if e["name"].endswith("_name") else "sort_index"], (str, int)
+            )
         elif e["ph"] == "X":
             assert isinstance(e["tid"], int) and isinstance(e["cat"], str)
             assert isinstance(e["ts"], float | int) and isinstance(e["dur"], float | int)
@@ -82,8 +84,12 @@ def test_trace_round_trip_and_schema(tmp_path, rng):
         doc = json.load(f)
     check_trace(doc)
     evs = doc["traceEvents"]
-    steps = [e for e in evs if e["ph"] == "X" and e["cat"] not in
-             ("call", "cache", "compile", "codegen", "optimizer", "transfer")]
+    steps = [
+        e
+        for e in evs
+        if e["ph"] == "X"
+        and e["cat"] not in ("call", "cache", "compile", "codegen", "optimizer", "transfer")
+    ]
     assert len(steps) == len(prof.steps) == 2 * 5 * 3
     assert {e["name"] for e in steps} == {s.name for s in prof.plans[0].steps}
     # units: microseconds

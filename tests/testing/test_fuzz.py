@@ -39,8 +39,13 @@ def fuzz_seed(request) -> int:
     return value
 
 
-def _fuzz(backends: tuple[str, ...], n_graphs: int, time_box: float, run_seed: int,
-          dtypes: tuple[str, ...] = ("float32", "float64")) -> dict:
+def _fuzz(
+    backends: tuple[str, ...],
+    n_graphs: int,
+    time_box: float,
+    run_seed: int,
+    dtypes: tuple[str, ...] = ("float32", "float64"),
+) -> dict:
     """Check up to ``n_graphs`` graphs. Backends other than numpy (whose kernels are compiled
     per graph, so each costs far more) share the first ``SLOW_SHARE`` of the time box; after that
     the remaining graphs still run on numpy at every opt level."""
@@ -50,8 +55,14 @@ def _fuzz(backends: tuple[str, ...], n_graphs: int, time_box: float, run_seed: i
     slow_deadline = start + SLOW_SHARE * time_box
 
     @seed(run_seed)
-    @settings(max_examples=n_graphs, deadline=None, database=None, derandomize=False,
-              suppress_health_check=list(HealthCheck), print_blob=True)
+    @settings(
+        max_examples=n_graphs,
+        deadline=None,
+        database=None,
+        derandomize=False,
+        suppress_health_check=list(HealthCheck),
+        print_blob=True,
+    )
     @given(case=graph_cases(dtypes=dtypes), input_seed=st.integers(0, 2**32 - 1))
     def check(case, input_seed):
         now = time.monotonic()
@@ -59,8 +70,14 @@ def _fuzz(backends: tuple[str, ...], n_graphs: int, time_box: float, run_seed: i
             stats["skipped"] += 1
             return
         run_on = backends if now < slow_deadline or "numpy" not in backends else ("numpy",)
-        assert_backends_agree(case.graph, backends=run_on, opt_levels=OPT_LEVELS,
-                              ranges=case.ranges, sizes=case.sizes, seed=input_seed)
+        assert_backends_agree(
+            case.graph,
+            backends=run_on,
+            opt_levels=OPT_LEVELS,
+            ranges=case.ranges,
+            sizes=case.sizes,
+            seed=input_seed,
+        )
         stats["checked"] += 1
         for b in run_on:
             stats["per_backend"][b] += 1
@@ -76,11 +93,16 @@ def _fuzz(backends: tuple[str, ...], n_graphs: int, time_box: float, run_seed: i
 
 
 def _report(stats: dict, n_graphs: int, backends: tuple[str, ...], run_seed: int) -> None:
-    print(f"checked {stats['checked']} graphs at O{OPT_LEVELS}; graphs per backend "
-          f"{stats['per_backend']}; ops {stats['ops']}")
+    print(
+        f"checked {stats['checked']} graphs at O{OPT_LEVELS}; graphs per backend "
+        f"{stats['per_backend']}; ops {stats['ops']}"
+    )
     if stats["checked"] < n_graphs:
-        warnings.warn(f"differential fuzz (seed {run_seed}) hit its time box after "
-                      f"{stats['checked']} of {n_graphs} graphs", stacklevel=2)
+        warnings.warn(
+            f"differential fuzz (seed {run_seed}) hit its time box after "
+            f"{stats['checked']} of {n_graphs} graphs",
+            stacklevel=2,
+        )
 
 
 def test_differential_fuzz_cpu(fuzz_seed):

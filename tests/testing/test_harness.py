@@ -14,7 +14,12 @@ from tensorlogic.backends import base as backend_base
 from tensorlogic.backends.numpy.backend import NumpyBackend
 from tensorlogic.ir import ops
 from tensorlogic.testing import (
-    assert_backends_agree, bounds, choose_ranges, derive_tolerances, graph_cases, random_inputs,
+    assert_backends_agree,
+    bounds,
+    choose_ranges,
+    derive_tolerances,
+    graph_cases,
+    random_inputs,
     reference_evaluate,
 )
 
@@ -27,10 +32,12 @@ class _SlightlyWrongExp(NumpyBackend):
     def prepare(self, step, node, in_nodes, graph):
         kernel = super().prepare(step, node, in_nodes, graph)
         if node.kind == ops.UNARY and node.op == "exp":
+
             def wrong(args, out):
                 r = kernel(args, out)
                 r *= 1 + 1e-4
                 return r
+
             return wrong
         return kernel
 
@@ -119,8 +126,13 @@ def test_strategies_cover_every_op():
     seen: collections.Counter = collections.Counter()
 
     # derandomized: this checks the generator's reach, so it must not depend on the run's luck
-    @settings(max_examples=500, deadline=None, database=None, derandomize=True,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=500,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(graph_cases())
     def collect(case):
         case.graph.validate()
@@ -139,8 +151,13 @@ def test_strategies_cover_every_op():
         seen["symbolic"] += bool(case.graph.symbols)
 
     collect()
-    wanted = (set(ops.UNARY_OPS) | set(ops.BINARY_OPS) | set(ops.REDUCTIONS) | set(ops.ROW_OPS)
-              | {ops.EINSUM, ops.WHERE, ops.TRANSPOSE, ops.RESHAPE, ops.CAST, ops.CONSTANT}
-              | {"float32", "float64", "ellipsis", "implicit", "repeated-index", "symbolic"})
+    wanted = (
+        set(ops.UNARY_OPS)
+        | set(ops.BINARY_OPS)
+        | set(ops.REDUCTIONS)
+        | set(ops.ROW_OPS)
+        | {ops.EINSUM, ops.WHERE, ops.TRANSPOSE, ops.RESHAPE, ops.CAST, ops.CONSTANT}
+        | {"float32", "float64", "ellipsis", "implicit", "repeated-index", "symbolic"}
+    )
     missing = sorted(k for k in wanted if not seen[k])
     assert not missing, f"strategies never produced {missing}"

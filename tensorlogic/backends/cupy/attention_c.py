@@ -23,8 +23,12 @@ from ...errors import BackendError
 from .cuda_c import HALF_CONV, HALF_PRELUDE
 
 THREADS = 256
-CTYPE = {"float32": "float", "float64": "double", "float16": "unsigned short",
-         "bfloat16": "unsigned short"}
+CTYPE = {
+    "float32": "float",
+    "float64": "double",
+    "float16": "unsigned short",
+    "bfloat16": "unsigned short",
+}
 COMPUTE = {"float32": "float", "float64": "double", "float16": "float", "bfloat16": "float"}
 _CONV = HALF_CONV
 MAX_HEAD_DIM = 256
@@ -50,15 +54,19 @@ def render(name: str, d: int, dv: int, dtype: str, causal: bool, has_mask: bool)
     if dtype not in CTYPE:
         raise BackendError(f"attention kernel: no GPU path for dtype {dtype}")
     if not (1 <= d <= MAX_HEAD_DIM and 1 <= dv <= MAX_HEAD_DIM):
-        raise BackendError(f"attention kernel: head dims {d} and {dv} must lie in "
-                           f"1..{MAX_HEAD_DIM}")
+        raise BackendError(
+            f"attention kernel: head dims {d} and {dv} must lie in 1..{MAX_HEAD_DIM}"
+        )
     tm, tn = tiles(dtype)
     t, c = CTYPE[dtype], COMPUTE[dtype]
     half = dtype in _CONV
     load = _CONV[dtype][0] if half else f"({c})"
     store = _CONV[dtype][1] if half else ""
-    neg_inf = "__longlong_as_double(0xfff0000000000000ULL)" if c == "double" \
+    neg_inf = (
+        "__longlong_as_double(0xfff0000000000000ULL)"
+        if c == "double"
         else "__int_as_float(0xff800000)"
+    )
     exp = "exp" if c == "double" else "expf"
     fma = "fma" if c == "double" else "fmaf"
     nj = -(-dv // 16)

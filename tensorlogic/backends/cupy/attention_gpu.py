@@ -58,8 +58,7 @@ def _mask_layout(mask_shape, batch, sq, sk):
     return offsets, strides[-2], strides[-1]
 
 
-def mma_config(sq: int, nb: int, d: int, dv: int, causal: bool,
-               sms: int) -> attention_mma.Config:
+def mma_config(sq: int, nb: int, d: int, dv: int, causal: bool, sms: int) -> attention_mma.Config:
     """The tensor-core kernel's block shape for ``nb`` batch indices of ``sq`` query rows on a
     GPU of ``sms`` multiprocessors.
 
@@ -91,12 +90,17 @@ class AttentionKernel:
         scale, causal = attn_ir.check_args(node.args, f"node {node.name!r}")
         self.has_mask = len(in_nodes) == 4
         if node.dtype not in attention_c.CTYPE:
-            raise BackendError(f"node {node.name!r}: the GPU attention kernel takes "
-                               f"{sorted(attention_c.CTYPE)}, not {node.dtype}")
+            raise BackendError(
+                f"node {node.name!r}: the GPU attention kernel takes "
+                f"{sorted(attention_c.CTYPE)}, not {node.dtype}"
+            )
         self.backend, self.node_name = backend, node.name
         self.causal = causal
-        self.mma = (USE_MMA and int(backend.arch) >= 80
-                    and attention_mma.supports(self.d, self.dv, node.dtype))
+        self.mma = (
+            USE_MMA
+            and int(backend.arch) >= 80
+            and attention_mma.supports(self.d, self.dv, node.dtype)
+        )
         self._ffma = None
         if self.mma:
             self.launch = self._compile(True)
@@ -110,9 +114,11 @@ class AttentionKernel:
             self.moff, self.msq, self.msk = None, 0, 0
         macs = self.nb * self.sq * self.sk * (self.d + self.dv)
         self.flops = 2 * macs // (2 if causal else 1)
-        self.info = (f"flash attention ({'tensor-core mma' if self.mma else 'FFMA'}, "
-                     f"{self.launch[4]}, {self.launch[1] // 1024} KiB shared)"
-                     f"{' causal' if causal else ''}{' +mask' if self.has_mask else ''}")
+        self.info = (
+            f"flash attention ({'tensor-core mma' if self.mma else 'FFMA'}, "
+            f"{self.launch[4]}, {self.launch[1] // 1024} KiB shared)"
+            f"{' causal' if causal else ''}{' +mask' if self.has_mask else ''}"
+        )
 
     def _mma_config(self) -> attention_mma.Config:
         if MMA_CONFIG is not None:
@@ -129,9 +135,11 @@ class AttentionKernel:
             smem = attention_mma.shared_bytes(d, dv, cfg)
             grid_x = attention_mma.grid_x(self.sq, self.causal, cfg)
             threads = cfg.threads
-            rows = (f"{cfg.rows}-row tiles: {cfg.warps} warps x {16 * cfg.mt} rows"
-                    f"{'' if cfg.q_in_regs else ', query from shared memory'}"
-                    f"{', paired blocks' if cfg.pair and self.causal else ''}")
+            rows = (
+                f"{cfg.rows}-row tiles: {cfg.warps} warps x {16 * cfg.mt} rows"
+                f"{'' if cfg.q_in_regs else ', query from shared memory'}"
+                f"{', paired blocks' if cfg.pair and self.causal else ''}"
+            )
         else:
             smem = attention_c.shared_bytes(d, dv, dt)
             threads = 16 * attention_c.tiles(dt)[0]
@@ -141,9 +149,12 @@ class AttentionKernel:
         if smem > limit:
             raise BackendError(
                 f"node {self.node_name!r}: attention with head dims {d}/{dv} in {dt} needs "
-                f"{smem} bytes of shared memory per block; this GPU allows {limit}")
-        name = (f"tl_attention{'_mma' if mma else ''}_{dt}_d{d}_v{dv}"
-                f"{'_causal' if self.causal else ''}{'_mask' if self.has_mask else ''}")
+                f"{smem} bytes of shared memory per block; this GPU allows {limit}"
+            )
+        name = (
+            f"tl_attention{'_mma' if mma else ''}_{dt}_d{d}_v{dv}"
+            f"{'_causal' if self.causal else ''}{'_mask' if self.has_mask else ''}"
+        )
         if mma:
             name += f"_w{cfg.warps}m{cfg.mt}{'q' if cfg.q_in_regs else ''}{'p' if cfg.pair else ''}"
             src = attention_mma.render(name, d, dv, dt, self.causal, self.has_mask, cfg)
@@ -171,12 +182,25 @@ class AttentionKernel:
         null = np.uint64(0)
         for b0 in range(0, self.nb, _MAX_GRID_Y):
             nb = min(_MAX_GRID_Y, self.nb - b0)
-            fn((grid_x, nb, 1), (threads, 1, 1),
-               (target, q, k, v, mask if mask is not None else null,
-                self.moff if self.moff is not None else null, np.int32(self.sq),
-                np.int32(self.sk), np.int64(self.msq), np.int64(self.msk), self.scale,
-                np.int32(b0)),
-               shared_mem=smem)
+            fn(
+                (grid_x, nb, 1),
+                (threads, 1, 1),
+                (
+                    target,
+                    q,
+                    k,
+                    v,
+                    mask if mask is not None else null,
+                    self.moff if self.moff is not None else null,
+                    np.int32(self.sq),
+                    np.int32(self.sk),
+                    np.int64(self.msq),
+                    np.int64(self.msk),
+                    self.scale,
+                    np.int32(b0),
+                ),
+                shared_mem=smem,
+            )
         if target is not out:
             out[...] = target
         return out

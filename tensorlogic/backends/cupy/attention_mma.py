@@ -128,16 +128,26 @@ def grid_x(sq: int, causal: bool, cfg: Config) -> int:
     return -(-nq // 2) if causal and cfg.pair else nq
 
 
-def render(name: str, d: int, dv: int, dtype: str, causal: bool, has_mask: bool,
-           cfg: Config = Config(), helpers: bool = True) -> str:
+def render(
+    name: str,
+    d: int,
+    dv: int,
+    dtype: str,
+    causal: bool,
+    has_mask: bool,
+    cfg: Config = Config(),
+    helpers: bool = True,
+) -> str:
     """The kernel ``name`` with the FFMA kernel's signature (16-bit pointers, float scale); grid
     (``grid_x``, batch indices), ``cfg.threads`` threads, dynamic shared memory
     ``shared_bytes``. ``helpers=False`` leaves out the device functions (to put several kernels
     in one source)."""
     if not supports(d, dv, dtype):
-        raise BackendError(f"tensor-core attention: {dtype} with head dims {d}/{dv}; it takes "
-                           f"{sorted(DTYPES)} and head dims that are multiples of 16 up to "
-                           f"{MAX_HEAD_DIM}")
+        raise BackendError(
+            f"tensor-core attention: {dtype} with head dims {d}/{dv}; it takes "
+            f"{sorted(DTYPES)} and head dims that are multiples of 16 up to "
+            f"{MAX_HEAD_DIM}"
+        )
     if cfg.warps not in (4, 8) or cfg.mt not in (1, 2):
         raise BackendError(f"tensor-core attention: 4 or 8 warps of 1 or 2 m-tiles, not {cfg}")
     ty = DTYPES[dtype]
@@ -146,8 +156,10 @@ def render(name: str, d: int, dv: int, dtype: str, causal: bool, has_mask: bool,
     # where they are few, cap at 128 registers (16 warps a multiprocessor), else at 255
     held = cfg.mt * (dv // 2 + BN // 2 + (d // 4 if cfg.q_in_regs else 0))
     min_blocks = max(1, (512 if held <= 96 else 256) // cfg.threads)
-    flags = (f"causal={int(causal)} mask={int(has_mask)} warps={cfg.warps} mt={cfg.mt} "
-             f"qregs={int(cfg.q_in_regs)} pair={int(pair)}")
+    flags = (
+        f"causal={int(causal)} mask={int(has_mask)} warps={cfg.warps} mt={cfg.mt} "
+        f"qregs={int(cfg.q_in_regs)} pair={int(pair)}"
+    )
     qfrag = "qa[i][kk]" if cfg.q_in_regs else "qf[i]"
     return f"""// tensorlogic generated: attention mma {dtype} d={d} dv={dv} {flags}
 {_HELPERS if helpers else ""}

@@ -80,8 +80,11 @@ class _SpecKernel:
             if not v.vector:
                 self.source = src
         self.scalar = _Launcher(fns[0], n_args, var[0].grid, var[0].block, backend.pdl)
-        self.vector = (_Launcher(fns[1], n_args, var[1].grid, var[1].block, backend.pdl)
-                       if len(var) > 1 else None)
+        self.vector = (
+            _Launcher(fns[1], n_args, var[1].grid, var[1].block, backend.pdl)
+            if len(var) > 1
+            else None
+        )
         # pointers that a vector variant reads or writes 16 bytes at a time: 0 is the output
         if spec.family == "ew":
             self.aligned = [0] + [k + 1 for k in ptx.vector_inputs(spec)]
@@ -93,8 +96,9 @@ class _SpecKernel:
         self.finish = None
         if spec.family == "split":
             n_o, s = spec.sizes[0], spec.splits
-            fspec = make_spec(finish_program(spec), spec.dtype, [(n_o, s)], [spec.compute],
-                              [(s, 1)])
+            fspec = make_spec(
+                finish_program(spec), spec.dtype, [(n_o, s)], [spec.compute], [(s, 1)]
+            )
             self.finish = _SpecKernel(backend, fspec, name + "_f", codegen)
             self.partials = (n_o * s,)
 
@@ -120,8 +124,9 @@ class _SpecKernel:
             if lau.pdl is not None and _pdl_state.active:  # captured into a graph with PDL
                 lau.pdl(_current_stream().ptr, lau.pptr)
             else:
-                _launch(lau.f, lau.grid, 1, 1, lau.block, 1, 1, 0, _current_stream().ptr,
-                        lau.pptr, 0)
+                _launch(
+                    lau.f, lau.grid, 1, 1, lau.block, 1, 1, 0, _current_stream().ptr, lau.pptr, 0
+                )
         if self.finish is not None:
             self.finish.run(out, [part])
 
@@ -146,8 +151,10 @@ class GeneratedKernel:
         self.source = ""
         self.empty = math.prod(int(d) for d in node.shape) == 0
         # the contiguous layout is what a plan passes almost always: build it now
-        self._contig = tuple(tuple(s * ITEMSIZE[dt] for s in _cstrides(shape))
-                             for shape, dt in zip(self.in_shapes, self.in_dtypes))
+        self._contig = tuple(
+            tuple(s * ITEMSIZE[dt] for s in _cstrides(shape))
+            for shape, dt in zip(self.in_shapes, self.in_dtypes)
+        )
         self._main = self._build(self._contig)
 
     def _build(self, sig: tuple) -> Any:
@@ -202,11 +209,16 @@ class CupyBackend(Backend):
     # C-contiguous CuPy inputs skip conversion (CompiledPlan); dtypes: the floats, bfloat16
     # included (CuPy's own), since the generated PTX/CUDA C kernels and cuBLAS calls are written
     # and GPU-tested for them: compile refuses other dtypes with DTypeError
-    capabilities = Capabilities(device=True, events=True, own_runner=True,
-                                options=frozenset({"codegen", "cuda_graph", "pdl"}),
-                                dtypes=frozenset(dtypes.FLOATS), native_array=cupy.ndarray,
-                                multi_device=True,
-                                fused_attention=FUSED_ATTENTION)
+    capabilities = Capabilities(
+        device=True,
+        events=True,
+        own_runner=True,
+        options=frozenset({"codegen", "cuda_graph", "pdl"}),
+        dtypes=frozenset(dtypes.FLOATS),
+        native_array=cupy.ndarray,
+        multi_device=True,
+        fused_attention=FUSED_ATTENTION,
+    )
 
     def __init__(self, cache_dir=None) -> None:
         dev = cupy.cuda.Device()
@@ -271,11 +283,17 @@ class CupyBackend(Backend):
         use_pdl = options.get("pdl", False)
         precision = options.get("matmul_precision", "highest")
         if use_pdl and int(self.arch) < 90:
-            raise GraphError(f"pdl=True needs compute capability 9.0 or later; this device "
-                             f"({self.device_name}) has {self.arch[:-1]}.{self.arch[-1]}")
+            raise GraphError(
+                f"pdl=True needs compute capability 9.0 or later; this device "
+                f"({self.device_name}) has {self.arch[:-1]}.{self.arch[-1]}"
+            )
         tf32 = precision == "tf32"
-        if (codegen == self.codegen and graph == self.cuda_graph and use_pdl == self.pdl
-                and tf32 == self.tf32):
+        if (
+            codegen == self.codegen
+            and graph == self.cuda_graph
+            and use_pdl == self.pdl
+            and tf32 == self.tf32
+        ):
             return self
         view = object.__new__(CupyBackend)
         view.__dict__.update(self.__dict__)
@@ -310,8 +328,7 @@ class CupyBackend(Backend):
             return kernel
         if not kernel.impl.sums_outside_matmul and all(n.dtype == node.dtype for n in in_nodes):
             return kernel
-        return widen.widened(cupy, lambda n, ins: generic.einsum_kernel(xp, n, ins), node,
-                             in_nodes)
+        return widen.widened(cupy, lambda n, ins: generic.einsum_kernel(xp, n, ins), node, in_nodes)
 
     def plan_runner(self, plan) -> PlanRunner:
         """The executor of a concrete plan: CUDA graph replay or stream launches."""
@@ -348,15 +365,20 @@ class CupyBackend(Backend):
                 try:
                     x = cupy.from_dlpack(x)
                 except Exception as exc:  # noqa: BLE001 - a foreign array we cannot take
-                    raise InputError(f"input {name!r}: cannot import {type(x).__name__} through "
-                                     f"DLPack onto the GPU: {exc}") from exc
+                    raise InputError(
+                        f"input {name!r}: cannot import {type(x).__name__} through "
+                        f"DLPack onto the GPU: {exc}"
+                    ) from exc
             else:
                 raise InputError(
                     f"input {name!r}: expected a CuPy or numpy array (or one with __dlpack__), "
-                    f"got {type(x).__name__}")
+                    f"got {type(x).__name__}"
+                )
         if x.dtype.name not in self.capabilities.dtypes:
-            raise InputError(f"input {name!r}: dtype {x.dtype} is not supported by the cupy "
-                             f"backend; expected one of {sorted(self.capabilities.dtypes)}")
+            raise InputError(
+                f"input {name!r}: dtype {x.dtype} is not supported by the cupy "
+                f"backend; expected one of {sorted(self.capabilities.dtypes)}"
+            )
         return x
 
     # strided inputs (a broadcast view stands for its full size) are copied contiguous onto the

@@ -74,6 +74,7 @@ class KernelCompiler:
             mod.load(binary)
             self._modules[key] = mod
             dt = time.perf_counter() - t0
-        hooks.compile_event("codegen", f"{'load' if hit else 'compile'} {name}", t0, dt,
-                            path=path, cache_hit=hit)
+        hooks.compile_event(
+            "codegen", f"{'load' if hit else 'compile'} {name}", t0, dt, path=path, cache_hit=hit
+        )
         return mod.get_function(name)

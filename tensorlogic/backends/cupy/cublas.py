@@ -39,8 +39,9 @@ def _find_library() -> ctypes.CDLL | None:
     try:
         cupy.cuda.device.get_cublas_handle()  # makes CuPy load its libcublas
         with open("/proc/self/maps") as f:
-            paths = sorted({ln.split()[-1] for ln in f
-                            if "libcublas.so" in ln and "libcublasLt" not in ln})
+            paths = sorted(
+                {ln.split()[-1] for ln in f if "libcublas.so" in ln and "libcublasLt" not in ln}
+            )
     except Exception:  # noqa: BLE001 - no /proc or CuPy's cuBLAS unusable: try the others
         pass
     try:
@@ -70,8 +71,10 @@ class Cublas:
         self._set_workspace.argtypes = [vp, vp, ctypes.c_size_t]
         gemm_args = [vp, i, i, i, i, i, vp, vp, i, ll, vp, i, ll, vp, vp, i, ll, i]
         self._gemm = {}
-        for dtype, fname, ctype in (("float32", "cublasSgemmStridedBatched", ctypes.c_float),
-                                    ("float64", "cublasDgemmStridedBatched", ctypes.c_double)):
+        for dtype, fname, ctype in (
+            ("float32", "cublasSgemmStridedBatched", ctypes.c_float),
+            ("float64", "cublasDgemmStridedBatched", ctypes.c_double),
+        ):
             fn = getattr(lib, fname)
             fn.argtypes, fn.restype = gemm_args, ctypes.c_int
             one, zero = ctype(1.0), ctype(0.0)
@@ -80,8 +83,31 @@ class Cublas:
             fn.restype = ctypes.c_int
         # the mixed-precision entry point: 16-bit storage (and TF32) with float32 accumulation
         self._gemm_ex = lib.cublasGemmStridedBatchedEx
-        self._gemm_ex.argtypes = [vp, i, i, i, i, i, vp, vp, i, i, ll, vp, i, i, ll, vp, vp, i, i,
-                                  ll, i, i, i]
+        self._gemm_ex.argtypes = [
+            vp,
+            i,
+            i,
+            i,
+            i,
+            i,
+            vp,
+            vp,
+            i,
+            i,
+            ll,
+            vp,
+            i,
+            i,
+            ll,
+            vp,
+            vp,
+            i,
+            i,
+            ll,
+            i,
+            i,
+            i,
+        ]
         self._gemm_ex.restype = ctypes.c_int
         self._one32, self._zero32 = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self._local = threading.local()
@@ -144,20 +170,65 @@ class Cublas:
 
     def _gemm_ex_call(self, args, name: str, tf32: bool) -> None:
         """The same GEMM through cublasGemmStridedBatchedEx, float32 accumulation."""
-        (opa, opb, n, m, k, _one, b_ptr, ldb, stride_b, a_ptr, lda, stride_a, _zero, c_ptr,
-         ldc, stride_c, nb) = args
+        (
+            opa,
+            opb,
+            n,
+            m,
+            k,
+            _one,
+            b_ptr,
+            ldb,
+            stride_b,
+            a_ptr,
+            lda,
+            stride_a,
+            _zero,
+            c_ptr,
+            ldc,
+            stride_c,
+            nb,
+        ) = args
         dt = _CUDA_R[name]
         compute = _COMPUTE_32F_FAST_TF32 if name == "float32" else _COMPUTE_32F
-        _check(self._gemm_ex(self._handle(), opa, opb, n, m, k, ctypes.addressof(self._one32),
-                             b_ptr, dt, ldb, stride_b, a_ptr, dt, lda, stride_a,
-                             ctypes.addressof(self._zero32), c_ptr, dt, ldc, stride_c, nb,
-                             compute, _GEMM_DEFAULT), "cublasGemmStridedBatchedEx")
+        _check(
+            self._gemm_ex(
+                self._handle(),
+                opa,
+                opb,
+                n,
+                m,
+                k,
+                ctypes.addressof(self._one32),
+                b_ptr,
+                dt,
+                ldb,
+                stride_b,
+                a_ptr,
+                dt,
+                lda,
+                stride_a,
+                ctypes.addressof(self._zero32),
+                c_ptr,
+                dt,
+                ldc,
+                stride_c,
+                nb,
+                compute,
+                _GEMM_DEFAULT,
+            ),
+            "cublasGemmStridedBatchedEx",
+        )
 
     def _plan(self, a, b, out):
         """(result, GEMM arguments after the handle), or None when cuBLAS can't take it as is."""
         dt = a.dtype
-        if (dt != b.dtype or (dt.name not in self._gemm and dt.name not in _HALF_NAMES)
-                or a.ndim != b.ndim or a.ndim not in (2, 3)):
+        if (
+            dt != b.dtype
+            or (dt.name not in self._gemm and dt.name not in _HALF_NAMES)
+            or a.ndim != b.ndim
+            or a.ndim not in (2, 3)
+        ):
             return None
         if a.ndim == 3:
             nb = a.shape[0]
@@ -189,8 +260,25 @@ class Cublas:
         stride_a = sa[0] if a.ndim == 3 else 0
         stride_b = sb[0] if a.ndim == 3 else 0
         _fn, _one, _zero, one, zero = self._gemm.get(dt.name, self._gemm["float32"])
-        args = (opa[0], opb[0], n, m, k, one, b.data.ptr, opa[1], stride_b,
-                a.data.ptr, opb[1], stride_a, zero, c.data.ptr, n, m * n, nb)
+        args = (
+            opa[0],
+            opb[0],
+            n,
+            m,
+            k,
+            one,
+            b.data.ptr,
+            opa[1],
+            stride_b,
+            a.data.ptr,
+            opb[1],
+            stride_a,
+            zero,
+            c.data.ptr,
+            n,
+            m * n,
+            nb,
+        )
         return c, args
 
 

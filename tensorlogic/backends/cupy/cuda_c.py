@@ -14,8 +14,12 @@ from ...errors import BackendError
 from ...ir import ops
 from .spec import SPLIT_THREADS, KernelSpec, RowLayout, row_block, row_layout, row_width
 
-CTYPE = {"float32": "float", "float64": "double", "float16": "unsigned short",
-         "bfloat16": "unsigned short"}
+CTYPE = {
+    "float32": "float",
+    "float64": "double",
+    "float16": "unsigned short",
+    "bfloat16": "unsigned short",
+}
 # 16-bit storage: (load conversion to float, store conversion from float)
 # 16-bit storage: (load to float, store from float) helpers, defined by HALF_PRELUDE
 HALF_CONV = {"float16": ("tl_h2f", "tl_f2h"), "bfloat16": ("tl_bf2f", "tl_f2bf")}
@@ -32,15 +36,22 @@ __device__ __forceinline__ float tl_bf2f(unsigned short h) {
 __device__ __forceinline__ unsigned short tl_f2bf(float f) {
   unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
 """
-_PRELUDE = HALF_PRELUDE + r"""template <typename T> __device__ __forceinline__ T tl_max(T a, T b) {
+_PRELUDE = (
+    HALF_PRELUDE
+    + r"""template <typename T> __device__ __forceinline__ T tl_max(T a, T b) {
   return (a > b || a != a) ? a : b; }
 template <typename T> __device__ __forceinline__ T tl_min(T a, T b) {
   return (a < b || a != a) ? a : b; }
 """
+)
 
 # the reductions of the table (ops.REDUCTION_TABLE), rendered; NaN wins in max/min, like numpy
-_C_COMBINE = {"add": "({a} + {b})", "mul": "({a} * {b})", "max": "tl_max({a}, {b})",
-              "min": "tl_min({a}, {b})"}
+_C_COMBINE = {
+    "add": "({a} + {b})",
+    "mul": "({a} * {b})",
+    "max": "tl_max({a}, {b})",
+    "min": "tl_min({a}, {b})",
+}
 _COMBINE = {n: _C_COMBINE[r.combine] for n, r in ops.REDUCTION_TABLE.items() if r.combine}
 _IDENT = {n: r.identity for n, r in ops.REDUCTION_TABLE.items() if r.combine}
 
@@ -82,8 +93,13 @@ class _Src:
             return f"{HALF_CONV[dt][1]}({v})"
         return f"(({CTYPE[dt]}){v})"
 
-    def program(self, offs: Sequence[str | None], depth: int,
-                given: dict[int, str] | None = None, tail: str | None = None) -> str:
+    def program(
+        self,
+        offs: Sequence[str | None],
+        depth: int,
+        given: dict[int, str] | None = None,
+        tail: str | None = None,
+    ) -> str:
         """The program's value at ``offs``; with ``tail`` (the row op's value), the epilogue's."""
         spec = self.spec
         vals: dict[tuple, str] = {("in", k): v for k, v in (given or {}).items()}
@@ -130,8 +146,9 @@ class _Src:
                 pos = q
             else:
                 pos, nq = self.var("pos"), self.var("q")
-                self.emit(f"const {self.it} {pos} = {q} % {dim.size}u, {nq} = {q} / {dim.size}u;",
-                          depth)
+                self.emit(
+                    f"const {self.it} {pos} = {q} % {dim.size}u, {nq} = {q} / {dim.size}u;", depth
+                )
                 q = nq
             for k, st in enumerate(dim.strides):
                 if st:
@@ -171,8 +188,9 @@ def _expr(s: _Src, e, scal: dict[str, str], elem) -> str:
         return literal(float(e), s.ct)
     op, *args = e
     row = ops.ELEMENTWISE[op]
-    return row.cuda.format(T=s.ct, **dict(zip(row.operands,
-                                               (_expr(s, a, scal, elem) for a in args))))
+    return row.cuda.format(
+        T=s.ct, **dict(zip(row.operands, (_expr(s, a, scal, elem) for a in args)))
+    )
 
 
 def _let(s: _Src, scal: dict[str, str], name: str, expr, depth: int) -> None:
@@ -190,6 +208,7 @@ def _tail(s: _Src, run_pass, finish, write_row, depth: int) -> None:
     def at(v: str):
         def elem(name: str) -> str:
             return v if name == "x" else f"({_expr(s, maps[name], scal, elem)})"
+
         return elem
 
     for st in ops.ROW_PROGRAMS[s.spec.tail]:
@@ -207,8 +226,10 @@ def _tail(s: _Src, run_pass, finish, write_row, depth: int) -> None:
 
 def _ew(s: _Src) -> None:
     spec, it = s.spec, s.it
-    s.emit(f"for ({it} i = ({it})blockIdx.x * blockDim.x + threadIdx.x; i < {spec.total}u; "
-           f"i += ({it})blockDim.x * gridDim.x) {{")
+    s.emit(
+        f"for ({it} i = ({it})blockIdx.x * blockDim.x + threadIdx.x; i < {spec.total}u; "
+        f"i += ({it})blockDim.x * gridDim.x) {{"
+    )
     offs = s.offsets(spec.groups[0], "i", 2)
     v = s.program(offs, 2)
     s.emit(f"out[i] = {s.store_expr(v)};", 2)
@@ -217,14 +238,20 @@ def _ew(s: _Src) -> None:
 
 def _allreduce(s: _Src, tail: str, acc: str, threads: int, depth: int) -> None:
     """Reduce ``acc`` over the row's lanes (warp shuffles, then shared memory); all get it."""
-    s.emit(f"for (int m = 16; m > 0; m >>= 1) {acc} = "
-           f"{_COMBINE[tail].format(a=acc, b=f'__shfl_xor_sync(0xffffffffu, {acc}, m)')};", depth)
+    s.emit(
+        f"for (int m = 16; m > 0; m >>= 1) {acc} = "
+        f"{_COMBINE[tail].format(a=acc, b=f'__shfl_xor_sync(0xffffffffu, {acc}, m)')};",
+        depth,
+    )
     if threads > 32:
         s.emit(f"if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = {acc};", depth)
         s.emit("__syncthreads();", depth)
         s.emit(f"{acc} = smem[0];", depth)
-        s.emit(f"for (int w = 1; w < {threads // 32}; ++w) "
-               f"{acc} = {_COMBINE[tail].format(a=acc, b='smem[w]')};", depth)
+        s.emit(
+            f"for (int w = 1; w < {threads // 32}; ++w) "
+            f"{acc} = {_COMBINE[tail].format(a=acc, b='smem[w]')};",
+            depth,
+        )
         s.emit("__syncthreads();", depth)
 
 
@@ -277,14 +304,20 @@ class _Chunks:
             if self.along[k] == 1:
                 q = s.var("q")
                 off = f"{c} * {w}u" if self.base[k] is None else f"({self.base[k]} + {c} * {w}u)"
-                s.emit(f"const {vt} {q} = __ldg(reinterpret_cast<const {vt}*>(in{k} + {off}));",
-                       depth)
+                s.emit(
+                    f"const {vt} {q} = __ldg(reinterpret_cast<const {vt}*>(in{k} + {off}));", depth
+                )
                 vecs[k] = q
         pre = self.pre if tails is None else self.epre
-        return [s.program([None] * spec.n_inputs, depth,
-                          {**pre, **{k: f"{q}.{_LANES[lane]}" for k, q in vecs.items()}},
-                          None if tails is None else tails[lane])
-                for lane in range(w)]
+        return [
+            s.program(
+                [None] * spec.n_inputs,
+                depth,
+                {**pre, **{k: f"{q}.{_LANES[lane]}" for k, q in vecs.items()}},
+                None if tails is None else tails[lane],
+            )
+            for lane in range(w)
+        ]
 
 
 def _row_reg(s: _Src, lay: RowLayout) -> None:
@@ -296,8 +329,10 @@ def _row_reg(s: _Src, lay: RowLayout) -> None:
     if T > 32:
         s.emit(f"__shared__ {ct} smem[{T // 32}];")
     s.emit(f"const unsigned int lane = threadIdx.x % {T}u, sub = threadIdx.x / {T}u;")
-    s.emit(f"for ({it} row = ({it})blockIdx.x * {R}u + sub; row < {n_o}u; "
-           f"row += ({it})gridDim.x * {R}u) {{")
+    s.emit(
+        f"for ({it} row = ({it})blockIdx.x * {R}u + sub; row < {n_o}u; "
+        f"row += ({it})gridDim.x * {R}u) {{"
+    )
     ch = _Chunks(s, s.offsets(go, "row", 2), W, 2)
     s.emit(f"{ct} v[{per}]; bool ok[{CH}];", 2)
     s.emit("#pragma unroll", 2)
@@ -313,8 +348,11 @@ def _row_reg(s: _Src, lay: RowLayout) -> None:
         acc = s.var("acc")
         s.emit(f"{ct} {acc} = {literal(_IDENT[tail], ct)};", 2)
         s.emit("#pragma unroll", 2)
-        s.emit(f"for (int e = 0; e < {per}; ++e) if (ok[e / {W}]) "
-               f"{acc} = {_COMBINE[tail].format(a=acc, b=value('e'))};", 2)
+        s.emit(
+            f"for (int e = 0; e < {per}; ++e) if (ok[e / {W}]) "
+            f"{acc} = {_COMBINE[tail].format(a=acc, b=value('e'))};",
+            2,
+        )
         _allreduce(s, tail, acc, T, 2)
         return acc
 
@@ -374,8 +412,7 @@ def _split(s: _Src, width: int) -> None:
     s.emit(f"const {it} o = blockIdx.x / {S}u;")
     ch = _Chunks(s, s.offsets(go, "o", 1), width, 1)
     s.emit(f"{ct} acc = {literal(_IDENT[tail], ct)};")
-    s.emit(f"for ({it} c = ({it})sl * {T}u + threadIdx.x; c < {n_r // width}u; "
-           f"c += {S * T}u) {{")
+    s.emit(f"for ({it} c = ({it})sl * {T}u + threadIdx.x; c < {n_r // width}u; c += {S * T}u) {{")
     for v in ch.values("c", 2):
         s.emit(f"acc = {_COMBINE[tail].format(a='acc', b=v)};", 2)
     s.emit("}")
@@ -398,14 +435,20 @@ def _row(s: _Src) -> None:
         v = s.program(s.add(base, s.offsets(gr, "r", 3)), 3)
         s.emit(f"{acc} = {_COMBINE[tail].format(a=acc, b=f(v))};", 3)
         s.emit("}", 2)
-        s.emit(f"for (int m = 16; m > 0; m >>= 1) {acc} = "
-               f"{_COMBINE[tail].format(a=acc, b=f'__shfl_xor_sync(0xffffffffu, {acc}, m)')};", 2)
+        s.emit(
+            f"for (int m = 16; m > 0; m >>= 1) {acc} = "
+            f"{_COMBINE[tail].format(a=acc, b=f'__shfl_xor_sync(0xffffffffu, {acc}, m)')};",
+            2,
+        )
         if block > 32:
             s.emit(f"if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = {acc};", 2)
             s.emit("__syncthreads();", 2)
             s.emit(f"{acc} = smem[0];", 2)
-            s.emit(f"for (int w = 1; w < {block // 32}; ++w) "
-                   f"{acc} = {_COMBINE[tail].format(a=acc, b='smem[w]')};", 2)
+            s.emit(
+                f"for (int w = 1; w < {block // 32}; ++w) "
+                f"{acc} = {_COMBINE[tail].format(a=acc, b='smem[w]')};",
+                2,
+            )
             s.emit("__syncthreads();", 2)
         return acc
 
@@ -426,8 +469,10 @@ def _row(s: _Src) -> None:
 def _col(s: _Src) -> None:
     spec, it, ct = s.spec, s.it, s.ct
     (go, gr, gi), (n_o, n_r, n_i) = spec.groups, spec.sizes
-    s.emit(f"for ({it} idx = ({it})blockIdx.x * blockDim.x + threadIdx.x; idx < {n_o * n_i}u; "
-           f"idx += ({it})blockDim.x * gridDim.x) {{")
+    s.emit(
+        f"for ({it} idx = ({it})blockIdx.x * blockDim.x + threadIdx.x; idx < {n_o * n_i}u; "
+        f"idx += ({it})blockDim.x * gridDim.x) {{"
+    )
     s.emit(f"const {it} o = idx / {n_i}u, ii = idx % {n_i}u;", 2)
     base = s.add(s.offsets(go, "o", 2), s.offsets(gi, "ii", 2))
 
@@ -463,11 +508,13 @@ def vectorizes(spec: KernelSpec) -> bool:
     if w == 1 or (spec.family == "row" and row_layout(spec, w) is None):
         return False
     return spec.dtype in ("float32", "float64") and all(
-        dt in ("float32", "float64") for dt in spec.in_dtypes)
+        dt in ("float32", "float64") for dt in spec.in_dtypes
+    )
 
 
-def render(spec: KernelSpec, name: str, prelude: bool = True, vector: bool = False,
-           pdl: str = "") -> str:
+def render(
+    spec: KernelSpec, name: str, prelude: bool = True, vector: bool = False, pdl: str = ""
+) -> str:
     """CUDA C source of one ``extern "C"`` kernel ``name`` (``prelude``: with its helpers;
     ``vector``: 16-byte accesses along rows, see ``ptx.vector_width``; ``pdl``: open with the
     ``griddepcontrol`` instructions of ``ptx.PDL_MODES``, compute capability 9.0+)."""
@@ -480,7 +527,8 @@ def render(spec: KernelSpec, name: str, prelude: bool = True, vector: bool = Fal
         s.emit('asm volatile("griddepcontrol.wait;" ::: "memory");')
     out_t = CTYPE[spec.compute] if spec.family == "split" else CTYPE[spec.dtype]
     params = [f"{out_t}* __restrict__ out"] + [
-        f"const {CTYPE[dt]}* __restrict__ in{k}" for k, dt in enumerate(spec.in_dtypes)]
+        f"const {CTYPE[dt]}* __restrict__ in{k}" for k, dt in enumerate(spec.in_dtypes)
+    ]
     width = row_width(spec) if vector else 1
     if vector and not vectorizes(spec):
         raise BackendError(f"kernel {name}: this spec cannot use vector loads")

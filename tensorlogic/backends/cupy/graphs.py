@@ -77,18 +77,30 @@ class PlanRunner(BasePlanRunner):
         # one kernel from inputs and constants to one fresh output (a softmax, a fused group):
         # its arguments are looked up directly, which saves a third of the Python per call
         self._one = None
-        if (self._template is not None and len(plan.program) == 1 and not plan.steps[0].view
-                and len(plan.fresh_outputs) == len(plan.result_slots) == 1):
+        if (
+            self._template is not None
+            and len(plan.program) == 1
+            and not plan.steps[0].view
+            and len(plan.fresh_outputs) == len(plan.result_slots) == 1
+        ):
             fn, ins, o = plan.program[0]
             names = {bid: name for name, bid in plan.input_slots}
             name, bid, shape, dtype = plan.fresh_outputs[0]
             if o == bid:
-                self._one = (fn, tuple((names.get(i), self._template[i]) for i in ins),
-                             name, shape, dtype)
+                self._one = (
+                    fn,
+                    tuple((names.get(i), self._template[i]) for i in ins),
+                    name,
+                    shape,
+                    dtype,
+                )
         # ready inputs of such a plan launch its kernel with no layer in between:
         # CompiledPlan.__call__ tries this first (see _direct_call)
-        self.direct = (self._direct_call(len(plan.input_slots))
-                       if self._one is not None and not self.enabled else None)
+        self.direct = (
+            self._direct_call(len(plan.input_slots))
+            if self._one is not None and not self.enabled
+            else None
+        )
 
     def __str__(self) -> str:
         return f"cuda graph: {self.status}"
@@ -110,8 +122,10 @@ class PlanRunner(BasePlanRunner):
         launch = fn.direct_run
         ndarray, empty = cupy.ndarray, cupy.empty
         oom = cupy.cuda.memory.OutOfMemoryError
-        slots = tuple((n, c, fn.in_shapes[k], np.dtype(fn.in_dtypes[k]), fn._contig[k])
-                      for k, (n, c) in enumerate(args))
+        slots = tuple(
+            (n, c, fn.in_shapes[k], np.dtype(fn.in_dtypes[k]), fn._contig[k])
+            for k, (n, c) in enumerate(args)
+        )
 
         def direct(given):
             if len(given) != n_inputs:
@@ -122,8 +136,12 @@ class PlanRunner(BasePlanRunner):
                     xs.append(c)
                     continue
                 x = given.get(n)
-                if type(x) is not ndarray or x.strides != strides or x.shape != shp or \
-                        x.dtype != dt:
+                if (
+                    type(x) is not ndarray
+                    or x.strides != strides
+                    or x.shape != shp
+                    or x.dtype != dt
+                ):
                     return None
                 xs.append(x)
             try:

@@ -36,11 +36,18 @@ class LaunchAttribute(ctypes.Structure):
 class LaunchConfig(ctypes.Structure):
     """``CUlaunchConfig``."""
 
-    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint),
-                ("gridDimZ", ctypes.c_uint), ("blockDimX", ctypes.c_uint),
-                ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
-                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
-                ("attrs", ctypes.POINTER(LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+    _fields_ = [
+        ("gridDimX", ctypes.c_uint),
+        ("gridDimY", ctypes.c_uint),
+        ("gridDimZ", ctypes.c_uint),
+        ("blockDimX", ctypes.c_uint),
+        ("blockDimY", ctypes.c_uint),
+        ("blockDimZ", ctypes.c_uint),
+        ("sharedMemBytes", ctypes.c_uint),
+        ("hStream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(LaunchAttribute)),
+        ("numAttrs", ctypes.c_uint),
+    ]
 
 
 _driver = None
@@ -53,10 +60,16 @@ def _launch_kernel_ex():
             lib = ctypes.CDLL("libcuda.so.1")
             fn = lib.cuLaunchKernelEx
         except (OSError, AttributeError) as exc:
-            raise BackendError(f"programmatic dependent launch needs cuLaunchKernelEx from "
-                               f"the CUDA driver (12.0 or later): {exc}") from exc
-        fn.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_void_p,
-                       ctypes.c_void_p]
+            raise BackendError(
+                f"programmatic dependent launch needs cuLaunchKernelEx from "
+                f"the CUDA driver (12.0 or later): {exc}"
+            ) from exc
+        fn.argtypes = [
+            ctypes.POINTER(LaunchConfig),
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+        ]
         fn.restype = ctypes.c_int
         _driver = fn
     return _driver

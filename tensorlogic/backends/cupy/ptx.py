@@ -12,6 +12,7 @@ from . import ptx_rows
 from .ptx_kernel import PTX_VERSION, _Kernel, _params, _pointers
 from .spec import ITEMSIZE, SPLIT_THREADS, KernelSpec, row_block, row_layout, row_width
 
+
 def vector_width(spec: KernelSpec) -> int:
     """Elements per 16-byte vector access, or 0 if the kernel cannot vectorize."""
     if spec.family in ("row", "split"):
@@ -61,16 +62,24 @@ def _ew(k: _Kernel, ptrs: list[str], vector: bool) -> None:
         offs = k.offsets(group, idx)
         v = k.program(ins, offs)
         k.store(out, idx, v)
-        k.emit(f"add.{it} {idx}, {idx}, {step};", f"setp.lt.{it} {p}, {idx}, {n};",
-               f"@{p} bra {loop};", f"{end}:", "ret;")
+        k.emit(
+            f"add.{it} {idx}, {idx}, {step};",
+            f"setp.lt.{it} {p}, {idx}, {n};",
+            f"@{p} bra {loop};",
+            f"{end}:",
+            "ret;",
+        )
         return
     w = vector_width(spec)
     nv = n // w
     # scalar (broadcast) operands are loop invariant: load them once
     zero = k.new(it)
     k.emit(f"mov.{it} {zero}, 0;")
-    pre = {j: k.load(ins[j], zero, spec.in_dtypes[j]) for j in range(spec.n_inputs)
-           if spec.input_mode(j) == "scalar"}
+    pre = {
+        j: k.load(ins[j], zero, spec.in_dtypes[j])
+        for j in range(spec.n_inputs)
+        if spec.input_mode(j) == "scalar"
+    }
     full = [j for j in range(spec.n_inputs) if spec.input_mode(j) == "full"]
     loop, tail = k.label("vloop"), k.label("tail")
     k.emit(f"setp.ge.{it} {p}, {idx}, {nv};", f"@{p} bra {tail};", f"{loop}:")
@@ -90,8 +99,12 @@ def _ew(k: _Kernel, ptrs: list[str], vector: bool) -> None:
         given = {**pre, **{j: v[lane] for j, v in lanes.items()}}
         results.append(k.program(ins, [None] * spec.n_inputs, given))
     k.vstore(k.address(out, idx, 16), results)
-    k.emit(f"add.{it} {idx}, {idx}, {step};", f"setp.lt.{it} {p}, {idx}, {nv};",
-           f"@{p} bra {loop};", f"{tail}:")
+    k.emit(
+        f"add.{it} {idx}, {idx}, {step};",
+        f"setp.lt.{it} {p}, {idx}, {nv};",
+        f"@{p} bra {loop};",
+        f"{tail}:",
+    )
     # the last n % w elements: one per thread of the first block
     if n % w:
         t, end = k.new(it), k.label("end")
@@ -103,8 +116,13 @@ def _ew(k: _Kernel, ptrs: list[str], vector: bool) -> None:
             k.emit(f"cvt.u64.u32 {t}, {tid};", f"add.u64 {t}, {t}, {nv * w};")
         c = k.new("u32")
         q = k.new("pred")
-        k.emit(f"mov.u32 {c}, %ctaid.x;", f"setp.ne.u32 {q}, {c}, 0;", f"@{q} bra {end};",
-               f"setp.ge.{it} {p}, {t}, {n};", f"@{p} bra {end};")
+        k.emit(
+            f"mov.u32 {c}, %ctaid.x;",
+            f"setp.ne.u32 {q}, {c}, 0;",
+            f"@{q} bra {end};",
+            f"setp.ge.{it} {p}, {t}, {n};",
+            f"@{p} bra {end};",
+        )
         offs = [t if spec.input_mode(j) == "full" else None for j in range(spec.n_inputs)]
         v = k.program(ins, offs, pre)
         k.store(out, t, v)
@@ -137,8 +155,13 @@ def emit(spec: KernelSpec, name: str, sm: int = 80, vector: bool = False, pdl: s
         _ew(k, ptrs, vector)
     elif spec.family in ("row", "split"):
         lay = row_layout(spec, vector_width(spec) if vector else 1)
-        lanes = (SPLIT_THREADS if spec.family == "split" else
-                 lay.threads if lay is not None else row_block(spec.sizes[1]))
+        lanes = (
+            SPLIT_THREADS
+            if spec.family == "split"
+            else lay.threads
+            if lay is not None
+            else row_block(spec.sizes[1])
+        )
         threads = lay.block if spec.family == "row" and lay is not None else lanes
         size = 8 if k.ct == "f64" else 4
         smem_decl = f"  .shared .align 8 .b8 {name}_smem[{max(lanes // 32, 1) * size}];"
@@ -152,9 +175,16 @@ def emit(spec: KernelSpec, name: str, sm: int = 80, vector: bool = False, pdl: s
         ptx_rows._col(k, ptrs)
     else:
         raise BackendError(f"unknown kernel family {spec.family!r}")
-    head = [f"// tensorlogic generated: {spec.family} {spec.tail or 'elementwise'} {spec.dtype}",
-            f".version {PTX_VERSION}", f".target sm_{sm}", ".address_size 64", "",
-            f".visible .entry {name}(", "  " + ",\n  ".join(params), ")"]
+    head = [
+        f"// tensorlogic generated: {spec.family} {spec.tail or 'elementwise'} {spec.dtype}",
+        f".version {PTX_VERSION}",
+        f".target sm_{sm}",
+        ".address_size 64",
+        "",
+        f".visible .entry {name}(",
+        "  " + ",\n  ".join(params),
+        ")",
+    ]
     if threads:
         head.append(f".maxntid {threads}, 1, 1")
     head.append("{")

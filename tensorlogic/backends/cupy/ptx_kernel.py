@@ -19,8 +19,18 @@ PTYPE = {"float32": "f32", "float64": "f64", "float16": "f16", "bfloat16": "bf16
 # 16-bit floats move through .b16 registers and are converted to and from the compute type
 _HALF_PT = ("f16", "bf16")
 _BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64}
-_PREFIX = {"f32": "%f", "f64": "%fd", "pred": "%p", "u32": "%r", "s32": "%r", "b32": "%r",
-           "u64": "%rd", "s64": "%rd", "b64": "%rd", "b16": "%h"}
+_PREFIX = {
+    "f32": "%f",
+    "f64": "%fd",
+    "pred": "%p",
+    "u32": "%r",
+    "s32": "%r",
+    "b32": "%r",
+    "u64": "%rd",
+    "s64": "%rd",
+    "b64": "%rd",
+    "b16": "%h",
+}
 _DECL = {"%f": ".f32", "%fd": ".f64", "%p": ".pred", "%r": ".b32", "%rd": ".b64", "%h": ".b16"}
 
 # reduction tails of the table (ops.REDUCTION_TABLE): (combine instruction, identity); the
@@ -137,8 +147,10 @@ class _Kernel:
             self.emit(f"st.global.{pt} [{addr}], {v};")
             return
         raw = self.new("b16" if pt in _HALF_PT else pt)
-        self.emit(f"cvt.rn.{pt}.{self.ct} {raw}, {v};",
-                  f"st.global.{'b16' if pt in _HALF_PT else pt} [{addr}], {raw};")
+        self.emit(
+            f"cvt.rn.{pt}.{self.ct} {raw}, {v};",
+            f"st.global.{'b16' if pt in _HALF_PT else pt} [{addr}], {raw};",
+        )
 
     def vload(self, addr: str, dtype: str, w: int) -> list[str]:
         """``w`` consecutive elements (16 bytes at ``addr``) in compute-type registers; 16-bit
@@ -167,8 +179,11 @@ class _Kernel:
         for lo, hi in zip(values[0::2], values[1::2]):
             h = [self.new("b16"), self.new("b16")]
             r = self.new("b32")
-            self.emit(f"cvt.rn.{pt}.{self.ct} {h[0]}, {lo};",
-                      f"cvt.rn.{pt}.{self.ct} {h[1]}, {hi};", f"mov.b32 {r}, {{{h[0]}, {h[1]}}};")
+            self.emit(
+                f"cvt.rn.{pt}.{self.ct} {h[0]}, {lo};",
+                f"cvt.rn.{pt}.{self.ct} {h[1]}, {hi};",
+                f"mov.b32 {r}, {{{h[0]}, {h[1]}}};",
+            )
             words.append(r)
         self.emit(f"st.global.v{len(words)}.b32 [{addr}], {{{', '.join(words)}}};")
 
@@ -183,8 +198,13 @@ class _Kernel:
         self.emit(f"add.s64 {a}, {ptr}, {a};")
         return a
 
-    def program(self, ptrs: Sequence[str], offs: Sequence[str | None],
-                preloaded: dict[int, str] | None = None, tail: str | None = None) -> str:
+    def program(
+        self,
+        ptrs: Sequence[str],
+        offs: Sequence[str | None],
+        preloaded: dict[int, str] | None = None,
+        tail: str | None = None,
+    ) -> str:
         """Evaluate the spec's program at the given per-input element offsets; with ``tail``
         (the row op's value there), evaluate its epilogue instead."""
         spec = self.spec
@@ -273,15 +293,23 @@ class _Kernel:
     def global_index(self) -> tuple[str, str]:
         """(first index, grid stride) of this thread, in the index type."""
         c, n, t, g = (self.new("u32") for _ in range(4))
-        self.emit(f"mov.u32 {c}, %ctaid.x;", f"mov.u32 {n}, %ntid.x;", f"mov.u32 {t}, %tid.x;",
-                  f"mov.u32 {g}, %nctaid.x;")
+        self.emit(
+            f"mov.u32 {c}, %ctaid.x;",
+            f"mov.u32 {n}, %ntid.x;",
+            f"mov.u32 {t}, %tid.x;",
+            f"mov.u32 {g}, %nctaid.x;",
+        )
         if self.it == "u32":
             i, s = self.new("u32"), self.new("u32")
             self.emit(f"mad.lo.u32 {i}, {c}, {n}, {t};", f"mul.lo.u32 {s}, {n}, {g};")
         else:
             i, s, t64 = self.new("u64"), self.new("u64"), self.new("u64")
-            self.emit(f"mul.wide.u32 {i}, {c}, {n};", f"cvt.u64.u32 {t64}, {t};",
-                      f"add.u64 {i}, {i}, {t64};", f"mul.wide.u32 {s}, {n}, {g};")
+            self.emit(
+                f"mul.wide.u32 {i}, {c}, {n};",
+                f"cvt.u64.u32 {t64}, {t};",
+                f"add.u64 {i}, {i}, {t64};",
+                f"mul.wide.u32 {s}, {n}, {g};",
+            )
         return i, s
 
     def combine(self, tail: str, acc: str, v: str) -> str:
@@ -292,8 +320,12 @@ class _Kernel:
             self.emit(f"{op}.{self.ct} {d}, {acc}, {v};")
             return d
         m, s, p = self.new(self.ct), self.new(self.ct), self.new("pred")
-        self.emit(f"{op}.{self.ct} {m}, {acc}, {v};", f"setp.nan.{self.ct} {p}, {acc}, {v};",
-                  f"add.{self.ct} {s}, {acc}, {v};", f"selp.{self.ct} {d}, {s}, {m}, {p};")
+        self.emit(
+            f"{op}.{self.ct} {m}, {acc}, {v};",
+            f"setp.nan.{self.ct} {p}, {acc}, {v};",
+            f"add.{self.ct} {s}, {acc}, {v};",
+            f"selp.{self.ct} {d}, {s}, {m}, {p};",
+        )
         return d
 
     def const(self, v: float) -> str:

@@ -8,16 +8,19 @@ from ...ir import ops
 from .ptx_kernel import _COMBINE, _Kernel
 from .spec import ITEMSIZE, SPLIT_THREADS, RowLayout, row_block
 
+
 def _shfl(k: _Kernel, v: str, lane_mask: int) -> str:
     o = k.new(k.ct)
     if k.ct == "f32":
         k.emit(f"shfl.sync.bfly.b32 {o}, {v}, {lane_mask}, 31, -1;")
         return o
     lo, hi, lo2, hi2 = (k.new("b32") for _ in range(4))
-    k.emit(f"mov.b64 {{{lo}, {hi}}}, {v};",
-           f"shfl.sync.bfly.b32 {lo2}, {lo}, {lane_mask}, 31, -1;",
-           f"shfl.sync.bfly.b32 {hi2}, {hi}, {lane_mask}, 31, -1;",
-           f"mov.b64 {o}, {{{lo2}, {hi2}}};")
+    k.emit(
+        f"mov.b64 {{{lo}, {hi}}}, {v};",
+        f"shfl.sync.bfly.b32 {lo2}, {lo}, {lane_mask}, 31, -1;",
+        f"shfl.sync.bfly.b32 {hi2}, {hi}, {lane_mask}, 31, -1;",
+        f"mov.b64 {o}, {{{lo2}, {hi2}}};",
+    )
     return o
 
 
@@ -32,10 +35,18 @@ def _block_allreduce(k: _Kernel, tail: str, v: str, block: int, smem: str) -> st
     tid, lane, warp, a = k.new("u32"), k.new("u32"), k.new("u32"), k.new("u32")
     p = k.new("pred")
     skip = k.label("skip")
-    k.emit(f"mov.u32 {tid}, %tid.x;", f"and.b32 {lane}, {tid}, 31;", f"shr.u32 {warp}, {tid}, 5;",
-           f"setp.ne.u32 {p}, {lane}, 0;", f"@{p} bra {skip};",
-           f"mov.u32 {a}, {smem};", f"mad.lo.u32 {a}, {warp}, {size}, {a};",
-           f"st.shared.{k.ct} [{a}], {v};", f"{skip}:", "bar.sync 0;")
+    k.emit(
+        f"mov.u32 {tid}, %tid.x;",
+        f"and.b32 {lane}, {tid}, 31;",
+        f"shr.u32 {warp}, {tid}, 5;",
+        f"setp.ne.u32 {p}, {lane}, 0;",
+        f"@{p} bra {skip};",
+        f"mov.u32 {a}, {smem};",
+        f"mad.lo.u32 {a}, {warp}, {size}, {a};",
+        f"st.shared.{k.ct} [{a}], {v};",
+        f"{skip}:",
+        "bar.sync 0;",
+    )
     base = k.new("u32")
     k.emit(f"mov.u32 {base}, {smem};")
     acc = None
@@ -81,12 +92,12 @@ def _tail_passes(k: _Kernel, run_pass, finish_reduce, write_row) -> None:
             if name not in memo:
                 memo[name] = _expr(k, maps[name], scal, elem)
             return memo[name]
+
         return elem
 
     for st in ops.ROW_PROGRAMS[k.spec.tail]:
         if st.kind == "reduce":
-            scal[st.name] = run_pass(st.combine,
-                                     lambda v, e=st.expr: _expr(k, e, scal, at(v)))
+            scal[st.name] = run_pass(st.combine, lambda v, e=st.expr: _expr(k, e, scal, at(v)))
         elif st.kind == "let":
             scal[st.name] = _expr(k, st.expr, scal, _no_element)
         elif st.kind == "map":
@@ -117,13 +128,21 @@ def _row(k: _Kernel, ptrs: list[str], smem: str) -> None:
         acc = k.const(_COMBINE[tail][1])
         r, q = k.new(it), k.new("pred")
         loop, done = k.label("r"), k.label("rdone")
-        k.emit(f"mov.{it} {r}, {tid};", f"setp.ge.{it} {q}, {r}, {n_r};", f"@{q} bra {done};",
-               f"{loop}:")
+        k.emit(
+            f"mov.{it} {r}, {tid};",
+            f"setp.ge.{it} {q}, {r}, {n_r};",
+            f"@{q} bra {done};",
+            f"{loop}:",
+        )
         offs = k.add_offsets(base, k.offsets(gr, r))
         v = f(k.program(ins, k.zero_offsets(offs)))
-        k.emit(f"mov.{k.ct} {acc}, {k.combine(tail, acc, v)};",
-               f"add.{it} {r}, {r}, {block};", f"setp.lt.{it} {q}, {r}, {n_r};",
-               f"@{q} bra {loop};", f"{done}:")
+        k.emit(
+            f"mov.{k.ct} {acc}, {k.combine(tail, acc, v)};",
+            f"add.{it} {r}, {r}, {block};",
+            f"setp.lt.{it} {q}, {r}, {n_r};",
+            f"@{q} bra {loop};",
+            f"{done}:",
+        )
         return _block_allreduce(k, tail, acc, block, smem)
 
     def finish_reduce(v: str) -> None:
@@ -135,19 +154,32 @@ def _row(k: _Kernel, ptrs: list[str], smem: str) -> None:
     def write_row(f) -> None:
         r, q = k.new(it), k.new("pred")
         loop, done = k.label("w"), k.label("wdone")
-        k.emit(f"mov.{it} {r}, {tid};", f"setp.ge.{it} {q}, {r}, {n_r};", f"@{q} bra {done};",
-               f"{loop}:")
+        k.emit(
+            f"mov.{it} {r}, {tid};",
+            f"setp.ge.{it} {q}, {r}, {n_r};",
+            f"@{q} bra {done};",
+            f"{loop}:",
+        )
         offs = k.zero_offsets(k.add_offsets(base, k.offsets(gr, r)))
         v = k.finish(f(k.program(ins, offs)), ins, offs)
         o = k.new(it)
         k.emit(f"mad.lo.{it} {o}, {row}, {n_r}, {r};")
         k.store(out, o, v)
-        k.emit(f"add.{it} {r}, {r}, {block};", f"setp.lt.{it} {q}, {r}, {n_r};",
-               f"@{q} bra {loop};", f"{done}:")
+        k.emit(
+            f"add.{it} {r}, {r}, {block};",
+            f"setp.lt.{it} {q}, {r}, {n_r};",
+            f"@{q} bra {loop};",
+            f"{done}:",
+        )
 
     _tail_passes(k, run_pass, finish_reduce, write_row)
-    k.emit(f"add.{it} {row}, {row}, {step};", f"setp.lt.{it} {p}, {row}, {n_o};",
-           f"@{p} bra {rloop};", f"{rend}:", "ret;")
+    k.emit(
+        f"add.{it} {row}, {row}, {step};",
+        f"setp.lt.{it} {p}, {row}, {n_o};",
+        f"@{p} bra {rloop};",
+        f"{rend}:",
+        "ret;",
+    )
 
 
 # ------------------------------------------------------------------ register-held rows
@@ -158,15 +190,20 @@ def _row_index(k: _Kernel, lay: RowLayout) -> tuple[str, str, str]:
     k.emit(f"mov.u32 {t}, %tid.x;", f"mov.u32 {c}, %ctaid.x;", f"mov.u32 {g}, %nctaid.x;")
     lane32, sub = k.new("u32"), k.new("u32")
     if lay.rows > 1:
-        k.emit(f"and.b32 {lane32}, {t}, {lay.threads - 1};", f"shr.u32 {sub}, {t}, 5;",
-               f"mad.lo.u32 {sub}, {c}, {lay.rows}, {sub};", f"mul.lo.u32 {g}, {g}, {lay.rows};")
+        k.emit(
+            f"and.b32 {lane32}, {t}, {lay.threads - 1};",
+            f"shr.u32 {sub}, {t}, 5;",
+            f"mad.lo.u32 {sub}, {c}, {lay.rows}, {sub};",
+            f"mul.lo.u32 {g}, {g}, {lay.rows};",
+        )
     else:
         k.emit(f"mov.u32 {lane32}, {t};", f"mov.u32 {sub}, {c};")
     if it == "u32":
         return lane32, sub, g
     lane, row, step = k.new(it), k.new(it), k.new(it)
-    k.emit(f"cvt.u64.u32 {lane}, {lane32};", f"cvt.u64.u32 {row}, {sub};",
-           f"cvt.u64.u32 {step}, {g};")
+    k.emit(
+        f"cvt.u64.u32 {lane}, {lane32};", f"cvt.u64.u32 {row}, {sub};", f"cvt.u64.u32 {step}, {g};"
+    )
     return lane, row, step
 
 
@@ -187,10 +224,16 @@ class _RowValues:
         if width > 1:
             # row-invariant operands once per row: the program's, then the epilogue's
             first, late = spec.prologue_inputs(), spec.epilogue_inputs()
-            self.pre = {j: k.load(ins[j], base[j], spec.in_dtypes[j])
-                        for j in sorted(first) if self.along[j] == 0}
-            self.epre = {j: self.pre.get(j) or k.load(ins[j], base[j], spec.in_dtypes[j])
-                         for j in sorted(late) if self.along[j] == 0}
+            self.pre = {
+                j: k.load(ins[j], base[j], spec.in_dtypes[j])
+                for j in sorted(first)
+                if self.along[j] == 0
+            }
+            self.epre = {
+                j: self.pre.get(j) or k.load(ins[j], base[j], spec.in_dtypes[j])
+                for j in sorted(late)
+                if self.along[j] == 0
+            }
 
     def chunk(self, c: str) -> list[str]:
         """Program values of the ``width`` elements of chunk ``c`` (an index register)."""
@@ -224,9 +267,15 @@ class _RowValues:
             lanes[j] = k.vload(addr, spec.in_dtypes[j], w)
         n = spec.n_inputs
         pre = self.pre if tails is None else self.epre
-        return [k.program(self.ins, [None] * n, {**pre, **{j: r[lane] for j, r in lanes.items()}},
-                          None if tails is None else tails[lane])
-                for lane in range(w)]
+        return [
+            k.program(
+                self.ins,
+                [None] * n,
+                {**pre, **{j: r[lane] for j, r in lanes.items()}},
+                None if tails is None else tails[lane],
+            )
+            for lane in range(w)
+        ]
 
 
 def _row_reg(k: _Kernel, ptrs: list[str], smem: str, lay: RowLayout) -> None:
@@ -243,8 +292,11 @@ def _row_reg(k: _Kernel, ptrs: list[str], smem: str, lay: RowLayout) -> None:
     chunks, valid, vals = [], [], []
     for j in range(lay.chunks):
         c, cc, q = k.new(it), k.new(it), k.new("pred")
-        k.emit(f"add.{it} {c}, {lane}, {j * lay.threads};", f"setp.lt.{it} {q}, {c}, {n_ch};",
-               f"selp.b{32 if it == 'u32' else 64} {cc}, {c}, 0, {q};")
+        k.emit(
+            f"add.{it} {c}, {lane}, {j * lay.threads};",
+            f"setp.lt.{it} {q}, {c}, {n_ch};",
+            f"selp.b{32 if it == 'u32' else 64} {cc}, {c}, 0, {q};",
+        )
         chunks.append(cc)
         valid.append(q)
         vals.append(rv.chunk(cc))
@@ -295,16 +347,23 @@ def _row_reg(k: _Kernel, ptrs: list[str], smem: str, lay: RowLayout) -> None:
         if st.kind == "result":
             finish(_expr(k, st.expr, scal, _no_element))
             continue
-        values = [[_expr(k, st.expr, scal, lambda n, j=j, i=i: held[n][j][i])
-                   for i in range(len(vs))] for j, vs in enumerate(vals)]
+        values = [
+            [_expr(k, st.expr, scal, lambda n, j=j, i=i: held[n][j][i]) for i in range(len(vs))]
+            for j, vs in enumerate(vals)
+        ]
         if st.kind == "map":
             held[st.name] = values
         elif st.kind == "reduce":
             scal[st.name] = reduce(st.combine, values)
         else:
             write(values)
-    k.emit(f"add.{it} {row}, {row}, {step};", f"setp.lt.{it} {p}, {row}, {n_o};",
-           f"@{p} bra {rloop};", f"{rend}:", "ret;")
+    k.emit(
+        f"add.{it} {row}, {row}, {step};",
+        f"setp.lt.{it} {p}, {row}, {n_o};",
+        f"@{p} bra {rloop};",
+        f"{rend}:",
+        "ret;",
+    )
 
 
 def _split(k: _Kernel, ptrs: list[str], smem: str, width: int) -> None:
@@ -317,15 +376,23 @@ def _split(k: _Kernel, ptrs: list[str], smem: str, width: int) -> None:
     n_ch = n_r // w
     out, ins = ptrs[0], ptrs[1:]
     c32, t32, s32, o32 = (k.new("u32") for _ in range(4))
-    k.emit(f"mov.u32 {c32}, %ctaid.x;", f"mov.u32 {t32}, %tid.x;",
-           f"rem.u32 {s32}, {c32}, {S};", f"div.u32 {o32}, {c32}, {S};")
+    k.emit(
+        f"mov.u32 {c32}, %ctaid.x;",
+        f"mov.u32 {t32}, %tid.x;",
+        f"rem.u32 {s32}, {c32}, {S};",
+        f"div.u32 {o32}, {c32}, {S};",
+    )
     if it == "u32":
         o, ch = o32, k.new("u32")
         k.emit(f"mad.lo.u32 {ch}, {s32}, {T}, {t32};")
     else:
         o, ch, t64 = k.new("u64"), k.new("u64"), k.new("u64")
-        k.emit(f"cvt.u64.u32 {o}, {o32};", f"mul.wide.u32 {ch}, {s32}, {T};",
-               f"cvt.u64.u32 {t64}, {t32};", f"add.u64 {ch}, {ch}, {t64};")
+        k.emit(
+            f"cvt.u64.u32 {o}, {o32};",
+            f"mul.wide.u32 {ch}, {s32}, {T};",
+            f"cvt.u64.u32 {t64}, {t32};",
+            f"add.u64 {ch}, {ch}, {t64};",
+        )
     rv = _RowValues(k, ins, k.offsets(go, o), w)
     acc = k.const(_COMBINE[tail][1])
     q = k.new("pred")
@@ -333,8 +400,12 @@ def _split(k: _Kernel, ptrs: list[str], smem: str, width: int) -> None:
     k.emit(f"setp.ge.{it} {q}, {ch}, {n_ch};", f"@{q} bra {done};", f"{loop}:")
     for v in rv.chunk(ch):
         k.emit(f"mov.{k.ct} {acc}, {k.combine(tail, acc, v)};")
-    k.emit(f"add.{it} {ch}, {ch}, {S * T};", f"setp.lt.{it} {q}, {ch}, {n_ch};",
-           f"@{q} bra {loop};", f"{done}:")
+    k.emit(
+        f"add.{it} {ch}, {ch}, {S * T};",
+        f"setp.lt.{it} {q}, {ch}, {n_ch};",
+        f"@{q} bra {loop};",
+        f"{done}:",
+    )
     total = _block_allreduce(k, tail, acc, T, smem)
     skip = k.label("w")
     k.emit(f"setp.ne.u32 {q}, {t32}, 0;", f"@{q} bra {skip};")
@@ -365,8 +436,12 @@ def _col(k: _Kernel, ptrs: list[str]) -> None:
         k.emit(f"mov.{it} {r}, 0;", f"setp.ge.{it} {q}, {r}, {n_r};", f"@{q} bra {done};", f"{lp}:")
         offs = k.zero_offsets(k.add_offsets(base, k.offsets(gr, r)))
         body(r, k.program(ins, offs), offs)
-        k.emit(f"add.{it} {r}, {r}, 1;", f"setp.lt.{it} {q}, {r}, {n_r};", f"@{q} bra {lp};",
-               f"{done}:")
+        k.emit(
+            f"add.{it} {r}, {r}, 1;",
+            f"setp.lt.{it} {q}, {r}, {n_r};",
+            f"@{q} bra {lp};",
+            f"{done}:",
+        )
 
     def run_pass(tail: str, f) -> str:
         acc = k.const(_COMBINE[tail][1])
@@ -382,8 +457,14 @@ def _col(k: _Kernel, ptrs: list[str]) -> None:
             off = k.new(it)
             k.emit(f"mad.lo.{it} {off}, {o}, {n_r}, {r};", f"mad.lo.{it} {off}, {off}, {n_i}, {i};")
             k.store(out, off, w)
+
         serial(body)
 
     _tail_passes(k, run_pass, finish_reduce, write_row)
-    k.emit(f"add.{it} {idx}, {idx}, {step};", f"setp.lt.{it} {p}, {idx}, {n_o * n_i};",
-           f"@{p} bra {loop};", f"{end}:", "ret;")
+    k.emit(
+        f"add.{it} {idx}, {idx}, {step};",
+        f"setp.lt.{it} {p}, {idx}, {n_o * n_i};",
+        f"@{p} bra {loop};",
+        f"{end}:",
+        "ret;",
+    )

@@ -32,8 +32,7 @@ from ...ir import ops
 from ...ir.fused import FusedBody, FusedOp
 
 # PTX / C types of each storage dtype, and the type the arithmetic runs in.
-COMPUTE = {"float16": "float32", "bfloat16": "float32", "float32": "float32",
-           "float64": "float64"}
+COMPUTE = {"float16": "float32", "bfloat16": "float32", "float32": "float32", "float64": "float64"}
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
 HALF = ("float16", "bfloat16")  # stored in 16 bits, computed in float32, rounded at the store
 
@@ -111,7 +110,7 @@ class KernelSpec:
         return hashlib.sha1(repr(self).encode()).hexdigest()[:12]
 
     def input_mode(self, k: int) -> str:
-        """"full" (offset = linear index), "scalar" (offset 0) or "strided" for input k."""
+        """ "full" (offset = linear index), "scalar" (offset 0) or "strided" for input k."""
         dims = [d for g in self.groups for d in g]
         if all(d.strides[k] == 0 for d in dims):
             return "scalar"
@@ -194,18 +193,36 @@ def program_of(node, in_nodes) -> Program:
         return Program((), ("in", 0), space, node.op, tuple(node.args["axes"]))
     if kind == ops.ROWOP:
         space = tuple(int(d) for d in in_nodes[0].shape)
-        return Program((), ("in", 0), space, node.op, (int(node.args["axis"]),),
-                       float(node.args.get("eps", ops.LAYER_NORM_EPS)))
+        return Program(
+            (),
+            ("in", 0),
+            space,
+            node.op,
+            (int(node.args["axis"]),),
+            float(node.args.get("eps", ops.LAYER_NORM_EPS)),
+        )
     if kind == ops.FUSED:
         body = FusedBody.from_args(node.args["body"])
         body.validate(len(in_nodes), f"node {node.name!r}")
-        return Program(body.instrs, body.result, tuple(body.space), body.tail,
-                       tuple(body.axes), body.eps, body.epilogue)
+        return Program(
+            body.instrs,
+            body.result,
+            tuple(body.space),
+            body.tail,
+            tuple(body.axes),
+            body.eps,
+            body.epilogue,
+        )
     raise BackendError(f"node {node.name!r}: no generated kernel for node kind {kind!r}")
 
 
-def make_spec(prog: Program, out_dtype: str, in_shapes: Sequence[Sequence[int]],
-              in_dtypes: Sequence[str], in_strides: Sequence[Sequence[int]]) -> KernelSpec:
+def make_spec(
+    prog: Program,
+    out_dtype: str,
+    in_shapes: Sequence[Sequence[int]],
+    in_dtypes: Sequence[str],
+    in_strides: Sequence[Sequence[int]],
+) -> KernelSpec:
     """Lay a program out over its space; ``in_strides`` are each input's element strides."""
     for dt in (out_dtype, *in_dtypes):
         if dt not in COMPUTE:
@@ -213,16 +230,22 @@ def make_spec(prog: Program, out_dtype: str, in_shapes: Sequence[Sequence[int]],
     space = prog.space
     bst = [broadcast_strides(s, st, space) for s, st in zip(in_shapes, in_strides)]
     rank = len(space)
-    common = dict(dtype=out_dtype, in_dtypes=tuple(in_dtypes), instrs=prog.instrs,
-                  result=prog.result, tail=prog.tail,
-                  eps=float(prog.eps) if ops.takes_eps(prog.tail) else None,
-                  epilogue=tuple(prog.epilogue))
+    common = dict(
+        dtype=out_dtype,
+        in_dtypes=tuple(in_dtypes),
+        instrs=prog.instrs,
+        result=prog.result,
+        tail=prog.tail,
+        eps=float(prog.eps) if ops.takes_eps(prog.tail) else None,
+        epilogue=tuple(prog.epilogue),
+    )
     if prog.epilogue and prog.tail not in ops.ROW_OPS:
         raise BackendError(f"an epilogue needs a row-op tail, got {prog.tail!r}")
     if prog.tail is None:
         groups = (_group(space, range(rank), bst),)
-        return KernelSpec("ew", groups=groups, sizes=(math.prod(space),), order=tuple(range(rank)),
-                          **common)
+        return KernelSpec(
+            "ew", groups=groups, sizes=(math.prod(space),), order=tuple(range(rank)), **common
+        )
     axes = sorted(a % rank for a in prog.axes) if rank else []
     red = [a for a in axes if space[a] != 1]
     kept = [a for a in range(rank) if a not in axes]
@@ -246,8 +269,9 @@ def make_spec(prog: Program, out_dtype: str, in_shapes: Sequence[Sequence[int]],
     order = tuple(outer) + tuple(red) + tuple(inner)
     splits = split_count(prog.tail, n_o, n_r) if n_i == 1 else 1
     if splits > 1:
-        return KernelSpec("split", groups=(go, gr), sizes=(n_o, n_r), order=order, splits=splits,
-                          **common)
+        return KernelSpec(
+            "split", groups=(go, gr), sizes=(n_o, n_r), order=order, splits=splits, **common
+        )
     if n_i == 1 and n_r >= ROW_FAMILY_MIN:
         return KernelSpec("row", groups=(go, gr), sizes=(n_o, n_r), order=order, **common)
     return KernelSpec("col", groups=(go, gr, gi), sizes=(n_o, n_r, n_i), order=order, **common)
@@ -273,8 +297,13 @@ def finish_program(spec: KernelSpec) -> Program:
     """The program that reduces a split kernel's (O, splits) partials to the final result."""
     n_o, n_r = spec.sizes
     if spec.tail == "mean":  # partials are sums: scale their sum by 1/n
-        return Program((FusedOp("mul", (("in", 0), ("const", 1.0 / n_r))),), ("tmp", 0),
-                       (n_o, spec.splits), "sum", (1,))
+        return Program(
+            (FusedOp("mul", (("in", 0), ("const", 1.0 / n_r))),),
+            ("tmp", 0),
+            (n_o, spec.splits),
+            "sum",
+            (1,),
+        )
     return Program((), ("in", 0), (n_o, spec.splits), spec.tail, (1,))
 
 

@@ -76,12 +76,17 @@ class CupyTransfers:
             # host-to-device copy starts as soon as it is staged
             for lo, hi in copy_in_pieces(host, x):
                 if hi > lo and row:
-                    cupy.cuda.runtime.memcpyAsync(dev.data.ptr + lo * row,
-                                                  host.ctypes.data + lo * row,
-                                                  (hi - lo) * row, _H2D, sp)
+                    cupy.cuda.runtime.memcpyAsync(
+                        dev.data.ptr + lo * row,
+                        host.ctypes.data + lo * row,
+                        (hi - lo) * row,
+                        _H2D,
+                        sp,
+                    )
                 elif host.nbytes and not x.ndim:
-                    cupy.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data,
-                                                  host.nbytes, _H2D, sp)
+                    cupy.cuda.runtime.memcpyAsync(
+                        dev.data.ptr, host.ctypes.data, host.nbytes, _H2D, sp
+                    )
             ticket.keep += [mem, dev]
             out[name] = dev
         self._uploaded = self.h2d.record()
@@ -112,9 +117,13 @@ class CupyTransfers:
                 # out while the later ones are still crossing the bus
                 row = host.nbytes // host.shape[0] if host.ndim else host.nbytes
                 for lo, hi in row_pieces(host) if host.ndim else [(0, 1)]:
-                    cupy.cuda.runtime.memcpyAsync(host.ctypes.data + lo * row,
-                                                  arr.data.ptr + lo * row,
-                                                  (hi - lo) * row, _D2H, sp)
+                    cupy.cuda.runtime.memcpyAsync(
+                        host.ctypes.data + lo * row,
+                        arr.data.ptr + lo * row,
+                        (hi - lo) * row,
+                        _D2H,
+                        sp,
+                    )
                     pieces.append((lo, hi, self.d2h.record()))
             ticket.keep += [mem, arr]
             ticket.host[name] = host

@@ -60,11 +60,21 @@ def _body_of(node, in_nodes) -> FusedBody | None:
     if kind in ops.ELEMENTWISE_KINDS:
         return FusedBody((FusedOp(node.op, ins),), shape)
     if kind == ops.REDUCE:
-        return FusedBody((), tuple(in_nodes[0].shape), node.op, tuple(node.args["axes"]),
-                         bool(node.args.get("keepdims")))
+        return FusedBody(
+            (),
+            tuple(in_nodes[0].shape),
+            node.op,
+            tuple(node.args["axes"]),
+            bool(node.args.get("keepdims")),
+        )
     if kind == ops.ROWOP:
-        return FusedBody((), shape, node.op, (int(node.args["axis"]),),
-                         eps=float(node.args.get("eps", ops.LAYER_NORM_EPS)))
+        return FusedBody(
+            (),
+            shape,
+            node.op,
+            (int(node.args["axis"]),),
+            eps=float(node.args.get("eps", ops.LAYER_NORM_EPS)),
+        )
     if kind == ops.FUSED:
         return FusedBody.from_args(node.args["body"])
     return None
@@ -104,9 +114,12 @@ class NumbaBackend(NumpyBackend):
     input_copy_bytes = staticmethod(strided_copy_bytes)
 
     name = "numba"
-    capabilities = Capabilities(native_array=np.ndarray, dtypes=frozenset(dtypes.SUPPORTED),
-                                own_runner=True,
-                                options=frozenset({"fast_math", "parallel_threshold", "threads"}))
+    capabilities = Capabilities(
+        native_array=np.ndarray,
+        dtypes=frozenset(dtypes.SUPPORTED),
+        own_runner=True,
+        options=frozenset({"fast_math", "parallel_threshold", "threads"}),
+    )
 
     #: compile options ``fast_math`` and ``parallel_threshold`` of the plan (``with_options``)
     fast_math: bool = True
@@ -117,15 +130,22 @@ class NumbaBackend(NumpyBackend):
 
     def _settings(self, options) -> dict:
         threshold = options.get("parallel_threshold")
-        return {**super()._settings(options), "fast_math": bool(options.get("fast_math", True)),
-                "parallel_threshold": (default_parallel_threshold(numba_threads.thread_count())
-                                       if threshold is None else int(threshold))}
+        return {
+            **super()._settings(options),
+            "fast_math": bool(options.get("fast_math", True)),
+            "parallel_threshold": (
+                default_parallel_threshold(numba_threads.thread_count())
+                if threshold is None
+                else int(threshold)
+            ),
+        }
 
     def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """A generated kernel for elementwise/reduction/row-op/fused steps; BLAS for einsum."""
         if widen.needs_widening(node, in_nodes):  # 16-bit floats: the float32 kernel, widened
-            return widen.widened(np, lambda n, ins: self.prepare(step, n, ins, graph),
-                                 node, in_nodes)
+            return widen.widened(
+                np, lambda n, ins: self.prepare(step, n, ins, graph), node, in_nodes
+            )
         if node.kind == ops.EINSUM:  # BLAS, split over the helper threads in the "pool" mode
             return self.einsum_kernel(node, in_nodes, self.thread_mode)
         if node.kind == ops.ATTENTION:
@@ -140,16 +160,30 @@ class NumbaBackend(NumpyBackend):
         if body.instrs or body.epilogue:  # lone REDUCE/ROWOP nodes: tails over their input
             body.validate(len(in_nodes), f"node {node.name!r}")
         try:
-            return self.kernel_for(body, [tuple(n.shape) for n in in_nodes], node.dtype, fast,
-                                   threshold, node.name, dts)
+            return self.kernel_for(
+                body,
+                [tuple(n.shape) for n in in_nodes],
+                node.dtype,
+                fast,
+                threshold,
+                node.name,
+                dts,
+            )
         except (MemoryError, RecursionError):
             # compiling ran out of memory or stack (fusion bounds kernels, but a hand-made
             # fused node may be huge): numpy's kernel computes the same without compiling
             return NumpyBackend.prepare(self, step, node, in_nodes, graph)
 
-    def kernel_for(self, body: FusedBody, in_shapes: list[tuple[int, ...]], dtype: str,
-                   fast: bool = True, threshold: int = PARALLEL_THRESHOLD, where: str = "kernel",
-                   in_dtypes: list[str] | None = None):
+    def kernel_for(
+        self,
+        body: FusedBody,
+        in_shapes: list[tuple[int, ...]],
+        dtype: str,
+        fast: bool = True,
+        threshold: int = PARALLEL_THRESHOLD,
+        where: str = "kernel",
+        in_dtypes: list[str] | None = None,
+    ):
         """``kernel(inputs, out)`` for a fused program over inputs of ``in_shapes``.
 
         ``in_dtypes`` default to ``dtype``. The kernel is compiled (or loaded from the disk
@@ -160,8 +194,18 @@ class NumbaBackend(NumpyBackend):
             raise BackendError(f"node {where!r}: symbolic shape reached the numba backend")
         lay = make_layout(space, in_shapes, body.tail, tuple(body.axes))
         parallel = math.prod(space) >= threshold
-        src = render(body.instrs, len(in_shapes), lay, body.tail, dtype, fast, parallel,
-                     in_dtypes, body.eps, body.epilogue)
+        src = render(
+            body.instrs,
+            len(in_shapes),
+            lay,
+            body.tail,
+            dtype,
+            fast,
+            parallel,
+            in_dtypes,
+            body.eps,
+            body.epilogue,
+        )
         fn = numba_cache.load(src.text, src.name, src.signature)
         views = [lay.input_shape(k) for k in range(len(in_shapes))]
         oshape = lay.output_shape()
@@ -169,16 +213,23 @@ class NumbaBackend(NumpyBackend):
         lock = numba_threads.launch_lock
 
         if parallel:
+
             def kernel(args, out):
                 ins = [_contiguous(a, s) for a, s in zip(args, views)]
                 with lock():
                     _call(fn, out, oshape, ins, dims)
                 return out
         else:
+
             def kernel(args, out):
                 _call(fn, out, oshape, [_contiguous(a, s) for a, s in zip(args, views)], dims)
                 return out
 
         info = f"numba {'parallel' if parallel else 'serial'}{' fast' if fast else ''}"
-        return PreparedKernel(kernel, info=info, source=src.text, impl=fn,
-                              threads=numba_threads.thread_count() if parallel else 1)
+        return PreparedKernel(
+            kernel,
+            info=info,
+            source=src.text,
+            impl=fn,
+            threads=numba_threads.thread_count() if parallel else 1,
+        )

@@ -97,8 +97,9 @@ class _Impl(CompileResultCacheImpl):
         self._lineno = py_func.__code__.co_firstlineno
         self._locator = _Locator(py_func.__code__.co_filename, stamp)
         module = py_func.__module__.rsplit(".", 1)[-1]
-        self._filename_base = self.get_filename_base(f"{module}.{py_func.__qualname__}",
-                                                     getattr(sys, "abiflags", ""))
+        self._filename_base = self.get_filename_base(
+            f"{module}.{py_func.__qualname__}", getattr(sys, "abiflags", "")
+        )
 
 
 class _StampedCache(FunctionCache):
@@ -191,4 +192,3 @@ def load(text: str, name: str, signature: Any) -> Any:
             disp.disable_compile()
             _loaded[key] = disp  # published only once compiled
     return disp
-

@@ -50,12 +50,64 @@ _FLOAT_LIT = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][+-]?\d+)?)")
 # op for integer, bool and complex kernels whose operands all have the kernel's dtype. Others
 # (integer reciprocal and pow, complex ordering, ops that change the dtype) keep numpy's loops.
 EXACT_OPS: dict[str, frozenset[str]] = {
-    "iu": frozenset({"neg", "abs", "square", "relu", "step", "one_minus", "add", "sub", "mul",
-                     "maximum", "minimum", "gt", "ge", "lt", "le", "eq", "ne", "where"}),
-    "b": frozenset({"abs", "relu", "step", "add", "mul", "maximum", "minimum", "gt", "ge", "lt",
-                    "le", "eq", "ne", "where"}),
-    "c": frozenset({"neg", "exp", "log", "sqrt", "square", "reciprocal", "tanh", "add", "sub",
-                    "mul", "div", "eq", "ne", "where"}),
+    "iu": frozenset(
+        {
+            "neg",
+            "abs",
+            "square",
+            "relu",
+            "step",
+            "one_minus",
+            "add",
+            "sub",
+            "mul",
+            "maximum",
+            "minimum",
+            "gt",
+            "ge",
+            "lt",
+            "le",
+            "eq",
+            "ne",
+            "where",
+        }
+    ),
+    "b": frozenset(
+        {
+            "abs",
+            "relu",
+            "step",
+            "add",
+            "mul",
+            "maximum",
+            "minimum",
+            "gt",
+            "ge",
+            "lt",
+            "le",
+            "eq",
+            "ne",
+            "where",
+        }
+    ),
+    "c": frozenset(
+        {
+            "neg",
+            "exp",
+            "log",
+            "sqrt",
+            "square",
+            "reciprocal",
+            "tanh",
+            "add",
+            "sub",
+            "mul",
+            "div",
+            "eq",
+            "ne",
+            "where",
+        }
+    ),
 }
 # the reductions ``render`` writes (every row op is rendered: three tuned, others from their
 # row programs)
@@ -86,8 +138,11 @@ def generates(instrs, tail, epilogue, dtype: str, in_dtypes: list[str]) -> bool:
         if ins.op not in allowed:
             return False
         for j, (kind, v) in enumerate(ins.args):
-            if (kind == "in" and in_dtypes[v] != dtype
-                    and j not in ops.ELEMENTWISE[ins.op].own_dtype):
+            if (
+                kind == "in"
+                and in_dtypes[v] != dtype
+                and j not in ops.ELEMENTWISE[ins.op].own_dtype
+            ):
                 return False
     return True
 
@@ -169,8 +224,16 @@ def _math_names(expr: str, fast: bool, dtype: str) -> str:
 class _Body:
     """Straight-line code for one point of the space, from the fused program."""
 
-    def __init__(self, instrs: tuple[FusedOp, ...], n_inputs: int, consts: _Consts, fast: bool,
-                 dtype: str, stem: str = "t", epilogue: bool = False) -> None:
+    def __init__(
+        self,
+        instrs: tuple[FusedOp, ...],
+        n_inputs: int,
+        consts: _Consts,
+        fast: bool,
+        dtype: str,
+        stem: str = "t",
+        epilogue: bool = False,
+    ) -> None:
         self.instrs = instrs
         self.n_inputs = n_inputs
         self.consts = consts
@@ -229,10 +292,17 @@ def _unravel(vars_: list[str], sizes: list[str], flat: str, ind: str) -> list[st
 
 
 # the reductions of the table, rendered: a partial's start value and how one value joins it
-_INIT = {n: repr(r.identity).replace("inf", "np.inf")
-         for n, r in ops.REDUCTION_TABLE.items() if r.combine}
-_COMBINE = {"add": "{a} = {a} + {b}", "mul": "{a} = {a} * {b}", "max": "{a} = max({a}, {b})",
-            "min": "{a} = min({a}, {b})"}
+_INIT = {
+    n: repr(r.identity).replace("inf", "np.inf")
+    for n, r in ops.REDUCTION_TABLE.items()
+    if r.combine
+}
+_COMBINE = {
+    "add": "{a} = {a} + {b}",
+    "mul": "{a} = {a} * {b}",
+    "max": "{a} = max({a}, {b})",
+    "min": "{a} = min({a}, {b})",
+}
 
 
 def _init(op: str, acc_t: str) -> str:
@@ -250,10 +320,18 @@ def _combine(op: str, acc: str, v: str) -> str:
     return _COMBINE[ops.REDUCTION_TABLE[op].combine].format(a=acc, b=v)
 
 
-def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | None,
-           dtype: str, fast: bool, parallel: bool,
-           in_dtypes: list[str] | None = None, eps: float = 1e-5,
-           epilogue: tuple[FusedOp, ...] = ()) -> KernelSource:
+def render(
+    instrs: tuple[FusedOp, ...],
+    n_inputs: int,
+    lay: Layout,
+    tail: str | None,
+    dtype: str,
+    fast: bool,
+    parallel: bool,
+    in_dtypes: list[str] | None = None,
+    eps: float = 1e-5,
+    epilogue: tuple[FusedOp, ...] = (),
+) -> KernelSource:
     """Source of one module holding the kernel for this program, layout and options.
 
     ``in_dtypes`` are the inputs' dtypes (default: all ``dtype``); ``eps`` is a layer_norm
@@ -262,8 +340,9 @@ def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | 
     stored).
     """
     if not generates(instrs, tail, epilogue, dtype, list(in_dtypes or [dtype] * n_inputs)):
-        raise BackendError(f"numba kernels do not compute this program exactly in {dtype} "
-                           f"(inputs {in_dtypes})")
+        raise BackendError(
+            f"numba kernels do not compute this program exactly in {dtype} (inputs {in_dtypes})"
+        )
     consts = _Consts(dtype)
     body = _Body(instrs, n_inputs, consts, fast, dtype)
     epi = _Body(epilogue, n_inputs, consts, fast, dtype, "e", True) if epilogue else None
@@ -362,24 +441,39 @@ def render(instrs: tuple[FusedOp, ...], n_inputs: int, lay: Layout, tail: str | 
     args = ["out"] + [f"a{k}" for k in range(n_inputs)] + dnames
     flags = FAST_FLAGS if fast else "False"
     name = "kernel"
-    sig = kernel_signature(dtype, len(lay.output_shape()), list(in_dtypes or [dtype] * n_inputs),
-                           R)
+    sig = kernel_signature(dtype, len(lay.output_shape()), list(in_dtypes or [dtype] * n_inputs), R)
     code = "\n".join(lines)
     fast_names = [n for n in numba_fastmath.NAMES if f"_{n}(" in code]
     imports = ["import math", "import numpy as np", "from numba import prange"]
     if "cmath." in code:
         imports.insert(0, "import cmath")
     if fast_names:
-        imports += [f"# numba_fastmath {numba_fastmath.SOURCE_DIGEST}",
-                    "from tensorlogic.backends.numba.fastmath import "
-                    + ", ".join(f"{n} as _{n}" for n in fast_names)]
-    jit = (f"JIT_OPTIONS = dict(parallel={parallel}, fastmath={flags}, error_model='numpy', "
-           "nogil=True)")
-    text = "\n".join(
-        ["# generated by tensorlogic.backends.numba.codegen; content-addressed, do not edit",
-         f"# signature: {sig}", *imports, *consts.lines(), jit, "", "",
-         f"def {name}({', '.join(args)}):"] + head + lines
-    ) + "\n"
+        imports += [
+            f"# numba_fastmath {numba_fastmath.SOURCE_DIGEST}",
+            "from tensorlogic.backends.numba.fastmath import "
+            + ", ".join(f"{n} as _{n}" for n in fast_names),
+        ]
+    jit = (
+        f"JIT_OPTIONS = dict(parallel={parallel}, fastmath={flags}, error_model='numpy', "
+        "nogil=True)"
+    )
+    text = (
+        "\n".join(
+            [
+                "# generated by tensorlogic.backends.numba.codegen; content-addressed, do not edit",
+                f"# signature: {sig}",
+                *imports,
+                *consts.lines(),
+                jit,
+                "",
+                "",
+                f"def {name}({', '.join(args)}):",
+            ]
+            + head
+            + lines
+        )
+        + "\n"
+    )
     return KernelSource(text, name, sig)
 
 
@@ -438,19 +532,27 @@ def _reduce(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views
         """Statements leaving the final reduced value of one output element in ``tgt``."""
         loops, depth, vl, v = passes(ind, "acc")
         if not lse:
-            out = [f"{ind}acc = {_init(op, acc_t)}", *loops, *vl,
-                   depth + _combine(op, "acc", v)]
+            out = [f"{ind}acc = {_init(op, acc_t)}", *loops, *vl, depth + _combine(op, "acc", v)]
             fin = "acc"
             if op == "mean":
                 fin = f"acc / ({count})"
             return out + [f"{ind}{tgt} = {fin}"]
         # logsumexp: max pass, then a sum of exp(v - max) pass
-        out = [f"{ind}m = np.{dtype}(-np.inf)", *loops, *vl, f"{depth}m = max(m, {v})",
-               f"{ind}m = m if (m - m) == 0 else np.{dtype}(0.0)"]
+        out = [
+            f"{ind}m = np.{dtype}(-np.inf)",
+            *loops,
+            *vl,
+            f"{depth}m = max(m, {v})",
+            f"{ind}m = m if (m - m) == 0 else np.{dtype}(0.0)",
+        ]
         loops2, depth2, vl2, v2 = passes(ind, "s")
-        out += [f"{ind}s = np.{acc_t}(0.0)", *loops2, *vl2,
-                f"{depth2}s = s + {_exp(dtype, fast, f'{v2} - m')}",
-                f"{ind}{tgt} = {_log(acc_t, fast, 's')} + m"]
+        out += [
+            f"{ind}s = np.{acc_t}(0.0)",
+            *loops2,
+            *vl2,
+            f"{depth2}s = s + {_exp(dtype, fast, f'{v2} - m')}",
+            f"{ind}{tgt} = {_log(acc_t, fast, 's')} + m",
+        ]
         return out
 
     if kept:
@@ -464,8 +566,11 @@ def _reduce(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views
     # full reduction: partials over blocks (rank 1) or outer rows, combined serially
     if lay.rank == 1:
         head = [f"    nb = (d0 + {BLOCK - 1}) // {BLOCK}"]
-        loop = [f"        lo = b * {BLOCK}", f"        hi = min(lo + {BLOCK}, d0)",
-                *views("        ")]
+        loop = [
+            f"        lo = b * {BLOCK}",
+            f"        hi = min(lo + {BLOCK}, d0)",
+            *views("        "),
+        ]
         inner = "        for j in range(hi - lo):"
         rows = "nb"
     else:
@@ -487,24 +592,37 @@ def _reduce(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views
             f"    for b in {rng}(nb):",
             *loop,
             f"        acc = {start}",
-            inner, *vl, "            " + comb(what(v)),
+            inner,
+            *vl,
+            "            " + comb(what(v)),
             "        part[b] = acc",
         ]
 
     if not lse:
         lines = head + partial_pass(op, lambda x: _combine(op, "acc", x), acc_t, lambda x: x)
-        lines += [f"    acc = {_init(op, acc_t)}", "    for b in range(nb):",
-                  "        " + _combine(op, "acc", "part[b]")]
+        lines += [
+            f"    acc = {_init(op, acc_t)}",
+            "    for b in range(nb):",
+            "        " + _combine(op, "acc", "part[b]"),
+        ]
         fin = f"acc / ({count})" if op == "mean" else "acc"
         return lines + [f"    out[0] = {fin}"]
     lines = head + partial_pass("-np.inf", lambda x: f"acc = max(acc, {x})", dtype, lambda x: x)
-    lines += [f"    m = np.{dtype}(-np.inf)", "    for b in range(nb):",
-              "        m = max(m, part[b])",
-              f"    m = m if (m - m) == 0 else np.{dtype}(0.0)"]
-    lines += partial_pass("0.0", lambda x: f"acc = acc + {x}", acc_t,
-                          lambda x: _exp(dtype, fast, f"{x} - m"))
-    lines += [f"    s = np.{acc_t}(0.0)", "    for b in range(nb):", "        s = s + part[b]",
-              f"    out[0] = {_log(acc_t, fast, 's')} + m"]
+    lines += [
+        f"    m = np.{dtype}(-np.inf)",
+        "    for b in range(nb):",
+        "        m = max(m, part[b])",
+        f"    m = m if (m - m) == 0 else np.{dtype}(0.0)",
+    ]
+    lines += partial_pass(
+        "0.0", lambda x: f"acc = acc + {x}", acc_t, lambda x: _exp(dtype, fast, f"{x} - m")
+    )
+    lines += [
+        f"    s = np.{acc_t}(0.0)",
+        "    for b in range(nb):",
+        "        s = s + part[b]",
+        f"    out[0] = {_log(acc_t, fast, 's')} + m",
+    ]
     return lines
 
 
@@ -523,10 +641,16 @@ class _Rows:
         (self.ax,) = [d for d, r in enumerate(lay.roles) if r == "a"]
         self.row = self.ax == lay.rank - 1
         n = " * ".join(dnames[d] for d in lines_dims) or "1"
-        unr = (_unravel([idx[d] for d in lines_dims], [dnames[d] for d in lines_dims], "o",
-                        "        ") if lines_dims else [])
-        self.head = [f"    for o in {rng}({n}):", *unr,
-                     *(row_views("        ") if self.row else [])]
+        unr = (
+            _unravel([idx[d] for d in lines_dims], [dnames[d] for d in lines_dims], "o", "        ")
+            if lines_dims
+            else []
+        )
+        self.head = [
+            f"    for o in {rng}({n}):",
+            *unr,
+            *(row_views("        ") if self.row else []),
+        ]
         self.i = idx[self.ax]
         self.k = dnames[self.ax]
         self.out = f"w[{self.i}]" if self.row else f"out[{', '.join(idx)}]"
@@ -628,8 +752,12 @@ def _program_rows(rows: _Rows, name: str, dtype, fast, consts, eps: float, finis
             first = False
         if st.kind == "reduce":
             acc = scal[st.name] = f"p_{st.name}"
-            lines += [f"        {acc} = {_init(st.combine, dtype)}", rows.loop(), *vl,
-                      "            " + _combine(st.combine, acc, expr(st.expr, v))]
+            lines += [
+                f"        {acc} = {_init(st.combine, dtype)}",
+                rows.loop(),
+                *vl,
+                "            " + _combine(st.combine, acc, expr(st.expr, v)),
+            ]
         elif st.kind == "let":
             lines.append(f"        p_{st.name} = {expr(st.expr, None)}")
             scal[st.name] = f"p_{st.name}"

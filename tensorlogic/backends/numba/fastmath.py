@@ -53,12 +53,16 @@ from . import cache as numba_cache
 def _bits_of(typingctx, x):
     """The IEEE bits of a float as int64 (float32 bits zero-extended)."""
     if x == _types.float64:
+
         def codegen(context, builder, sig, args):
             return builder.bitcast(args[0], _llir.IntType(64))
+
         return _types.int64(x), codegen
     if x == _types.float32:
+
         def codegen(context, builder, sig, args):
             return builder.zext(builder.bitcast(args[0], _llir.IntType(32)), _llir.IntType(64))
+
         return _types.int64(x), codegen
     return None
 
@@ -67,11 +71,13 @@ def _bits_of(typingctx, x):
 def _f64_from_bits(typingctx, b):
     """Reinterpret int64 bits as float64."""
     if isinstance(b, _types.Integer):
+
         def codegen(context, builder, sig, args):
             v = args[0]
             if v.type.width != 64:
                 v = builder.sext(v, _llir.IntType(64))
             return builder.bitcast(v, _llir.DoubleType())
+
         return _types.float64(b), codegen
     return None
 
@@ -80,6 +86,7 @@ def _f64_from_bits(typingctx, b):
 def _f32_from_bits(typingctx, b):
     """Reinterpret the low 32 bits of an integer as float32."""
     if isinstance(b, _types.Integer):
+
         def codegen(context, builder, sig, args):
             v = args[0]
             if v.type.width > 32:
@@ -87,6 +94,7 @@ def _f32_from_bits(typingctx, b):
             elif v.type.width < 32:
                 v = builder.sext(v, _llir.IntType(32))
             return builder.bitcast(v, _llir.FloatType())
+
         return _types.float32(b), codegen
     return None
 
@@ -160,10 +168,10 @@ def log_f64(x):
     sub = x < _D_TINY
     xs = x * _D_TWO54 if sub else x
     bits = _bits_of(xs)
-    k = ((bits >> 52) & 0x7ff) - 1023 - (54 if sub else 0)
+    k = ((bits >> 52) & 0x7FF) - 1023 - (54 if sub else 0)
     # mantissa scaled into [1, 2); move [sqrt2, 2) down to [sqrt2/2, 1)
-    mb = (bits & 0x000fffffffffffff) | 0x3ff0000000000000
-    big = (bits & 0x000fffffffffffff) > 0x6a09e667f3bcd
+    mb = (bits & 0x000FFFFFFFFFFFFF) | 0x3FF0000000000000
+    big = (bits & 0x000FFFFFFFFFFFFF) > 0x6A09E667F3BCD
     mb = mb - 0x0010000000000000 if big else mb
     k = k + 1 if big else k
     m = _f64_from_bits(mb)
@@ -236,9 +244,9 @@ def log_f32(x):
     sub = x < _F_TINY
     xs = x * _F_TWO25 if sub else x
     bits = _bits_of(xs)
-    k = ((bits >> 23) & 0xff) - 127 - (25 if sub else 0)
-    mb = (bits & 0x007fffff) | 0x3f800000
-    big = (bits & 0x007fffff) > 0x3504f3
+    k = ((bits >> 23) & 0xFF) - 127 - (25 if sub else 0)
+    mb = (bits & 0x007FFFFF) | 0x3F800000
+    big = (bits & 0x007FFFFF) > 0x3504F3
     mb = mb - 0x00800000 if big else mb
     k = k + 1 if big else k
     m = _f32_from_bits(mb)
@@ -283,8 +291,9 @@ _F_TP4 = np.float32(-3.33332819422e-1)
 def tanh_f64(x):
     """tanh of a float64 (vectorizable; see the module docstring for accuracy)."""
     z = x * x
-    small = x + x * z * (((_D_TP0 * z + _D_TP1) * z + _D_TP2)
-                         / (((z + _D_TQ0) * z + _D_TQ1) * z + _D_TQ2))
+    small = x + x * z * (
+        ((_D_TP0 * z + _D_TP1) * z + _D_TP2) / (((z + _D_TQ0) * z + _D_TQ1) * z + _D_TQ2)
+    )
     a = min(abs(x), _D_TANH_BIG)
     big = _D_ONE - _D_TWO / (exp_f64(a + a) + _D_ONE)
     big = big if x >= _D_ZERO else -big
@@ -359,12 +368,50 @@ def unkey_f64(k):
 
 
 SOURCE_DIGEST = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
-NAMES = ("exp_f32", "exp_f64", "log_f32", "log_f64", "tanh_f32", "tanh_f64", "log1p_f32",
-         "log1p_f64", "key_f32", "key_f64", "unkey_f32", "unkey_f64")
-for _fn in (exp_f32, exp_f64, log_f32, log_f64, tanh_f32, tanh_f64, log1p_f32, log1p_f64, key_f32,
-            key_f64, unkey_f32, unkey_f64):
+NAMES = (
+    "exp_f32",
+    "exp_f64",
+    "log_f32",
+    "log_f64",
+    "tanh_f32",
+    "tanh_f64",
+    "log1p_f32",
+    "log1p_f64",
+    "key_f32",
+    "key_f64",
+    "unkey_f32",
+    "unkey_f64",
+)
+for _fn in (
+    exp_f32,
+    exp_f64,
+    log_f32,
+    log_f64,
+    tanh_f32,
+    tanh_f64,
+    log1p_f32,
+    log1p_f64,
+    key_f32,
+    key_f64,
+    unkey_f32,
+    unkey_f64,
+):
     # compiled on a kernel's first cold compile in a process, then served from the disk cache
     numba_cache.attach(_fn, SOURCE_DIGEST)
 
-__all__ = ["NAMES", "SOURCE_DIGEST", "exp_f32", "exp_f64", "key_f32", "key_f64", "log1p_f32",
-           "log1p_f64", "log_f32", "log_f64", "tanh_f32", "tanh_f64", "unkey_f32", "unkey_f64"]
+__all__ = [
+    "NAMES",
+    "SOURCE_DIGEST",
+    "exp_f32",
+    "exp_f64",
+    "key_f32",
+    "key_f64",
+    "log1p_f32",
+    "log1p_f64",
+    "log_f32",
+    "log_f64",
+    "tanh_f32",
+    "tanh_f64",
+    "unkey_f32",
+    "unkey_f64",
+]

@@ -60,8 +60,12 @@ def _roles(rank: int, tail: str | None, axes: tuple[int, ...]) -> list[str]:
     return ["r" if d in axes else "k" for d in range(rank)]
 
 
-def make_layout(space: tuple[int, ...], in_shapes: list[tuple[int, ...]], tail: str | None,
-                axes: tuple[int, ...]) -> Layout:
+def make_layout(
+    space: tuple[int, ...],
+    in_shapes: list[tuple[int, ...]],
+    tail: str | None,
+    axes: tuple[int, ...],
+) -> Layout:
     """Collapse ``space`` for inputs of ``in_shapes`` (numpy-broadcastable to it)."""
     rank = len(space)
     roles = _roles(rank, tail, axes)
@@ -83,8 +87,12 @@ def make_layout(space: tuple[int, ...], in_shapes: list[tuple[int, ...]], tail: 
         if space[d] == 1 and roles[d] != "a":
             continue
         flags = [p[d] != 1 or space[d] == 1 for p in padded]
-        if dims and rls[-1] == roles[d] and roles[d] != "a" and all(
-                f[-1] == g for f, g in zip(full, flags)):
+        if (
+            dims
+            and rls[-1] == roles[d]
+            and roles[d] != "a"
+            and all(f[-1] == g for f, g in zip(full, flags))
+        ):
             dims[-1] *= space[d]
             continue
         dims.append(space[d])

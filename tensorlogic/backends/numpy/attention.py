@@ -86,11 +86,13 @@ class _Geometry:
     def scratch(self) -> list[tuple[tuple[int, ...], str]]:
         """Per-participant temporaries, in the order the kernel reads them."""
         p, bq, bk, c = self.participants, self.bq, self.bk, self.cdt
-        specs = [((p, bq, bk), c),            # score block
-                 ((p, bq, self.dv), c),       # accumulator
-                 ((p, bq, self.dv), c),       # p @ v of one key block
-                 ((p, bq, self.d), c),        # scaled query block
-                 ((p, 5, bq), c)]             # m, l, shift, alpha, row sum
+        specs = [
+            ((p, bq, bk), c),  # score block
+            ((p, bq, self.dv), c),  # accumulator
+            ((p, bq, self.dv), c),  # p @ v of one key block
+            ((p, bq, self.d), c),  # scaled query block
+            ((p, 5, bq), c),
+        ]  # m, l, shift, alpha, row sum
         if self.causal:
             specs.append(((p, bq, bk), "bool"))
         if self.widen:
@@ -115,8 +117,9 @@ def attention_kernel(node, in_nodes, exp_rows=None) -> PreparedKernel:
         q, k, v = args[0], args[1], args[2]
         mask = np.broadcast_to(args[3], (*geo.batch, geo.sq, geo.sk)) if geo.has_mask else None
         given = len(args) > n_in
-        bufs = (list(args[n_in:n_in + len(specs)]) if given
-                else [np.empty(s, dt) for s, dt in specs])
+        bufs = (
+            list(args[n_in : n_in + len(specs)]) if given else [np.empty(s, dt) for s, dt in specs]
+        )
         if geo.sq == 0 or geo.dv == 0 or geo.n_batch == 0:
             return out
         idx = list(np.ndindex(*geo.batch)) if geo.batch else [()]
@@ -127,8 +130,20 @@ def attention_kernel(node, in_nodes, exp_rows=None) -> PreparedKernel:
             b, blk = divmod(item, geo.n_qblocks)
             if geo.causal:
                 b, blk = item % geo.n_batch, item // geo.n_batch
-            _block(geo, diff, lowest, idx[b], blk, q, k, v, mask, out,
-                   [buf[part] for buf in bufs], exp_rows)
+            _block(
+                geo,
+                diff,
+                lowest,
+                idx[b],
+                blk,
+                q,
+                k,
+                v,
+                mask,
+                out,
+                [buf[part] for buf in bufs],
+                exp_rows,
+            )
 
         if geo.participants > 1:
             with _blas_one_thread():
@@ -138,12 +153,13 @@ def attention_kernel(node, in_nodes, exp_rows=None) -> PreparedKernel:
                 work(item, 0)
         return out
 
-    info = (f"{'numba exp, ' if exp_rows is not None else ''}blocks {geo.bq}x{geo.bk}"
-            f"{' causal' if geo.causal else ''}{' +mask' if geo.has_mask else ''}, "
-            f"{geo.participants} thread(s)")
+    info = (
+        f"{'numba exp, ' if exp_rows is not None else ''}blocks {geo.bq}x{geo.bk}"
+        f"{' causal' if geo.causal else ''}{' +mask' if geo.has_mask else ''}, "
+        f"{geo.participants} thread(s)"
+    )
     flops = 2 * geo.macs + 4 * geo.n_batch * geo.sq * geo.sk // (2 if geo.causal else 1)
-    return PreparedKernel(kernel, flops=flops, scratch=tuple(specs), info=info,
-                          impl=exp_rows)
+    return PreparedKernel(kernel, flops=flops, scratch=tuple(specs), info=info, impl=exp_rows)
 
 
 def _block(geo: _Geometry, diff, lowest, bidx, blk, q, k, v, mask, out, scr, exp_rows) -> None:

@@ -36,8 +36,13 @@ def single_op_body(node, in_nodes) -> FusedBody | None:
     if node.kind in ops.ELEMENTWISE_KINDS:
         return FusedBody((FusedOp(node.op, ins),), tuple(node.shape))
     if node.kind == ops.ROWOP:
-        return FusedBody((), tuple(node.shape), node.op, (int(node.args["axis"]),),
-                         eps=float(node.args.get("eps", ops.LAYER_NORM_EPS)))
+        return FusedBody(
+            (),
+            tuple(node.shape),
+            node.op,
+            (int(node.args["axis"]),),
+            eps=float(node.args.get("eps", ops.LAYER_NORM_EPS)),
+        )
     return None
 
 
@@ -68,8 +73,12 @@ class NumpyBackend(Backend):
     # C-contiguous numpy inputs of the declared shape and dtype skip the checks (CompiledPlan);
     # every IR dtype runs here; the runner of a "pool"-mode plan limits BLAS to one thread
     # around each call
-    capabilities = Capabilities(native_array=np.ndarray, dtypes=frozenset(SUPPORTED),
-                                own_runner=True, options=frozenset({"threads"}))
+    capabilities = Capabilities(
+        native_array=np.ndarray,
+        dtypes=frozenset(SUPPORTED),
+        own_runner=True,
+        options=frozenset({"threads"}),
+    )
     #: the plan's thread mode (compile option ``threads``, see ``threads.py``)
     thread_mode: str = cpu_threads.DEFAULT_MODE
 
@@ -96,8 +105,9 @@ class NumpyBackend(Backend):
         calling thread (BLAS's spinning workers would fight them for the cores).
         """
         if widen.needs_widening(node, in_nodes):  # 16-bit floats compute in float32
-            return widen.widened(np, lambda n, ins: self.prepare(step, n, ins, graph),
-                                 node, in_nodes)
+            return widen.widened(
+                np, lambda n, ins: self.prepare(step, n, ins, graph), node, in_nodes
+            )
         mode = self.thread_mode
         if node.kind == ops.EINSUM:
             return self.einsum_kernel(node, in_nodes, mode)
@@ -112,8 +122,12 @@ class NumpyBackend(Backend):
         if node.kind == ops.FUSED:
             return fused_kernel(node, in_nodes, threads=threads)
         body = single_op_body(node, in_nodes) if threads else None
-        if (body is not None and math.prod(node.shape) >= PARALLEL_MIN_ELEMENTS
-                and node.dtype in _FLOATS and all(n.dtype in _FLOATS for n in in_nodes)):
+        if (
+            body is not None
+            and math.prod(node.shape) >= PARALLEL_MIN_ELEMENTS
+            and node.dtype in _FLOATS
+            and all(n.dtype in _FLOATS for n in in_nodes)
+        ):
             # a large lone step runs as a one-op fused kernel: the same ufunc calls per block,
             # spread over the threads
             return fused_kernel(_AsFused(node, body), in_nodes, threads=True)
@@ -190,8 +204,9 @@ class NumpyBackend(Backend):
                 "wrap it with np.asarray(..., dtype=...)"
             )
         if x.dtype.name not in SUPPORTED:
-            raise InputError(f"input {name!r}: dtype {x.dtype} is not supported; expected one "
-                             f"of {SUPPORTED}")
+            raise InputError(
+                f"input {name!r}: dtype {x.dtype} is not supported; expected one of {SUPPORTED}"
+            )
         return x
 
     def to_device(self, x):  # noqa: D102

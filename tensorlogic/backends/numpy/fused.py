@@ -71,14 +71,15 @@ def _allocate(instrs: tuple, final_to_out: bool) -> tuple[list[int], int]:
 def _block_axis(space: tuple[int, ...], kept: int, block: int) -> tuple[int, int]:
     """(axis to cut, rows per block) so a block holds at most ``block`` elements where it can."""
     for a in range(kept):
-        inner = math.prod(space[a + 1:])
+        inner = math.prod(space[a + 1 :])
         if inner <= block:
             return a, max(1, block // max(inner, 1))
     return kept - 1, 1
 
 
-def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
-                 threads: bool = True) -> PreparedKernel:
+def fused_kernel(
+    node: Any, in_nodes: list, block_bytes: int | None = None, threads: bool = True
+) -> PreparedKernel:
     """Kernel ``kernel(inputs, out)`` for a FUSED node on numpy arrays.
 
     ``threads=False`` keeps every block on the calling thread (plans that also call BLAS).
@@ -111,8 +112,16 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
         prog = []
         for j, ins in enumerate(instrs):
             fn = ops.ELEMENTWISE[ins.op].numpy
-            spec = tuple((0, v) if kind == "in" else (1, regs_of[v]) if kind == "tmp" else
-                         (3, 0) if kind == "tail" else (2, v) for kind, v in ins.args)
+            spec = tuple(
+                (0, v)
+                if kind == "in"
+                else (1, regs_of[v])
+                if kind == "tmp"
+                else (3, 0)
+                if kind == "tail"
+                else (2, v)
+                for kind, v in ins.args
+            )
             prog.append((fn, spec, regs_of[j]))
         return prog
 
@@ -122,8 +131,7 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
         last = body.epilogue[-1]
         # the last epilogue value may go straight to the output block unless it reads the row
         # op's result there after it started writing (where, or an op that is not alias-safe)
-        safe = ops.ELEMENTWISE[last.op].alias_safe or all(
-            kind != "tail" for kind, _ in last.args)
+        safe = ops.ELEMENTWISE[last.op].alias_safe or all(kind != "tail" for kind, _ in last.args)
         ereg, e_regs = _allocate(body.epilogue, safe)
         epilogue = compile_program(body.epilogue, ereg)
         epi_copy = None if safe else ereg[-1]
@@ -149,8 +157,10 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
 
     def execute(prog: list, ins: list, regs: list, out_block) -> None:
         for fn, spec, dest in prog:
-            args = [ins[v] if k == 0 else regs[v] if k == 1 else out_block if k == 3 else v
-                    for k, v in spec]
+            args = [
+                ins[v] if k == 0 else regs[v] if k == 1 else out_block if k == 3 else v
+                for k, v in spec
+            ]
             fn(*args, out=out_block if dest < 0 else regs[dest])
 
     def run_block(ins: list, regs: list, out_block, tail_bufs: list):
@@ -167,9 +177,15 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
                 # the row kernel over the block, with the block's slices of the tail scratch
                 n = out_block.size
                 bax = out_block.ndim + nax
-                kd = out_block.shape[:bax] + (1,) + out_block.shape[bax + 1:]
-                ln([x, tail_bufs[0][:n // space[rax]].reshape(kd),
-                    tail_bufs[1][:n].reshape(out_block.shape)], out_block)
+                kd = out_block.shape[:bax] + (1,) + out_block.shape[bax + 1 :]
+                ln(
+                    [
+                        x,
+                        tail_bufs[0][: n // space[rax]].reshape(kd),
+                        tail_bufs[1][:n].reshape(out_block.shape),
+                    ],
+                    out_block,
+                )
             else:
                 row = kernels._softmax if tail == "softmax" else kernels._log_softmax
                 row(np, x, nax, out_block)
@@ -189,11 +205,14 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
 
     n_in = len(in_nodes)
     # registers come from the plan's arena (kernel.scratch) when the executor passes them
-    n_elems = total if single else rows * math.prod(space[axis + 1:])
+    n_elems = total if single else rows * math.prod(space[axis + 1 :])
 
     # a layer_norm tail needs a row statistic per row of a block and a block of squares
-    tail_scratch = ([((n_elems // space[rax],), dtype.name), ((n_elems,), dtype.name)]
-                    if tail == "layer_norm" else [])
+    tail_scratch = (
+        [((n_elems // space[rax],), dtype.name), ((n_elems,), dtype.name)]
+        if tail == "layer_norm"
+        else []
+    )
     per_worker = n_regs + len(tail_scratch)
 
     if single:
@@ -208,10 +227,11 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
                 ins_idx = tuple(
                     tuple(0 if d[k] == 1 else lead[k] for k in range(axis))
                     + ((slice(None) if d[axis] == 1 else slice(start, stop)),)
-                    for d in in_dims)
+                    for d in in_dims
+                )
                 blocks.append((ins_idx, lead + (slice(start, stop),), stop - start))
         workers = min(1 + helpers, len(blocks))
-    chunk_shape = () if single else (rows, *space[axis + 1:])
+    chunk_shape = () if single else (rows, *space[axis + 1 :])
 
     def kernel(arrays: list, out):
         xs = [a.reshape(d) for a, d in zip(arrays, in_dims)]
@@ -227,14 +247,15 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
 
         def work(i: int, worker: int) -> None:
             ins_idx, out_idx, n_rows = blocks[i]
-            mine = scratch[worker * per_worker:(worker + 1) * per_worker]
+            mine = scratch[worker * per_worker : (worker + 1) * per_worker]
             if n_rows == rows:
                 regs = [b.reshape(chunk_shape) for b in mine[:n_regs]]
             else:
-                shp = (n_rows, *space[axis + 1:])
-                regs = [b[:math.prod(shp)].reshape(shp) for b in mine[:n_regs]]
-            run_block([x[idx] for x, idx in zip(xs, ins_idx)], regs, out_view[out_idx],
-                      mine[n_regs:])
+                shp = (n_rows, *space[axis + 1 :])
+                regs = [b[: math.prod(shp)].reshape(shp) for b in mine[:n_regs]]
+            run_block(
+                [x[idx] for x, idx in zip(xs, ins_idx)], regs, out_view[out_idx], mine[n_regs:]
+            )
 
         host_pool.run_blocks(work, len(blocks), workers - 1)
         return out
@@ -249,10 +270,14 @@ def fused_kernel(node: Any, in_nodes: list, block_bytes: int | None = None,
     inplace: tuple[int, ...] = ()
     if final_to_out and (last is None or ops.ELEMENTWISE[last.op].alias_safe):
         late = body.epilogue_inputs()
-        inplace = tuple(k for k, d in enumerate(in_dims) if d == space and k not in late
-                        and np.dtype(in_nodes[k].dtype) == dtype)
-    return PreparedKernel(kernel, scratch=scratch_specs, inplace=inplace, info=describe(body),
-                          threads=workers)
+        inplace = tuple(
+            k
+            for k, d in enumerate(in_dims)
+            if d == space and k not in late and np.dtype(in_nodes[k].dtype) == dtype
+        )
+    return PreparedKernel(
+        kernel, scratch=scratch_specs, inplace=inplace, info=describe(body), threads=workers
+    )
 
 
 def describe(body: FusedBody) -> str:

@@ -34,8 +34,9 @@ def _pool() -> ThreadPoolExecutor:
     if _executor is None:
         with _lock:
             if _executor is None:
-                _executor = ThreadPoolExecutor(max(1, helper_count()),
-                                               thread_name_prefix="tensorlogic-block")
+                _executor = ThreadPoolExecutor(
+                    max(1, helper_count()), thread_name_prefix="tensorlogic-block"
+                )
     return _executor
 
 

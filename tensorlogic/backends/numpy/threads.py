@@ -152,6 +152,7 @@ def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray
         def work(i: int, _worker: int) -> None:
             s = slice(cuts[i], cuts[i + 1])
             np.matmul(A, B[..., s], out=out[..., s])
+
     blocks = len(cuts) - 1
     host_pool.run_blocks(work, blocks, min(threads - 1, blocks - 1))
     return out
@@ -163,10 +164,15 @@ parallel_matmul.min_flops = MIN_SPLIT_FLOPS  # type: ignore[attr-defined]
 
 def _numba_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
     """Whether this product runs as one numba loop of BLAS blocks (``gemm_numba``)."""
-    return (out.dtype.name in ("float32", "float64") and A.dtype == out.dtype
-            and B.dtype == out.dtype and out.flags.c_contiguous
-            and A.shape[:-2] == B.shape[:-2] == out.shape[:-2]
-            and A.shape[-1] > 0 and gemm_numba.available())
+    return (
+        out.dtype.name in ("float32", "float64")
+        and A.dtype == out.dtype
+        and B.dtype == out.dtype
+        and out.flags.c_contiguous
+        and A.shape[:-2] == B.shape[:-2] == out.shape[:-2]
+        and A.shape[-1] > 0
+        and gemm_numba.available()
+    )
 
 
 def _grid(nb: int, m: int, n: int) -> np.ndarray:
@@ -186,9 +192,13 @@ def describe(mode: str) -> str:
     """The line print(plan) shows about a CPU plan's threads."""
     threads = host_pool.helper_count() + 1
     if mode == "pool":
-        where = ("one numba loop" if SPLIT == "numba" and gemm_numba.available()
-                 else "the helper threads")
-        return (f"threads: pool ({threads} threads for every step; GEMMs split into "
-                f"single-threaded BLAS blocks on {where})")
+        where = (
+            "one numba loop"
+            if SPLIT == "numba" and gemm_numba.available()
+            else "the helper threads"
+        )
+        return (
+            f"threads: pool ({threads} threads for every step; GEMMs split into "
+            f"single-threaded BLAS blocks on {where})"
+        )
     return f"threads: blas (GEMMs on BLAS's own threads; {threads} threads for other steps)"
-
