@@ -12,6 +12,7 @@ import tensorlogic as tl
 from tensorlogic import dtypes
 from tensorlogic.ir import ops
 from tensorlogic.testing.einsum_calls import COMPLEX_OPS, int_programs, random_array
+from tensorlogic.testing.reference import BINARY_UFUNCS
 
 DTYPES = dtypes.DTYPES
 CPU = [("numpy", 0), ("numpy", 2), ("numba", 0), ("numba", 2)]
@@ -87,21 +88,7 @@ UNARY_REF = {
     "step": lambda x: (x > 0).astype(x.dtype),
     "one_minus": lambda x: np.subtract(np.ones((), x.dtype), x),
 }
-BINARY_REF = {
-    "add": np.add,
-    "sub": np.subtract,
-    "mul": np.multiply,
-    "div": np.divide,
-    "pow": np.power,
-    "maximum": np.maximum,
-    "minimum": np.minimum,
-    "gt": np.greater,
-    "ge": np.greater_equal,
-    "lt": np.less,
-    "le": np.less_equal,
-    "eq": np.equal,
-    "ne": np.not_equal,
-}
+BINARY_REF = BINARY_UFUNCS
 _NUMPY_REFUSES = {
     ("neg", "bool"),
     ("sub", "bool"),

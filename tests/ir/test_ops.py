@@ -9,6 +9,7 @@ import tensorlogic as tl
 from tensorlogic.ir import ops
 
 from conftest import to_numpy
+from tensorlogic.testing.reference import BINARY_UFUNCS
 
 SQRT_2_OVER_PI = np.sqrt(2 / np.pi)
 
@@ -30,21 +31,7 @@ UNARY_REF = {
 }
 POSITIVE_ONLY = {"log", "sqrt", "reciprocal"}
 
-BINARY_REF = {
-    "add": np.add,
-    "sub": np.subtract,
-    "mul": np.multiply,
-    "div": np.divide,
-    "pow": np.power,
-    "maximum": np.maximum,
-    "minimum": np.minimum,
-    "gt": np.greater,
-    "ge": np.greater_equal,
-    "lt": np.less,
-    "le": np.less_equal,
-    "eq": np.equal,
-    "ne": np.not_equal,
-}
+BINARY_REF = BINARY_UFUNCS
 
 
 def _tol(dtype):
