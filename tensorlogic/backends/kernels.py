@@ -21,8 +21,8 @@ import numpy as np
 
 from ..errors import BackendError
 from ..ir import ops, pairwise, sliced, spec as einspec
-from ..ir.evaluate import row_program
 from .base import PreparedKernel
+from .numpy.rows import RowKernel
 
 
 def einsum_kernel(xp, node, in_nodes, matmul=None) -> PreparedKernel:
@@ -112,10 +112,6 @@ def _arg(xp, a: list, k: int, shape: tuple, dtype: str):
     return a[k] if len(a) > k else xp.empty(shape, dtype)
 
 
-def _keep_shape(shape: tuple, axes: tuple[int, ...]) -> tuple:
-    return tuple(1 if k in axes else d for k, d in enumerate(shape))
-
-
 # what a reduction over zero elements gives, as numpy defines it (mean: nan, without numpy's
 # "Mean of empty slice" warning); max and min have none and are refused by shape inference
 EMPTY_REDUCTION = {"sum": 0.0, "mean": float("nan"), "prod": 1.0, "logsumexp": float("-inf")}
@@ -135,122 +131,22 @@ def empty_reduction_kernel(op: str, shape: tuple, axes: tuple[int, ...]) -> Prep
     return PreparedKernel(fill, info=f"[{op} over an empty axis]")
 
 
-def _logsumexp(xp, x, axes, keepdims, out):
-    """logsumexp of x over axes into out (allocating its temporaries)."""
-    k = _logsumexp_kernel(
-        xp, tuple(x.shape), x.dtype.name, tuple(a % x.ndim for a in axes), keepdims
-    )
-    return k([x], out)
-
-
-def _softmax(xp, x, axis, out):
-    """softmax of x along axis into out (out may be x)."""
-    return _softmax_kernel(xp, tuple(x.shape), x.dtype.name, axis % x.ndim, False)([x], out)
-
-
-def _log_softmax(xp, x, axis, out):
-    """log_softmax of x along axis into out (out may be x)."""
-    return _softmax_kernel(xp, tuple(x.shape), x.dtype.name, axis % x.ndim, True)([x], out)
-
-
-def _layer_norm(xp, x, axis, eps, out):
-    """layer_norm of x along axis into out (out may be x; allocates its temporaries)."""
-    return _layer_norm_kernel(xp, tuple(x.shape), x.dtype.name, axis % x.ndim, eps)([x], out)
-
-
-def _layer_norm_kernel(xp, x_shape, dtype, axis, eps) -> PreparedKernel:
-    """(x - mean) / sqrt(var + eps) along axis; the variance is the mean of squared deviations
-    (two passes over the centred values, as numpy's var computes it)."""
-    kd = _keep_shape(x_shape, (axis % len(x_shape),))
-
-    def layer_norm(a, out):
-        m = _arg(xp, a, 1, kd, dtype)
-        t = _arg(xp, a, 2, x_shape, dtype)
-        a[0].mean(axis=axis, keepdims=True, out=m)
-        xp.subtract(a[0], m, out=out)
-        xp.multiply(out, out, out=t)
-        t.mean(axis=axis, keepdims=True, out=m)
-        xp.add(m, eps, out=m)
-        xp.sqrt(m, out=m)
-        return xp.divide(out, m, out=out)
-
-    # the input is read only before (or where) out is first written
-    return PreparedKernel(layer_norm, scratch=((kd, dtype), (tuple(x_shape), dtype)), inplace=(0,))
-
-
-def _logsumexp_kernel(xp, x_shape, dtype, axes, keepdims) -> PreparedKernel:
-    kd = _keep_shape(x_shape, axes)
+def row_kernel(
+    xp, op: str, x_shape: tuple, dtype: str, axes: tuple[int, ...], eps: float = 0.0
+) -> PreparedKernel:
+    """The kernel of a row op, or of a reduction without a numpy function (logsumexp), from its
+    row program (``ops.ROW_PROGRAMS``, rendered by ``numpy.rows``); ``out`` has the input's
+    shape (a row op) or the reduction's, with or without the kept axes."""
+    rk = RowKernel(op, dtype, axes, eps, xp)
+    n = len(rk.scratch(x_shape))
 
     def kernel(a, out):
-        x = a[0]
-        t = _arg(xp, a, 1, x_shape, dtype)
-        m = _arg(xp, a, 2, kd, dtype)
-        fin = _arg(xp, a, 3, kd, "bool")
-        x.max(axis=axes, keepdims=True, out=m)
-        # rows that are all -inf (or hold inf/nan) are shifted by 0 so the result is -inf/inf/nan
-        xp.isfinite(m, out=fin)
-        xp.logical_not(fin, out=fin)
-        xp.copyto(m, 0, where=fin)
-        xp.subtract(x, m, out=t)
-        xp.exp(t, out=t)
-        # a contiguous out reshapes to a view; a strided one (a caller's block) gets a temporary
-        s = out.reshape(kd) if out.flags.c_contiguous else xp.empty(kd, dtype)
-        t.sum(axis=axes, keepdims=True, out=s)
-        xp.log(s, out=s)
-        xp.add(s, m, out=s)
-        if not out.flags.c_contiguous:
-            out[...] = s.reshape(out.shape)
-        return out
+        return rk(a[0], out, a[1 : 1 + n] if len(a) > 1 else None)
 
-    return PreparedKernel(kernel, scratch=((tuple(x_shape), dtype), (kd, dtype), (kd, "bool")))
-
-
-def _softmax_kernel(xp, x_shape, dtype, axis, log: bool) -> PreparedKernel:
-    kd = _keep_shape(x_shape, (axis,))
-
-    def softmax(a, out):
-        m = _arg(xp, a, 1, kd, dtype)
-        a[0].max(axis=axis, keepdims=True, out=m)
-        xp.subtract(a[0], m, out=out)
-        xp.exp(out, out=out)
-        out.sum(axis=axis, keepdims=True, out=m)
-        return xp.divide(out, m, out=out)
-
-    def log_softmax(a, out):
-        m = _arg(xp, a, 1, kd, dtype)
-        t = _arg(xp, a, 2, x_shape, dtype)
-        a[0].max(axis=axis, keepdims=True, out=m)
-        xp.subtract(a[0], m, out=out)
-        xp.exp(out, out=t)
-        t.sum(axis=axis, keepdims=True, out=m)
-        xp.log(m, out=m)
-        return xp.subtract(out, m, out=out)
-
-    # the input is read only before out is first written
+    # a row op writes out only once its input is no longer read (numpy.rows)
     return PreparedKernel(
-        log_softmax if log else softmax,
-        scratch=((kd, dtype),) + (((tuple(x_shape), dtype),) if log else ()),
-        inplace=(0,),
+        kernel, scratch=rk.scratch(x_shape), inplace=(0,) if op in ops.ROW_OPS else ()
     )
-
-
-# row ops with a kernel of their own here (reductions: those with a numpy function, and
-# logsumexp); any other row op or reduction of the table runs its row program
-TUNED_ROW_OPS = ("softmax", "log_softmax", "layer_norm")
-
-
-def program_kernel(
-    op: str, axes: tuple[int, ...], keepdims: bool, eps: float = 0.0
-) -> PreparedKernel:
-    """A host kernel of any row op or reduction: its row program (``ops.ROW_PROGRAMS``) with
-    the op table's numpy functions (temporaries allocated per call)."""
-
-    def run(a, out):
-        r = row_program(op, a[0].astype(out.dtype, copy=False), axes, eps)
-        out[...] = r if keepdims else r.reshape(out.shape)
-        return out
-
-    return PreparedKernel(run)
 
 
 def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
@@ -298,22 +194,15 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
         empty = empty_reduction_kernel(op, tuple(in_nodes[0].shape), axes)
         if empty is not None:
             return empty
-        if op == "logsumexp":
-            return _logsumexp_kernel(xp, tuple(in_nodes[0].shape), node.dtype, axes, kd)
         if ops.REDUCTION_TABLE[op].numpy is None:
-            return program_kernel(op, axes, kd)
+            return row_kernel(xp, op, tuple(in_nodes[0].shape), node.dtype, axes)
         red = getattr(xp, ops.REDUCTION_TABLE[op].numpy)
         return PreparedKernel(lambda a, out: red(a[0], axis=axes, keepdims=kd, out=out))
-    if kind == ops.ROWOP and op == "layer_norm":
-        return _layer_norm_kernel(
-            xp, tuple(in_nodes[0].shape), node.dtype, node.args["axis"], float(node.args["eps"])
-        )
-    if kind == ops.ROWOP and op in TUNED_ROW_OPS:
-        return _softmax_kernel(
-            xp, tuple(in_nodes[0].shape), node.dtype, node.args["axis"], op == "log_softmax"
-        )
     if kind == ops.ROWOP:
-        return program_kernel(op, (int(node.args["axis"]),), True, float(node.args.get("eps", 0.0)))
+        shape_in = tuple(in_nodes[0].shape)
+        axis = int(node.args["axis"]) % max(len(shape_in), 1)
+        eps = float(node.args.get("eps", 0.0))
+        return row_kernel(xp, op, shape_in, node.dtype, (axis,), eps)
     if kind == ops.TRANSPOSE:
         perm = tuple(node.args["perm"])
         if copy:

@@ -71,7 +71,7 @@ def test_fusion_makes_layer_norm_a_tail():
 
 def test_numpy_kernel_uses_scratch_and_runs_in_place(rng):
     x = rng.standard_normal((6, 50)).astype("float32")
-    k = kernels._layer_norm_kernel(np, (6, 50), "float32", 1, 1e-5)
+    k = kernels.row_kernel(np, "layer_norm", (6, 50), "float32", (1,), 1e-5)
     assert k.inplace == (0,)
     bufs = [np.empty(s, d) for s, d in k.scratch]
     ref = _reference(x, 1, 1e-5)

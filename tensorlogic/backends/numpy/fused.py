@@ -21,11 +21,11 @@ from typing import Any
 import numpy as np
 
 from ...ir import ops
-from ...ir.evaluate import row_program
 from ...ir.fused import FusedBody
 from .. import kernels
 from ..base import PreparedKernel
 from . import host_pool
+from .rows import RowKernel
 
 # Bytes per register block. A block's registers and operands stay in the L2/L3 caches; larger
 # blocks mean fewer ufunc calls (measured on the 16M 14-op chain, 2 threads: 256 KB 27 ms,
@@ -151,9 +151,11 @@ def fused_kernel(
         axis, rows = _block_axis(space, kept, block)
     red_axes = tuple(range(-n_tail, 0))
 
-    if tail == "layer_norm":
-        # the same kernel the unfused row op runs; its shape only names the axis here
-        ln = kernels._layer_norm_kernel(np, space, dtype.name, nax, body.eps)
+    # a row op, or a reduction without a numpy function, runs its row program over each block
+    # (the kernel the unfused node runs; axes counted from the end name them in any block)
+    rows_k = None
+    if tail in ops.ROW_OPS or (tail is not None and ops.REDUCTION_TABLE[tail].numpy is None):
+        rows_k = RowKernel(tail, dtype, (nax,) if tail in ops.ROW_OPS else red_axes, body.eps)
 
     def execute(prog: list, ins: list, regs: list, out_block) -> None:
         for fn, spec, dest in prog:
@@ -171,34 +173,15 @@ def fused_kernel(
             return
         if tail in ops.ROW_OPS:
             x = out_block if body.instrs else ins[0]  # an empty prologue: input 0 itself
-            if tail not in kernels.TUNED_ROW_OPS:
-                out_block[...] = row_program(tail, np.asarray(x, dtype), (nax,), body.eps)
-            elif tail == "layer_norm":
-                # the row kernel over the block, with the block's slices of the tail scratch
-                n = out_block.size
-                bax = out_block.ndim + nax
-                kd = out_block.shape[:bax] + (1,) + out_block.shape[bax + 1 :]
-                ln(
-                    [
-                        x,
-                        tail_bufs[0][: n // space[rax]].reshape(kd),
-                        tail_bufs[1][:n].reshape(out_block.shape),
-                    ],
-                    out_block,
-                )
-            else:
-                row = kernels._softmax if tail == "softmax" else kernels._log_softmax
-                row(np, x, nax, out_block)
+            rows_k(x, out_block, tail_bufs)
             if epilogue:
                 execute(epilogue, ins, regs, out_block)
                 if epi_copy is not None:
                     out_block[...] = regs[epi_copy]
             return
         x = regs[result_reg]
-        if tail == "logsumexp":
-            kernels._logsumexp(np, x, red_axes, False, out_block)
-        elif ops.REDUCTION_TABLE[tail].numpy is None:
-            out_block[...] = row_program(tail, x, red_axes).reshape(out_block.shape)
+        if rows_k is not None:
+            rows_k(x, out_block, tail_bufs)
         else:
             red = getattr(np, ops.REDUCTION_TABLE[tail].numpy)
             red(x, axis=red_axes, out=out_block)
@@ -207,10 +190,14 @@ def fused_kernel(
     # registers come from the plan's arena (kernel.scratch) when the executor passes them
     n_elems = total if single else rows * math.prod(space[axis + 1 :])
 
-    # a layer_norm tail needs a row statistic per row of a block and a block of squares
+    # the row program's buffers for the largest block, as flat arrays (a shorter last block
+    # takes their starts)
     tail_scratch = (
-        [((n_elems // space[rax],), dtype.name), ((n_elems,), dtype.name)]
-        if tail == "layer_norm"
+        [
+            ((math.prod(shp),), dt)
+            for shp, dt in rows_k.scratch(space if single else (rows, *space[axis + 1 :]))
+        ]
+        if rows_k is not None
         else []
     )
     per_worker = n_regs + len(tail_scratch)

@@ -1,0 +1,308 @@
+"""Row programs (``ops.ROW_PROGRAMS``) rendered to array calls: the host kernels of every row op
+and of the reductions that no single combine computes (logsumexp).
+
+``RowKernel(name, dtype, axes, eps)`` turns a program once into a list of calls of the op
+table's numpy functions (each writing into a buffer with ``out=``) and of the array module's
+reductions, so a call costs what a hand-written kernel costs. Values live in
+
+- the input ``x`` and the output ``out``, which may be the same array: nothing is written to
+  ``out`` while ``x`` is still to be read;
+- full-size buffers (maps, and expressions a reduce step reads) and per-row buffers (reduce
+  and let values), each reused as soon as the value in it is dead.
+
+A map is computed once, into ``out`` itself when ``x`` is no longer read. softmax thus runs as
+max, subtract, exp (in ``out``), sum, scale; layer_norm as sum, centre (in ``out``), square,
+sum, scale: the passes and temporaries of the hand-written kernels these programs replaced.
+The buffers are scratch of the plan's arena (``scratch``) or, when the caller passes none,
+allocated per call; they may be longer than a block needs (a fused kernel's last block).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from ...errors import BackendError
+from ...ir import ops
+
+# slots of a call's operands and destinations (then the full-size buffers, then the per-row)
+_X, _OUT, _INV_N, _EPS = 0, 1, 2, 3
+_FIRST_BUF = 4
+# the ufunc whose reduction is each combine of the reduction table (max/min propagate NaN)
+_COMBINE_UFUNC = {"add": "add", "mul": "multiply", "max": "maximum", "min": "minimum"}
+
+
+@dataclass(frozen=True)
+class _Call:
+    """``fn(*args, out=dest)`` (or a reduction of args[0] over the row axes into dest); an
+    argument is ``(True, slot)`` or ``(False, constant)``."""
+
+    fn: Callable[..., Any]
+    args: tuple[tuple[bool, Any], ...]
+    dest: int
+    reduce: bool = False
+
+
+class _Schedule:
+    """The calls of one program and its buffer counts (the compiler of ``RowKernel``)."""
+
+    def __init__(self, name: str, xp, dtype: np.dtype) -> None:
+        if name not in ops.ROW_PROGRAMS:
+            raise BackendError(f"no row program for {name!r} (ops.ROW_PROGRAMS)")
+        prog = ops.ROW_PROGRAMS[name]
+        self.xp, self.dtype = xp, dtype
+        self.calls: list[_Call] = []
+        self.n_full = self.n_row = 0
+        self.full_slot: set[int] = {_X, _OUT}
+        self.free: dict[bool, list[int]] = {True: [], False: []}  # by fullness
+        self.loc: dict[str, int] = {"x": _X}
+        self.last = {"x": 0}  # the last step reading each value
+        for i, st in enumerate(prog):
+            for n in _leaves(st.expr):
+                self.last[n] = i
+        self.out_free = prog[-1].kind == "write"  # a reduction's out holds only its result
+        result = prog[-1].expr if prog[-1].kind == "result" else None
+        for i, st in enumerate(prog):
+            dying = [self.loc[n] for n in _leaves(st.expr) if n in self.loc and self.last[n] == i]
+            if st.kind == "reduce":
+                full = self._full(st.expr)
+                if not full:
+                    raise BackendError(f"row program {name}: a reduce step must read the row")
+                src = self.loc[st.expr] if isinstance(st.expr, str) else None
+                tmp = None
+                if src is None:
+                    tmp = src = self._temp(True)
+                    self._emit(st.expr, src)
+                # a reduction whose result is this value reduces straight into out
+                dest = _OUT if result == st.name else self._take(False, dying)
+                ufunc = getattr(xp, _COMBINE_UFUNC[ops.REDUCTION_TABLE[st.combine].combine])
+                self.calls.append(_Call(ufunc.reduce, ((True, src),), dest, reduce=True))
+                if tmp is not None:
+                    self._release(tmp)
+            elif st.kind in ("let", "map"):
+                if st.name not in self.last:
+                    continue  # a value no later step reads
+                full = self._full(st.expr)
+                if st.kind == "let" and full:
+                    raise BackendError(f"row program {name}: let {st.name} reads the row")
+                if full and self.out_free and self.last["x"] <= i:
+                    dest = _OUT
+                    self.out_free = False
+                else:
+                    dest = self._take(full, dying)
+                self._emit(st.expr, dest)
+            elif st.kind in ("write", "result"):
+                if not (isinstance(st.expr, str) and self.loc.get(st.expr) == _OUT):
+                    self._emit(st.expr, _OUT)
+            else:
+                raise BackendError(f"row program {name}: unknown step kind {st.kind!r}")
+            if st.kind in ("reduce", "let", "map") and st.name in self.last:
+                self.loc[st.name] = dest
+            for n in _leaves(st.expr):
+                if self.last.get(n) == i and n in self.loc:
+                    slot = self.loc.pop(n)
+                    if slot == _OUT:
+                        self.out_free = True
+                    elif slot >= _FIRST_BUF and slot not in self.loc.values():
+                        self._release(slot)
+
+    # buffers -----------------------------------------------------------------------------
+
+    def _new(self, full: bool) -> int:
+        # slots are numbered in creation order; ``RowKernel`` maps them to buffers
+        slot = _FIRST_BUF + self.n_full + self.n_row
+        if full:
+            self.n_full += 1
+            self.full_slot.add(slot)
+        else:
+            self.n_row += 1
+        return slot
+
+    def _temp(self, full: bool) -> int:
+        pool = self.free[full]
+        return pool.pop() if pool else self._new(full)
+
+    def _take(self, full: bool, dying: list[int]) -> int:
+        """A destination: a buffer whose value dies at this step (the evaluator keeps reads of
+        it before the write), a free one, or a new one."""
+        for s in dying:
+            if s >= _FIRST_BUF and (s in self.full_slot) == full:
+                return s
+        return self._temp(full)
+
+    def _release(self, slot: int) -> None:
+        pool = self.free[slot in self.full_slot]
+        if slot not in pool:
+            pool.append(slot)
+
+    # expressions -------------------------------------------------------------------------
+
+    def _full(self, e) -> bool:
+        """Whether an expression varies along the row (reads ``x`` or a map)."""
+        return any(self.loc.get(n) in self.full_slot for n in _leaves(e))
+
+    def _reads(self, e, slot: int) -> bool:
+        """Whether an expression reads a value that lives in ``slot`` (x and out may alias)."""
+        for n in _leaves(e):
+            s = self.loc.get(n)
+            if s == slot or {s, slot} == {_X, _OUT}:
+                return True
+        return False
+
+    def _arg(self, e) -> tuple[bool, Any]:
+        if isinstance(e, str):
+            if e == "inv_n":
+                return True, _INV_N
+            if e == "eps":
+                return True, _EPS
+            return True, self.loc[e]
+        return False, self.dtype.type(e)
+
+    def _emit(self, e, dest: int) -> None:
+        """Calls computing expression ``e`` (an op of the table) into ``dest``."""
+        if not isinstance(e, tuple):
+            self.calls.append(_Call(_copy, (self._arg(e),), dest))
+            return
+        op, *args = e
+        row = ops.ELEMENTWISE[op]
+        full_dest = dest in self.full_slot
+        compound = [j for j, a in enumerate(args) if isinstance(a, tuple)]
+        # one operand is computed in dest itself: a full one into a full dest, and only when
+        # no other operand reads what dest holds now
+        into = next(
+            (
+                j
+                for j in compound
+                if self._full(args[j]) == full_dest
+                and not any(self._reads(a, dest) for k, a in enumerate(args) if k != j)
+            ),
+            None,
+        )
+        refs: list[tuple[bool, Any]] = [None] * len(args)  # type: ignore[list-item]
+        temps = []
+        for j in compound:
+            if j != into:
+                t = self._temp(self._full(args[j]))
+                temps.append(t)
+                self._emit(args[j], t)
+                refs[j] = (True, t)
+        if into is not None:
+            self._emit(args[into], dest)
+            refs[into] = (True, dest)
+        for j, a in enumerate(args):
+            if refs[j] is None:
+                refs[j] = self._arg(a)
+        aliased = any(is_slot and (s == dest or {s, dest} == {_X, _OUT}) for is_slot, s in refs)
+        if aliased and not row.alias_safe:
+            t = self._temp(full_dest)
+            self.calls.append(_Call(row.numpy, tuple(refs), t))
+            self.calls.append(_Call(_copy, ((True, t),), dest))
+            temps.append(t)
+        else:
+            self.calls.append(_Call(row.numpy, tuple(refs), dest))
+        for t in temps:
+            self._release(t)
+
+
+def _copy(src, out):
+    out[...] = src
+    return out
+
+
+def _leaves(e) -> list[str]:
+    if isinstance(e, str):
+        return [e]
+    if isinstance(e, tuple):
+        return [n for a in e[1:] for n in _leaves(a)]
+    return []
+
+
+class RowKernel:
+    """The host kernel of a row op or reduction over ``axes`` (which may count from the end,
+    so one kernel serves blocks of any leading shape): ``kernel(x, out, bufs=None)``.
+
+    ``out`` has x's shape (a row op) or x's shape with ``axes`` removed or kept as 1 (a
+    reduction); it may be ``x`` itself. ``bufs`` are ``scratch(x_shape)``'s buffers (or longer
+    flat ones).
+    """
+
+    def __init__(self, name: str, dtype, axes: tuple[int, ...], eps: float = 0.0, xp=np):
+        self.name, self.dtype, self.axes, self.xp = name, np.dtype(dtype), tuple(axes), xp
+        self.eps = self.dtype.type(eps)
+        sched = _Schedule(name, xp, self.dtype)
+        self.calls = tuple(sched.calls)
+        self.n_full, self.n_row = sched.n_full, sched.n_row
+        # buffer slots in creation order, full or per-row
+        self._full_slots = sorted(sched.full_slot - {_X, _OUT})
+        self.row_op = name in ops.ROW_OPS
+        self._shapes: dict[tuple, tuple] = {}  # x's shape -> (kept shape, 1 / row length, scratch)
+        # the calls as (function, operand slots, destination slot, is a reduction), constants
+        # in slots after the buffers
+        first_const = _FIRST_BUF + self.n_full + self.n_row
+        self._consts: list[Any] = []
+        prog = []
+        for c in self.calls:
+            idx = []
+            for is_slot, v in c.args:
+                if not is_slot:
+                    self._consts.append(v)
+                    v = first_const + len(self._consts) - 1
+                idx.append(v)
+            prog.append((c.fn, tuple(idx), c.dest, c.reduce))
+        self._prog = tuple(prog)
+
+    def _kd(self, shape: tuple) -> tuple:
+        red = {a % len(shape) for a in self.axes}
+        return tuple(1 if k in red else d for k, d in enumerate(shape))
+
+    def scratch(self, x_shape: tuple) -> tuple:
+        """(shape, dtype) of each buffer, in the order ``bufs`` takes them."""
+        kd = self._kd(tuple(x_shape))
+        return tuple(
+            (tuple(x_shape) if s in self._full_slots else kd, self.dtype.name)
+            for s in range(_FIRST_BUF, _FIRST_BUF + self.n_full + self.n_row)
+        )
+
+    def _shape(self, shape: tuple) -> tuple:
+        got = self._shapes.get(shape)
+        if got is None:
+            kd = self._kd(shape)
+            n = max(math.prod(shape) // max(math.prod(kd), 1), 1)
+            got = self._shapes[shape] = (kd, self.dtype.type(1.0 / n), self.scratch(shape))
+        return got
+
+    def __call__(self, x, out, bufs=None):
+        xp = self.xp
+        if x.dtype != self.dtype:
+            x = x.astype(self.dtype)
+        if x.size == 0:
+            return out
+        kd, inv_n, specs = self._shape(x.shape)
+        target = out
+        if not self.row_op:
+            # the result per row, in out's memory when that is a plain view
+            if out.flags.c_contiguous:
+                target = out.reshape(kd)
+            else:
+                target = xp.empty(kd, self.dtype)
+        slots: list[Any] = [x, target, inv_n, self.eps]
+        if bufs is None:
+            slots += [xp.empty(want, dt) for want, dt in specs]
+        else:
+            for b, (want, _) in zip(bufs, specs):
+                slots.append(
+                    b if b.shape == want else b.reshape(-1)[: math.prod(want)].reshape(want)
+                )
+        slots += self._consts
+        axes = self.axes
+        for fn, idx, dest, red in self._prog:
+            if red:
+                fn(slots[idx[0]], axis=axes, keepdims=True, out=slots[dest])
+            else:
+                fn(*[slots[i] for i in idx], out=slots[dest])
+        if target is not out:
+            out[...] = target.reshape(out.shape)
+        return out
