@@ -199,6 +199,10 @@ class _Consts:
 
 def _op_expr(op: str, args: list[str], consts: _Consts, fast: bool, dtype: str) -> str:
     row = ops.ELEMENTWISE[op]
+    if fast and dtype in _REAL and _math_names(row.numba, fast, dtype) != row.numba:
+        # the fast functions are written per dtype: an operand promoted to float64 (a row
+        # program's float64 sum) is converted first
+        args = [f"np.{dtype}({a})" for a in args]
     names = dict(zip(row.operands, args))
     expr = _FLOAT_LIT.sub(lambda m: consts(float(m.group(1))), row.numba)
     expr = _math_names(expr, fast, dtype)
@@ -427,12 +431,6 @@ def render(
     lines: list[str] = []
     if tail is None:
         lines += _elementwise(R, idx, dnames, rng, value, views)
-    elif tail in ("layer_norm", "softmax", "log_softmax"):
-        rows = _Rows(lay, idx, dnames, rng, value, row_views, bool(instrs))
-        if tail == "layer_norm":
-            lines += _layer_norm(rows, dtype, float(eps), finish)
-        else:
-            lines += _rowop(rows, tail, dtype, fast, finish)
     elif tail in ops.ROW_OPS:
         rows = _Rows(lay, idx, dnames, rng, value, row_views, bool(instrs))
         lines += _program_rows(rows, tail, dtype, fast, consts, float(eps), finish)
@@ -502,68 +500,94 @@ def _elementwise(R, idx, dnames, rng, value, views) -> list[str]:
     ]
 
 
-def _exp(dtype, fast, x) -> str:
-    return _math_names(f"math.exp({x})", fast, dtype)
+def _program_expr(name: str, e, x: str | None, scal: dict, maps: dict, r: _ProgramNames) -> str:
+    """A row program's expression in source form; ``x`` names the row's element (None where
+    only per-row values may be read)."""
+    if isinstance(e, str):
+        if e in scal:
+            return scal[e]
+        if e == "inv_n":
+            return r.inv_n
+        if e == "eps":
+            return r.consts(r.eps)
+        if x is None:
+            raise BackendError(f"row program {name}: {e!r} is not a per-row value here")
+        return x if e == "x" else f"({_program_expr(name, maps[e], x, scal, maps, r)})"
+    if isinstance(e, (int, float)):
+        return r.consts(float(e))
+    op, *args = e
+    return _op_expr(
+        op, [_program_expr(name, a, x, scal, maps, r) for a in args], r.consts, r.fast, r.dtype
+    )
 
 
-def _log(dtype, fast, x) -> str:
-    return _math_names(f"math.log({x})", fast, dtype)
+@dataclass
+class _ProgramNames:
+    """What a row program's expressions read besides its values: the compute dtype, fast
+    math, the constants, 1 / the row length (source text) and the epsilon."""
+
+    dtype: str
+    fast: bool
+    consts: _Consts
+    inv_n: str
+    eps: float = 0.0
 
 
 def _reduce(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views) -> list[str]:
+    """A reduction from its row program (``ops.ROW_PROGRAMS``): one pass over the reduced
+    elements per reduce step (maps recomputed in each), per-row lets between, the result last.
+    Sums accumulate in ``acc_dt`` (float64 for floats), other combines in the dtype."""
     kept = [d for d, r in enumerate(lay.roles) if r == "k"]
     red = [d for d, r in enumerate(lay.roles) if r == "r"]
-    acc_t = acc_dt if op in ("sum", "mean", "logsumexp") else dtype
-    lse = op == "logsumexp"
-    # the mean's divisor comes from the run-time sizes, so the text does not depend on them
+    # the row length comes from the run-time sizes, so the text does not depend on them
     count = " * ".join(dnames[d] for d in red) or "1"
+    names = _ProgramNames(dtype, fast, consts, f"(1.0 / ({count}))")
+    prog = ops.ROW_PROGRAMS[op]
+    scal: dict[str, str] = {}
+    maps: dict[str, object] = {}
 
-    def passes(ind: str, acc: str) -> list[str]:
-        """Loops over the reduced dims (given the kept/outer indices) accumulating into acc."""
-        lines = []
-        depth = ind
-        for d in red:
-            lines.append(f"{depth}for {idx[d]} in range({dnames[d]}):")
-            depth += "    "
-        vl, v = value(depth)
-        return lines, depth, vl, v
+    def acc_type(st) -> str:
+        return acc_dt if ops.REDUCTION_TABLE[st.combine].combine == "add" else dtype
 
-    def reduction(ind: str, tgt: str) -> list[str]:
-        """Statements leaving the final reduced value of one output element in ``tgt``."""
-        loops, depth, vl, v = passes(ind, "acc")
-        if not lse:
-            out = [f"{ind}acc = {_init(op, acc_t)}", *loops, *vl, depth + _combine(op, "acc", v)]
-            fin = "acc"
-            if op == "mean":
-                fin = f"acc / ({count})"
-            return out + [f"{ind}{tgt} = {fin}"]
-        # logsumexp: max pass, then a sum of exp(v - max) pass
-        out = [
-            f"{ind}m = np.{dtype}(-np.inf)",
-            *loops,
-            *vl,
-            f"{depth}m = max(m, {v})",
-            f"{ind}m = m if (m - m) == 0 else np.{dtype}(0.0)",
-        ]
-        loops2, depth2, vl2, v2 = passes(ind, "s")
-        out += [
-            f"{ind}s = np.{acc_t}(0.0)",
-            *loops2,
-            *vl2,
-            f"{depth2}s = s + {_exp(dtype, fast, f'{v2} - m')}",
-            f"{ind}{tgt} = {_log(acc_t, fast, 's')} + m",
-        ]
-        return out
+    def per_row(st, ind: str, tgt: str) -> list[str]:
+        """A let or the result: one statement."""
+        return [f"{ind}{tgt} = {_program_expr(op, st.expr, None, scal, maps, names)}"]
 
     if kept:
-        # prange over output elements; each walks its reduced dims
+        # prange over output elements; each walks its reduced dims once per reduce step
         n = " * ".join(dnames[d] for d in kept)
-        return [
+        lines = [
             f"    for o in {rng}({n}):",
             *_unravel([idx[d] for d in kept], [dnames[d] for d in kept], "o", "        "),
-            *reduction("        ", "out[o]"),
         ]
-    # full reduction: partials over blocks (rank 1) or outer rows, combined serially
+        ind = "        "
+        for st in prog:
+            if st.kind == "reduce":
+                acc = f"p_{st.name}"
+                depth = ind
+                loops = []
+                for d in red:
+                    loops.append(f"{depth}for {idx[d]} in range({dnames[d]}):")
+                    depth += "    "
+                vl, v = value(depth)
+                term = _program_expr(op, st.expr, v, scal, maps, names)
+                lines += [
+                    f"{ind}{acc} = {_init(st.combine, acc_type(st))}",
+                    *loops,
+                    *vl,
+                    depth + _combine(st.combine, acc, term),
+                ]
+                scal[st.name] = acc
+            elif st.kind == "let":
+                lines += per_row(st, ind, f"p_{st.name}")
+                scal[st.name] = f"p_{st.name}"
+            elif st.kind == "map":
+                maps[st.name] = st.expr
+            else:
+                lines += per_row(st, ind, "out[o]")
+        return lines
+    # full reduction: per reduce step, partials over blocks (rank 1) or outer rows in
+    # parallel, combined serially
     if lay.rank == 1:
         head = [f"    nb = (d0 + {BLOCK - 1}) // {BLOCK}"]
         loop = [
@@ -572,57 +596,43 @@ def _reduce(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views
             *views("        "),
         ]
         inner = "        for j in range(hi - lo):"
-        rows = "nb"
     else:
-        rows = " * ".join(dnames[:-1])
-        head = [f"    nb = {rows}"]
+        head = [f"    nb = {' * '.join(dnames[:-1])}"]
         loop = _unravel(idx[:-1], dnames[:-1], "b", "        ")
         inner = f"        for {idx[-1]} in range({dnames[-1]}):"
     vl, v = value("            ", block=lay.rank == 1)
-
-    def partial_pass(init, comb, part_t, what) -> list[str]:
-        # a BLOCK-long block sums in the compute dtype when reassociation is allowed: LLVM
-        # splits it over many vector partial sums (each adds BLOCK/64 terms or fewer), and the
-        # blocks combine in float64; converting every element to float64 instead costs ~2x in
-        # cache. Rows of rank >= 2 layouts have no length bound, so they keep float64.
-        blk_t = dtype if (fast and lay.rank == 1 and part_t == "float64") else part_t
-        start = _init(init, blk_t) if init in _INIT else f"np.{blk_t}({init})"
-        return [
-            f"    part = np.empty(nb, np.{_np(part_t)})",
-            f"    for b in {rng}(nb):",
-            *loop,
-            f"        acc = {start}",
-            inner,
-            *vl,
-            "            " + comb(what(v)),
-            "        part[b] = acc",
-        ]
-
-    if not lse:
-        lines = head + partial_pass(op, lambda x: _combine(op, "acc", x), acc_t, lambda x: x)
-        lines += [
-            f"    acc = {_init(op, acc_t)}",
-            "    for b in range(nb):",
-            "        " + _combine(op, "acc", "part[b]"),
-        ]
-        fin = f"acc / ({count})" if op == "mean" else "acc"
-        return lines + [f"    out[0] = {fin}"]
-    lines = head + partial_pass("-np.inf", lambda x: f"acc = max(acc, {x})", dtype, lambda x: x)
-    lines += [
-        f"    m = np.{dtype}(-np.inf)",
-        "    for b in range(nb):",
-        "        m = max(m, part[b])",
-        f"    m = m if (m - m) == 0 else np.{dtype}(0.0)",
-    ]
-    lines += partial_pass(
-        "0.0", lambda x: f"acc = acc + {x}", acc_t, lambda x: _exp(dtype, fast, f"{x} - m")
-    )
-    lines += [
-        f"    s = np.{acc_t}(0.0)",
-        "    for b in range(nb):",
-        "        s = s + part[b]",
-        f"    out[0] = {_log(acc_t, fast, 's')} + m",
-    ]
+    lines = list(head)
+    for st in prog:
+        if st.kind == "reduce":
+            part_t = acc_type(st)
+            # a BLOCK-long block sums in the compute dtype when reassociation is allowed: LLVM
+            # splits it over many vector partial sums (each adds BLOCK/64 terms or fewer), and
+            # the blocks combine in float64; converting every element to float64 instead costs
+            # ~2x in cache. Rows of rank >= 2 layouts have no length bound, so they keep float64.
+            blk_t = dtype if (fast and lay.rank == 1 and part_t == "float64") else part_t
+            acc = f"p_{st.name}"
+            term = _program_expr(op, st.expr, v, scal, maps, names)
+            lines += [
+                f"    part = np.empty(nb, np.{_np(part_t)})",
+                f"    for b in {rng}(nb):",
+                *loop,
+                f"        acc = {_init(st.combine, blk_t)}",
+                inner,
+                *vl,
+                "            " + _combine(st.combine, "acc", term),
+                "        part[b] = acc",
+                f"    {acc} = {_init(st.combine, part_t)}",
+                "    for b in range(nb):",
+                "        " + _combine(st.combine, acc, "part[b]"),
+            ]
+            scal[st.name] = acc
+        elif st.kind == "let":
+            lines += per_row(st, "    ", f"p_{st.name}")
+            scal[st.name] = f"p_{st.name}"
+        elif st.kind == "map":
+            maps[st.name] = st.expr
+        else:
+            lines += per_row(st, "    ", "out[0]")
     return lines
 
 
@@ -675,126 +685,123 @@ class _Rows:
         return self.value("            ", "row")
 
 
-def _rowop(rows: _Rows, op, dtype, fast, finish) -> list[str]:
-    sfx = "f32" if dtype == "float32" else "f64"
-    w = rows.out
-    fl, fv = rows.first()
-    lines = [
-        *rows.head,
-        # the row max as an integer max over order-preserving keys, so the pass vectorizes; a
-        # NaN in the row still makes the whole row NaN through exp(v - m)
-        f"        mk = _key_{sfx}(np.{dtype}(-np.inf))",
-        rows.loop(),
-        *fl,
-        f"            mk = max(mk, _key_{sfx}({fv}))",
-        f"        m = _unkey_{sfx}(mk)",
-        # the sum of exp(v - m) in the compute dtype: its terms are in [0, 1] with one 1, so no
-        # cancellation, and with reassociation LLVM keeps many vector partial sums (float64
-        # accumulation costs a conversion per element: measured 17% of a 1024-wide softmax)
-        f"        s = np.{dtype}(0.0)",
-        rows.loop(),
-    ]
-    al, av = rows.again()
-    if op == "softmax":
-        fl, fv = finish("            ", f"{w} * inv")
-        lines += [
-            *al,
-            f"            e = {_exp(dtype, fast, f'{av} - m')}",
-            f"            {w} = e",
-            "            s = s + e",
-            f"        inv = np.{dtype}(1.0 / s)",
-            rows.loop(),
-            *fl,
-            f"            {w} = {fv}",
-        ]
-    else:
-        bl, bv = rows.again()
-        fl, fv = finish("            ", f"{bv} - ls")
-        lines += [
-            *al,
-            f"            s = s + {_exp(dtype, fast, f'{av} - m')}",
-            f"        ls = m + np.{dtype}({_log('float64', fast, 's')})",
-            rows.loop(),
-            *bl,
-            *fl,
-            f"            {w} = {fv}",
-        ]
-    return lines
+# elementwise ops whose result is never negative: a row sum of such terms cannot cancel, so
+# it accumulates in the compute dtype (with reassociation LLVM keeps many vector partial sums;
+# float64 accumulation costs a conversion per element: measured 17% of a 1024-wide softmax);
+# any other sum accumulates in float64
+_NONNEGATIVE = frozenset({"exp", "square", "abs", "sqrt", "relu", "sigmoid", "softplus", "step"})
+# a map costing at least this many FLOPs per element (an exp) that a later pass reads again is
+# stored in the output row when that is free; a cheaper one is recomputed (a second read of a
+# row in L1 is cheaper than a store of it)
+_STORE_FLOPS = 8
+
+
+def _flops(e) -> int:
+    if isinstance(e, tuple):
+        return ops.ELEMENTWISE[e[0]].flops + sum(_flops(a) for a in e[1:])
+    return 0
+
+
+def _never_negative(e, maps: dict) -> bool:
+    if isinstance(e, str) and e in maps:
+        return _never_negative(maps[e], maps)
+    return isinstance(e, tuple) and e[0] in _NONNEGATIVE
+
+
+def _refs(e, maps: dict) -> set[str]:
+    """The names an expression reads, through the maps it reads."""
+    if isinstance(e, str):
+        return {e} | (_refs(maps[e], maps) if e in maps else set())
+    if isinstance(e, tuple):
+        return set().union(*(_refs(a, maps) for a in e[1:]))
+    return set()
 
 
 def _program_rows(rows: _Rows, name: str, dtype, fast, consts, eps: float, finish) -> list[str]:
-    """A row op from its row program (``ops.ROW_PROGRAMS``) in the kernel's dtype: one pass
-    over the row per reduce (maps recomputed where they are used), then the write pass."""
+    """A row op from its row program (``ops.ROW_PROGRAMS``): one pass over the row per reduce
+    step, then the write pass, each re-reading the row (or its stored values).
+
+    Float row maxima run over order-preserving integer keys (an integer max vectorizes; a NaN
+    of either sign still makes the maximum NaN); sums of never-negative terms accumulate in
+    the compute dtype, others in float64; an expensive map read by several passes is stored in
+    the output row by the first (softmax's exp) once the row's input is read for the last time.
+    """
+    prog = ops.ROW_PROGRAMS[name]
+    names = _ProgramNames(dtype, fast, consts, f"(1.0 / {rows.k})", eps)
+    sfx = "f32" if dtype == "float32" else "f64"
     scal: dict[str, str] = {}
-    maps: dict[str, object] = {}
-
-    def expr(e, x: str | None) -> str:
-        if isinstance(e, str):
-            if e in scal:
-                return scal[e]
-            if e == "inv_n":
-                return f"np.{dtype}(1.0 / {rows.k})"
-            if e == "eps":
-                return consts(eps)
-            if x is None:
-                raise BackendError(f"row program {name}: {e!r} is not a scalar here")
-            return x if e == "x" else f"({expr(maps[e], x)})"
-        if isinstance(e, (int, float)):
-            return consts(float(e))
-        op, *args = e
-        return _op_expr(op, [expr(a, x) for a in args], consts, fast, dtype)
-
+    maps = {st.name: st.expr for st in prog if st.kind == "map"}
+    passes = [i for i, st in enumerate(prog) if st.kind in ("reduce", "write")]
+    reads = {i: _refs(prog[i].expr, maps) for i in passes}
+    # a map to store: read by several passes, expensive, and the row's input (which a computed
+    # program keeps in the output row, and which the output may alias) not read after the pass
+    # that first computes it; one at a time
+    stored: dict[str, int] = {}
+    for m, e in maps.items():
+        users = [i for i in passes if m in reads[i]]
+        if stored or len(users) < 2 or _flops(e) < _STORE_FLOPS:
+            continue
+        others = {k: v for k, v in maps.items() if k != m}  # reads of m itself come from out
+        if not any("x" in _refs(prog[i].expr, others) for i in passes if i > users[0]):
+            stored[m] = users[0]
     lines = [*rows.head]
     first = True
-    for st in ops.ROW_PROGRAMS[name]:
+    for i, st in enumerate(prog):
         if st.kind in ("reduce", "write"):
             vl, v = rows.first() if first else rows.again()
             first = False
+            pre, local = [], dict(scal)
+            for m, at in stored.items():
+                if at == i:  # computed here and stored for the later passes
+                    e = _program_expr(name, maps[m], v, scal, maps, names)
+                    pre += [f"            s_{m} = {e}", f"            {rows.out} = s_{m}"]
+                elif at < i:  # read back
+                    pre.append(f"            s_{m} = {rows.out}")
+                    vl = []  # the input is not read again
+                if at <= i:
+                    local[m] = f"s_{m}"
+            body = _program_expr(name, st.expr, v, local, maps, names)
         if st.kind == "reduce":
             acc = scal[st.name] = f"p_{st.name}"
+            comb = ops.REDUCTION_TABLE[st.combine].combine
+            if comb == "max" and dtype in _REAL:
+                # keys put a NaN of sign bit 0 above +inf and one of sign bit 1 below -inf:
+                # the row minimum of the keys catches the latter (an integer min vectorizes too,
+                # where a NaN test per element would cost ~10% of a softmax)
+                k, lo, kk = f"k_{st.name}", f"l_{st.name}", f"kk_{st.name}"
+                lines += [
+                    f"        {k} = _key_{sfx}(np.{dtype}(-np.inf))",
+                    f"        {lo} = {k}",
+                    rows.loop(),
+                    *vl,
+                    *pre,
+                    f"            {kk} = _key_{sfx}(np.{dtype}({body}))",
+                    f"            {k} = max({k}, {kk})",
+                    f"            {lo} = min({lo}, {kk})",
+                    f"        {acc} = _unkey_{sfx}({k}) if {lo} >= _key_{sfx}(np.{dtype}(-np.inf))"
+                    f" else np.{dtype}(np.nan)",
+                ]
+                continue
+            acc_t = dtype
+            if comb == "add" and not _never_negative(st.expr, maps):
+                acc_t = {"f": "float64", "c": "complex128"}.get(np.dtype(dtype).kind, dtype)
             lines += [
-                f"        {acc} = {_init(st.combine, dtype)}",
+                f"        {acc} = {_init(st.combine, acc_t)}",
                 rows.loop(),
                 *vl,
-                "            " + _combine(st.combine, acc, expr(st.expr, v)),
+                *pre,
+                "            " + _combine(st.combine, acc, body),
             ]
         elif st.kind == "let":
-            lines.append(f"        p_{st.name} = {expr(st.expr, None)}")
+            lines.append(
+                f"        p_{st.name} = {_program_expr(name, st.expr, None, scal, maps, names)}"
+            )
             scal[st.name] = f"p_{st.name}"
         elif st.kind == "map":
-            maps[st.name] = st.expr
+            continue
         elif st.kind == "write":
-            fl, fv = finish("            ", expr(st.expr, v))
-            lines += [rows.loop(), *vl, *fl, f"            {rows.out} = {fv}"]
+            fl, fv = finish("            ", f"np.{dtype}({body})")
+            lines += [rows.loop(), *vl, *pre, *fl, f"            {rows.out} = {fv}"]
         else:
             raise BackendError(f"row program {name}: a row op ends in a write, not {st.kind}")
     return lines
-
-
-def _layer_norm(rows: _Rows, dtype, eps: float, finish) -> list[str]:
-    """One row per (parallel) iteration: the program's values (stored in the output row when
-    they are computed) accumulate their float64 sum; a second pass sums squared deviations; a
-    third writes (v - mean) * rstd."""
-    k = rows.k
-    fl, fv = rows.first()
-    al, av = rows.again()
-    bl, bv = rows.again()
-    el, ev = finish("            ", f"np.{dtype}(({bv} - mu) * rstd)")
-    return [
-        *rows.head,
-        "        s = np.float64(0.0)",
-        rows.loop(),
-        *fl,
-        f"            s = s + {fv}",
-        f"        mu = s / {k}",
-        "        q = np.float64(0.0)",
-        rows.loop(),
-        *al,
-        f"            c = {av} - mu",
-        "            q = q + c * c",
-        f"        rstd = 1.0 / math.sqrt(q / {k} + {float(eps)!r})",
-        rows.loop(),
-        *bl,
-        *el,
-        f"            {rows.out} = {ev}",
-    ]
