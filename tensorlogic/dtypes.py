@@ -263,9 +263,9 @@ def _reduction_rule(op: str):
     def result(dtype: str) -> str:
         if op in ("max", "min") and kind(dtype) == "c":
             raise _NoLoop("complex numbers have no order")
-        if op == "logsumexp":
+        if not hasattr(np, op):  # a reduction only its row program computes: float like exp
             if kind(dtype) == "c":
-                raise _NoLoop("numpy has no logaddexp loop for complex")
+                raise _NoLoop("its row program needs a real dtype")
             return ufunc_result("exp", (dtype,))
         return _numpy_reduction(op, dtype)
 
@@ -283,7 +283,8 @@ def _numpy_reduction(op: str, dtype: str) -> str:
 
 def reduction_result(op: str, dtype: str, where: str = "") -> str:
     """Result dtype of a reduction, as numpy's ``np.<op>`` of an array of ``dtype`` (sum of int8
-    is int64, mean of ints is float64; logsumexp is float like ``exp``)."""
+    is int64, mean of ints is float64; a reduction without a numpy function, such as logsumexp,
+    is float like ``exp``)."""
     return _checked(op, _reduction_rule(op), (dtype,), where)
 
 

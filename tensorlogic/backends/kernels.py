@@ -20,7 +20,8 @@ import math
 import numpy as np
 
 from ..errors import BackendError
-from ..ir import ops, pairwise, sliced, spec as einspec
+from ..ir import infer, ops, pairwise, sliced, spec as einspec
+from ..ir.evaluate import empty_row_value
 from .base import PreparedKernel
 from .numpy.rows import RowKernel
 
@@ -112,17 +113,13 @@ def _arg(xp, a: list, k: int, shape: tuple, dtype: str):
     return a[k] if len(a) > k else xp.empty(shape, dtype)
 
 
-# what a reduction over zero elements gives, as numpy defines it (mean: nan, without numpy's
-# "Mean of empty slice" warning); max and min have none and are refused by shape inference
-EMPTY_REDUCTION = {"sum": 0.0, "mean": float("nan"), "prod": 1.0, "logsumexp": float("-inf")}
-
-
 def empty_reduction_kernel(op: str, shape: tuple, axes: tuple[int, ...]) -> PreparedKernel | None:
-    """A kernel filling ``out`` with the value of ``op`` over zero elements, when the reduced
-    axes of ``shape`` hold none; else None."""
-    if op not in EMPTY_REDUCTION or math.prod(int(shape[a]) for a in axes) != 0:
+    """A kernel filling ``out`` with the value of ``op`` over zero elements (its row program's
+    value there: sum 0, mean nan, logsumexp -inf), when the reduced axes of ``shape`` hold
+    none; else None. max and min have none and are refused by shape inference."""
+    if math.prod(int(shape[a]) for a in axes) != 0 or op in infer.NO_IDENTITY:
         return None
-    value = EMPTY_REDUCTION[op]
+    value = empty_row_value(op)
 
     def fill(a, out):
         out[...] = value

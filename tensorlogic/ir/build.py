@@ -284,6 +284,22 @@ class GraphBuilder:
             args["eps"] = infer.check_eps(args.get("eps", ops.LAYER_NORM_EPS), op)
         return Tensor(self, self.add_node(ops.ROWOP, op, [x.id], args, name=name))
 
+    def rowop(
+        self,
+        op: str,
+        x: "Tensor",
+        axis: int = -1,
+        eps: float | None = None,
+        name: str | None = None,
+    ) -> "Tensor":
+        """Any row op of the op table (``ops.ROW_OPS``) over one axis; ``eps`` for those whose
+        row program reads one (default ``ops.LAYER_NORM_EPS``)."""
+        if op not in ops.ROW_OPS:
+            raise GraphError(f"unknown row op {op!r}; expected one of {ops.ROW_OPS}")
+        if eps is not None and not ops.takes_eps(op):
+            raise GraphError(f"{op} takes no eps (got eps={eps!r})")
+        return self._rowop(op, x, axis, name, None if eps is None else {"eps": eps})
+
     def softmax(self, x: "Tensor", axis: int = -1, name: str | None = None) -> "Tensor":
         """Softmax over one axis."""
         return self._rowop("softmax", x, axis, name)

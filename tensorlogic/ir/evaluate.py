@@ -84,6 +84,30 @@ def row_program(name: str, x: np.ndarray, axes: tuple[int, ...], eps: float = 0.
     raise ValueError(f"row program {name!r} has no write or result step")
 
 
+def empty_row_value(name: str) -> float:
+    """A reduction's value over zero elements, from its row program: each reduce step gives
+    its combine's identity, and 1 / the row length is inf (sum 0, mean nan, logsumexp -inf)."""
+    env: dict[str, Any] = {"inv_n": np.float64(np.inf), "eps": np.float64(0.0)}
+
+    def value(e):
+        if isinstance(e, str):
+            return env[e]
+        if isinstance(e, (int, float)):
+            return np.float64(e)
+        op, *args = e
+        return _elementwise(op, [np.asarray(value(a)) for a in args], np.dtype(np.float64))
+
+    with np.errstate(all="ignore"):
+        for st in ops.ROW_PROGRAMS[name]:
+            if st.kind == "reduce":
+                env[st.name] = np.float64(ops.REDUCTION_TABLE[st.combine].identity)
+            elif st.kind == "let":
+                env[st.name] = value(st.expr)
+            elif st.kind == "result":
+                return float(value(st.expr))
+    raise ValueError(f"row program {name!r} has no result step")
+
+
 def _rowop(op: str, x: np.ndarray, axis: int, eps: float) -> np.ndarray:
     return row_program(op, x, (axis % max(x.ndim, 1),), eps)
 

@@ -31,8 +31,6 @@ from . import ops
 #   ("tail", 0)    in an epilogue only: the row op's result at this point
 Ref = tuple[str, Any]
 
-TAILS = ops.REDUCTIONS + ops.ROW_OPS
-
 
 @dataclass(frozen=True)
 class FusedOp:
@@ -120,8 +118,9 @@ class FusedBody:
             )
         _check_program(self.instrs, n_inputs, False, where, "instruction")
         _check_program(self.epilogue, n_inputs, True, where, "epilogue instruction")
-        if self.tail is not None and self.tail not in TAILS:
-            raise GraphError(f"{where}: unknown tail {self.tail!r}; expected one of {TAILS}")
+        tails = ops.REDUCTIONS + ops.ROW_OPS  # read at call time: the table is the source
+        if self.tail is not None and self.tail not in tails:
+            raise GraphError(f"{where}: unknown tail {self.tail!r}; expected one of {tails}")
         if ops.takes_eps(self.tail) and not (math.isfinite(self.eps) and self.eps >= 0):
             raise GraphError(f"{where}: {self.tail} eps must be finite and >= 0, got {self.eps!r}")
 

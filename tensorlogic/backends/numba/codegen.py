@@ -109,9 +109,6 @@ EXACT_OPS: dict[str, frozenset[str]] = {
         }
     ),
 }
-# the reductions ``render`` writes (every row op is rendered: three tuned, others from their
-# row programs)
-RENDERED_REDUCTIONS = (*ops.COMBINED_REDUCTIONS, "logsumexp")
 # reductions a generated kernel computes exactly for integer, bool and complex inputs
 EXACT_REDUCTIONS = frozenset({"sum", "prod", "max", "min", "mean"})
 _REAL = ("float32", "float64")
@@ -124,8 +121,8 @@ def _kind(dtype: str) -> str:
 
 def generates(instrs, tail, epilogue, dtype: str, in_dtypes: list[str]) -> bool:
     """Whether ``render`` makes an exact kernel for this program and these dtypes."""
-    if tail is not None and tail not in ops.ROW_OPS and tail not in RENDERED_REDUCTIONS:
-        return False  # a reduction without a numba rendering: numpy runs its row program
+    if tail is not None and tail not in ops.ROW_PROGRAMS:
+        return False  # an op without a row program: numpy runs it
     if dtype in _REAL and all(d in _REAL for d in in_dtypes):
         return True  # the float kernels (fast math and all)
     if epilogue or any(np.dtype(d).kind == "f" and d not in _REAL for d in (dtype, *in_dtypes)):
