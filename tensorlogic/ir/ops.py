@@ -11,6 +11,25 @@ FLOPs), and each reduction and row op is a short program of passes over a row
 Expressions are Python format strings over the operand names of the arity (``OPERANDS``: ``{x}``
 unary, ``{a}``/``{b}`` binary, ``{cond}``/``{a}``/``{b}`` for three operands); ``{T}`` is the C
 scalar type in CUDA C.
+
+Adding an op (tests/ir/test_op_table_extension.py does each of these on a copy of the table
+and runs the result, fused and unfused, on every backend):
+
+- an elementwise op: a row of ``ELEMENTWISE`` (numpy function, numba and CUDA C expressions,
+  FLOPs, alias safety), its ``DTYPE`` rule, its ``PTX`` sequence and its ``VJP`` partials; the
+  graph builds it with ``g.elementwise(name, *operands)``. Tests: its independent formula in
+  ``tensorlogic.testing.reference``.
+- a row op: its program in ``ROW_PROGRAMS`` (steps over one row, see ``RowStep``; ``eps`` in an
+  expression makes the op take an epsilon) and its FLOPs per element in ``ROW_OP_FLOPS``; the
+  graph builds it with ``g.rowop(name, x, axis)``. Every code generator renders the program:
+  numpy (``backends/numpy/rows.py``), numba (``backends/numba/codegen.py``), CUDA C and PTX.
+  Its independent reference goes in ``tensorlogic.testing.reference._rowop``; its gradient,
+  where it has one, is a rule of ``tensorlogic.autodiff``.
+- a reduction: a row of ``REDUCTION_TABLE`` (a combine and identity when one combine computes
+  it, else ``combine=None``) and its program in ``ROW_PROGRAMS`` (reduce steps, lets, and a
+  ``result``); ``g.reduce(name, x, axis)`` builds it, and its value over an empty axis comes
+  from the program (each reduce step's identity). Its reference goes in
+  ``tensorlogic.testing.reference._reduce``.
 """
 
 from __future__ import annotations

@@ -9,12 +9,16 @@ constants become module-level constants of the compute dtype, so float32 kernels
 Loop shapes:
 - elementwise, rank 1: blocks of ``BLOCK`` elements, ``prange`` over blocks;
 - elementwise, rank >= 2: ``prange`` over the flattened outer dims, a contiguous inner loop;
-- reduction with kept dims: ``prange`` over kept elements, loops over the reduced dims;
-- full reduction: per-block (or per-row) partials in parallel, combined serially;
-- row op: ``prange`` over rows; max, exp-and-sum, scale passes (the max over order-preserving
-  integer keys of the values, which vectorizes); with the axis last, through 1-d row views, and
-  a computed program is stored in ``out`` by the first pass while a plain input is re-read; an
-  epilogue program runs on each value in the last pass, before it is stored.
+- reduction with kept dims: ``prange`` over kept elements; per reduce step of the reduction's
+  row program (``ops.ROW_PROGRAMS``) a loop over the reduced dims;
+- full reduction: per reduce step, per-block (or per-row) partials in parallel, combined
+  serially;
+- row op: ``prange`` over rows; one pass per reduce step of its row program, then the write
+  pass (see ``_program_rows``: row maxima over order-preserving integer keys, which vectorize;
+  an expensive map stored in the output row for later passes); with the axis last, through
+  1-d row views, and a computed program is stored in ``out`` by the first pass while a plain
+  input is re-read; an epilogue program runs on each value in the last pass, before it is
+  stored.
 The serial variant is the same text with ``range`` and ``parallel=False``.
 
 The module text is also the disk-cache key, so it names everything the compiled object depends
