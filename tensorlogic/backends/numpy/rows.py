@@ -207,6 +207,29 @@ class _Schedule:
             self._release(t)
 
 
+def _straight_line(calls, n_slots: int, axes: tuple) -> Callable[..., None]:
+    """The calls as one Python function of the slots (``s0`` the input, ``s1`` the output,
+    then 1 / the row length, the epsilon and the buffers), with the functions and constants
+    bound as globals: a call costs its numpy calls and nothing more."""
+    env: dict[str, Any] = {"_axes": axes}
+    lines = [f"def run({', '.join(f's{j}' for j in range(n_slots))}):"]
+    for k, c in enumerate(calls):
+        env[f"_f{k}"] = c.fn
+        args = []
+        for j, (is_slot, v) in enumerate(c.args):
+            if is_slot:
+                args.append(f"s{v}")
+            else:
+                env[f"_c{k}_{j}"] = v
+                args.append(f"_c{k}_{j}")
+        if c.reduce:
+            lines.append(f"    _f{k}({args[0]}, axis=_axes, keepdims=True, out=s{c.dest})")
+        else:
+            lines.append(f"    _f{k}({', '.join(args)}, out=s{c.dest})")
+    exec(compile("\n".join(lines), "<row program>", "exec"), env)  # noqa: S102
+    return env["run"]
+
+
 def _copy(src, out):
     out[...] = src
     return out
@@ -239,20 +262,7 @@ class RowKernel:
         self._full_slots = sorted(sched.full_slot - {_X, _OUT})
         self.row_op = name in ops.ROW_OPS
         self._shapes: dict[tuple, tuple] = {}  # x's shape -> (kept shape, 1 / row length, scratch)
-        # the calls as (function, operand slots, destination slot, is a reduction), constants
-        # in slots after the buffers
-        first_const = _FIRST_BUF + self.n_full + self.n_row
-        self._consts: list[Any] = []
-        prog = []
-        for c in self.calls:
-            idx = []
-            for is_slot, v in c.args:
-                if not is_slot:
-                    self._consts.append(v)
-                    v = first_const + len(self._consts) - 1
-                idx.append(v)
-            prog.append((c.fn, tuple(idx), c.dest, c.reduce))
-        self._prog = tuple(prog)
+        self._run = _straight_line(self.calls, _FIRST_BUF + self.n_full + self.n_row, self.axes)
 
     def _kd(self, shape: tuple) -> tuple:
         red = {a % len(shape) for a in self.axes}
@@ -296,13 +306,7 @@ class RowKernel:
                 slots.append(
                     b if b.shape == want else b.reshape(-1)[: math.prod(want)].reshape(want)
                 )
-        slots += self._consts
-        axes = self.axes
-        for fn, idx, dest, red in self._prog:
-            if red:
-                fn(slots[idx[0]], axis=axes, keepdims=True, out=slots[dest])
-            else:
-                fn(*[slots[i] for i in idx], out=slots[dest])
+        self._run(*slots)
         if target is not out:
             out[...] = target.reshape(out.shape)
         return out
