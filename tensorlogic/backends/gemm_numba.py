@@ -193,9 +193,10 @@ def _offsets(batch: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
 
 def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray, blocks: np.ndarray) -> np.ndarray:
     """``out = A @ B`` over the given blocks (``grid``): A (*batch, m, k), B (*batch, k, n),
-    ``out`` (*batch, m, n) C-contiguous, one batch shape for all three (or none), float32 or
-    float64 alike. Batch axes may have any strides (views of heads inside a sequence layout);
-    an operand BLAS cannot read as it is (no unit stride in its matrix dims) is copied first."""
+    ``out`` (*batch, m, n) C-contiguous, A's and B's batch axes each of ``out``'s size or 1
+    (broadcast), float32 or float64 alike. Batch axes may have any strides (views of heads
+    inside a sequence layout); an operand BLAS cannot read as it is (no unit stride in its
+    matrix dims) is copied first."""
     split = _kernel(out.dtype.name)
     la = _blas_layout(A)
     if la is None:
