@@ -2,8 +2,9 @@
 
 Pipelines (each repeated to a fixpoint): O0 runs nothing; O1 runs dce, cse, fold, simplify;
 O2 and O3 add layernorm (hand-written layer normalization to one row op), attention (written-out
-attention to one attention node), merge (einsum merging, scalar pulling), contraction (path
-planning) and fusion.
+attention to one attention node), merge (einsum merging, scalar pulling), product_sum
+(einsums without data reuse to elementwise products and a sum), contraction (path planning)
+and fusion.
 """
 
 from .base import (
@@ -24,6 +25,7 @@ from .simplify import simplify
 from .layernorm import layernorm
 from .attention import attention  # before merge and fusion, which would split the pattern
 from .merge import merge
+from .product_sum import product_sum  # after merge, which builds these einsums
 from .contraction import contraction
 from .fusion import fusion, is_legal_group
 
@@ -43,6 +45,7 @@ __all__ = [
     "layernorm",
     "merge",
     "optimize",
+    "product_sum",
     "register_pass",
     "simplify",
 ]

@@ -21,6 +21,7 @@ def test_pipelines_per_level():
         "layernorm",
         "attention",
         "merge",
+        "product_sum",
         "contraction",
         "fusion",
     ]
