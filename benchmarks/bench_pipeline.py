@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 import tensorlogic as tl
-from tensorlogic.pipeline.lanetrace import trace_lanes
+from tensorlogic.pipeline import trace_lanes
 
 from _common import cores_look_free, machine, table, write_results
 

@@ -12,7 +12,7 @@ from pipeline_models import mlp_graph
 import tensorlogic as tl
 from tensorlogic.pipeline import devices as tl_devices
 from tensorlogic.pipeline import schedule as tl_schedule
-from tensorlogic.pipeline.lanetrace import trace_lanes
+from tensorlogic.pipeline import trace_lanes
 
 register()
 
