@@ -32,7 +32,8 @@ from .staging import Staged, check_batch
 # batches a lane has in flight: one computing, the others staged or being copied out. With 2,
 # a lane stages batch k+1 only after batch k-1 has landed, so a hiccup in the host copies
 # (page faults in the caller's fresh output arrays) leaves the device idle; a third batch of
-# slack absorbs it (bench_pipeline.py --multi-gpu: two H100s 1.88x one, against 1.70x with 2)
+# slack absorbs it (bench_pipeline.py on two H100s: same median, slowest of 7 runs 100 ms
+# with 3 against 147 ms with 2; RESULTS.md)
 DEPTH = 3
 _STOP = object()
 
