@@ -2,7 +2,8 @@
 
 Pipelines (each repeated to a fixpoint): O0 runs nothing; O1 runs dce, cse, fold, simplify;
 O2 and O3 add layernorm (hand-written layer normalization to one row op), attention (written-out
-attention to one attention node), merge (einsum merging, scalar pulling), contraction (path
+attention to one attention node), merge (einsum merging, scalar pulling), attention_layout (the
+memory layout of attention operands, where the backend reads strided ones), contraction (path
 planning) and fusion.
 """
 
@@ -24,6 +25,7 @@ from .simplify import simplify
 from .layernorm import layernorm
 from .attention import attention  # before merge and fusion, which would split the pattern
 from .merge import merge
+from .attention_layout import attention_layout  # after merge: the einsums around it are final
 from .contraction import contraction
 from .fusion import fusion, is_legal_group
 
@@ -34,6 +36,7 @@ __all__ = [
     "PassManager",
     "PassResult",
     "attention",
+    "attention_layout",
     "contraction",
     "cse",
     "dce",

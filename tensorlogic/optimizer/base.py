@@ -75,7 +75,18 @@ class OptimizerReport:
 # rewrites hand-written layer norms and written-out attention (before merge and fusion, which
 # would take the pattern apart), merges einsum chains and plans their contraction order before
 # fusion groups what is left into kernels. O3 is O2 until a pass needs autotuning.
-_O2 = ["dce", "cse", "fold", "simplify", "layernorm", "attention", "merge", "contraction", "fusion"]
+_O2 = [
+    "dce",
+    "cse",
+    "fold",
+    "simplify",
+    "layernorm",
+    "attention",
+    "merge",
+    "attention_layout",
+    "contraction",
+    "fusion",
+]
 PIPELINES: dict[int, list[str]] = {
     0: [],
     1: ["dce", "cse", "fold", "simplify"],

@@ -21,6 +21,7 @@ def test_pipelines_per_level():
         "layernorm",
         "attention",
         "merge",
+        "attention_layout",
         "contraction",
         "fusion",
     ]
