@@ -277,3 +277,34 @@ def test_block_projections_feed_the_kernel_without_copies(hd, causal, rng):
         rtol=3e-2,
         atol=3e-2,
     )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_heads_first_spelling_with_a_mask_runs_in_another_batch_order(dtype, rng):
+    # (h, b, s, e) tensors: the attention takes its batch axes as (b, h), the projections
+    # write (b, s, h, e) and the (h, b, q, k) mask is transposed to the new order
+    b, s, h, hd = 2, 130, 4, 64
+    dm = h * hd
+    g = tl.EinsumGraph()
+    x = g.input("x", (b, s, dm), dtype)
+    ws = [
+        g.constant((rng.standard_normal((hd, dm, h)) * dm**-0.5).astype(np.float32), dtype=dtype)
+        for _ in range(4)
+    ]
+    q, k, v = (g.einsum("bsd,edh->hbse", x, w) for w in ws[:3])
+    sc = g.einsum("hbqe,hbke->hbqk", q, k) * hd**-0.5 + g.input("m", (h, b, s, s), dtype)
+    o = g.einsum("hbqk,hbke->hbqe", g.softmax(sc, axis=-1), v)
+    g.output(g.einsum("hbqe,edh->bqd", o, ws[3]), "y")
+    ins = {
+        "x": rng.standard_normal((b, s, dm)).astype(dtype),
+        "m": rng.standard_normal((h, b, s, s)).astype(dtype),
+    }
+    ref = np.asarray(tl.compile(g, backend="numpy", opt_level=0, cache=False)(**ins)["y"])
+    plan = tl.compile(g, backend="cupy", cache=False)
+    (att,) = [n for n in plan.optimized_graph if n.kind == "attention"]
+    assert tuple(att.shape) == (b, s, h, hd)
+    step = next(st for st in plan.steps if st.kind == "attention")
+    assert "tensor-core mma" in step.info
+    for _ in range(2):  # the second call replays the captured graph
+        got = to_numpy(plan(**ins)["y"]).astype(np.float64)
+        np.testing.assert_allclose(got, ref.astype(np.float64), rtol=3e-2, atol=3e-2)
