@@ -85,6 +85,7 @@ _O2 = [
     "attention",
     "merge",
     "product_sum",
+    "attention_layout",
     "contraction",
     "fusion",
 ]

@@ -22,6 +22,7 @@ def test_pipelines_per_level():
         "attention",
         "merge",
         "product_sum",
+        "attention_layout",
         "contraction",
         "fusion",
     ]
