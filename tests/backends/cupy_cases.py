@@ -28,10 +28,13 @@ BIAS_GELU = S.Program(
 )
 
 
-def contiguous_spec(prog: S.Program, dtype: str, shapes, in_dtypes=None) -> S.KernelSpec:
-    """A spec over C-contiguous inputs."""
+def contiguous_spec(
+    prog: S.Program, dtype: str, shapes, in_dtypes=None, compute: str = ""
+) -> S.KernelSpec:
+    """A spec over C-contiguous inputs (``compute``: see ``spec.make_spec``)."""
     in_dtypes = in_dtypes or [dtype] * len(shapes)
-    return S.make_spec(prog, dtype, shapes, in_dtypes, [S.contiguous_strides(s) for s in shapes])
+    strides = [S.contiguous_strides(s) for s in shapes]
+    return S.make_spec(prog, dtype, shapes, in_dtypes, strides, compute)
 
 
 def op_program(op: str, space) -> S.Program:
@@ -219,8 +222,13 @@ def dtype_cases():
                 continue
             out, ins = typed
             prog = op_program(op, (1000, 37))
+            # a comparison computes in its operands' dtype (routing.compute_dtype)
+            compute = dtypes.promote(*ins) if op in ops.COMPARISONS else ""
             cases.append(
-                (f"ew_{op}_{dt}", contiguous_spec(prog, out, [(1000, 37)] * row.arity, ins))
+                (
+                    f"ew_{op}_{dt}",
+                    contiguous_spec(prog, out, [(1000, 37)] * row.arity, ins, compute),
+                )
             )
         for tail in ops.REDUCTIONS + ops.ROW_OPS:
             try:
