@@ -52,9 +52,10 @@ DEFAULT_MAX_ITERATIONS = 100_000
 ROUNDS = ("auto", "dense", "sparse")
 REPRESENTATIONS = ("auto", "dense", "sparse")
 #: under representation="auto" on the host, a Boolean recursive stratum whose relations have at
-#: most this many dense cells switches from sparse to dense (BLAS) rounds once a round touches
-#: more binding rows than that: measured in bench_datalog.py, sparse rounds win on trees and
-#: sparse graphs, dense ones on closures of well-connected graphs (out-degree 8)
+#: most this many dense cells switches from sparse to dense (BLAS) rounds before a round would
+#: touch more binding rows than that (the last round's rows per delta tuple times the new
+#: tuples): measured in bench_datalog.py, sparse rounds win on trees and sparse graphs, dense
+#: ones on closures of well-connected graphs (out-degree 8)
 DENSE_CELLS = 1 << 22
 
 
