@@ -2,7 +2,8 @@
 
 Statements:
 
-* ``head :- body.`` and ``fact.`` -- Datalog. A bare identifier is a variable whatever its case,
+* ``head :- body.`` and ``fact.`` -- Datalog (``head :- a; b.`` is the two rules
+  ``head :- a.`` and ``head :- b.``). A bare identifier is a variable whatever its case,
   ``_`` is an anonymous variable, constants are quoted strings or numbers, ``not atom`` (or
   ``!atom``, or Prolog's ``\\+ atom``) is negation, ``X != Y`` etc. are comparisons.
 * ``?- atom.`` -- a query, recorded in ``ProgramAST.queries`` (evaluation computes every
@@ -164,9 +165,12 @@ class _Parser:
         self._continue_if(":-", ".")
         if self.tok.kind == ":-":
             self.next()
-            body = self.body()
+            bodies = [self.body()]
+            while self.tok.kind == ";":  # a disjunction: one rule per alternative (Souffle)
+                self.next()
+                bodies.append(self.body())
             self.expect(".", "'.' at the end of the rule")
-            ast.rules.append(Rule(head, tuple(body), head.pos))
+            ast.rules.extend(Rule(head, tuple(body), head.pos) for body in bodies)
             return
         if self.tok.kind == ".":
             self.next()

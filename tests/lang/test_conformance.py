@@ -389,6 +389,14 @@ SOUFFLE_FORMS = {
         """,
         GRAPH,
     ),
+    "disjunction": (
+        """
+        either(X) :- b(X); c(X).
+        some(X) :- b(X), X > 0; c(X), X < 5; b(X), c(X).
+        reach(X) :- start(X); reach(Y), e(Y, X).
+        """,
+        {**GRAPH, "b": [(1,), (-1,)], "c": [(2,), (9,)], "start": [(5,)]},
+    ),
     "recursion_guarded_by_lower_negation": (
         """
         blocked(4).
@@ -427,6 +435,9 @@ def test_souffle_forms_expected_models():
     got = evaluate(*SOUFFLE_FORMS["ground_rules_and_bodies"])
     assert got["p"] == {(1,)} and got["yes"] == {()} and got["no"] == set()
     assert got["two"] == {(1, 2)}
+    got = evaluate(*SOUFFLE_FORMS["disjunction"])
+    assert got["either"] == {(1,), (-1,), (2,), (9,)} and got["some"] == {(1,), (2,)}
+    assert got["reach"] == {(5,), (6,)}
     got = evaluate(*SOUFFLE_FORMS["recursion_guarded_by_lower_negation"])
     assert got["reach"] == {(1,), (2,), (3,)} and (4,) in got["stuck"]
 
