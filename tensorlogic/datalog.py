@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from .errors import ProgramError
-from .lang.facts import normalize_facts
+from .lang.facts import normalize_facts, with_declared
 from .lang.fixpoint import (
     DEFAULT_MAX_ITERATIONS,
     DEFAULT_MEMORY_BUDGET,
@@ -24,7 +24,7 @@ from .lang.fixpoint import (
     decode_all,
     evaluate_rules,
 )
-from .lang.parser import parse_rules
+from .lang.parser import parse_datalog
 from .lang.relation import Relation
 
 
@@ -88,7 +88,7 @@ def evaluate(
             ``cyclic_negation``, ``invalid_fact``, ``max_iterations``, ``memory_budget`` or
             ``invalid_option``.
     """
-    parsed = parse_rules(_rules_text(rules))
+    parsed, declared = parse_datalog(_rules_text(rules))
     opts = Options(
         backend=backend,
         semantics=semantics,
@@ -97,7 +97,9 @@ def evaluate(
         rounds=rounds,
         representation=representation,
     )
-    an, rels, _ = evaluate_rules(parsed, normalize_facts(facts), opts)
+    tables = normalize_facts(facts)
+    with_declared(tables, declared)
+    an, rels, _ = evaluate_rules(parsed, tables, opts)
     if as_relations:
         return Relations(rels)
     return decode_all(an, rels)

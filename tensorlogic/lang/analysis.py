@@ -87,11 +87,14 @@ def check_arities(rules: list[Rule], facts: Mapping[str, Any]) -> dict[str, int]
         if table.arity < 0:
             continue
         if pred in arity and arity[pred] != table.arity:
-            row = tuple(c[0] for c in table.cols) if table.n else ()
+            what = (
+                f"fact {tuple(c[0] for c in table.cols)!r} of {pred!r} has"
+                if table.n
+                else f"{pred!r} is declared with"
+            )
             raise program_error(
                 "arity_mismatch",
-                f"fact {row!r} of {pred!r} has {table.arity} argument(s) but "
-                f"{origin[pred]} has {arity[pred]}",
+                f"{what} {table.arity} argument(s) but {origin[pred]} has {arity[pred]}",
             )
         if pred not in arity:
             arity[pred] = table.arity

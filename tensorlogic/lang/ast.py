@@ -207,3 +207,5 @@ class ProgramAST:
     equations: list[Equation] = field(default_factory=list)
     declarations: list[Declaration] = field(default_factory=list)
     queries: list[Atom] = field(default_factory=list)  # ``?- atom.`` lines, in order
+    #: relations declared with Souffle's ``.decl name(attr: type, ...)``: name -> arity
+    relations: dict[str, int] = field(default_factory=dict)

@@ -204,3 +204,18 @@ def normalize_facts(facts: Mapping[str, Iterable] | None) -> dict[str, FactTable
             raise program_error("invalid_fact", f"predicate name {pred!r} must be a non-empty str")
         out[pred] = table_of(pred, rows)
     return out
+
+
+def with_declared(tables: dict[str, FactTable], relations: Mapping[str, int]) -> None:
+    """Give each ``.decl`` relation its arity: an empty table where no facts are given (so it
+    exists, with that arity, even when nothing derives it); given facts must agree."""
+    for pred, arity in relations.items():
+        t = tables.get(pred)
+        if t is None or t.arity < 0:
+            tables[pred] = FactTable(arity, 0, [np.zeros(0, np.int64) for _ in range(arity)])
+        elif t.arity != arity:
+            row = tuple(c[0] for c in t.cols) if t.n else ()
+            raise program_error(
+                "arity_mismatch",
+                f"fact {row!r} of {pred!r} has {t.arity} argument(s) but its .decl has {arity}",
+            )

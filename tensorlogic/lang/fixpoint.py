@@ -52,9 +52,10 @@ DEFAULT_MAX_ITERATIONS = 100_000
 ROUNDS = ("auto", "dense", "sparse")
 REPRESENTATIONS = ("auto", "dense", "sparse")
 #: under representation="auto" on the host, a Boolean recursive stratum whose relations have at
-#: most this many dense cells switches from sparse to dense (BLAS) rounds once a round touches
-#: more binding rows than that: measured in bench_datalog.py, sparse rounds win on trees and
-#: sparse graphs, dense ones on closures of well-connected graphs (out-degree 8)
+#: most this many dense cells switches from sparse to dense (BLAS) rounds before a round would
+#: touch more binding rows than that (the last round's rows per delta tuple times the new
+#: tuples): measured in bench_datalog.py, sparse rounds win on trees and sparse graphs, dense
+#: ones on closures of well-connected graphs (out-degree 8)
 DENSE_CELLS = 1 << 22
 
 
@@ -464,7 +465,9 @@ class Evaluator:
         known = {p: Known(start[p], bits, self.opts.memory_budget) for p in st.preds}
         delta = dict(start)
         cells = self._dense_cells(st)
+        costs = _RoundCosts(self.opts.flops_per_candidate)
         for it in range(1, self.opts.max_iterations + 1):
+            t0 = time.perf_counter()
             parts: dict[str, list] = {p: [] for p in st.preds}
             for v in variants:
 
@@ -484,11 +487,16 @@ class Evaluator:
                 self.iterations[st.preds] = it
                 self.round_kinds[st.preds] = "S" * it
                 return {p: known[p].whole() for p in st.preds}
-            delta = new
             rows = sum(part[1] for ps in parts.values() for part in ps)
-            if cells is not None and rows > cells and self._go_dense(st, known, new):
-                # a round touched more rows than the dense relations have cells: BLAS rounds
-                # are cheaper from here (dense closures of well-connected graphs)
+            costs.sparse(time.perf_counter() - t0, rows)
+            # candidate rows per delta tuple, so the next round's rows are about the new
+            # tuples times this (a closure's rounds grow by its out-degree)
+            rate = rows / max(sum(d.n for d in delta.values()), 1)
+            delta = new
+            ahead = rate * sum(d.n for d in new.values())
+            if cells is not None and ahead > cells and self._go_dense(st, known, new, rate, costs):
+                # the next round would touch more rows than the dense relations have cells:
+                # BLAS rounds are cheaper from here (closures of well-connected graphs)
                 self.round_kinds[st.preds] = "S" * it + self.round_kinds[st.preds]
                 return {p: self.env[p] for p in st.preds}
         self._too_many(st)
@@ -511,7 +519,9 @@ class Evaluator:
         ]
         return np.sort(np.ravel_multi_index(idx, self.an.shape(pred)))
 
-    def _go_dense(self, st: Stratum, known: dict, delta: dict) -> bool:
+    def _go_dense(
+        self, st: Stratum, known: dict, delta: dict, rate: float, costs: _RoundCosts
+    ) -> bool:
         """Finish a recursive stratum with dense rounds from what is known; False (nothing
         changed) if its dense joins would not fit the memory budget."""
         saved = {p: self.env.get(p) for p in self._touched(st)}
@@ -521,7 +531,7 @@ class Evaluator:
                 self.env[p] = known[p].whole()
             for p in self._touched(st):
                 self._dense(p)
-            self._fixpoint(st, {p: self._flat(p, d) for p, d in delta.items()})
+            self._fixpoint(st, {p: self._flat(p, d) for p, d in delta.items()}, (rate, costs))
         except ProgramError as exc:
             if exc.code != "memory_budget":
                 raise
@@ -566,7 +576,12 @@ class Evaluator:
         for pred in (p for st in strata for p in st.preds):
             self.env[pred] = res["O_" + self.ids[pred]]
 
-    def _fixpoint(self, st: Stratum, delta: dict[str, np.ndarray] | None = None) -> None:
+    def _fixpoint(
+        self,
+        st: Stratum,
+        delta: dict[str, np.ndarray] | None = None,
+        sparse_rounds: tuple[float, _RoundCosts] | None = None,
+    ) -> None:
         boolean = self.opts.semantics == "boolean"
         g = EinsumGraph()
         b = self._builder(g)
@@ -637,7 +652,7 @@ class Evaluator:
             )
         fixed = {"L_" + self.ids[p]: self.env[p] for p in lower}
         if boolean and all(isinstance(self.env[p], np.ndarray) for p in st.preds):
-            self._boolean_rounds(st, plan, fixed, delta)
+            self._boolean_rounds(st, plan, fixed, delta, sparse_rounds)
             return
         for it in range(1, self.opts.max_iterations + 1):
             res = plan({**state, **fixed})
@@ -659,13 +674,19 @@ class Evaluator:
         )
 
     def _boolean_rounds(
-        self, st: Stratum, plan, fixed: dict[str, Any], delta: dict[str, np.ndarray] | None = None
+        self,
+        st: Stratum,
+        plan,
+        fixed: dict[str, Any],
+        delta: dict[str, np.ndarray] | None = None,
+        sparse_rounds: tuple[float, _RoundCosts] | None = None,
     ) -> None:
         """Semi-naive rounds on the host, each one dense (the compiled step) or sparse.
 
         The relations stay dense numpy arrays; the delta is either dense (after a dense round)
         or a sorted array of flat indices (after a sparse round), converted when the next
-        round is of the other kind.
+        round is of the other kind. ``sparse_rounds`` (taking over from sparse rounds: the
+        last one's candidate rows per delta tuple, and their measured costs) seeds the choice.
         """
         mode = self.opts.rounds
         ids = self.ids
@@ -681,6 +702,8 @@ class Evaluator:
         flops = max(plan.concrete.flops, 1)
         cost = _RoundCosts(self.opts.flops_per_candidate)
         rate = 1.0  # candidate rows per delta tuple, as last measured
+        if sparse_rounds is not None:
+            rate, cost = sparse_rounds
         kinds = []
         # a candidate row holds about a dozen 8-byte index entries at the peak of a round
         cap = self.opts.memory_budget / 128

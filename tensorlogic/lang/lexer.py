@@ -50,7 +50,8 @@ _PUNCT = (
     ":",
     ";",
 )
-_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
+#: decimal integers and floats; hexadecimal (0x1F) and binary (0b101) integers, as in Souffle
+_NUMBER = re.compile(r"0[xX][0-9a-fA-F]+\b|0[bB][01]+\b|\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*'*")
 _ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "0": "\0"}
 
@@ -127,7 +128,10 @@ def tokenize(text: str) -> list[Token]:
         m = _NUMBER.match(text, i)
         if m:
             s = m.group()
-            value: object = float(s) if any(c in s for c in ".eE") else int(s)
+            if s[:2] in ("0x", "0X", "0b", "0B"):
+                value: object = int(s, 0)
+            else:
+                value = float(s) if any(c in s for c in ".eE") else int(s)
             if isinstance(value, int) and value >= 1 << 63:
                 raise parse_error(f"integer {s} does not fit in 64 bits", pos)
             tokens.append(Token("NUMBER", s, value, pos))

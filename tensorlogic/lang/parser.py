@@ -2,7 +2,8 @@
 
 Statements:
 
-* ``head :- body.`` and ``fact.`` -- Datalog. A bare identifier is a variable whatever its case,
+* ``head :- body.`` and ``fact.`` -- Datalog (``head :- a; b.`` is the two rules
+  ``head :- a.`` and ``head :- b.``). A bare identifier is a variable whatever its case,
   ``_`` is an anonymous variable, constants are quoted strings or numbers, ``not atom`` (or
   ``!atom``, or Prolog's ``\\+ atom``) is negation, ``X != Y`` etc. are comparisons.
 * ``?- atom.`` -- a query, recorded in ``ProgramAST.queries`` (evaluation computes every
@@ -12,6 +13,10 @@ Statements:
   and the right side is a sum of products of relations only, the equation is a set of Datalog
   rules (``Ancestor(x,z) = Ancestor(x,y) Parent(y,z)``).
 * ``W: float32[4, n]`` -- a tensor given as data, its dtype and shape (ints or symbol names).
+* Souffle's directives, one per line: ``.decl name(attr: type, ...)`` declares a relation and
+  its arity (it exists, empty, even when nothing derives it); ``.input``, ``.output``,
+  ``.printsize``, ``.type``, ``.symbol_type``, ``.number_type`` and ``.pragma`` are accepted and
+  change nothing (facts come from the ``facts`` argument; every relation is returned).
 """
 
 from __future__ import annotations
@@ -141,6 +146,9 @@ class _Parser:
             if self.tok.kind not in ("NEWLINE", "EOF"):
                 raise self.error("expected the end of the query")
             return
+        if start.kind == "." and self.peek().kind == "IDENT":
+            self.directive(ast)
+            return
         if start.kind != "IDENT":
             raise self.error("expected a statement (a rule, fact, equation or declaration)")
         nxt = self.peek()
@@ -157,9 +165,12 @@ class _Parser:
         self._continue_if(":-", ".")
         if self.tok.kind == ":-":
             self.next()
-            body = self.body()
+            bodies = [self.body()]
+            while self.tok.kind == ";":  # a disjunction: one rule per alternative (Souffle)
+                self.next()
+                bodies.append(self.body())
             self.expect(".", "'.' at the end of the rule")
-            ast.rules.append(Rule(head, tuple(body), head.pos))
+            ast.rules.extend(Rule(head, tuple(body), head.pos) for body in bodies)
             return
         if self.tok.kind == ".":
             self.next()
@@ -284,6 +295,50 @@ class _Parser:
         self.next()
         right = self.term()
         return Comparison(_CMP_TOKENS[op.kind], left, right, op.pos)
+
+    # ------------------------------------------------------------------ Souffle directives
+    def directive(self, ast: ProgramAST) -> None:
+        self.next()  # the dot
+        name = self.next()
+        if name.text == "decl":
+            rel = self.expect("IDENT", "a relation name")
+            self.expect("(", "'(' and the relation's attributes")
+            arity = 0
+            while self.tok.kind != ")":
+                if arity:
+                    self.expect(",", "',' or ')' in the attribute list")
+                self.expect("IDENT", "an attribute name")
+                self.expect(":", "':' and the attribute's type")
+                self.expect("IDENT", "a type name")
+                arity += 1
+            self.next()
+            while self.tok.kind == "IDENT":  # qualifiers: btree, brie, inline, ...
+                q = self.next()
+                if q.text == "eqrel":
+                    raise parse_error(
+                        "the eqrel qualifier (an equivalence relation) is not supported; "
+                        "write its reflexive, symmetric and transitive rules instead",
+                        q.pos,
+                    )
+            if rel.text in ast.relations:
+                raise parse_error(f"relation {rel.text!r} is declared twice", rel.pos)
+            ast.relations[rel.text] = arity
+        elif name.text in ("input", "output", "printsize", "limitsize"):
+            depth = 0  # names, and any (key=value, ...) parameters: nothing to do with them
+            while self.tok.kind not in ("NEWLINE", "EOF") and (depth or self.tok.kind != "."):
+                depth += {"(": 1, ")": -1}.get(self.tok.kind, 0)
+                self.next()
+        elif name.text in ("type", "symbol_type", "number_type", "pragma"):
+            while self.tok.kind not in ("NEWLINE", "EOF"):
+                self.next()
+        else:
+            raise parse_error(
+                f"unsupported directive .{name.text}; expected .decl, .input, .output, "
+                ".printsize, .type or .pragma",
+                name.pos,
+            )
+        if self.tok.kind not in ("NEWLINE", "EOF"):
+            raise self.error(f"expected the end of the .{name.text} directive (a new line)")
 
     # ------------------------------------------------------------------ declarations
     def declaration(self) -> Declaration:
@@ -463,13 +518,19 @@ def parse_ast(text: str) -> ProgramAST:
     return _Parser(text).program()
 
 
-def parse_rules(text: str) -> list[Rule]:
-    """Parse Datalog-only text; tensor equations or declarations are a parse error."""
+def parse_datalog(text: str) -> tuple[list[Rule], dict[str, int]]:
+    """Parse Datalog-only text: its rules and its ``.decl`` relations (name -> arity); tensor
+    equations or declarations are a parse error."""
     ast = parse_ast(text)
     if ast.equations or ast.declarations:
         pos = (ast.equations or ast.declarations)[0].pos
         raise parse_error("expected Datalog rules and facts only, not tensor equations", pos)
-    return ast.rules
+    return ast.rules, ast.relations
 
 
-__all__ = ["FUNCTIONS", "parse_ast", "parse_rules"]
+def parse_rules(text: str) -> list[Rule]:
+    """Parse Datalog-only text to its rules (see ``parse_datalog`` for declarations too)."""
+    return parse_datalog(text)[0]
+
+
+__all__ = ["FUNCTIONS", "parse_ast", "parse_datalog", "parse_rules"]

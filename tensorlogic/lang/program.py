@@ -20,7 +20,7 @@ from ..ir.graph import EinsumGraph
 from .analysis import program_error
 from .ast import ProgramAST, Rule
 from .equations import build_equations, refs_of
-from .facts import normalize_facts
+from .facts import normalize_facts, with_declared
 from .fixpoint import Analysis, Options, decode_all, evaluate_rules
 from .parser import parse_ast
 from .relation import Relation
@@ -89,6 +89,12 @@ class Program:
         )
 
     # ------------------------------------------------------------------ running
+    def _fact_tables(self, given: dict) -> dict:
+        """The facts as tables, with the program's ``.decl`` relations declared."""
+        tables = normalize_facts(given)
+        with_declared(tables, self.ast.relations)
+        return tables
+
     def run(
         self,
         backend: str = "auto",
@@ -132,7 +138,7 @@ class Program:
                     f"facts of {name!r} given twice: by keyword and in facts=", code="invalid_fact"
                 )
             given[name] = data.pop(name)
-        an, rels, _ = evaluate_rules(self.ast.rules, normalize_facts(given), opts)
+        an, rels, _ = evaluate_rules(self.ast.rules, self._fact_tables(given), opts)
         out: dict[str, Any] = {}
         dense: dict[str, np.ndarray] = {}
         for name, r in rels.items():
@@ -272,7 +278,7 @@ class Program:
             )
         start = self._initial_params(params, dict(init or {}), seed)
         opts = Options(backend=backend, semantics=semantics, opt_level=opt_level)
-        an, rels, _ = evaluate_rules(self.ast.rules, normalize_facts(dict(facts or {})), opts)
+        an, rels, _ = evaluate_rules(self.ast.rules, self._fact_tables(dict(facts or {})), opts)
         dense = {name: r.to_dense() for name, r in rels.items()}
         g, outs, arrays, names = self._equation_graph(dense, batches[0], start)
         node = outs[loss].node

@@ -7,7 +7,6 @@ gather, so a ten-million-tuple result costs no Python object until it is iterate
 
 from __future__ import annotations
 
-import gc
 import math
 from collections.abc import Iterator
 
@@ -124,16 +123,10 @@ class Relation:
         """Every tuple as a Python set."""
         if self.arity == 0:
             return set(iter(self))
-        lists = self._lists()
-        # tuples of constants form no reference cycles: a collection pass during the build
-        # would only walk the growing set again and again
-        paused = gc.isenabled()
-        gc.disable()
-        try:
-            return set(zip(*lists))
-        finally:
-            if paused:
-                gc.enable()
+        # the collector stays on: its young-generation passes untrack each batch of new
+        # tuples of constants as the set grows, while a pause would leave all of them to one
+        # long pass over the whole set afterwards
+        return set(zip(*self._lists()))
 
     def to_pandas(self):
         """A pandas DataFrame, one column per argument (``weight`` added when weighted)."""

@@ -25,6 +25,9 @@ from .symbols import search, sorted_unique
 KEY_BITS = 62
 #: a join index over at most this many key values is a table of row starts (O(1) lookups)
 STARTS_BITS = 22
+#: ... once the probes of the index add up to this fraction of its key space (a table costs
+#: a few passes over the key space; a binary search of a sorted probe about a cache miss)
+STARTS_PROBES = 16
 #: a recursive relation whose keys span at most this many bits keeps a map of its tuples (one
 #: byte per possible tuple) for the semi-naive difference
 BITMAP_BITS = 26
@@ -227,12 +230,9 @@ class Rel:
         a, b = joint_keys([self.cols, cols], bits)
         return member(a, b)  # a is sorted: ranks keep the lexicographic order
 
-    def index(self, positions: tuple[int, ...], bits: int):
-        """A join index on ``positions``: (kind, table, cols, w) with the rows sorted by the
-        keys of those positions; kind "starts": ``table`` is the first row of each key value
-        (small key spaces), "sorted": the sorted keys; ``cols`` and ``w`` are the columns and
-        weights in that row order (copies, so that a join gathers each once). None when the
-        keys do not pack."""
+    def index(self, positions: tuple[int, ...], bits: int) -> JoinIndex | None:
+        """A join index on ``positions`` (built once per relation); None when the keys do
+        not pack."""
         ix = self._index.get((positions, bits))
         if ix is None:
             sub = [self.cols[i] for i in positions]
@@ -247,21 +247,84 @@ class Rel:
                 sk = k[perm]
                 cols = [c[perm] for c in cols]
                 w = None if w is None else w[perm]
-            if len(positions) * bits <= STARTS_BITS:
-                ix = (
-                    "starts",
-                    np.searchsorted(sk, np.arange((1 << (len(positions) * bits)) + 1)),
-                    cols,
-                    w,
-                )
-            else:
-                ix = ("sorted", sk, cols, w)
-            self._index[(positions, bits)] = ix
+            ix = self._index[(positions, bits)] = JoinIndex(sk, len(positions) * bits, cols, w)
         return ix
+
+    def merged_index(self, old: Rel, new: Rel) -> None:
+        """Give this relation (the rows of ``old`` and of ``new``, disjoint) every join index
+        ``old`` has, each merged from ``old``'s and ``new``'s in one linear pass instead of
+        sorted again: a recursive relation grows by a small delta per round while its index
+        is read every round."""
+        for (positions, bits), ix in old._index.items():
+            nix = new.index(positions, bits)
+            if (positions, bits) in self._index or nix is None:
+                continue
+            # new rows go after the old rows of equal key
+            at = np.searchsorted(ix.keys, nix.keys, "right") + np.arange(len(nix.keys))
+            mine = np.ones(len(ix.keys) + len(nix.keys), bool)
+            mine[at] = False
+
+            def merge(a: np.ndarray, b: np.ndarray, at=at, mine=mine) -> np.ndarray:
+                out = np.empty(len(mine), a.dtype)
+                out[at] = b
+                out[mine] = a
+                return out
+
+            cols = [merge(a, b) for a, b in zip(ix.cols, nix.cols)]
+            w = None if ix.w is None or nix.w is None else merge(ix.w, nix.w)
+            self._index[(positions, bits)] = JoinIndex(merge(ix.keys, nix.keys), ix.space, cols, w)
 
     def rows(self):
         """Every row as a tuple of ids (for tests and small relations)."""
         return list(zip(*(c.tolist() for c in self.cols))) if self.arity else [()] * self.n
+
+
+class JoinIndex:
+    """The rows of a relation sorted by the packed keys of some of its positions: ``keys``
+    (sorted, ``space`` bits wide), ``cols`` and ``w`` the columns and weights in that order
+    (copies, so that a join gathers each once).
+
+    Lookups are binary searches until the probes seen add up to 1/``STARTS_PROBES`` of the key
+    space;
+    a key space that small (at most ``STARTS_BITS``) then gets a table of where each key's
+    rows start (O(1) lookups). A recursive relation's index, rebuilt each round and probed
+    by one delta, thus never pays for a table over the whole key space; a relation probed
+    round after round gets one.
+    """
+
+    __slots__ = ("cols", "keys", "probes", "space", "starts", "w")
+
+    def __init__(
+        self, keys: np.ndarray, space: int, cols: list[np.ndarray], w: np.ndarray | None
+    ) -> None:
+        self.keys = keys
+        self.space = space
+        self.cols = cols
+        self.w = w
+        self.starts: np.ndarray | None = None
+        self.probes = 0
+
+    def lookup(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For each probe key, the run ``lo:hi`` of its rows."""
+        self.probes += len(q)
+        if (
+            self.starts is None
+            and self.space <= STARTS_BITS
+            and self.probes * STARTS_PROBES >= 1 << self.space
+        ):
+            self.starts = np.zeros((1 << self.space) + 1, np.int64)
+            np.cumsum(np.bincount(self.keys, minlength=1 << self.space), out=self.starts[1:])
+        if self.starts is not None:
+            return self.starts[q], self.starts[q + 1]
+        if len(q) < 1024 or bool((q[1:] >= q[:-1]).all()):
+            return np.searchsorted(self.keys, q, "left"), np.searchsorted(self.keys, q, "right")
+        # binary searches in increasing order stay in cache
+        order = np.argsort(q)
+        sq = q[order]
+        lo, hi = np.empty(len(q), np.int64), np.empty(len(q), np.int64)
+        lo[order] = np.searchsorted(self.keys, sq, "left")
+        hi[order] = np.searchsorted(self.keys, sq, "right")
+        return lo, hi
 
 
 def difference(a: Rel, b: Rel, bits: int) -> Rel:
@@ -326,6 +389,10 @@ class Known:
         self.n = start.n
         self.chunks = [start]
         self._whole: Rel | None = start
+        # the last whole relation handed out and the tuples added since: its join indexes
+        # are merged into the next one's (tracked only while it has indexes)
+        self._last: Rel | None = start
+        self._fresh: list[Rel] = []
         self.filter = None
         self.bytemap: np.ndarray | None = None
         if 0 < self.arity and self.space <= BITMAP_BITS and (1 << self.space) <= budget // 4:
@@ -355,6 +422,14 @@ class Known:
     def add(self, cand: list[tuple[list[np.ndarray], int, object]]) -> Rel:
         """The distinct candidate rows (``(columns, count, _)`` parts) not known yet; they
         become known."""
+        new = self._add(cand)
+        if self._last is not None and not self._last._index:
+            self._last, self._fresh = None, []
+        if new.n and self._last is not None:
+            self._fresh.append(new)
+        return new
+
+    def _add(self, cand: list[tuple[list[np.ndarray], int, object]]) -> Rel:
         parts = [p for p in cand if p[1]]
         if self.arity == 0:
             if parts and self.whole().n == 0:
@@ -442,4 +517,10 @@ class Known:
                     merged = union(merged, c, self.bits)
                 self.chunks = [merged]
                 self._whole = merged
+            if self._last is not None and self._fresh and self.arity:
+                fresh = self._fresh[0]
+                for f in self._fresh[1:]:
+                    fresh = union(fresh, f, self.bits)
+                self._whole.merged_index(self._last, fresh)
+            self._last, self._fresh = self._whole, []
         return self._whole

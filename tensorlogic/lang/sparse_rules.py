@@ -342,12 +342,8 @@ class SparseRule:
                 vcols = [c[perm] for c in view.cols]
                 vw = None if view.w is None else view.w[perm]
             else:
-                kind, table, vcols, vw = ix
-                q = pack([t.cols[v] for v in b], ctx.bits)
-                if kind == "starts":
-                    lo, hi = table[q], table[q + 1]
-                else:
-                    lo, hi = search(table, q, "left"), search(table, q, "right")
+                lo, hi = ix.lookup(pack([t.cols[v] for v in b], ctx.bits))
+                vcols, vw = ix.cols, ix.w
             ctx.charge(self.rule, int((hi - lo).sum()), len(t.cols) + len(free))
             rows, pos, total = keysets.expand(lo, hi)
         cols = {v: c[rows] for v, c in t.cols.items()}

@@ -167,7 +167,7 @@ class Symbols:
         """Ids of computed numbers (ints where ``is_int``, else floats), adding new ones."""
         out = np.empty(len(ival), np.int64)
         integral = is_int | ((fval == np.trunc(fval)) & (np.abs(fval) < _EXACT))
-        iv = np.where(is_int, ival, np.where(integral, fval, 0).astype(np.int64))
+        iv = np.where(is_int, ival, np.where(integral & ~is_int, fval, 0).astype(np.int64))
         out[integral] = self._add(iv[integral], INT)
         out[~integral] = self._add(fval[~integral], FLOAT)
         return out

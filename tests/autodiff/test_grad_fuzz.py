@@ -19,6 +19,7 @@ from tensorlogic.testing import assert_grads_agree, graph_cases
 GRAPHS = 150
 TIME_BOX_S = 120.0
 NUMBA_SHARE = 0.4
+MIN_GRAPHS = 20
 
 
 @pytest.fixture
@@ -44,8 +45,8 @@ def test_random_graph_gradients(fuzz_seed):
     @given(case=graph_cases(max_ops=6), input_seed=st.integers(0, 2**32 - 1))
     def check(case, input_seed):
         elapsed = time.monotonic() - start
-        if elapsed > TIME_BOX_S:
-            return
+        if elapsed > TIME_BOX_S and stats["graphs"] >= MIN_GRAPHS:
+            return  # a slow or crowded machine still checks MIN_GRAPHS graphs
         backends = ("numpy", "numba") if elapsed < NUMBA_SHARE * TIME_BOX_S else ("numpy",)
         report = assert_grads_agree(
             case.graph,
@@ -68,6 +69,6 @@ def test_random_graph_gradients(fuzz_seed):
         exc.add_note(f"gradient fuzz seed: {fuzz_seed} (replay with --fuzz-seed={fuzz_seed})")
         raise
     print(f"checked {stats}")
-    assert stats["graphs"] >= 20, stats
+    assert stats["graphs"] >= MIN_GRAPHS, stats
     # kinks and steps are rare in random inputs: most elements are compared
     assert stats["checked"] >= 4 * stats["skipped"], stats

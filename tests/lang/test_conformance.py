@@ -316,3 +316,158 @@ def test_tuple_lists_of_every_kind_of_constant():
         norm = {tuple(r) for r in rows}
         assert got["q"] == norm
         assert got["p"] == {(a, d) for a, b in norm for c, d in norm if b == c}
+
+
+SOUFFLE_FORMS = {
+    "souffle_directives": (
+        """
+        .type Node <: symbol
+        .decl edge(x: Node, y: Node)
+        .decl path(x: Node, y: Node) btree
+        .input edge
+        .output path
+        edge("a", "b"). edge("b", "c").
+        path(x, y) :- edge(x, y).
+        path(x, z) :- path(x, y), edge(y, z).
+        """,
+        {"edge": [("c", "d")]},
+    ),
+    "odd_strings": (
+        r"""
+        s("a\"b", 1). s("c\\d", 2). s("with, comma", 3). s("paren) (", 4).
+        s("rule :- inside", 5). s("// not a comment", 6). s("/* nor this */", 7).
+        s("tab\there", 8). s("ünïcødé ✓", 9). s("", 10). s("not", 11). s(" spaced ", 12).
+        name(X) :- s(X, _).
+        hit(N) :- s("with, comma", N).
+        hit(N) :- s("", N).
+        other(X) :- s(X, N), X != "not", N > 5.
+        """,
+        {},
+    ),
+    "numbers_versus_symbols": (
+        """
+        n(1). n("1"). n(-1). n(1.5). n(0x10). n("0x10"). n(0b11). n("abc").
+        same(X) :- n(X), m(X).
+        num(X) :- n(X), X > 0.
+        sym(X) :- n(X), X >= "".
+        """,
+        {"m": [("1",), (16,), (3,), ("abc",), (2,)]},
+    ),
+    "constant_arithmetic_in_facts": (
+        """
+        expr(-5). expr(- 7). expr(-(2 * 3)). expr(1 + 2 * 3). expr((1 + 2) * 3).
+        expr(10 - 2 - 3). expr(7 / -2). expr(-7 % 3). expr(0x1F). expr(2147483647 + 1).
+        pos(X) :- expr(X), X > 0.
+        """,
+        {},
+    ),
+    "unused_and_empty_relations": (
+        """
+        p(X) :- q(X), r(X).
+        s(X) :- q(X), not r(X).
+        t(X) :- q(X), not empty_input(X, _).
+        u(X) :- never(X).
+        """,
+        {"q": [(1,), (2,)], "unused": [(7, 8, 9)], "empty_input": []},
+    ),
+    "ground_rules_and_bodies": (
+        """
+        p(1) :- q(2).
+        p(3) :- q(4).
+        yes() :- 1 < 2.
+        no() :- 2 < 1.
+        one(X) :- X = 1.
+        two(X, Y) :- one(X), Y = X + 1.
+        """,
+        {"q": [(2,)]},
+    ),
+    "repeated_variables_in_heads": (
+        """
+        refl(X, X) :- node(X).
+        back(X, Y, X) :- e(X, Y).
+        loop2(X) :- e(X, Y), e(Y, X).
+        """,
+        GRAPH,
+    ),
+    "disjunction": (
+        """
+        either(X) :- b(X); c(X).
+        some(X) :- b(X), X > 0; c(X), X < 5; b(X), c(X).
+        reach(X) :- start(X); reach(Y), e(Y, X).
+        """,
+        {**GRAPH, "b": [(1,), (-1,)], "c": [(2,), (9,)], "start": [(5,)]},
+    ),
+    "recursion_guarded_by_lower_negation": (
+        """
+        blocked(4).
+        reach(X) :- start(X).
+        reach(Y) :- reach(X), e(X, Y), not blocked(Y).
+        stuck(X) :- node(X), not reach(X).
+        """,
+        {**GRAPH, "start": [(1,)]},
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SOUFFLE_FORMS))
+def test_souffle_forms_match_reference(name):
+    text, facts = SOUFFLE_FORMS[name]
+    arithmetic = has_arithmetic([desugar(r) for r in parse_rules(text)])
+    assert check_all(text, facts, arithmetic=arithmetic)
+
+
+def test_souffle_forms_expected_models():
+    got = evaluate(*SOUFFLE_FORMS["souffle_directives"])
+    assert got["path"] == {("a", "b"), ("b", "c"), ("a", "c"), ("c", "d"), ("b", "d"), ("a", "d")}
+    got = evaluate(*SOUFFLE_FORMS["odd_strings"])
+    assert {('a"b',), ("c\\d",), ("tab\there",), ("ünïcødé ✓",), ("",)} <= got["name"]
+    assert got["hit"] == {(3,), (10,)} and ("not",) not in got["other"]
+    assert len(got["name"]) == 12
+    got = evaluate(*SOUFFLE_FORMS["numbers_versus_symbols"])
+    assert got["same"] == {("1",), (16,), (3,), ("abc",)}
+    assert got["num"] == {(1,), (1.5,), (16,), (3,)}
+    assert got["sym"] == {("1",), ("0x10",), ("abc",)}
+    got = evaluate(*SOUFFLE_FORMS["constant_arithmetic_in_facts"])
+    assert got["expr"] == {(v,) for v in (-5, -7, -6, 7, 9, 5, -3, -1, 31, 2147483648)}
+    got = evaluate(*SOUFFLE_FORMS["unused_and_empty_relations"])
+    assert got["p"] == set() and got["s"] == {(1,), (2,)} and got["t"] == got["s"]
+    assert got["u"] == set() and got["unused"] == {(7, 8, 9)}
+    got = evaluate(*SOUFFLE_FORMS["ground_rules_and_bodies"])
+    assert got["p"] == {(1,)} and got["yes"] == {()} and got["no"] == set()
+    assert got["two"] == {(1, 2)}
+    got = evaluate(*SOUFFLE_FORMS["disjunction"])
+    assert got["either"] == {(1,), (-1,), (2,), (9,)} and got["some"] == {(1,), (2,)}
+    assert got["reach"] == {(5,), (6,)}
+    got = evaluate(*SOUFFLE_FORMS["recursion_guarded_by_lower_negation"])
+    assert got["reach"] == {(1,), (2,), (3,)} and (4,) in got["stuck"]
+
+
+def test_declared_relations():
+    # a .decl relation exists (empty) even when nothing derives it, and fixes its arity
+    got = evaluate(".decl r(x: number, y: symbol)\n.decl s(x: number)\ns(X) :- r(X, _).")
+    assert got["r"] == set() and got["s"] == set()
+    rel = evaluate(".decl r(x: number, y: number)", as_relations=True)["r"]
+    assert rel.arity == 2 and len(rel) == 0
+    assert evaluate(".decl n()\nn().")["n"] == {()}
+    for text, facts, code in [
+        (".decl p(x: number)\np(1, 2).", None, "arity_mismatch"),
+        (".decl p(x: number)\nq(X) :- p(X, _).", None, "arity_mismatch"),
+        (".decl p(x: number)", {"p": [(1, 2)]}, "arity_mismatch"),
+        (".decl p(x: number)\n.decl p(x: number)", None, "parse_error"),
+        (".decl p(x: number) eqrel", None, "parse_error"),
+        (".decl p(x number)", None, "parse_error"),
+        (".functor f(x: number): number", None, "parse_error"),
+    ]:
+        with pytest.raises(tl.ProgramError) as info:
+            evaluate(text, facts)
+        assert info.value.code == code, (text, str(info.value))
+
+
+def test_integer_overflow_wraps_without_warnings():
+    # 64-bit integers wrap around as in Souffle; no numpy warning reaches the user
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = evaluate("p(X + 1) :- q(X). q(9223372036854775807).")
+    assert got["p"] == {(-(2**63),)}

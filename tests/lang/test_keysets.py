@@ -90,3 +90,47 @@ def test_known_matches_python_sets(path, form, monkeypatch):
         assert set(known.whole().rows()) == want
         kinds.add(_form(known))
     assert kinds == ({"chunks", "bit"} if form == "grows" else {form})
+
+
+def _runs(rel: Rel, positions: tuple[int, ...], q: list[tuple]) -> list[set]:
+    """For each probe, the set of rows whose ``positions`` equal it (plain Python)."""
+    rows = rel.rows()
+    return [{r for r in rows if tuple(r[i] for i in positions) == p} for p in q]
+
+
+def _looked_up(ix, rel_bits: int, q: list[tuple]) -> list[set]:
+    qk = relset.pack([np.array(c, np.int64) for c in zip(*q)], rel_bits)
+    lo, hi = ix.lookup(qk)
+    cols = [c.tolist() for c in ix.cols]
+    return [{tuple(c[j] for c in cols) for j in range(a, b)} for a, b in zip(lo, hi)]
+
+
+@pytest.mark.parametrize("lookup", ["search", "starts"])
+@pytest.mark.parametrize("positions", [(0,), (1,), (1, 2), (2, 0)])
+def test_join_index_lookups_and_merges_match_python(positions, lookup, monkeypatch):
+    # a recursive relation's index is merged from the last round's and the new tuples';
+    # lookups are binary searches, or (once probed enough) go through a table of starts
+    monkeypatch.setattr(relset, "STARTS_PROBES", 0 if lookup == "search" else 1 << 30)
+    rng = np.random.default_rng(len(positions) * 10 + positions[0])
+    bits, arity = 4, 3
+
+    def rows(m):
+        c = rng.integers(0, 1 << bits, (m, arity))
+        return [c[:, i] for i in range(arity)], m, None
+
+    start = Rel.build(*rows(40)[:3], bits)
+    known = Known(start, bits, 1 << 30)
+    kinds = set()
+    for _ in range(10):
+        whole = known.whole()
+        ix = whole.index(positions, bits)
+        q = [tuple(int(x) for x in r) for r in rng.integers(0, 1 << bits, (60, len(positions)))]
+        assert _looked_up(ix, bits, q) == _runs(whole, positions, q)
+        kinds.add(ix.starts is not None)
+        known.add([rows(int(rng.integers(0, 80)))])
+    whole = known.whole()
+    fresh = Rel.build(whole.cols, whole.n, None, bits).index(positions, bits)
+    merged = whole.index(positions, bits)
+    assert merged.keys.tolist() == fresh.keys.tolist()
+    assert sorted(zip(*(c.tolist() for c in merged.cols))) == sorted(whole.rows())
+    assert kinds == {lookup == "starts"}

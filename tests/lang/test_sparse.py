@@ -362,6 +362,21 @@ def test_dense_rounds_take_over_dense_fixpoints():
     assert got["p"] == want["p"]
 
 
+def test_dense_switch_comes_before_the_round_that_would_outgrow_the_cells():
+    # 200 nodes, out-degree 4: the third sparse round would already touch more binding rows
+    # than the 40,000 cells of the dense relation, so the switch happens after the second
+    # (predicted from the growth of the rounds), and the dense rounds inherit the sparse
+    # rounds' measured growth: no sparse attempt over budget right after the switch
+    rng = np.random.default_rng(5)
+    n = 200
+    e = np.stack([np.repeat(np.arange(n), 4), rng.integers(0, n, 4 * n)], axis=1)
+    got, ev = run(TC, {"e": e})
+    kinds = ev.round_kinds[("p",)]
+    assert kinds.startswith("SSSd") and "x" not in kinds, kinds
+    want = reference_model(TC, {"e": [tuple(r) for r in e.tolist()]})
+    assert got["p"] == want["p"]
+
+
 @pytest.mark.parametrize("sem", ["fuzzy", "probabilistic"])
 def test_weighted_semantics_sparse_matches_dense(sem):
     rng = np.random.default_rng(2)
