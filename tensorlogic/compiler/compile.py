@@ -283,8 +283,8 @@ def compile(
     _check_dtype_names(opts["fuse_attention"], "fuse_attention")
     graph.validate()
     check_dtypes(graph, be)
-    key = (graph.fingerprint(), be.name, opt_level, opts.key)
     if cache:
+        key = (graph.fingerprint(), be.name, opt_level, opts.key)
         with _cache_lock:
             hit = _cache.get(key)
             # a backend registered again under the same name is another backend
