@@ -14,7 +14,9 @@ CPU (default): float32. ``--device``: bf16 mixed precision on the current CUDA G
 cupy backend with ``precision="bf16"``, float32 parameters and Adam state; torch: ``autocast``
 to bf16 with float32 parameters), device time per step and the peak device memory of each
 process (ours: the CuPy pool's bytes, which keeps every block it ever held; torch: its
-caching allocator's peak reserved and peak allocated bytes).
+caching allocator's peak reserved and peak allocated bytes). Between models each worker
+drops the last step, tensorlogic's plan cache and both libraries' cached blocks, so each model's
+peak is its own.
 
 Also (CPU run): the examples/mlp_classifier.py task trained by ours and by torch with the same
 hyperparameters, initial weights and batches; the test accuracy of both is recorded (the test
@@ -238,6 +240,9 @@ def worker(
         except Exception as exc:  # noqa: BLE001 - a failing contender is reported, not fatal
             row = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
         report[model.name] = row
+        # nothing of this model's step outlives it: the next model's peak is its own
+        step = sync = timed = None  # noqa: F841
+        _release(name)
         print(
             f"  {name:22s} {model.name:34s} {row.get('ms', float('nan')):9.3f} ms "
             f"{row.get('error', '')}",
@@ -274,6 +279,32 @@ def _device_used() -> int:
 
     free, total = cupy.cuda.runtime.memGetInfo()
     return total - free
+
+
+def _release(name: str) -> None:
+    """Free what the last model left behind (plans cached by tensorlogic, cached blocks)."""
+    import gc
+
+    gc.collect()
+    if name.startswith("torch"):
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
+        return
+    import tensorlogic as tl
+
+    tl.clear_cache()
+    gc.collect()
+    try:
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+    except ImportError:
+        pass
 
 
 def _reset_peak(name: str) -> None:

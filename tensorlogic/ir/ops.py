@@ -122,15 +122,13 @@ def _gelu(x, out):
 
 def _gelu_grad(x, out):
     # the derivative of the tanh-approximate gelu: 0.5 (1 + t) + 0.5 x (1 - t^2) u', with
-    # t = tanh(u), u = c (x + 0.044715 x^3), u' = c (1 + 0.134145 x^2)
-    x2 = np.multiply(x, x)
-    t = np.tanh(np.multiply(np.multiply(x2, 0.044715 * _SQRT_2_OVER_PI) + _SQRT_2_OVER_PI, x))
-    slope = np.multiply(x2, 0.134145 * 0.5 * _SQRT_2_OVER_PI) + 0.5 * _SQRT_2_OVER_PI
-    np.multiply(slope, x, out=slope)
-    np.multiply(slope, 1 - t * t, out=slope)
-    np.add(t, 1, out=t)
-    np.multiply(t, 0.5, out=t)
-    return np.add(t, slope, out=out)
+    # t = tanh(u), u = c (x + 0.044715 x^3), u' = c (1 + 0.134145 x^2); temporaries, so out
+    # may alias x (0-d operands give numpy scalars, hence copyto)
+    x2 = x * x
+    t = np.tanh((x2 * (0.044715 * _SQRT_2_OVER_PI) + _SQRT_2_OVER_PI) * x)
+    slope = (x2 * (0.134145 * 0.5 * _SQRT_2_OVER_PI) + 0.5 * _SQRT_2_OVER_PI) * x * (1 - t * t)
+    np.copyto(out, 0.5 * (1 + t) + slope)
+    return out
 
 
 def _pow(a, b, out):
