@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 import tensorlogic as tl
+from tensorlogic.pipeline import trace_lanes
 
 from _common import cores_look_free, machine, table, write_results
 
@@ -361,15 +362,18 @@ def bench_multi_gpu(
             plan(x=dev[(k // batch) % len(dev)])
         be.synchronize()
 
-    t_compute = timed(compute_only, repeat)
-    one = timed(lambda: tl.run_batched(plan, {"x": x}, batch, progress=False), repeat)
+    # an in-process run takes 0.1-0.2 s and the host's copies have hiccups: a median of 7
+    repeat_in = repeat if repeat == 1 else 7
+    extra["in_process_repeats"] = repeat_in
+    t_compute = timed(compute_only, repeat_in)
+    one = timed(lambda: tl.run_batched(plan, {"x": x}, batch, progress=False), repeat_in)
     err = check(tl.run_batched(plan, {"x": x}, batch, progress=False)["y"], "one GPU")
     _row(rows, "GPU compute only, batches on the device (1 GPU)", t_compute, n, None)
     _row(rows, "in-process, 1 GPU (devices=None)", one, n, one, rel_err=err)
     if in_process:
         lane = timed(
             lambda: tl.run_batched(plan, {"x": x}, batch, devices=devices[:1], progress=False),
-            repeat,
+            repeat_in,
         )
         err = check(
             tl.run_batched(plan, {"x": x}, batch, devices=devices[:1], progress=False)["y"],
@@ -378,12 +382,25 @@ def bench_multi_gpu(
         _row(rows, f"in-process, devices={devices[:1]}", lane, n, one, rel_err=err)
         base = min(one, lane)
         multi = timed(
-            lambda: tl.run_batched(plan, {"x": x}, batch, devices=devices, progress=False), repeat
+            lambda: tl.run_batched(plan, {"x": x}, batch, devices=devices, progress=False),
+            repeat_in,
         )
         err = check(
             tl.run_batched(plan, {"x": x}, batch, devices=devices, progress=False)["y"], "devices"
         )
         _row(rows, f"in-process, devices={devices}", multi, n, base, rel_err=err)
+        # where the time goes: one traced run per lane count, summed up per lane
+        extra["lane_timelines"] = {}
+        for devs in (devices[:1], devices):
+            with trace_lanes() as tr:
+                t0 = time.perf_counter()
+                tl.run_batched(plan, {"x": x}, batch, devices=devs, progress=False)
+                wall = time.perf_counter() - t0
+            print(
+                f"  traced run devices={devs}: {wall * 1e3:.1f} ms\n    "
+                + tr.report().replace("\n", "\n    ")
+            )
+            extra["lane_timelines"][str(devs)] = {"wall_s": wall, "lanes": tr.lanes()}
         extra["in_process_speedup"] = base / multi
         extra["in_process_target_met"] = base / multi >= 1.8
         print(
@@ -392,8 +409,38 @@ def bench_multi_gpu(
             flush=True,
         )
         _save("bench_pipeline_multigpu", rows, extra, copy_to)
+        extra["other_shapes"] = other_shapes(backend, n, devices, repeat_in)
+        _save("bench_pipeline_multigpu", rows, extra, copy_to)
     if dask_gpus:
         bench_dask_gpus(plan, graph, x, batch, repeat, len(devices), one, rows, extra, copy_to)
+
+
+def other_shapes(backend: str, n: int, devices: list[int], repeat: int) -> list[dict]:
+    """The same comparison (best one-GPU path vs all devices) on other widths and batch sizes."""
+    out = []
+    print("  other shapes (one GPU vs devices, in process):")
+    for width, depth, batch in ((4096, 8, 2048), (4096, 8, 8192), (2048, 8, 4096)):
+        plan = tl.compile(gelu_mlp(width, depth), backend=backend)
+        x = np.random.default_rng(3).standard_normal((n, width), dtype=np.float32)
+        one = timed(lambda: tl.run_batched(plan, {"x": x}, batch, progress=False), repeat)
+        multi = timed(
+            lambda: tl.run_batched(plan, {"x": x}, batch, devices=devices, progress=False),
+            repeat,
+        )
+        row = {
+            "model": f"{depth}-layer GELU MLP width {width}",
+            "batch": batch,
+            "one_gpu_s": one,
+            "devices_s": multi,
+            "speedup": one / multi,
+        }
+        out.append(row)
+        print(
+            f"    {row['model']}, batch {batch}: one GPU {one * 1e3:.1f} ms, "
+            f"devices={devices} {multi * 1e3:.1f} ms = {one / multi:.2f}x",
+            flush=True,
+        )
+    return out
 
 
 def bench_dask_gpus(plan, graph, x, batch, repeat, gpus_max, one, rows, extra, copy_to) -> None:

@@ -161,6 +161,16 @@ _add(
     "(Capabilities.fused_attention)",
 )
 _add(
+    "attention_layout",
+    flag_or_names,
+    "True, False or a list of dtype names",
+    False,
+    "let attention nodes read and write the layouts their neighbour einsums produce without "
+    "copies, e.g. (B, S, H, D) from a head-splitting projection (O2, "
+    "optimizer.attention_layout); a list: only attentions of those dtypes. Default: the dtypes "
+    "whose attention kernel reads strided layouts (Capabilities.attention_layouts), else False",
+)
+_add(
     "precision",
     one_of(None, "float32", "fp32", "bf16", "bfloat16", "fp16", "float16"),
     "None, 'float32', 'bf16' or 'fp16'",

@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..errors import GradError
+from ..ir import attention as attn_ir
 from ..ir import ops
 from ..ir import spec as einspec
 from ..ir.graph import EinsumGraph, Node, Tensor
@@ -281,6 +282,24 @@ def attention(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> C
     q, k, v = (_t(g, i) for i in node.inputs[:3])
     mask = _t(g, node.inputs[3]) if len(node.inputs) == 4 else None
     scale, causal = float(node.args["scale"]), bool(node.args["causal"])
+    rank = len(node.shape)
+    perms = [attn_ir.to_canonical_perm(rank, j) for j in attn_ir.layout_of(node.args, rank)]
+    if any(p != list(range(rank)) for p in perms):
+        # another memory layout: the canonical rule over transposed q, k, v and cotangent
+        q, k, v = (g.transpose(t, p) for t, p in zip((q, k, v), perms))
+        ct = g.transpose(ct, perms[3])
+    cts = _attention_canonical(g, node, q, k, v, mask, ct, scale, causal, need)
+    back = [[int(a) for a in np.argsort(p)] for p in perms[:3]]
+    cts[:3] = [
+        c if c is None or p == list(range(rank)) else g.transpose(c, p)
+        for c, p in zip(cts[:3], back)
+    ]
+    xs = [_t(g, i) for i in node.inputs]
+    return [None if r is None else cast_to(g, r, x.dtype) for r, x in zip(cts, xs)]
+
+
+def _attention_canonical(g, node, q, k, v, mask, ct, scale, causal, need) -> Cts:
+    """The cotangents of attention over canonical ``(*batch, S, D)`` operands (work dtype)."""
     work = "float32" if q.dtype in ("float16", "bfloat16") else q.dtype
     q, k, v, ctw = (cast_to(g, t, work) for t in (q, k, v, ct))
     scale_t = scalar(g, scale, work)
@@ -312,8 +331,7 @@ def attention(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> C
             out[1] = g.binary("mul", g.einsum("...qk,...qd->...kd", ds, q), scale_t)
         if mask is not None and need[3]:
             out[3] = unbroadcast(g, ds, mask.shape)
-    xs = [_t(g, i) for i in node.inputs]
-    return [None if r is None else cast_to(g, r, x.dtype) for r, x in zip(out, xs)]
+    return out
 
 
 def fused(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> Cts:

@@ -47,6 +47,9 @@ class Capabilities:
         fused_attention: the dtypes whose fused attention kernel beats the written-out form,
             the default of the ``fuse_attention`` option; None: the option's own default
             (``'auto'``: fused where the written-out scores would be large).
+        attention_layouts: the dtypes whose attention kernel reads q, k, v and writes its
+            result in other layouts (``ir/attention.py``) without copies, the default of the
+            ``attention_layout`` option (empty: the optimizer keeps the canonical layout).
     """
 
     device: bool = False
@@ -57,6 +60,7 @@ class Capabilities:
     native_array: type | None = None
     multi_device: bool = False
     fused_attention: frozenset[str] | None = None
+    attention_layouts: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

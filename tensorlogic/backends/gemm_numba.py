@@ -171,14 +171,16 @@ def _blas_layout(x: np.ndarray) -> tuple[int, int] | None:
     s0, s1 = x.strides[-2:]
     it = x.itemsize
     rows, cols = x.shape[-2:]
+    # a dim of size 1 is never stepped along: its stride is whatever fits (numpy leaves any
+    # value there, even in arrays it calls contiguous)
+    if cols <= 1:
+        s1 = it
+    if rows <= 1:
+        s0 = max(1, cols) * it
     if s1 == it and s0 % it == 0 and s0 >= max(1, cols) * it:
         return _NO_TRANS, s0 // it
     if s0 == it and s1 % it == 0 and s1 >= max(1, rows) * it:
         return _TRANS, s1 // it
-    if rows == 1 and s1 == it:  # one row: any leading dimension >= cols reads it
-        return _NO_TRANS, max(1, cols)
-    if cols == 1 and s0 == it:
-        return _TRANS, max(1, rows)
     return None
 
 
@@ -193,9 +195,10 @@ def _offsets(batch: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
 
 def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray, blocks: np.ndarray) -> np.ndarray:
     """``out = A @ B`` over the given blocks (``grid``): A (*batch, m, k), B (*batch, k, n),
-    ``out`` (*batch, m, n) C-contiguous, one batch shape for all three (or none), float32 or
-    float64 alike. Batch axes may have any strides (views of heads inside a sequence layout);
-    an operand BLAS cannot read as it is (no unit stride in its matrix dims) is copied first."""
+    ``out`` (*batch, m, n) C-contiguous, A's and B's batch axes each of ``out``'s size or 1
+    (broadcast), float32 or float64 alike. Batch axes may have any strides (views of heads
+    inside a sequence layout); an operand BLAS cannot read as it is (no unit stride in its
+    matrix dims) is copied first."""
     split = _kernel(out.dtype.name)
     la = _blas_layout(A)
     if la is None:

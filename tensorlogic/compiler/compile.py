@@ -281,11 +281,16 @@ def compile(
         # the backend's measured choice: attention is fused only in the dtypes where its kernel
         # beats the written-out form (on the GPU: the tensor-core dtypes against cuBLAS)
         options = {**options, "fuse_attention": tuple(sorted(fused))}
+    strided = be.capabilities.attention_layouts
+    if "attention_layout" not in options and strided:
+        # the dtypes whose attention kernel reads the projections' layouts in place
+        options = {**options, "attention_layout": tuple(sorted(strided))}
     # checked before the graph: a typo in an option fails fast and never reaches the cache key
     opts = CompileOptions.resolve(
         {**options, "memory_limit": memory_limit}, be.name, be.capabilities.options
     )
     _check_dtype_names(opts["fuse_attention"], "fuse_attention")
+    _check_dtype_names(opts["attention_layout"], "attention_layout")
     graph.validate()
     check_dtypes(graph, be)
     if cache:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from . import attention as attn_ir
 from . import ops
 from . import spec as einspec
 from .fused import FusedBody, FusedOp
@@ -199,7 +200,10 @@ def evaluate_node(
         elif kind == ops.FUSED:
             r = _fused(node, xs)
         elif kind == ops.ATTENTION:
-            r = _attention(xs, float(a["scale"]), bool(a["causal"]), dtype)
+            r = _attention(
+                attn_ir.canonical_views(xs, a), float(a["scale"]), bool(a["causal"]), dtype
+            )
+            r = attn_ir.laid_out(r, a)
         else:
             raise ValueError(f"node {node.name!r}: no evaluation rule for node kind {kind!r}")
     r = _cast(np.asarray(r), dtype)

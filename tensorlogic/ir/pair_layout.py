@@ -4,9 +4,10 @@ A pairwise contraction ``A[batch, left, contr] x B[batch, contr, right]`` become
 once each operand is viewed as a stack of matrices. Merging all of ``left`` (and of ``right``)
 into one matrix dimension often needs a transposing copy (a 16^5 tensor whose contracted index
 sits in the middle: 1M elements copied to contract 16 numbers each). A strided batch needs
-none: the contracted letters and the ``left`` letters next to them in memory form the matrix,
-every other letter becomes a batch axis of numpy's matmul (which walks any strides and
-broadcasts over the other operand), and each matrix goes to BLAS as it lies, transposed where
+none: the contracted letters and a run of ``left`` letters form the matrix (one of its two
+dims with a unit stride, the other with any stride: BLAS's leading dimension), every other
+letter becomes a batch axis of the matmul (numpy's and the thread split's walk any strides and
+broadcast over the other operand), and each matrix goes to BLAS as it lies, transposed where
 its unit stride is on the other side. It pays one BLAS call per batch element instead of the
 copy; which is faster depends on the shapes and the machine, so the host backends time both on
 the real shapes when the step is large enough for it to matter (``choose``).
@@ -72,17 +73,26 @@ def _run(term: str, letters: list[str]) -> str | None:
 
 def _matrix(term: str, k_run: str, free: set[str]) -> tuple[str, bool] | None:
     """The free letters that form the matrix with ``k_run`` in ``term`` without a copy, and
-    whether the matrix is stored with K innermost ([M][K]); None if none has a unit stride."""
+    whether the matrix is stored with K innermost ([M][K]); None if none has a unit stride.
+
+    One of the two matrix dims must have a unit stride, the other may have any (BLAS's leading
+    dimension): with K innermost, M is the run of free letters nearest before K, batch letters
+    in between or not; otherwise M is the run of free letters that ends the term."""
     p = term.index(k_run[0])
-    after = term[p + len(k_run) :]
-    if not after:  # K innermost: the free letters just before it join the matrix
+    if p + len(k_run) == len(term):  # K innermost: [M][K]
         q = p
-        while q > 0 and term[q - 1] in free:
+        while q > 0 and term[q - 1] not in free:
             q -= 1
-        return term[q:p], True
-    if all(c in free for c in after):  # the free letters after K are innermost: [K][M]
-        return after, False
-    return None
+        r = q
+        while r > 0 and term[r - 1] in free:
+            r -= 1
+        return term[r:q], True
+    r = len(term)
+    while r > p + len(k_run) and term[r - 1] in free:
+        r -= 1
+    if r == len(term):  # the innermost letter is neither summed nor free: no unit stride
+        return None
+    return term[r:], False
 
 
 def strided_pair(

@@ -387,7 +387,7 @@ def _choose_layout(
         x, y, dx, dy = (b, a, dts[1], dts[0]) if flip else (a, b, dts[0], dts[1])
         lx, ly = (right, left) if flip else (left, right)
         if sp is not None:
-            fn = _strided(sp, out_order, sizes, rdt, s)
+            fn = _strided(sp, out_order, sizes, rdt, s, matmul)
         else:
             fn = _gemm(x, y, batch, contr, lx, ly, sizes, out_order, (dx, dy), rdt, s, matmul)[1]
         return _swapped(fn) if flip else fn
@@ -434,8 +434,10 @@ def _strided(
     sizes: dict[str, int],
     rdt: str,
     scr: _Scratch,
+    matmul: Callable | None = None,
 ):
-    """The pair function of a strided batched matmul (no copies; see ``pair_layout``)."""
+    """The pair function of a strided batched matmul (no copies; see ``pair_layout``);
+    ``matmul`` as in ``_gemm``."""
     res_shape = tuple(sizes[c] for c in sp.result)
     direct = out_order is not None and out_order == sp.result
     k_res = -1 if direct else scr.add(res_shape, rdt, value=True)
@@ -447,6 +449,9 @@ def _strided(
         )
     )
     exact = np.dtype(rdt).kind in "iu"  # numpy's einsum loops: exact, wrapping as matmul's
+    flops = 2 * math.prod(sp.mm_shape) * sp.shape_a[-1 if not sp.swap_a else -2]
+    small = flops < getattr(matmul, "min_flops", 0)
+    host_mm = np.matmul if matmul is None or small or exact else matmul
 
     def run(xp, A, B, out, scratch):
         Av, Bv = sp.views(A, B)
@@ -459,7 +464,7 @@ def _strided(
         if exact and xp is np:
             np.einsum("...ij,...jk->...ik", Av, Bv, out=target)
         else:
-            xp.matmul(Av, Bv, out=target)
+            (host_mm if xp is np else xp.matmul)(Av, Bv, out=target)
         if out is not None and C is not out:
             out[...] = C
             return out

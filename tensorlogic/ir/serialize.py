@@ -37,11 +37,11 @@ _ARG_FIELDS = {
     ops.TRANSPOSE: {"perm"},
     ops.RESHAPE: {"shape"},
     ops.CAST: {"dtype"},
-    ops.ATTENTION: {"scale", "causal"},
+    ops.ATTENTION: {"scale", "causal", "layout"},
 }
 
 # arguments a node of the kind may leave out (layer_norm's eps is checked by shape inference)
-_OPTIONAL_ARGS = {"keepdims", "eps"}
+_OPTIONAL_ARGS = {"keepdims", "eps", "layout"}
 
 
 def to_dict(g: EinsumGraph) -> tuple[dict, dict[str, np.ndarray]]:
@@ -135,6 +135,8 @@ def _check_args(kind: str, args: dict, w: str) -> None:
             )
     elif kind == ops.TRANSPOSE:
         int_list("perm")
+    elif kind == ops.ATTENTION and "layout" in args:
+        int_list("layout")
     elif kind == ops.RESHAPE:
         v = args["shape"]
         _expect(

@@ -73,9 +73,22 @@ class OptimizerReport:
 # opt level -> the passes it runs, in order (each pipeline repeats to a fixpoint). O1 cleans up:
 # dead code, duplicate subexpressions, constant subgraphs, algebraic identities. O2 also
 # rewrites hand-written layer norms and written-out attention (before merge and fusion, which
-# would take the pattern apart), merges einsum chains and plans their contraction order before
-# fusion groups what is left into kernels. O3 is O2 until a pass needs autotuning.
-_O2 = ["dce", "cse", "fold", "simplify", "layernorm", "attention", "merge", "contraction", "fusion"]
+# would take the pattern apart), merges einsum chains, turns those without data reuse into
+# products and sums, and plans the contraction order of the rest before fusion groups what is
+# left into kernels. O3 is O2 until a pass needs autotuning.
+_O2 = [
+    "dce",
+    "cse",
+    "fold",
+    "simplify",
+    "layernorm",
+    "attention",
+    "merge",
+    "product_sum",
+    "attention_layout",
+    "contraction",
+    "fusion",
+]
 PIPELINES: dict[int, list[str]] = {
     0: [],
     1: ["dce", "cse", "fold", "simplify"],

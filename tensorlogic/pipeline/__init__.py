@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .batches import run_batched, run_batches
 from .dask import local_cluster
+from .lanetrace import trace_lanes
 from .results import BatchError, BatchFailure, BatchOutput
 
 __all__ = [
@@ -13,4 +14,5 @@ __all__ = [
     "local_cluster",
     "run_batched",
     "run_batches",
+    "trace_lanes",
 ]

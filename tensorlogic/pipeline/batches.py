@@ -8,7 +8,6 @@ full batch of compute for a partial one, while the extra plan is compiled once a
 
 from __future__ import annotations
 
-import math
 from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -20,6 +19,7 @@ from .engine import stream
 from .layout import BatchLayout, batch_layout, repeated_batch_axes
 from .progress import Progress
 from .results import BatchFailure, BatchOutput
+from .schedule import batch_bounds
 from .sizing import memory_budget, pick_batch_size
 from .staging import Staged, is_device_backend
 from .threads import ThreadExecutor
@@ -156,6 +156,16 @@ def _output_specs(
     }
 
 
+def _bytes_per_item(
+    layout: BatchLayout, inputs: Mapping[str, Any], outputs: Mapping[str, Any], n: int
+) -> float:
+    """Bytes a batch moves per item: its batched inputs and outputs (0 when n is 0)."""
+    if n <= 0:
+        return 0.0
+    arrays = [inputs[name] for name in layout.input_axes] + list(outputs.values())
+    return sum(float(getattr(a, "nbytes", 0)) for a in arrays) / n
+
+
 def _check_client(client: Any) -> None:
     from distributed import Client
 
@@ -260,7 +270,6 @@ def run_batched(
             )
         batch_size = pick_batch_size(plan, layout.symbol, max(n, 1), sizes, budget, concurrent)
     batch_size = _check_int("batch_size", batch_size, 1)
-    n_batches = max(1, math.ceil(n / batch_size))
     specs = _output_specs(plan, layout, sizes, n)
     full: dict[str, np.ndarray] = {}
     if specs is not None:
@@ -274,10 +283,12 @@ def run_batched(
         and client is None
         and (devices is not None or not is_device_backend(plan.backend))
     ]
+    lanes = len(resolve_devices(plan.backend, devices) or ())
+    bounds = batch_bounds(n, batch_size, lanes, _bytes_per_item(layout, inputs, full, n))
+    n_batches = len(bounds)
 
     def pieces() -> Iterator[Staged]:
-        for k in range(n_batches):
-            lo, hi = k * batch_size, min(n, (k + 1) * batch_size)
+        for lo, hi in bounds:
             batch = {
                 name: (
                     _slice(x, layout.input_axes[name], lo, hi) if name in layout.input_axes else x
@@ -306,7 +317,7 @@ def run_batched(
         devices=devices,
     )
     for res in results:
-        lo = res.index * batch_size
+        lo = bounds[res.index][0]
         for name, arr in res.items():
             if name in direct:
                 continue

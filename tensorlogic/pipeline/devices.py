@@ -4,7 +4,8 @@ A lane is a thread that owns one device for the life of the process: its plan co
 loaded per device), its streams and pinned staging (the backend's ``transfers()``). Batches wait
 in one queue and the first lane that has room takes the next one, so a faster or less busy
 device simply takes more. A lane keeps ``DEPTH`` batches in flight: while batch k computes, it
-stages batch k+1 and copies batch k-1's outputs out, into the caller's arrays where given.
+copies batch k-1's outputs out (into the caller's arrays where given) and stages batch k+1 or
+k+2. ``pipeline/lanetrace.py`` records where a run's time goes, per lane.
 
 A backend offers several devices by declaring ``capabilities.multi_device`` and implementing
 ``device_count()``, ``on_device(i)`` (its instance for device i), ``use_device()`` (a context
@@ -24,10 +25,16 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from . import lanetrace
 from .results import BatchFailure, BatchOutput, batch_error
 from .staging import Staged, check_batch
 
-DEPTH = 2  # batches a lane has in flight: one computing, one staged or being copied out
+# batches a lane has in flight: one computing, the others staged or being copied out. With 2,
+# a lane stages batch k+1 only after batch k-1 has landed, so a hiccup in the host copies
+# (page faults in the caller's fresh output arrays) leaves the device idle; a third batch of
+# slack absorbs it (bench_pipeline.py on two H100s: same median, slowest of 7 runs 100 ms
+# with 3 against 147 ms with 2; RESULTS.md)
+DEPTH = 3
 _STOP = object()
 
 
@@ -92,11 +99,12 @@ def device_plan(plan: Any, device_id: int) -> Any:
 
 
 class _Job:
-    __slots__ = ("future", "index", "inputs", "n_items", "out")
+    __slots__ = ("future", "index", "inputs", "n_items", "out", "times")
 
     def __init__(self, index: int, inputs: Any, out: Any, n_items: int) -> None:
         self.index, self.inputs, self.out, self.n_items = index, inputs, out, n_items
         self.future: Future = Future()
+        self.times: lanetrace.BatchTimes | None = None
 
     def fail(self, exc: BaseException) -> None:
         self.future.set_result(BatchFailure(self.index, batch_error(self.index, exc), self.n_items))
@@ -109,6 +117,7 @@ class _Run:
         self.plans = plans
         self.check_finite = check_finite
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.trace = lanetrace.active()
 
     def take(self, block: bool) -> Any:
         try:
@@ -136,34 +145,53 @@ class Lane:
             with self.backend.use_device():
                 if self._tx is None:
                     self._tx = self.backend.transfers()
+                self._clock(self._tx, run.trace)
                 self._loop(self._tx, run.plans[self.backend.device_id], run)
         except BaseException as exc:  # noqa: BLE001 - a broken device fails its batches, never hangs
             while (job := run.take(block=True)) is not _STOP:
                 if not job.future.done():
                     job.fail(exc)
 
+    @staticmethod
+    def _clock(tx: Any, trace: lanetrace.LaneTrace | None) -> None:
+        # device event times on the trace's clock, where the transfers can record them
+        start = getattr(tx, "start_clock", None)
+        if start is not None:
+            start(None if trace is None else trace.t0)
+
     def _loop(self, tx: Any, plan: Any, run: _Run) -> None:
         inflight: deque = deque()
-        while True:
-            # with batches in flight, finish the oldest rather than wait for a new one
-            job = run.take(block=not inflight)
-            if job is None:
-                self._finish(tx, *inflight.popleft())
-                continue
-            if job is _STOP:
-                break
-            if job.future.cancelled():
-                continue
-            ticket = self._start(tx, plan, job, run.check_finite)
-            if ticket is not None:
-                inflight.append((job, ticket))
-            if len(inflight) >= DEPTH:
-                self._finish(tx, *inflight.popleft())
-        while inflight:
-            self._finish(tx, *inflight.popleft())
+        job: Any = None
+        try:
+            while True:
+                # with batches in flight, finish the oldest rather than wait for a new one
+                job = run.take(block=not inflight)
+                if job is None:
+                    self._finish(tx, *inflight.popleft(), run.trace)
+                    continue
+                if job is _STOP:
+                    break
+                if job.future.cancelled():
+                    continue
+                if run.trace is not None:
+                    job.times = lanetrace.BatchTimes(self.backend.device_id, job.index, job.n_items)
+                    job.times.host["take"] = run.trace.now()
+                ticket = self._start(tx, plan, job, run.check_finite, run.trace)
+                if ticket is not None:
+                    inflight.append((job, ticket))
+                if len(inflight) >= DEPTH:
+                    self._finish(tx, *inflight.popleft(), run.trace)
+            while inflight:
+                self._finish(tx, *inflight.popleft(), run.trace)
+        except BaseException as exc:
+            # batches taken but not finished fail too: nothing waits on them forever
+            for taken in [job, *(j for j, _ in inflight)]:
+                if isinstance(taken, _Job) and not taken.future.done():
+                    taken.fail(exc)
+            raise
 
     @staticmethod
-    def _start(tx: Any, plan: Any, job: _Job, check_finite: bool) -> Any:
+    def _start(tx: Any, plan: Any, job: _Job, check_finite: bool, trace: Any) -> Any:
         ticket = None
         try:
             inputs = check_batch(job.inputs, check_finite)
@@ -177,10 +205,14 @@ class Lane:
             ticket = tx.new_ticket()
             dev = dict(inputs)
             dev.update(tx.upload(host, ticket))
-            with tx.computing():
+            if trace is not None:
+                job.times.host["staged"] = trace.now()
+            with tx.computing(ticket):
                 # host inputs were checked above; arrays already on the device are checked here
                 outputs = plan(dev, check_finite=check_finite and on_device)
             tx.download(outputs, ticket)
+            if trace is not None:
+                job.times.host["queued"] = trace.now()
             return ticket
         except Exception as exc:  # noqa: BLE001 - reported as this batch's failure
             if ticket is not None:
@@ -189,13 +221,21 @@ class Lane:
             return None
 
     @staticmethod
-    def _finish(tx: Any, job: _Job, ticket: Any) -> None:
+    def _finish(tx: Any, job: _Job, ticket: Any, trace: Any) -> None:
         try:
+            if trace is not None:
+                job.times.host["landing"] = trace.now()
             results = tx.finish(ticket, job.out)
         except Exception as exc:  # noqa: BLE001 - reported as this batch's failure
             tx.abandon(ticket)
             job.fail(exc)
             return
+        if trace is not None:
+            job.times.host["landed"] = trace.now()
+            device_times = getattr(tx, "device_times", None)
+            if device_times is not None:
+                job.times.device_times.update(device_times(ticket))
+            trace.add(job.times)
         job.future.set_result(BatchOutput(results, job.index, job.n_items))
 
 

@@ -412,7 +412,11 @@ def node_bound(
         body = FusedBody.from_args(node.args["body"])
         return fused(body, in_bounds, tuple(body.space), dt)
     if kind == ops.ATTENTION:
-        return attention(in_bounds, in_shapes, float(node.args["scale"]), dt)
+        from ..ir import attention as attn_ir
+
+        lay = attn_ir.layout_of(node.args, len(in_shapes[0]))
+        canon = [attn_ir.canonical_shape(s, j) for s, j in zip(in_shapes[:3], lay)]
+        return attention(in_bounds, canon, float(node.args["scale"]), dt)
     raise ValueError(f"no bound rule for node kind {kind!r}")
 
 

@@ -12,6 +12,7 @@ from typing import Mapping
 
 import numpy as np
 
+from ..ir import attention as attn_ir
 from ..ir import ops
 from ..ir.spec import np_einsum
 
@@ -149,7 +150,8 @@ def evaluate(
         elif kind == ops.CAST:
             r = xs[0]
         elif kind == ops.ATTENTION:
-            r = _attention(xs, float(a["scale"]), bool(a["causal"]))
+            r = _attention(attn_ir.canonical_views(xs, a), float(a["scale"]), bool(a["causal"]))
+            r = attn_ir.laid_out(r, a)
         else:
             raise ValueError(f"the reference interpreter has no rule for node kind {kind!r}")
         # round to the node's dtype as the backends do, then carry on in float64

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import tensorlogic as tl
+from tensorlogic import dtypes
 from tests.backends.test_attention_kernels import _graph, _inputs, textbook
 from tests.conftest import to_numpy
 
@@ -186,3 +187,124 @@ def test_sequence_of_16k_runs_in_o_of_s_memory(dtype, rng):
         want[:, :, r_i] = ref[:, :, 0]
     got = to_numpy(y)[:, :, rows].astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=_TOL[dtype], atol=_TOL[dtype])
+
+
+def _laid_out(batch, pos, sq, sk, d, dv, dtype, causal, mask_shape):
+    """An attention node whose q, k, v and result hold their sequence axis at ``pos``."""
+    from tensorlogic.ir import attention as attn_ir
+    from tensorlogic.ir import ops
+
+    canon = [(*batch, sq, d), (*batch, sk, d), (*batch, sk, dv)]
+    g = tl.EinsumGraph()
+    ts = [
+        g.input(n, attn_ir.laid_out_shape(s, j), dtype)
+        for n, s, j in zip(("q", "k", "v"), canon, pos)
+    ]
+    if mask_shape is not None:
+        ts.append(g.input("m", mask_shape, dtype))
+    args = {"scale": 0.3, "causal": causal, "layout": tuple(pos)}
+    g.output(tl.Tensor(g, g.add_node(ops.ATTENTION, None, [t.id for t in ts], args)), "y")
+    return g
+
+
+@pytest.mark.parametrize(
+    "case",
+    [  # batch, sequence-axis positions (q, k, v, out), sq, sk, d, dv, causal, mask
+        ((2, 4), (1, 1, 1, 1), 300, 300, 64, 64, False, None),
+        ((2, 4), (1, 1, 1, 1), 257, 257, 128, 128, True, None),
+        ((3, 2, 2), (0, 2, 1, 3), 130, 70, 32, 48, False, (130, 70)),
+        ((2, 3), (0, 1, 2, 0), 65, 200, 16, 64, True, (2, 1, 65, 200)),
+        ((2, 4), (1, 1, 1, 1), 90, 90, 40, 40, False, None),  # head dim 40: FFMA kernel
+    ],
+)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_kernels_read_and_write_other_layouts(case, dtype, rng):
+    batch, pos, sq, sk, d, dv, causal, mask = case
+    g = _laid_out(batch, pos, sq, sk, d, dv, dtype, causal, mask)
+    ins = _inputs(g, rng)
+    canon = {n: np.moveaxis(ins[n], j, -2) for n, j in zip(("q", "k", "v"), pos)}
+    want = np.moveaxis(
+        textbook(canon["q"], canon["k"], canon["v"], 0.3, causal, ins.get("m")), -2, pos[3]
+    )
+    plan = tl.compile(g, backend="cupy", cache=False)
+    mma = dtype != "float32" and d % 16 == 0 and dv % 16 == 0
+    assert ("tensor-core mma" in plan.steps[0].info) is mma
+    got = to_numpy(_poisoned(plan, ins)).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=_TOL[dtype], atol=_TOL[dtype])
+
+
+@pytest.mark.parametrize("hd", [32, 64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_projections_feed_the_kernel_without_copies(hd, causal, rng):
+    # bench_gpu_models' spelling: q, k, v written (b, s, h, e) by plain GEMMs, the attention
+    # result read (b, q, h, e) by the output projection; float32 reference on the host
+    b, s, h = 2, 192, 4
+    dm = h * hd
+    g = tl.EinsumGraph()
+    x = g.input("x", (b, s, dm), "bfloat16")
+    ws = [
+        g.constant(
+            (rng.standard_normal((dm, h, hd)) * dm**-0.5).astype(np.float32), dtype="bfloat16"
+        )
+        for _ in range(3)
+    ]
+    wo = g.constant(
+        (rng.standard_normal((h, hd, dm)) * dm**-0.5).astype(np.float32), dtype="bfloat16"
+    )
+    q, k, v = (g.einsum("bsd,dhe->bhse", x, w) for w in ws)
+    sc = g.einsum("bhqe,bhke->bhqk", q, k) * hd**-0.5
+    if causal:
+        sc = sc + g.constant(np.triu(np.full((s, s), -np.inf, np.float32), 1), dtype="bfloat16")
+    o = g.einsum("bhqk,bhke->bhqe", g.softmax(sc, axis=-1), v)
+    g.output(g.einsum("bhqe,hed->bqd", o, wo), "y")
+    xv = rng.standard_normal((b, s, dm)).astype(np.float32)
+    ref = tl.compile(g, backend="numpy", opt_level=0, cache=False)(x=xv.astype(dtypes.bfloat16))[
+        "y"
+    ]
+    plan = tl.compile(g, backend="cupy", cache=False)
+    (att,) = [n for n in plan.optimized_graph if n.kind == "attention"]
+    assert tuple(att.args["layout"]) == (1, 1, 1, 1)
+    specs = sorted(n.args["spec"] for n in plan.optimized_graph if n.kind == "einsum")
+    assert specs == ["bqhe,hed->bqd"] + ["bsd,dhe->bshe"] * 3
+    got = to_numpy(plan(x=xv.astype(dtypes.bfloat16))["y"]).astype(np.float64)
+    np.testing.assert_allclose(got, np.asarray(ref, np.float64), rtol=3e-2, atol=3e-2)
+    # the same plan with the canonical layouts (the option off) computes the same
+    off = tl.compile(g, backend="cupy", cache=False, attention_layout=False)
+    assert all("layout" not in n.args for n in off.optimized_graph if n.kind == "attention")
+    np.testing.assert_allclose(
+        to_numpy(off(x=xv.astype(dtypes.bfloat16))["y"]).astype(np.float64),
+        got,
+        rtol=3e-2,
+        atol=3e-2,
+    )
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_heads_first_spelling_with_a_mask_runs_in_another_batch_order(dtype, rng):
+    # (h, b, s, e) tensors: the attention takes its batch axes as (b, h), the projections
+    # write (b, s, h, e) and the (h, b, q, k) mask is transposed to the new order
+    b, s, h, hd = 2, 130, 4, 64
+    dm = h * hd
+    g = tl.EinsumGraph()
+    x = g.input("x", (b, s, dm), dtype)
+    ws = [
+        g.constant((rng.standard_normal((hd, dm, h)) * dm**-0.5).astype(np.float32), dtype=dtype)
+        for _ in range(4)
+    ]
+    q, k, v = (g.einsum("bsd,edh->hbse", x, w) for w in ws[:3])
+    sc = g.einsum("hbqe,hbke->hbqk", q, k) * hd**-0.5 + g.input("m", (h, b, s, s), dtype)
+    o = g.einsum("hbqk,hbke->hbqe", g.softmax(sc, axis=-1), v)
+    g.output(g.einsum("hbqe,edh->bqd", o, ws[3]), "y")
+    ins = {
+        "x": rng.standard_normal((b, s, dm)).astype(dtype),
+        "m": rng.standard_normal((h, b, s, s)).astype(dtype),
+    }
+    ref = np.asarray(tl.compile(g, backend="numpy", opt_level=0, cache=False)(**ins)["y"])
+    plan = tl.compile(g, backend="cupy", cache=False)
+    (att,) = [n for n in plan.optimized_graph if n.kind == "attention"]
+    assert tuple(att.shape) == (b, s, h, hd)
+    step = next(st for st in plan.steps if st.kind == "attention")
+    assert "tensor-core mma" in step.info
+    for _ in range(2):  # the second call replays the captured graph
+        got = to_numpy(plan(**ins)["y"]).astype(np.float64)
+        np.testing.assert_allclose(got, ref.astype(np.float64), rtol=3e-2, atol=3e-2)

@@ -61,6 +61,28 @@ def test_parallel_matmul_on_strided_views(three_threads):
     np.testing.assert_allclose(out, a @ b, rtol=1e-12)
 
 
+@pytest.mark.parametrize("split", ["numba", "python"])
+@pytest.mark.parametrize(
+    "a_shape,b_shape",
+    [
+        ((2, 1, 30, 20), (1, 3, 20, 25)),  # batch axes broadcast on either side
+        ((30, 20), (4, 20, 25)),  # a 2-D operand against a batch
+        ((4, 30, 20), (1, 20, 25)),
+    ],
+)
+def test_parallel_matmul_broadcasts_batch_axes(three_threads, monkeypatch, split, a_shape, b_shape):
+    # strided pairs of an einsum hand products whose operands broadcast over batch axes
+    monkeypatch.setattr(cpu_threads, "SPLIT", split)
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(a_shape).astype(np.float32)
+    b = rng.standard_normal(b_shape).astype(np.float32)
+    shape = np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1])
+    out = np.full(shape, np.nan, np.float32)
+    with cpu_threads.single_threaded_blas():
+        cpu_threads.parallel_matmul(a, b, out)
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+
+
 def test_cuts_cover_the_range_once():
     for n in (1, 7, 16, 47, 48, 1000):
         for parts in (1, 2, 3, 16):

@@ -48,6 +48,24 @@ def test_contracted_letters_out_of_order_fall_back():
     assert pair_layout.strided_pair("abc", "cbd", ["c"], ["b"], ["a"], ["d"], sizes) is None
 
 
+def test_matrix_dims_apart_in_memory_need_no_copy():
+    # attention's scores from per-head projections laid out (b, s, h, k): the matrix of each
+    # (b, h) is (s, k) with a row stride of h * k, read by BLAS as it lies
+    sizes = {"b": 2, "h": 3, "q": 5, "s": 4, "k": 6}
+    sp = pair_layout.strided_pair("bqhk", "bshk", ["b", "h"], ["k"], ["q"], ["s"], sizes)
+    assert sp is not None and sp.calls == 6 and sp.result == "bhqs"
+    rng = np.random.default_rng(0)
+    A, B = rng.random((2, 5, 3, 6)), rng.random((2, 4, 3, 6))
+    Av, Bv = sp.views(A, B)
+    assert np.shares_memory(Av, A) and np.shares_memory(Bv, B)
+    np.testing.assert_allclose(
+        np.matmul(Av, Bv).reshape(2, 3, 5, 4), np.einsum("bqhk,bshk->bhqs", A, B)
+    )
+    # the summed letter not innermost: the free letters that end the term have the unit stride
+    sp = pair_layout.strided_pair("bshk", "bhqs", ["b", "h"], ["s"], ["k"], ["q"], sizes)
+    assert sp is not None and sp.calls == 6 and sp.result == "bhkq"
+
+
 _DTYPES = ["float64", "complex128", "int8", "uint16", "bool"]
 
 
@@ -177,3 +195,63 @@ def test_temporaries_share_buffers_when_never_live_together(dtype, rng):
         np.testing.assert_array_equal(got, ref)
     else:
         np.testing.assert_allclose(got, ref, rtol=1e-12)
+
+
+def _split_plan(mp, split, spec, shapes, path):
+    """A plan whose products all go to the pool mode's split GEMM (3 threads, no size floor),
+    strided layouts preferred wherever the merged one would copy."""
+    from tensorlogic.backends.numpy import host_pool, threads as cpu_threads
+
+    mp.setattr(cpu_threads, "SPLIT", split)
+    mp.setattr(cpu_threads, "MIN_SPLIT_FLOPS", 0)
+    mp.setattr(cpu_threads.parallel_matmul, "min_flops", 0)
+    mp.setattr(host_pool, "helper_count", lambda: 2)
+    mp.setattr(pair_layout, "CALL_NS", 0.0)
+    mp.setattr(pair_layout, "MEASURE_MIN_NS", float("inf"))
+    es = einspec.parse(spec, [len(s) for s in shapes])
+    sizes = einspec.letter_sizes(es, shapes)
+    dts = ["float64"] * len(shapes)
+    return es, pairwise.plan_einsum(es, shapes, sizes, path, dts, cpu_threads.parallel_matmul, True)
+
+
+@pytest.mark.parametrize("split", ["numba", "python"])
+@pytest.mark.parametrize(
+    "spec,shapes",
+    [
+        ("bqhk,bshk,z->bhqsz", [(2, 5, 3, 6), (2, 4, 3, 6), (2,)]),  # attention scores
+        ("bhqs,bshk,z->bhqkz", [(2, 3, 5, 4), (2, 4, 3, 6), (2,)]),  # attention values
+        ("acbt,cty,z->cabyz", [(2, 3, 4, 5), (3, 5, 3), (2,)]),  # A's free "a" is a batch axis
+        ("cty,acbt,z->cyabz", [(3, 5, 3), (2, 3, 4, 5), (2,)]),  # ... on the other side
+    ],
+)
+def test_strided_products_on_split_gemms(split, spec, shapes, rng):
+    from tensorlogic.backends import gemm_numba
+    from tensorlogic.backends.numpy import threads as cpu_threads
+
+    arrays = _arrays(rng, shapes, "float64")
+    calls = []
+    with pytest.MonkeyPatch.context() as mp:
+        es, plan = _split_plan(mp, split, spec, shapes, [(0, 1), (0, 1)])
+        real = gemm_numba.matmul
+        mp.setattr(gemm_numba, "matmul", lambda A, B, out, g: calls.append(1) or real(A, B, out, g))
+        with cpu_threads.single_threaded_blas():
+            got = _run(plan, es, arrays, np.float64, True)
+    assert plan.copied == 0  # every product read its operands where they lie
+    assert bool(calls) == (split == "numba" and gemm_numba.available())
+    np.testing.assert_allclose(got, np.einsum(spec, *arrays), rtol=1e-12)
+
+
+@pytest.mark.parametrize("split", ["numba", "python"])
+@settings(max_examples=40, deadline=None)
+@given(case=_pairs(), seed=st.integers(0, 2**16))
+def test_strided_pairs_on_split_gemms_match_numpy(split, case, seed):
+    # the pool thread mode's split GEMM runs the strided products (broadcast batch axes too)
+    from tensorlogic.backends.numpy import threads as cpu_threads
+
+    spec, shapes = case
+    arrays = _arrays(np.random.default_rng(seed), shapes, "float64")
+    with pytest.MonkeyPatch.context() as mp:
+        es, plan = _split_plan(mp, split, spec, shapes, [(0, 1), (0, 1)])
+        with cpu_threads.single_threaded_blas():
+            got = _run(plan, es, arrays, np.float64, True)
+    np.testing.assert_allclose(got, np.einsum(spec, *arrays), rtol=1e-12)

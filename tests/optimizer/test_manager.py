@@ -21,6 +21,8 @@ def test_pipelines_per_level():
         "layernorm",
         "attention",
         "merge",
+        "product_sum",
+        "attention_layout",
         "contraction",
         "fusion",
     ]

@@ -110,7 +110,7 @@ class FakeTransfers:
         return {name: on_device(x, self.device_id) for name, x in inputs.items()}
 
     @contextlib.contextmanager
-    def computing(self):
+    def computing(self, ticket=None):
         assert current_device() == self.device_id
         yield
 

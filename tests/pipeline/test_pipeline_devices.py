@@ -11,6 +11,8 @@ from pipeline_models import mlp_graph
 
 import tensorlogic as tl
 from tensorlogic.pipeline import devices as tl_devices
+from tensorlogic.pipeline import schedule as tl_schedule
+from tensorlogic.pipeline import trace_lanes
 
 register()
 
@@ -189,3 +191,60 @@ def test_one_device_by_default_runs_as_a_lane(plan, ref_plan, rng, monkeypatch):
     lanes.clear()
     _close(tl.run_batched(plan, {"x": x}, 64, workers=2, progress=False), ref_plan(x=x))
     assert lanes == []
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    n=st.integers(1, 150),
+    batch_size=st.integers(1, 40),
+    devices=st.sampled_from([[0], [2, 0], "all"]),
+    seed=st.integers(0, 2**31),
+)
+def test_split_first_and_last_batches_give_the_same_result(
+    plan, ref_plan, n, batch_size, devices, seed
+):
+    x = np.random.default_rng(seed).standard_normal((n, 32)).astype(np.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tl_schedule, "SPLIT_MIN_BYTES", 0)  # cut every lane's ends, however small
+        got = tl.run_batched(plan, {"x": x}, batch_size, devices=devices, progress=False)
+    _close(got, ref_plan(x=x))
+
+
+def test_split_batches_with_the_batch_axis_not_first(rng, monkeypatch):
+    monkeypatch.setattr(tl_schedule, "SPLIT_MIN_BYTES", 0)
+    test_batch_axis_not_first_and_shared_input(rng)
+
+
+def test_trace_lanes_records_every_batch(plan, ref_plan, rng):
+    x = rng.standard_normal((300, 32)).astype(np.float32)
+    with trace_lanes() as trace:
+        got = tl.run_batched(plan, {"x": x}, 20, devices=[0, 1], progress=False)
+    _close(got, ref_plan(x=x))
+    assert sorted(b.index for b in trace.batches) == list(range(15))
+    for b in trace.batches:
+        marks = [b.host[k] for k in ("take", "staged", "queued", "landing", "landed")]
+        assert marks == sorted(marks) and marks[0] >= 0
+    lanes = trace.lanes()
+    assert set(lanes) <= {0, 1} and sum(r["batches"] for r in lanes.values()) == 15
+    assert sum(r["items"] for r in lanes.values()) == 300
+    assert all(r["last_landed_s"] >= r["first_take_s"] for r in lanes.values())
+    assert "device" in trace.report()
+    # outside the block nothing is recorded
+    tl.run_batched(plan, {"x": x}, 20, devices=[0, 1], progress=False)
+    assert len(trace.batches) == 15
+
+
+def test_a_lane_that_breaks_fails_its_batches_instead_of_hanging(plan, ref_plan, rng, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("lane broke")
+
+    x = rng.standard_normal((200, 32)).astype(np.float32)
+    monkeypatch.setattr(tl_devices.lanetrace, "BatchTimes", broken)
+    with trace_lanes(), pytest.raises(tl.BatchError, match="lane broke"):
+        tl.run_batched(plan, {"x": x}, 10, devices=[0, 1], progress=False)
+    with trace_lanes():  # with on_error="skip" every batch is reported, none waited on forever
+        batches = [{"x": x[i : i + 10]} for i in range(0, 200, 10)]
+        res = list(tl.run_batches(plan, batches, devices=[0, 1], on_error="skip", progress=False))
+    assert len(res) == 20 and not any(r.ok for r in res)
+    monkeypatch.undo()
+    _close(tl.run_batched(plan, {"x": x}, 10, devices=[0, 1], progress=False), ref_plan(x=x))

@@ -12,6 +12,9 @@ It keeps the scaled query tile in shared memory and walks the keys in tiles of `
    ``P V`` into its TM x ceil(Dv / 16) accumulator.
 
 Scores never leave the chip: the scratch is the block's shared memory, O(BM * (D + BN)).
+Each tensor is addressed through its layout (``attention_gpu.layout_strides``): a batch index
+splits into (outer, inner) and rows lie a row stride apart, so ``(B, S, H, D)`` tensors are
+read and written in place.
 float16 and bfloat16 loads and stores convert through inline PTX; arithmetic is float32 (float64
 for float64 inputs) with ``expf``/``exp``, so results match the host kernel within float32
 rounding.
@@ -47,10 +50,19 @@ def shared_bytes(d: int, dv: int, dtype: str) -> int:
     return size * (bm * (d + 1) + bn * (max(d, dv) + 1) + bm * (bn + 1))
 
 
-def render(name: str, d: int, dv: int, dtype: str, causal: bool, has_mask: bool) -> str:
+def render(
+    name: str,
+    d: int,
+    dv: int,
+    dtype: str,
+    causal: bool,
+    has_mask: bool,
+    inner: tuple[int, int, int, int] = (1, 1, 1, 1),
+) -> str:
     """The kernel ``name``: ``(out, q, k, v, mask, mask_offsets, sq, sk, mask_row_stride,
-    mask_col_stride, scale, batch0)``; grid (query blocks, batch indices), 256 threads, dynamic
-    shared memory ``shared_bytes``."""
+    mask_col_stride, scale, batch0)``; ``inner``: the inner batch counts of q, k, v and out
+    (their layout, ``attention_gpu.layout_strides``; all 1 for the canonical layout); grid
+    (query blocks, batch indices), 256 threads, dynamic shared memory ``shared_bytes``."""
     if dtype not in CTYPE:
         raise BackendError(f"attention kernel: no GPU path for dtype {dtype}")
     if not (1 <= d <= MAX_HEAD_DIM and 1 <= dv <= MAX_HEAD_DIM):
@@ -71,7 +83,11 @@ def render(name: str, d: int, dv: int, dtype: str, causal: bool, has_mask: bool)
     fma = "fma" if c == "double" else "fmaf"
     nj = -(-dv // 16)
     dmax = max(d, dv)
-    flags = f"causal={int(causal)} mask={int(has_mask)}"
+    if len(inner) != 4 or not all(isinstance(x, int) and x >= 1 for x in inner):
+        raise BackendError(
+            f"attention kernel: inner batch counts must be four positive ints, got {inner!r}"
+        )
+    flags = f"causal={int(causal)} mask={int(has_mask)} inner={','.join(map(str, inner))}"
     return f"""// tensorlogic generated: attention {dtype} d={d} dv={dv} {flags}
 {HALF_PRELUDE if half else ""}
 extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
@@ -84,6 +100,10 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
   constexpr int TM = {tm}, TN = {tn}, BM = 16 * TM, BN = 16 * TN, D = {d}, DV = {dv};
   constexpr int QS = D + 1, KS = {dmax} + 1, PS = BN + 1, NJ = {nj};
   constexpr bool CAUSAL = {str(causal).lower()}, HAS_MASK = {str(has_mask).lower()};
+  // the layout: batch axes after the sequence axis (inner) and the row stride of each tensor
+  constexpr int QIN = {inner[0]}, KIN = {inner[1]}, VIN = {inner[2]}, OIN = {inner[3]};
+  constexpr long long QRS = (long long)QIN * D, KRS = (long long)KIN * D;
+  constexpr long long VRS = (long long)VIN * DV, ORS = (long long)OIN * DV;
   extern __shared__ __align__(16) unsigned char tl_smem[];
   C* Qs = (C*)tl_smem;
   C* KVs = Qs + BM * QS;
@@ -92,13 +112,15 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
   const int qblk = CAUSAL ? (int)(gridDim.x - 1 - blockIdx.x) : (int)blockIdx.x;
   const int q0 = qblk * BM;
   const long long b = (long long)blockIdx.y + batch0;
-  const T* qb = q + (b * sq + q0) * D;
-  const T* kb = k + b * sk * D;
-  const T* vb = v + b * sk * DV;
+  // the layout of each tensor: batch index b = (outer, inner), rows Xrs apart
+  const T* qb = q + (b / QIN) * sq * QRS + (b % QIN) * D + (long long)q0 * QRS;
+  const T* kb = k + (b / KIN) * sk * KRS + (b % KIN) * D;
+  const T* vb = v + (b / VIN) * sk * VRS + (b % VIN) * DV;
+  T* ob = out + (b / OIN) * sq * ORS + (b % OIN) * DV;
   const C NEG_INF = {neg_inf};
   for (int idx = t; idx < BM * D; idx += {THREADS}) {{
     const int m = idx / D, dd = idx - m * D;
-    Qs[m * QS + dd] = (q0 + m < sq) ? {load}(qb[(long long)m * D + dd]) * scale : (C)0;
+    Qs[m * QS + dd] = (q0 + m < sq) ? {load}(qb[(long long)m * QRS + dd]) * scale : (C)0;
   }}
   C mi[TM], li[TM], o[TM][NJ];
 #pragma unroll
@@ -112,7 +134,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
     __syncthreads();  // the previous tile's readers are done with KVs and Ps
     for (int idx = t; idx < BN * D; idx += {THREADS}) {{
       const int n = idx / D, dd = idx - n * D;
-      KVs[n * KS + dd] = (n0 + n < sk) ? {load}(kb[(long long)(n0 + n) * D + dd]) : (C)0;
+      KVs[n * KS + dd] = (n0 + n < sk) ? {load}(kb[(long long)(n0 + n) * KRS + dd]) : (C)0;
     }}
     __syncthreads();
     C s[TM][TN];
@@ -168,7 +190,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
       for (int j = 0; j < TN; ++j) Ps[(rg + 16 * i) * PS + cg + 16 * j] = s[i][j];
     for (int idx = t; idx < BN * DV; idx += {THREADS}) {{
       const int n = idx / DV, cc = idx - n * DV;
-      KVs[n * KS + cc] = (n0 + n < sk) ? {load}(vb[(long long)(n0 + n) * DV + cc]) : (C)0;
+      KVs[n * KS + cc] = (n0 + n < sk) ? {load}(vb[(long long)(n0 + n) * VRS + cc]) : (C)0;
     }}
     __syncthreads();
 #pragma unroll
@@ -197,7 +219,7 @@ extern "C" __global__ void __launch_bounds__({THREADS}) {name}(
     for (int jj = 0; jj < NJ; ++jj) {{
       const int cc = cg + 16 * jj;
       // li == 0 (every key hidden) gives 0/0 = NaN, as the softmax of an all -inf row
-      if (cc < DV) out[(b * sq + qi) * DV + cc] = {store}(o[i][jj] / li[i]);
+      if (cc < DV) ob[(long long)qi * ORS + cc] = {store}(o[i][jj] / li[i]);
     }}
   }}
 }}

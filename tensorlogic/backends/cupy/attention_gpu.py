@@ -2,8 +2,10 @@
 
 bfloat16 and float16 with head dims that are multiples of 16 up to 128 run the tensor-core
 kernel of ``attention_mma`` on sm_80 and later; everything else runs the exact FFMA kernel of
-``attention_c``. Inputs that are not C-contiguous (a transposed view from the
-attention pass) are copied to a contiguous layout first, O(S * D); the mask is read in place
+``attention_c``. Both read q, k, v and write the result in the node's layout (``layout_strides``:
+a ``(B, S, H, D)`` projection output is read in place). Inputs that are not C-contiguous (a
+transposed view from the attention pass) are copied to a contiguous layout first, O(S * D);
+the mask is read in place
 through one offset per batch index and two strides (zero for broadcast axes), so a ``(Sq, Sk)``
 mask shared by every head is never expanded.
 """
@@ -58,6 +60,18 @@ def _mask_layout(mask_shape, batch, sq, sk):
     return offsets, strides[-2], strides[-1]
 
 
+def layout_strides(shape, j: int) -> tuple[int, int, int]:
+    """(inner batch count, row stride, outer batch stride) in elements of a C-contiguous tensor
+    of ``shape`` with its sequence axis at ``j`` (``ir/attention.py``): batch index ``b`` of
+    the canonical ``(*batch, S, D)`` view is ``(b // inner, b % inner)`` over the axes before
+    and after the sequence axis, its row ``r`` at ``(b // inner) * outer + (b % inner) * D +
+    r * row`` (an empty batch counts as 1: nothing is launched for it)."""
+    shape = tuple(int(x) for x in shape)
+    inner = max(1, math.prod(shape[j + 1 : -1]))
+    row = inner * shape[-1]
+    return inner, row, shape[j] * row
+
+
 def mma_config(sq: int, nb: int, d: int, dv: int, causal: bool, sms: int) -> attention_mma.Config:
     """The tensor-core kernel's block shape for ``nb`` batch indices of ``sq`` query rows on a
     GPU of ``sms`` multiprocessors.
@@ -82,7 +96,14 @@ class AttentionKernel:
 
     def __init__(self, backend, node, in_nodes) -> None:
         shapes = [tuple(int(x) for x in n.shape) for n in in_nodes]
-        q, k, v = shapes[:3]
+        lay = attn_ir.layout_of(node.args, len(shapes[0]), f"node {node.name!r}")
+        strides = [
+            layout_strides(s, j)
+            for s, j in zip((*shapes[:3], tuple(int(x) for x in node.shape)), lay)
+        ]
+        # compiled into the kernel (the strides follow from them, the head dims and S)
+        self.inner = tuple(int(s[0]) for s in strides)
+        q, k, v = (attn_ir.canonical_shape(s, j) for s, j in zip(shapes[:3], lay))
         self.batch, self.sq, self.d = q[:-2], q[-2], q[-1]
         self.sk, self.dv = k[-2], v[-1]
         self.nb = math.prod(self.batch)
@@ -155,11 +176,15 @@ class AttentionKernel:
             f"tl_attention{'_mma' if mma else ''}_{dt}_d{d}_v{dv}"
             f"{'_causal' if self.causal else ''}{'_mask' if self.has_mask else ''}"
         )
+        if self.inner != (1, 1, 1, 1):
+            name += "_l" + "_".join(map(str, self.inner))
         if mma:
             name += f"_w{cfg.warps}m{cfg.mt}{'q' if cfg.q_in_regs else ''}{'p' if cfg.pair else ''}"
-            src = attention_mma.render(name, d, dv, dt, self.causal, self.has_mask, cfg)
+            src = attention_mma.render(
+                name, d, dv, dt, self.causal, self.has_mask, cfg, inner=self.inner
+            )
         else:
-            src = attention_c.render(name, d, dv, dt, self.causal, self.has_mask)
+            src = attention_c.render(name, d, dv, dt, self.causal, self.has_mask, self.inner)
         self.source = src
         fn = self.backend.compiler.function(src, name, "cuda")
         _set_dynamic_smem(fn, smem)

@@ -22,6 +22,10 @@ n - 1 - i and then i, so every block walks about the same number of key tiles. T
 is read element-wise where given.
 Scratch: shared memory only (O(rows * head dim) per block), nothing in device memory.
 
+Layouts: each of q, k, v and the output is read or written through a batch decomposition and a
+row stride (the node's ``layout``, ``ir/attention.py``), so ``(B, S, H, D)`` tensors from the
+projections need no regrouping copy.
+
 Limits: head dims ``D`` and ``Dv`` multiples of 16, at most 128, 16-byte aligned rows
 (``attention_gpu`` checks and otherwise uses the exact FFMA kernel of ``attention_c``).
 """
@@ -87,6 +91,13 @@ def supports(d: int, dv: int, dtype: str) -> bool:
     return dtype in DTYPES and all(x % 16 == 0 and 16 <= x <= MAX_HEAD_DIM for x in (d, dv))
 
 
+def _check_inner(inner) -> None:
+    if len(inner) != 4 or not all(isinstance(x, int) and x >= 1 for x in inner):
+        raise BackendError(
+            f"attention kernel: inner batch counts must be four positive ints, got {inner!r}"
+        )
+
+
 @dataclass(frozen=True)
 class Config:
     """The block shape of one kernel.
@@ -137,8 +148,11 @@ def render(
     has_mask: bool,
     cfg: Config = Config(),
     helpers: bool = True,
+    inner: tuple[int, int, int, int] = (1, 1, 1, 1),
 ) -> str:
-    """The kernel ``name`` with the FFMA kernel's signature (16-bit pointers, float scale); grid
+    """The kernel ``name`` with the FFMA kernel's signature (16-bit pointers, float scale);
+    ``inner``: the inner batch counts of q, k, v and out (their layout,
+    ``attention_gpu.layout_strides``; all 1 for the canonical layout); grid
     (``grid_x``, batch indices), ``cfg.threads`` threads, dynamic shared memory
     ``shared_bytes``. ``helpers=False`` leaves out the device functions (to put several kernels
     in one source)."""
@@ -148,6 +162,7 @@ def render(
             f"{sorted(DTYPES)} and head dims that are multiples of 16 up to "
             f"{MAX_HEAD_DIM}"
         )
+    _check_inner(inner)
     if cfg.warps not in (4, 8) or cfg.mt not in (1, 2):
         raise BackendError(f"tensor-core attention: 4 or 8 warps of 1 or 2 m-tiles, not {cfg}")
     ty = DTYPES[dtype]
@@ -158,7 +173,7 @@ def render(
     min_blocks = max(1, (512 if held <= 96 else 256) // cfg.threads)
     flags = (
         f"causal={int(causal)} mask={int(has_mask)} warps={cfg.warps} mt={cfg.mt} "
-        f"qregs={int(cfg.q_in_regs)} pair={int(pair)}"
+        f"qregs={int(cfg.q_in_regs)} pair={int(pair)} inner={','.join(map(str, inner))}"
     )
     qfrag = "qa[i][kk]" if cfg.q_in_regs else "qf[i]"
     return f"""// tensorlogic generated: attention mma {dtype} d={d} dv={dv} {flags}
@@ -175,14 +190,20 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
   constexpr int KD = D / 16, NT = BN / 8, NO = DV / 8;
   constexpr bool CAUSAL = {str(causal).lower()}, HAS_MASK = {str(has_mask).lower()};
   constexpr bool QREGS = {str(cfg.q_in_regs).lower()}, PAIR = {str(pair).lower()};
+  // the layout: batch axes after the sequence axis (inner) and the row stride of each tensor
+  constexpr int QIN = {inner[0]}, KIN = {inner[1]}, VIN = {inner[2]}, OIN = {inner[3]};
+  constexpr long long QRS = (long long)QIN * D, KRS = (long long)KIN * D;
+  constexpr long long VRS = (long long)VIN * DV, ORS = (long long)OIN * DV;
   extern __shared__ __align__(16) unsigned char tl_smem[];
   unsigned short* Qs = (unsigned short*)tl_smem;  // the query tile, at the end the output tile
   unsigned short* Ks = Qs + BM * OS;             // two stages
   unsigned short* Vs = Ks + 2 * BN * KS;         // two stages
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const long long b = (long long)blockIdx.y + batch0;
-  const unsigned short* kb = k + b * sk * D;
-  const unsigned short* vb = v + b * sk * DV;
+  // tensor X's rows of batch index b = (outer, inner): X + outer * Xos + inner * (head dim),
+  // row r at r * Xrs (``layout_strides``; canonical: Xin = 1, Xrs = the head dim)
+  const unsigned short* kb = k + (b / KIN) * sk * KRS + (b % KIN) * D;
+  const unsigned short* vb = v + (b / VIN) * sk * VRS + (b % VIN) * DV;
   const float NEG_INF = __int_as_float(0xff800000);
   const float LOG2E = 1.4426950408889634f;
   const float sl2 = scale * LOG2E;
@@ -198,7 +219,7 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
                         : (CAUSAL ? nq - 1 - (int)blockIdx.x : (int)blockIdx.x);
   if (PAIR && pass == 1 && qblk >= nq - 1 - (int)blockIdx.x) break;  // the middle block
   const int q0 = qblk * BM;
-  const unsigned short* qb = q + (b * sq + q0) * D;
+  const unsigned short* qb = q + (b / QIN) * sq * QRS + (b % QIN) * D + (long long)q0 * QRS;
   const int kend = (CAUSAL && q0 + BM < sk) ? q0 + BM : sk;
   const int ntiles = (kend + BN - 1) / BN;
   __syncthreads();  // the previous pass is done with the output tile
@@ -206,7 +227,7 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
   for (int c = tid; c < BM * (D / 8); c += THREADS) {{
     const int r = c / (D / 8), cc = (c - r * (D / 8)) * 8;
     const bool in = q0 + r < sq;
-    tl_att_cp16(tl_att_smem(Qs + r * OS + cc), qb + (long long)(in ? r : 0) * D + cc, in);
+    tl_att_cp16(tl_att_smem(Qs + r * OS + cc), qb + (long long)(in ? r : 0) * QRS + cc, in);
   }}
   auto load_tile = [&](int t) {{
     const int n0 = t * BN;
@@ -215,12 +236,13 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
     for (int c = tid; c < BN * (D / 8); c += THREADS) {{
       const int r = c / (D / 8), cc = (c - r * (D / 8)) * 8;
       const bool in = n0 + r < sk;
-      tl_att_cp16(tl_att_smem(kd + r * KS + cc), kb + (long long)(in ? n0 + r : 0) * D + cc, in);
+      tl_att_cp16(tl_att_smem(kd + r * KS + cc), kb + (long long)(in ? n0 + r : 0) * KRS + cc,
+                  in);
     }}
     for (int c = tid; c < BN * (DV / 8); c += THREADS) {{
       const int r = c / (DV / 8), cc = (c - r * (DV / 8)) * 8;
       const bool in = n0 + r < sk;
-      tl_att_cp16(tl_att_smem(vd + r * VS + cc), vb + (long long)(in ? n0 + r : 0) * DV + cc,
+      tl_att_cp16(tl_att_smem(vd + r * VS + cc), vb + (long long)(in ? n0 + r : 0) * VRS + cc,
                   in);
     }}
   }};
@@ -373,10 +395,12 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
     }}
   }}
   __syncwarp();
+  // computed late: fewer registers held across the tiles
+  unsigned short* ob = out + (b / OIN) * sq * ORS + (b % OIN) * DV;
   for (int c = lane; c < WR * (DV / 8); c += 32) {{
     const int r = c / (DV / 8), cc = (c - r * (DV / 8)) * 8;
     if (wr0 + r < sq)
-      *(uint4*)(out + (b * sq + wr0 + r) * DV + cc) = *(const uint4*)(wq + r * OS + cc);
+      *(uint4*)(ob + (long long)(wr0 + r) * ORS + cc) = *(const uint4*)(wq + r * OS + cc);
   }}
   }}  // pass
 }}

@@ -218,6 +218,7 @@ class CupyBackend(Backend):
         native_array=cupy.ndarray,
         multi_device=True,
         fused_attention=FUSED_ATTENTION,
+        attention_layouts=FUSED_ATTENTION,
     )
 
     def __init__(self, cache_dir=None) -> None:
@@ -225,7 +226,9 @@ class CupyBackend(Backend):
         self.device_id = dev.id
         self.arch = str(dev.compute_capability)
         if int(self.arch) < 80:  # no mma.sync tensor-core attention kernel before Ampere
-            self.capabilities = replace(self.capabilities, fused_attention=frozenset())
+            self.capabilities = replace(
+                self.capabilities, fused_attention=frozenset(), attention_layouts=frozenset()
+            )
         props = cupy.cuda.runtime.getDeviceProperties(dev.id)
         self.device_name = (
             props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])

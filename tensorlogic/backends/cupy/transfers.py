@@ -12,6 +12,7 @@ the lane's thread with the lane's device current.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ class Ticket:
     host: dict[str, np.ndarray] = field(default_factory=dict)  # pinned views of the outputs
     pieces: dict[str, list] = field(default_factory=dict)  # (lo, hi, event) per output piece
     keep: list = field(default_factory=list)
+    marks: dict[str, Any] = field(default_factory=dict)  # phase -> event, while tracing
 
 
 class CupyTransfers:
@@ -43,6 +45,32 @@ class CupyTransfers:
         self.compute = cupy.cuda.Stream(non_blocking=True)
         self.d2h = cupy.cuda.Stream(non_blocking=True)
         self._uploaded: Any = None
+        self._clock: tuple[Any, float] | None = None  # (event, host seconds) while tracing
+
+    def start_clock(self, t0: float | None) -> None:
+        """Record device events per phase from now on, timed from the host clock's ``t0``
+        (pipeline/lanetrace.py); None stops recording."""
+        if t0 is None:
+            self._clock = None
+            return
+        ev = self.compute.record()
+        ev.synchronize()  # the lane is idle between runs: the event completes about now
+        self._clock = (ev, time.perf_counter() - t0)
+
+    def _mark(self, ticket: Ticket, name: str, stream: Any) -> None:
+        if self._clock is not None:
+            ticket.marks[name] = stream.record()
+
+    def device_times(self, ticket: Ticket) -> dict[str, float]:
+        """When each traced phase of a finished batch happened on the device (seconds on the
+        trace's clock)."""
+        if self._clock is None:
+            return {}
+        ev0, t0 = self._clock
+        return {
+            name: t0 + cupy.cuda.get_elapsed_time(ev0, ev) / 1e3
+            for name, ev in ticket.marks.items()
+        }
 
     @staticmethod
     def _pinned(shape: tuple, dtype: np.dtype) -> tuple[np.ndarray, Any]:
@@ -67,6 +95,7 @@ class CupyTransfers:
         """Device copies of host arrays; the copies are started, not finished."""
         out: dict[str, Any] = {}
         sp = self.h2d.ptr
+        self._mark(ticket, "h2d_start", self.h2d)
         for name, x in inputs.items():
             host, mem = self._pinned(x.shape, x.dtype)
             with self.h2d:
@@ -90,16 +119,22 @@ class CupyTransfers:
             ticket.keep += [mem, dev]
             out[name] = dev
         self._uploaded = self.h2d.record()
+        if self._clock is not None:
+            ticket.marks["h2d_end"] = self._uploaded
         return out
 
     @contextlib.contextmanager
-    def computing(self) -> Iterator[None]:
+    def computing(self, ticket: Ticket | None = None) -> Iterator[None]:
         """Launches inside run on the compute stream, after the last upload."""
         if self._uploaded is not None:
             self.compute.wait_event(self._uploaded)
             self._uploaded = None
+        if ticket is not None:
+            self._mark(ticket, "compute_start", self.compute)
         with self.compute:
             yield
+        if ticket is not None:
+            self._mark(ticket, "compute_end", self.compute)
 
     def download(self, outputs: dict[str, Any], ticket: Ticket) -> None:
         """Start copying the batch's outputs into pinned memory once its kernels are done."""
@@ -129,6 +164,8 @@ class CupyTransfers:
             ticket.host[name] = host
             ticket.pieces[name] = pieces
         ticket.event = self.d2h.record()
+        if self._clock is not None:
+            ticket.marks["d2h_end"] = ticket.event
 
     def abandon(self, ticket: Ticket) -> None:
         """Drop a batch that failed midway, once nothing queued can still touch its memory."""

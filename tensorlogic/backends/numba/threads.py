@@ -90,9 +90,20 @@ def active_layer() -> str | None:
         return None
 
 
+_NO_LOCK = contextlib.nullcontext()
+
+
+def launch_lock() -> contextlib.AbstractContextManager:
+    """Serialize parallel launches only when the active layer is not thread-safe (a context
+    manager; once the layer is known to be thread-safe, a shared no-op one: every parallel
+    step pays this call)."""
+    if _needs_lock is False:
+        return _NO_LOCK
+    return _checked_lock()
+
+
 @contextlib.contextmanager
-def launch_lock() -> Iterator[None]:
-    """Serialize parallel launches only when the active layer is not thread-safe."""
+def _checked_lock() -> Iterator[None]:
     global _needs_lock
     if _needs_lock is None:
         layer = active_layer()

@@ -60,7 +60,14 @@ class _Geometry:
     """Sizes of one attention node and the blocks the kernel uses."""
 
     def __init__(self, node, in_nodes) -> None:
-        q, k, v = (tuple(int(d) for d in n.shape) for n in in_nodes[:3])
+        rank = len(in_nodes[0].shape)
+        self.args = node.args
+        self.canonical = attn_ir.is_canonical(node.args, rank)
+        lay = attn_ir.layout_of(node.args, rank, f"node {node.name!r}")
+        q, k, v = (
+            attn_ir.canonical_shape(tuple(int(d) for d in n.shape), j)
+            for n, j in zip(in_nodes[:3], lay)
+        )
         self.batch = q[:-2]
         self.sq, self.d = q[-2], q[-1]
         self.sk, self.dv = k[-2], v[-1]
@@ -115,13 +122,17 @@ def attention_kernel(node, in_nodes, exp_rows=None) -> PreparedKernel:
 
     def kernel(args, out):
         q, k, v = args[0], args[1], args[2]
+        result = out
+        if not geo.canonical:  # another memory layout: the same blocks through strided views
+            q, k, v = attn_ir.canonical_views((q, k, v), geo.args)
+            out = attn_ir.out_view(out, geo.args)
         mask = np.broadcast_to(args[3], (*geo.batch, geo.sq, geo.sk)) if geo.has_mask else None
         given = len(args) > n_in
         bufs = (
             list(args[n_in : n_in + len(specs)]) if given else [np.empty(s, dt) for s, dt in specs]
         )
         if geo.sq == 0 or geo.dv == 0 or geo.n_batch == 0:
-            return out
+            return result
         idx = list(np.ndindex(*geo.batch)) if geo.batch else [()]
 
         def work(item: int, part: int) -> None:
@@ -151,7 +162,7 @@ def attention_kernel(node, in_nodes, exp_rows=None) -> PreparedKernel:
         else:
             for item in range(geo.items):
                 work(item, 0)
-        return out
+        return result
 
     info = (
         f"{'numba exp, ' if exp_rows is not None else ''}blocks {geo.bq}x{geo.bk}"

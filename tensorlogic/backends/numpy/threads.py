@@ -129,10 +129,14 @@ def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray
     threads = host_pool.helper_count() + 1
     if threads == 1:
         return np.matmul(A, B, out=out)
+    if A.ndim < out.ndim or B.ndim < out.ndim:  # leading 1s broadcast like numpy's (views)
+        A = A.reshape((1,) * (out.ndim - A.ndim) + A.shape)
+        B = B.reshape((1,) * (out.ndim - B.ndim) + B.shape)
     if SPLIT == "numba" and _numba_split(A, B, out):
         with single_threaded_blas():  # already so inside a plan call; BLAS calls from
             return gemm_numba.matmul(A, B, out, _grid(nb, m, n))  # many threads need it
-    if out.ndim > 3:  # batch views with several batch axes: numpy's own loop over them
+    if out.ndim > 3 or not A.shape[:-2] == B.shape[:-2] == out.shape[:-2]:
+        # several batch axes (strided views) or a broadcast one: numpy's own loop over them
         return np.matmul(A, B, out=out)
     if nb >= threads:
         cuts = _cuts(nb, threads, 1)
@@ -169,7 +173,8 @@ def _numba_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
         and A.dtype == out.dtype
         and B.dtype == out.dtype
         and out.flags.c_contiguous
-        and A.shape[:-2] == B.shape[:-2] == out.shape[:-2]
+        and A.ndim == B.ndim == out.ndim
+        and all(a in (1, o) and b in (1, o) for a, b, o in zip(A.shape, B.shape, out.shape[:-2]))
         and A.shape[-1] > 0
         and gemm_numba.available()
     )
