@@ -122,12 +122,27 @@ def _gelu(x, out):
 
 def _gelu_grad(x, out):
     # the derivative of the tanh-approximate gelu: 0.5 (1 + t) + 0.5 x (1 - t^2) u', with
-    # t = tanh(u), u = c (x + 0.044715 x^3), u' = c (1 + 0.134145 x^2); temporaries, so out
-    # may alias x (0-d operands give numpy scalars, hence copyto)
-    x2 = x * x
-    t = np.tanh((x2 * (0.044715 * _SQRT_2_OVER_PI) + _SQRT_2_OVER_PI) * x)
-    slope = (x2 * (0.134145 * 0.5 * _SQRT_2_OVER_PI) + 0.5 * _SQRT_2_OVER_PI) * x * (1 - t * t)
-    np.copyto(out, 0.5 * (1 + t) + slope)
+    # t = tanh(u), u = c (x + 0.044715 x^3), u' = c (1 + 0.134145 x^2)
+    if np.ndim(x) == 0:  # numpy scalars: no in-place steps
+        x2 = x * x
+        t = np.tanh((x2 * (0.044715 * _SQRT_2_OVER_PI) + _SQRT_2_OVER_PI) * x)
+        slope = (x2 * (0.134145 * 0.5 * _SQRT_2_OVER_PI) + 0.5 * _SQRT_2_OVER_PI) * x
+        np.copyto(out, 0.5 * (1 + t) + slope * (1 - t * t))
+        return out
+    x2 = np.multiply(x, x)
+    t = np.multiply(x2, 0.044715 * _SQRT_2_OVER_PI)
+    t += _SQRT_2_OVER_PI
+    t *= x
+    np.tanh(t, out=t)
+    slope = np.multiply(x2, 0.134145 * 0.5 * _SQRT_2_OVER_PI, out=x2)
+    slope += 0.5 * _SQRT_2_OVER_PI
+    slope *= x  # x's last read: out may alias it from here on
+    np.multiply(t, t, out=out)
+    np.subtract(1, out, out=out)
+    out *= slope
+    t += 1
+    t *= 0.5
+    out += t
     return out
 
 
