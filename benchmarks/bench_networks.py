@@ -7,8 +7,9 @@ cache) and call; ``opt_einsum.contract`` with its default path (path search incl
 calls it); ``opt_einsum.contract_expression`` and cotengra's executor along our path. Every
 contender runs in its own process. ``--slicing`` instead compiles a lattice without and with
 ``path_memory_limit`` (an eighth of its peak) and runs both.
-``--slicing-8gb`` plans a random network of bond 2 whose path found without a limit peaks at
-8 GiB and runs it under a 1 GiB ``path_memory_limit``. Usage:
+``--slicing-8gb`` plans four tensors joined pairwise by bonds of 32 and sharing a batch index
+of 1024 (268 MB each) whose path found without a limit peaks at an 8.6 GB intermediate, and
+runs them under a 1 GiB ``path_memory_limit``, measuring peak memory. Usage:
 python benchmarks/bench_networks.py [--quick | --slicing | --slicing-8gb]
 """
 
@@ -18,11 +19,13 @@ import argparse
 import json
 import math
 import os
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 
 import numpy as np
 import opt_einsum
@@ -202,25 +205,42 @@ def slicing_demo(n: int = 7, bond: int = 8, divide: int = 8) -> dict:
     return row
 
 
-def slicing_8gb(limit: int = 1 << 30, n: int = 160, seed: int = 2) -> dict:
-    """A random 3-regular network of bond 2 (float64) whose path found without a memory limit
-    peaks at an 8 GiB intermediate, compiled and run sliced under ``limit`` bytes.
+def slicing_8gb(limit: int = 1 << 30, batch: int = 1024, bond: int = 32, seed: int = 3) -> dict:
+    """Four tensors, every pair joined by a bond of ``bond`` (the complete graph K4) and all
+    sharing an output index of ``batch`` (float64): every contraction order makes an
+    intermediate of the batch and four bonds, 1024 * 32^4 * 8 bytes = 8.6 GB, from 268 MB
+    operands, at 2 * bond FLOPs per element of it. Its path found without a memory limit is
+    planned (not run: it needs more memory than this machine has); the network is then
+    compiled and run sliced under ``limit`` bytes, with the peak memory measured.
 
-    The unlimited plan is not built (its intermediates need more memory than this machine has):
-    its path and peak come from the contraction planner alone, as the compile would find them.
+    Each operand is a random batch weight times an outer product of random vectors (one per
+    bond end), so the exact result is the weights' product times the bonds' dot products,
+    independent of the contraction code.
     """
     import tensorlogic as tl
     from tensorlogic.optimizer.contraction import plan_node
 
-    eq, sizes = regular(n, 3, 2, seed)
-    sizes = dict.fromkeys(sizes, 2)
-    arrays = _arrays(eq, sizes, "float64")
+    eq = "oabc,oade,obdf,ocef->o"  # o: batch; a=AB, b=AC, c=AD, d=BC, e=BD, f=CD
+    terms = [t[1:] for t in eq.split("->")[0].split(",")]
+    rng = np.random.default_rng(seed)
+    # each bond: one random vector per end; each operand: a random weight per batch entry
+    vec = {(c, k): rng.uniform(0.5, 1.5, bond) for k, t in enumerate(terms) for c in t}
+    weights = rng.uniform(0.5, 1.5, (len(terms), batch))
+    arrays = []
+    for k, t in enumerate(terms):
+        legs = vec[t[0], k][:, None, None] * vec[t[1], k][None, :, None] * vec[t[2], k]
+        arrays.append(weights[k][:, None, None, None] * legs[None])
+    exact = weights.prod(axis=0)
+    for c in "abcdef":
+        u, v = (vec[c, k] for k, t in enumerate(terms) if c in t)
+        exact = exact * float(u @ v)
     g = tl.EinsumGraph()
     ts = [g.input(f"x{i}", a.shape, "float64") for i, a in enumerate(arrays)]
     g.output(g.einsum(eq, *ts), "y")
     row: dict = {
-        "instance": f"rrg{n}_bond2_seed{seed}",
+        "instance": f"K4_batch{batch}_bond{bond}",
         "operands": len(arrays),
+        "operand_bytes": int(arrays[0].nbytes),
         "limit_bytes": limit,
     }
     t0 = time.perf_counter()
@@ -232,13 +252,27 @@ def slicing_8gb(limit: int = 1 << 30, n: int = 160, seed: int = 2) -> dict:
         "strategy": free["strategy"],
     }
     print(json.dumps(row, indent=1), flush=True)
+    feed = {f"x{i}": a for i, a in enumerate(arrays)}
+    rss0 = _max_rss()
+    tracemalloc.start()  # numpy reports its array buffers to tracemalloc
     t0 = time.perf_counter()
     plan = tl.compile(g, "numpy", 2, cache=False, path_memory_limit=limit)
     t1 = time.perf_counter()
-    y = plan({f"x{i}": a for i, a in enumerate(arrays)})["y"]
+    y = plan(feed)["y"]
     t2 = time.perf_counter()
+    _cur, traced_peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    t3 = time.perf_counter()
+    plan(feed)  # a second call: the steady state, without tracemalloc's overhead
+    t4 = time.perf_counter()
     info = plan.optimized_graph.node(plan.optimized_graph.outputs["y"]).args["path_info"]
     row["sliced"] = {
+        "second_call_s": t4 - t3,
+        # Python-heap and numpy-buffer peak over compile + first call (tracemalloc), and the
+        # process's peak resident set before and after (inputs and interpreter included)
+        "traced_peak_bytes": traced_peak,
+        "max_rss_before_bytes": rss0,
+        "max_rss_after_bytes": _max_rss(),
         "compile_s": t1 - t0,
         "call_s": t2 - t1,
         "flops": info["flops"],
@@ -248,8 +282,13 @@ def slicing_8gb(limit: int = 1 << 30, n: int = 160, seed: int = 2) -> dict:
         "slices": info.get("slices", ""),
         "strategy": info["strategy"],
     }
-    row["result"] = np.asarray(y).tolist()
+    row["rel_err_vs_exact"] = float(np.max(np.abs(np.asarray(y) - exact) / np.abs(exact)))
     return row
+
+
+def _max_rss() -> int:
+    """Peak resident set size of this process so far, in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _spawn(contender, name, path_file, repeat, cache_dir):

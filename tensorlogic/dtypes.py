@@ -251,8 +251,9 @@ def elementwise_result(
 ) -> str:
     """Result dtype of elementwise ``op`` whose dtype rule is ``(ufunc, mode)`` (see ops.DTYPE).
 
-    ``mode`` is "loop" (the output of numpy's loop for ``ufunc``) or "same" (the promoted
-    operand dtype: comparisons give 1/0 in it; the ufunc still decides which dtypes are taken);
+    ``mode`` is "loop" (the output of numpy's loop for ``ufunc``: bool for comparisons) or
+    "same" (the promoted operand dtype: relu, and step's 1/0; the ufunc still decides which
+    dtypes are taken);
     an "-ordered" suffix refuses complex operands (numpy orders complex numbers
     lexicographically, which no other backend does).
     """

@@ -136,8 +136,9 @@ def _expected_dtype(op, dt):
         ref = UNARY_REF[op](np.ones(2, dt))
     else:
         ref = BINARY_REF[op](np.ones(2, dt), np.ones(2, dt))
-    # comparisons give 1/0 in the operands' dtype (documented), everything else numpy's dtype
-    return dt if op in ("step", "gt", "ge", "lt", "le", "eq", "ne") else ref.dtype.name
+    # step gives 1/0 in its operand's dtype (documented); everything else, comparisons
+    # included (bool), numpy's dtype
+    return dt if op == "step" else ref.dtype.name
 
 
 @pytest.mark.parametrize("dt", DTYPES)
@@ -290,7 +291,7 @@ def test_integer_overflow_wraps_like_numpy():
 
 
 def test_backends_refuse_dtypes_they_do_not_declare():
-    # the cupy backend declares floats only (the Capabilities default); a backend like it
+    # a backend that declares floats only (the Capabilities default)
     from tensorlogic.backends import register_backend, unregister_backend
     from tensorlogic.backends.numpy.backend import NumpyBackend
     from tensorlogic.backends.base import Capabilities
@@ -433,3 +434,33 @@ def test_random_complex_programs_match_numpy(prog):
         np.testing.assert_allclose(
             got, want, rtol=tol, atol=tol * scale, err_msg=f"{backend} O{level}"
         )
+
+
+@pytest.mark.parametrize(
+    "dt", ["float16", "float32", "float64", "int8", "uint64", "bool", "complex64"]
+)
+def test_comparisons_are_bool_and_masks_multiply(dt):
+    """Comparisons give numpy's bool on every backend and level; a mask multiplies a tensor
+    without a cast (bool promotes to the tensor's dtype), fused or not."""
+    rng = np.random.default_rng(5)
+    g = tl.EinsumGraph()
+    x, y = g.input("x", (6, 9), dt), g.input("y", (6, 9), dt)
+    w = g.input("w", (6, 9), "float32")
+    cmps = ("eq", "ne") if dtypes.kind(dt) == "c" else ("gt", "ge", "lt", "le", "eq", "ne")
+    for op in cmps:
+        m = g.binary(op, x, y)
+        assert m.dtype == "bool"
+        g.output(m, op)
+        g.output(g.exp(w * m) * 2.0 + w, f"{op}_masked")  # float32 all along
+    a, b = random_array(rng, (6, 9), dt), random_array(rng, (6, 9), dt)
+    b[::2] = a[::2]  # ties, for eq/ge/le
+    wv = rng.standard_normal((6, 9)).astype(np.float32)
+    for backend, level in CPU:
+        out = tl.compile(g, backend=backend, opt_level=level)(x=a, y=b, w=wv)
+        for op in cmps:
+            want = BINARY_REF[op](a, b)
+            assert out[op].dtype == np.bool_
+            np.testing.assert_array_equal(out[op], want, err_msg=f"{op} {dt} {backend}")
+            masked = out[f"{op}_masked"]
+            assert masked.dtype == np.float32
+            np.testing.assert_allclose(masked, np.exp(wv * want) * 2.0 + wv, rtol=2e-5, atol=1e-6)

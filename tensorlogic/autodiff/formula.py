@@ -11,6 +11,7 @@ import ast
 import functools
 from typing import Mapping
 
+from ..dtypes import promote
 from ..errors import GradError
 from ..ir import ops
 from ..ir.graph import EinsumGraph, Tensor
@@ -107,7 +108,13 @@ def build(g: EinsumGraph, text: str, names: Mapping[str, Tensor]) -> Tensor | fl
             vals.append(g.unary(op, xs[0]))
         else:
             a, b = xs
-            vals.append(g.binary(op, _operand(g, a, b), _operand(g, b, a)))
+            r = g.binary(op, _operand(g, a, b), _operand(g, b, a))
+            if op in ops.COMPARISONS:
+                # a comparison is bool (numpy's); a derivative uses it as 1/0 in its operands'
+                # dtype, so that 0.5 * eq(a, b) stays in that dtype
+                dts = [t.dtype for t in (a, b) if isinstance(t, Tensor)]
+                r = g.cast(r, promote(*dts))
+            vals.append(r)
     return get(result)
 
 

@@ -159,7 +159,7 @@ def reduce(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> Cts:
     else:
         yk = keepdims(g, y, x.shape, axes)
         if op in ("max", "min"):
-            hit = g.binary("eq", x, yk)
+            hit = g.cast(g.binary("eq", x, yk), x.dtype)  # 1/0 where x is the extreme
             d = g.binary("div", hit, g.sum(hit, axis=axes, keepdims=True))
         elif op == "logsumexp":
             d = g.exp(g.binary("sub", x, yk))

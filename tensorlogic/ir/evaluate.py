@@ -22,7 +22,7 @@ from .fused import FusedBody, FusedOp
 
 def _elementwise(op: str, args: Sequence[np.ndarray], dtype: np.dtype) -> np.ndarray:
     # numpy's own loop for the operands' dtypes, written into the result dtype (as the numpy
-    # backend runs it: int / int -> float64, abs of complex -> float, comparisons -> 1/0); a
+    # backend runs it: int / int -> float64, abs of complex -> float, comparisons -> bool); a
     # unary op that changes the dtype (gelu of int8 -> float16) runs on its converted input,
     # so composite ops do not start in the input's integer loops
     args = [np.asarray(a) for a in args]

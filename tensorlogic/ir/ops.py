@@ -321,12 +321,22 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
     ]
 }
 
+# The CUDA C column for integer and bool compute types, where the float expression would go
+# through double (fabs, fmax) and lose the low bits of 64-bit integers.
+CUDA_INT: dict[str, str] = {
+    "abs": "({x} < ({T})0 ? ({T})(-{x}) : {x})",
+    "relu": "({x} > ({T})0 ? {x} : ({T})0)",
+    "maximum": "({a} > {b} ? {a} : {b})",
+    "minimum": "({a} < {b} ? {a} : {b})",
+}
+
 # How each elementwise op is typed (dtypes.elementwise_result): (numpy ufunc, mode). "loop":
 # the output of numpy's loop for that ufunc (exp of int8 -> float16, abs of complex -> float,
-# div of ints -> float64); "same": the promoted operand dtype (comparisons give 1/0 in it, so a
-# mask multiplies without a cast; the ufunc still decides which dtypes are accepted); an
-# "-ordered" mode refuses complex; "select": the promoted dtype of every operand but the first
-# (where's condition, of any dtype). A dtype numpy has no loop for raises DTypeError.
+# div of ints -> float64, comparisons -> bool); "same": the promoted operand dtype (relu and
+# step give their values, 1/0 for step, in it; the ufunc still decides which dtypes are
+# accepted); an "-ordered" mode refuses complex; "select": the promoted dtype of every operand
+# but the first (where's condition, of any dtype). A dtype numpy has no loop for raises
+# DTypeError.
 DTYPE: dict[str, tuple[str, str]] = {
     "neg": ("negative", "loop"),
     "abs": ("absolute", "loop"),
@@ -350,15 +360,17 @@ DTYPE: dict[str, tuple[str, str]] = {
     "pow": ("power", "loop"),
     "maximum": ("maximum", "loop-ordered"),
     "minimum": ("minimum", "loop-ordered"),
-    "gt": ("greater", "same-ordered"),
-    "ge": ("greater_equal", "same-ordered"),
-    "lt": ("less", "same-ordered"),
-    "le": ("less_equal", "same-ordered"),
-    "eq": ("equal", "same"),
-    "ne": ("not_equal", "same"),
+    "gt": ("greater", "loop-ordered"),
+    "ge": ("greater_equal", "loop-ordered"),
+    "lt": ("less", "loop-ordered"),
+    "le": ("less_equal", "loop-ordered"),
+    "eq": ("equal", "loop"),
+    "ne": ("not_equal", "loop"),
     "where": ("", "select"),
 }
 
+# the comparisons: numpy's result is bool, computed in the operands' promoted dtype
+COMPARISONS = ("gt", "ge", "lt", "le", "eq", "ne")
 UNARY_OPS = tuple(n for n, op in ELEMENTWISE.items() if op.arity == 1)
 BINARY_OPS = tuple(n for n, op in ELEMENTWISE.items() if op.arity == 2)
 TERNARY_OPS = tuple(n for n, op in ELEMENTWISE.items() if op.arity == 3)

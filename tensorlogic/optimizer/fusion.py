@@ -7,10 +7,12 @@ Legality is the pure predicate ``is_legal_group``. Groups grow greedily from the
 elementwise node of a chain (its root) towards its producers: a producer joins when it is
 elementwise, has the root's shape and dtype, is not a graph output and all its users are already
 in the group. Same-dtype members mean no rounding step of the unfused graph is skipped; scalar
-constants whose dtype matches everything they meet are inlined as literals. Only float nodes
-over float operands fuse: a fused program computes in one float dtype with float literals,
-while integer, bool and complex ops keep numpy's own loops (wraparound, integer results of
-mixed operands, complex arithmetic) one node at a time.
+constants whose dtype matches everything they meet are inlined as literals. A comparison of
+operands of the root's dtype (bool) joins too when all its users do: the program holds it as 1/0
+in that dtype, which is what its users read from a bool (``w * (a > b)`` is one kernel). Only
+float nodes over float operands fuse: a fused program computes in one float dtype with float
+literals, while integer, bool and complex ops keep numpy's own loops (wraparound, integer
+results of mixed operands, complex arithmetic) one node at a time.
 
 Epilogues grow from a row op towards its consumers: the earliest node that uses the group's
 values from outside joins while it is elementwise over the row op's shape and dtype and no
@@ -48,14 +50,37 @@ def _is_elementwise(node: Node) -> bool:
     return node.kind in ELEMENTWISE_KINDS
 
 
+def _mask_of(g: EinsumGraph, node: Node) -> str | None:
+    """The float dtype a comparison compares in (its operands' one dtype), or None.
+
+    Inside a fused group of that dtype a comparison is held as 1/0 in the dtype, as the op
+    table's expressions compute it: its bool value never leaves the group (only a member's
+    users may read it), and its users (``w * (a > b)``, ``where``) get the same numbers from
+    1/0 as numpy gets by promoting the bool.
+    """
+    if node.kind != ops.BINARY or node.op not in ops.COMPARISONS or node.dtype != "bool":
+        return None
+    dts = {g.node(i).dtype for i in node.inputs}
+    return dts.pop() if len(dts) == 1 and dts <= set(dtypes.FLOATS) else None
+
+
+def _computes_in(g: EinsumGraph, node: Node) -> str:
+    """The dtype a node computes in as a fused member: its own, a comparison's operands'."""
+    return _mask_of(g, node) or node.dtype
+
+
 def _floats_only(g: EinsumGraph, nids) -> bool:
-    """Every node of ``nids`` and each of their operands has a float dtype."""
+    """Every node of ``nids`` computes in a float dtype (comparisons of floats included), and
+    every operand is a float or such a comparison of the group."""
+    group = set(nids)
     for nid in nids:
         node = g.node(nid)
-        if node.dtype not in dtypes.FLOATS or any(
-            g.node(i).dtype not in dtypes.FLOATS for i in node.inputs
-        ):
+        if _computes_in(g, node) not in dtypes.FLOATS:
             return False
+        for i in node.inputs:
+            inode = g.node(i)
+            if inode.dtype not in dtypes.FLOATS and not (i in group and _mask_of(g, inode)):
+                return False
     return True
 
 
@@ -143,7 +168,12 @@ def is_legal_group(
         return False
     for m in members:
         node = g.node(m)
-        if not _is_elementwise(node) or tuple(node.shape) != space or node.dtype != rnode.dtype:
+        if (
+            not _is_elementwise(node)
+            or tuple(node.shape) != space
+            or _computes_in(g, node) != rnode.dtype
+            or (m == root and node.dtype != rnode.dtype)
+        ):
             return False
         if m != root and (m in outputs or any(u not in members for u in g.users(m))):
             return False
@@ -175,10 +205,11 @@ def _inline_constant(g: EinsumGraph, nid: int, user: Node, members: set[int]) ->
     node = g.node(nid)
     if node.kind != ops.CONSTANT or math.prod(node.shape) != 1 or len(node.shape) > len(user.shape):
         return None
-    if node.dtype != user.dtype:
+    dtype = _computes_in(g, user)
+    if node.dtype != dtype:
         return None
     for other in user.inputs:
-        if other != nid and other not in members and g.node(other).dtype != user.dtype:
+        if other != nid and other not in members and g.node(other).dtype != dtype:
             return None  # a Python float is "weak": numpy would compute in the other dtype
     return float(g.constants[nid].reshape(()))
 
@@ -286,7 +317,7 @@ def _grow(g: EinsumGraph, root: int, taken: set[int], limit: int | None = None) 
             if (
                 _is_elementwise(pn)
                 and tuple(pn.shape) == tuple(rnode.shape)
-                and pn.dtype == rnode.dtype
+                and _computes_in(g, pn) == rnode.dtype
                 and all(u in members for u in g.users(p))
             ):
                 members.add(p)

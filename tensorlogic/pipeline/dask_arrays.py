@@ -134,7 +134,41 @@ def _run_block(
         from .dask_plugin import PAYLOADS
 
         plan = worker_plan(key, PAYLOADS[key])
-    return plan(dict(zip(names, blocks)), check_finite=check_finite, to_host=True)
+    named = dict(zip(names, blocks))
+    pieces = _lane_pieces(plan, named)
+    if pieces > 1:
+        from .batches import run_batched
+
+        rows = max(int(x.shape[a]) for x, a in _batched(plan, named))
+        size = -(-rows // pieces)
+        return run_batched(plan, named, size, progress=False, check_finite=check_finite)
+    return plan(named, check_finite=check_finite, to_host=True)
+
+
+# a GPU worker runs a large chunk as a lane of this many sub-batches: uploads, kernels and
+# downloads overlap through pinned staging, where one plain call copies in, computes and copies
+# out one after the other through pageable memory
+LANE_PIECES = 4
+
+
+def _batched(plan: Any, named: Mapping[str, Any]) -> list[tuple[Any, int]]:
+    """(array, batch axis) of the inputs that carry the batch dimension."""
+    from .layout import batch_layout
+
+    axes = batch_layout(plan).input_axes
+    return [(x, axes[k]) for k, x in named.items() if k in axes]
+
+
+def _lane_pieces(plan: Any, named: Mapping[str, Any]) -> int:
+    """Sub-batches for one chunk on a worker: LANE_PIECES on a GPU backend when each piece
+    still moves enough bytes to be worth a copy overlap (schedule.SPLIT_MIN_BYTES), else 1."""
+    from .devices import multi_device
+    from .schedule import SPLIT_MIN_BYTES
+
+    if not multi_device(plan.backend):
+        return 1
+    moved = sum(int(getattr(x, "nbytes", 0)) for x, _ in _batched(plan, named))
+    return LANE_PIECES if moved >= LANE_PIECES * SPLIT_MIN_BYTES else 1
 
 
 def _pick(results: dict[str, Any], name: str) -> Any:

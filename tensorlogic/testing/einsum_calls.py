@@ -285,7 +285,6 @@ INT_UFUNCS = {
     "eq": "equal",
     "ne": "not_equal",
 }
-_COMPARE = {"gt", "ge", "lt", "le", "eq", "ne"}
 INT_DTYPES = tuple(d for d in dt.DTYPES if dt.kind(d) in "biu")
 
 
@@ -302,14 +301,12 @@ class IntProgram:
     reduce: str | None
 
     def evaluate(self, arrays: list[np.ndarray]) -> np.ndarray:
-        """numpy's result: each op one ufunc call (comparisons as 1/0 in the promoted dtype)."""
+        """numpy's result: each op one ufunc call (comparisons give bool, as numpy's)."""
         vals: list[Any] = []
         for op, args in self.steps:
             xs = [arrays[v] if k == "in" else vals[v] if k == "tmp" else v for k, v in args]
             with np.errstate(all="ignore"):
                 r = getattr(np, INT_UFUNCS[op])(*xs)
-            if op in _COMPARE:
-                r = r.astype(np.result_type(*xs))
             vals.append(r)
         res = vals[-1]
         return getattr(np, self.reduce)(res, axis=-1) if self.reduce else res
@@ -384,7 +381,7 @@ def _numpy_dtype(op: str, args, arg_dts) -> str:
     xs = [np.ones(1, d) if d is not None else v for (_, v), d in zip(args, arg_dts)]
     with np.errstate(all="ignore"):
         r = getattr(np, INT_UFUNCS[op])(*xs)
-    return (np.result_type(*xs) if op in _COMPARE else r.dtype).name
+    return r.dtype.name
 
 
 __all__ = [

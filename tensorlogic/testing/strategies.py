@@ -248,7 +248,9 @@ class _Builder:
         if self.coin(0.2):
             b = a  # x op x: equality holds everywhere
         tb = b.t if isinstance(b, _Entry) else b
-        return self.accept(lambda: self.g.binary(op, a.t, tb))
+        # the comparison is bool (numpy's); it is used as a mask of the compared tensor, so the
+        # graph goes on in a's dtype and fusion meets masks
+        return self.accept(lambda: self.g.binary("mul", a.t, self.g.binary(op, a.t, tb)))
 
     def op_where(self) -> _Entry | None:
         c = self.operand(lambda e: e.b.exact)

@@ -28,10 +28,13 @@ BIAS_GELU = S.Program(
 )
 
 
-def contiguous_spec(prog: S.Program, dtype: str, shapes, in_dtypes=None) -> S.KernelSpec:
-    """A spec over C-contiguous inputs."""
+def contiguous_spec(
+    prog: S.Program, dtype: str, shapes, in_dtypes=None, compute: str = ""
+) -> S.KernelSpec:
+    """A spec over C-contiguous inputs (``compute``: see ``spec.make_spec``)."""
     in_dtypes = in_dtypes or [dtype] * len(shapes)
-    return S.make_spec(prog, dtype, shapes, in_dtypes, [S.contiguous_strides(s) for s in shapes])
+    strides = [S.contiguous_strides(s) for s in shapes]
+    return S.make_spec(prog, dtype, shapes, in_dtypes, strides, compute)
 
 
 def op_program(op: str, space) -> S.Program:
@@ -170,3 +173,101 @@ def epilogue_reference(
         lse = np.log(np.exp(z).sum(axis=axis, keepdims=True))
         y = np.exp(z - lse) if tail == "softmax" else z - lse
     return y * gamma + r - 0.125
+
+
+# integer, bool and complex kernels (CUDA C only): every dtype of the IR beyond the floats
+EXACT_DTYPES = (
+    "bool",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "uint64",
+    "complex64",
+    "complex128",
+)
+
+
+def _op_dtypes(op: str, dt: str) -> tuple[str, list[str]] | None:
+    """(numpy's result dtype, input dtypes) of ``op`` over ``dt`` operands (where's condition
+    a float32), or None where numpy has no loop."""
+    from tensorlogic import dtypes
+    from tensorlogic.errors import DTypeError
+
+    ins = [dt] * ops.ELEMENTWISE[op].arity
+    if op == "where":
+        ins[0] = "float32"
+    try:
+        return dtypes.elementwise_result(op, ops.DTYPE[op], ins), ins
+    except DTypeError:
+        return None
+
+
+def dtype_cases():
+    """(name, spec) of every op and reduction over every integer, bool and complex dtype that
+    numpy has a loop for (result dtypes as numpy's), mixed-dtype operands, comparisons computed
+    in their operands' dtype with a bool result, and where over a complex condition. Whether
+    the CUDA C renderer takes each is ``cuda_c.generates``'s answer."""
+    from tensorlogic import dtypes
+    from tensorlogic.errors import DTypeError
+
+    cases = []
+    for dt in EXACT_DTYPES:
+        for op, row in ops.ELEMENTWISE.items():
+            typed = _op_dtypes(op, dt)
+            if typed is None:
+                continue
+            out, ins = typed
+            prog = op_program(op, (1000, 37))
+            # a comparison computes in its operands' dtype (routing.compute_dtype)
+            compute = dtypes.promote(*ins) if op in ops.COMPARISONS else ""
+            cases.append(
+                (
+                    f"ew_{op}_{dt}",
+                    contiguous_spec(prog, out, [(1000, 37)] * row.arity, ins, compute),
+                )
+            )
+        for tail in ops.REDUCTIONS + ops.ROW_OPS:
+            try:
+                out = (
+                    dtypes.reduction_result(tail, dt)
+                    if tail in ops.REDUCTIONS
+                    else dtypes.rowop_result(tail, dt)
+                )
+            except DTypeError:
+                continue
+            for j, (space, axes) in enumerate(TAIL_LAYOUTS):
+                if tail in ops.ROW_OPS and len(axes) > 1:
+                    continue
+                prog = S.Program((), ("in", 0), space, tail, axes)
+                cases.append((f"{tail}_{j}_{dt}", contiguous_spec(prog, out, [space], [dt])))
+    prog = op_program("add", (1000,))
+    for a, b in (
+        ("int8", "float32"),
+        ("uint8", "int8"),
+        ("int64", "uint64"),
+        ("float32", "complex64"),
+        ("bool", "int16"),
+        ("float16", "complex64"),
+    ):
+        out = dtypes.promote(a, b)
+        cases.append((f"ew_add_{a}_{b}", contiguous_spec(prog, out, [(1000,), (1000,)], [a, b])))
+    for dt in ("float32", "float64", "float16", "int8", "uint64", "bool", "complex128"):
+        for op in ops.COMPARISONS:
+            if op not in ("eq", "ne") and dt.startswith("complex"):
+                continue
+            sp = S.make_spec(
+                op_program(op, (1000,)), "bool", [(1000,)] * 2, [dt] * 2, [(1,), (1,)], dt
+            )
+            cases.append((f"cmp_{op}_{dt}", sp))
+    where = op_program("where", (1000,))
+    cases.append(
+        (
+            "where_ccond",
+            contiguous_spec(where, "int32", [(1000,)] * 3, ["complex64", "int32", "int32"]),
+        )
+    )
+    return cases

@@ -23,7 +23,11 @@ class MinimalBackend(Backend):
     """Only the required members of the contract; each kernel evaluates its node with numpy."""
 
     name = "minimal_contract"
-    capabilities = Capabilities(options=frozenset({"fast_math"}))
+    # floats and bool: comparisons give bool (the random graphs use them as masks); its
+    # kernels evaluate with numpy, so it runs them
+    capabilities = Capabilities(
+        options=frozenset({"fast_math"}), dtypes=Capabilities.dtypes | {"bool"}
+    )
 
     def __init__(self) -> None:
         self.prepared = 0

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from cupy_cases import all_cases, contiguous_spec, op_program
+import tensorlogic as tl
+from cupy_cases import EXACT_DTYPES, all_cases, contiguous_spec, dtype_cases, op_program
 from tensorlogic.backends.cupy import cuda_c, ptx, ptx_math, spec as S
 from tensorlogic.backends.cupy.cache import KernelCache
 from tensorlogic.errors import BackendError
@@ -210,8 +211,103 @@ def test_vector_request_for_a_strided_spec_is_refused():
 
 
 def test_unsupported_dtype_is_a_backend_error():
-    with pytest.raises(BackendError, match="int32"):
-        contiguous_spec(op_program("neg", (4,)), "int32", [(4,)])
+    with pytest.raises(BackendError, match="float128"):
+        contiguous_spec(op_program("neg", (4,)), "float128", [(4,)])
+
+
+def test_ptx_leaves_integer_bool_and_complex_kernels_to_cuda_c():
+    for dt in ("int32", "bool", "complex64"):
+        spec = contiguous_spec(op_program("add", (4,)), dt, [(4,), (4,)])
+        with pytest.raises(BackendError, match="cuda_c renders the others"):
+            ptx.emit(spec, "k", 90)
+    # a comparison of floats computes in float32 but stores bool
+    cmp = S.make_spec(
+        op_program("gt", (4,)), "bool", [(4,)] * 2, ["float32"] * 2, [(1,)] * 2, "float32"
+    )
+    with pytest.raises(BackendError, match="bool"):
+        ptx.emit(cmp, "k", 90)
+
+
+def test_integer_bool_and_complex_kernels_compile_with_nvcc(tmp_path):
+    """Every op and reduction numpy has a loop for, over every integer, bool and complex dtype,
+    mixed operands and bool comparisons: what CUDA C takes compiles for sm_90."""
+    cases = [(n, s) for n, s in dtype_cases() if cuda_c.generates(s)]
+    src = cuda_c._PRELUDE + cuda_c.COMPLEX_PRELUDE
+    src += "\n".join(cuda_c.render(spec, name, prelude=False) for name, spec in cases)
+    f = tmp_path / "dtypes.cu"
+    f.write_text(src)
+    r = subprocess.run(
+        [_tool("nvcc"), "-arch=sm_90", "-c", str(f), "-o", str(tmp_path / "dtypes.o")],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[:4000]
+    # a kernel with its own prelude (as the backend compiles it) compiles alone too
+    name, spec = next(c for c in cases if c[0] == "sum_0_complex128")
+    f.write_text(cuda_c.render(spec, name))
+    r = subprocess.run(
+        [_tool("nvcc"), "-arch=sm_90", "-c", str(f), "-o", str(tmp_path / "one.o")],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr[:4000]
+
+
+def test_cuda_c_takes_every_exact_op_and_leaves_the_rest_to_cupy():
+    names = {n: cuda_c.generates(s) for n, s in dtype_cases()}
+    refused = {n for n, ok in names.items() if not ok}
+    ints = [d for d in EXACT_DTYPES if not d.startswith("complex")]
+    expected = {f"ew_{op}_{d}" for d in ints for op in ("reciprocal", "pow")}
+    expected |= {
+        f"ew_{op}_{d}"
+        for d in ("complex64", "complex128")
+        for op in ("abs", "sqrt", "sigmoid", "tanh", "gelu", "pow")
+    }
+    assert refused == expected
+    for d in ints:
+        for op in cuda_c.INT_OPS:
+            if f"ew_{op}_{d}" in names:  # numpy has a loop for it
+                assert names[f"ew_{op}_{d}"], (op, d)
+        for tail in ("sum", "prod", "max", "min", "mean"):
+            assert names[f"{tail}_0_{d}"] and names[f"{tail}_5_{d}"]
+    for d in ("complex64", "complex128"):
+        for tail in ("sum", "prod", "mean"):
+            assert all(names[f"{tail}_{j}_{d}"] for j in range(6))
+    # integer kernels never go through double: abs/relu/maximum/minimum take exact forms
+    spec = contiguous_spec(op_program("maximum", (4,)), "int64", [(4,), (4,)])
+    text = cuda_c.render(spec, "k")
+    assert "fmax" not in text and "long long" in text
+
+
+def _node(g, t):
+    node = g.node(t)
+    return node, [g.node(i) for i in node.inputs]
+
+
+def test_cupy_routing_of_every_dtype_kind():
+    from tensorlogic.backends.cupy import routing
+
+    g = tl.EinsumGraph()
+    f = g.input("f", (8, 4), "float32")
+    i8 = g.input("i8", (8, 4), "int8")
+    c = g.input("c", (8, 4), "complex64")
+    cases = {
+        "float add": (f + f, "ptx"),
+        "int8 add": (i8 + i8, "cuda"),
+        "int8 + float": (i8 + f, "cuda"),
+        "int8 sum": (g.sum(i8, axis=1), "cuda"),
+        "int8 pow": (g.elementwise("pow", i8, i8), None),
+        "complex mul": (c * c, "cuda"),
+        "complex sqrt": (g.elementwise("sqrt", c), None),
+        "complex abs": (g.elementwise("abs", c), None),
+        "cast int8->float32": (g.cast(i8, "float32"), None),
+        "cast float32->float64": (g.cast(f, "float64"), "ptx"),
+    }
+    for what, (t, path) in cases.items():
+        node, ins = _node(g, t)
+        assert routing.kernel_path(node, ins, "ptx") == path, what
+    node, ins = _node(g, g.elementwise("gt", f, f))
+    assert routing.compute_dtype(node, ins) == "float32"
 
 
 # ------------------------------------------------------------------ layout (index arithmetic)

@@ -320,7 +320,9 @@ def test_contractions_are_captured_in_cuda_graphs(rng):
     assert "cuda graph: on" in str(plan)
     for got, want in held:  # earlier results are not overwritten by later replays
         for name in ("o", "abc", "ata", "bbt"):
-            np.testing.assert_allclose(_host(got[name]), want[name], rtol=1e-4, atol=1e-4)
+            # float32 sums of terms up to ~1e3 (abc): round-off scales with the result's size
+            atol = 1e-4 * max(1.0, float(np.abs(want[name]).max()))
+            np.testing.assert_allclose(_host(got[name]), want[name], rtol=1e-4, atol=atol)
 
 
 def test_threads_share_a_plan(rng):

@@ -39,6 +39,35 @@ def test_chain_becomes_one_fused_node(rng):
     assert len(plan.steps) == 1
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_comparison_masks_fuse_as_one_zero(dtype, rng):
+    """A comparison (bool) whose users are all in the group joins it as 1/0 in the group's
+    dtype: ``exp(w * (x > y)) + where(x >= 0.5, w, y)`` is one kernel, with numpy's results."""
+    g = tl.EinsumGraph()
+    x, y, w = (g.input(n, (40, 33), dtype) for n in "xyw")
+    g.output(g.exp(w * (x > y)) * 2.0 + g.where(x >= 0.5, w, y), "o")
+    g.output(w * (x == 0.0), "z")  # a comparison with an inlined literal
+    res = fusion(g)
+    gg = res.graph
+    assert count(gg, ops.FUSED) == 2 and count(gg, ops.BINARY) == 0
+    ops_in = [
+        i.op for n in gg if n.kind == ops.FUSED for i in FusedBody.from_args(n.args["body"]).instrs
+    ]
+    assert {"gt", "ge", "eq"} <= set(ops_in)
+    plan = assert_same_as_o0(g, rng, 2)
+    assert len(plan.steps) == 2
+    # a comparison that is an output (its bool leaves the group) is not a member
+    h = tl.EinsumGraph()
+    a, b = h.input("a", (8, 5), dtype), h.input("b", (8, 5), dtype)
+    m = a < b
+    h.output(m, "m")
+    h.output(g_exp := h.exp(a * m), "e")
+    hh = fusion(h).graph
+    assert hh.node(hh.outputs["m"]).dtype == "bool" and count(hh, ops.BINARY, "lt") == 1
+    assert g_exp.dtype == dtype
+    assert_same_as_o0(h, rng, 2)
+
+
 @pytest.mark.parametrize("helpers", [0, 3])
 @pytest.mark.parametrize("block_bytes", [64, 1000, 1 << 20])
 @pytest.mark.parametrize(

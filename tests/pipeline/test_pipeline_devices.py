@@ -248,3 +248,33 @@ def test_a_lane_that_breaks_fails_its_batches_instead_of_hanging(plan, ref_plan,
     assert len(res) == 20 and not any(r.ok for r in res)
     monkeypatch.undo()
     _close(tl.run_batched(plan, {"x": x}, 10, devices=[0, 1], progress=False), ref_plan(x=x))
+
+
+def _compute_together(outputs):
+    """Every output of one dask run, computed in one pass (each batch runs once)."""
+    import dask
+
+    values = dask.compute(*outputs.values(), scheduler="sync")
+    return {name: np.asarray(v) for name, v in zip(outputs, values)}
+
+
+def test_a_large_dask_chunk_on_a_gpu_worker_runs_as_a_lane(plan, ref_plan, rng, monkeypatch):
+    da = pytest.importorskip("dask.array")
+    from tensorlogic.pipeline import dask_arrays
+
+    monkeypatch.setattr(tl_schedule, "SPLIT_MIN_BYTES", 256)  # these small chunks count as large
+    x = rng.standard_normal((300, 32)).astype(np.float32)
+    with trace_lanes() as trace:
+        got = tl.run_batched(plan, {"x": da.from_array(x, chunks=100)})
+        host = _compute_together(got)
+    _close(host, ref_plan(x=x))
+    # three chunks, each cut into LANE_PIECES sub-batches (the first and last cut again)
+    assert len(trace.batches) >= 3 * dask_arrays.LANE_PIECES
+    assert sum(b.n_items for b in trace.batches) == 300
+    # a small chunk (or a host backend) keeps the plain call
+    monkeypatch.setattr(tl_schedule, "SPLIT_MIN_BYTES", 1 << 30)
+    with trace_lanes() as trace:
+        got = tl.run_batched(plan, {"x": da.from_array(x, chunks=100)})
+        host = _compute_together(got)
+    _close(host, ref_plan(x=x))
+    assert trace.batches == []

@@ -24,6 +24,7 @@ from . import cublas
 from .cache import KernelCache
 from .compiler import KernelCompiler
 from .graphs import CAPTURE_GATE, PlanRunner
+from .routing import compute_dtype, kernel_path, ptx_renders
 from .spec import ITEMSIZE, finish_program, make_spec, program_of
 
 GENERATED_KINDS = (*ops.ELEMENTWISE_KINDS, ops.REDUCE, ops.ROWOP, ops.FUSED, ops.CAST)
@@ -142,9 +143,11 @@ class GeneratedKernel:
         self.backend = backend
         self.node = node
         self.prog = program_of(node, in_nodes)
-        self.codegen = codegen
         self.out_dtype = node.dtype
         self.in_dtypes = [n.dtype for n in in_nodes]
+        self.compute = compute_dtype(node, in_nodes)
+        # PTX renders the float kernels; CUDA C every dtype (kernel_path)
+        self.codegen = codegen if ptx_renders(node, in_nodes, self.compute) else "cuda"
         self.in_shapes = [tuple(int(d) for d in n.shape) for n in in_nodes]
         self.variants: dict[tuple, Any] = {}
         self.spec = None
@@ -159,7 +162,9 @@ class GeneratedKernel:
 
     def _build(self, sig: tuple) -> Any:
         strides = [tuple(b // ITEMSIZE[dt] for b in st) for st, dt in zip(sig, self.in_dtypes)]
-        spec = make_spec(self.prog, self.out_dtype, self.in_shapes, self.in_dtypes, strides)
+        spec = make_spec(
+            self.prog, self.out_dtype, self.in_shapes, self.in_dtypes, strides, self.compute
+        )
         sk = _SpecKernel(self.backend, spec, f"tl_{spec.family}_{spec.key()}", self.codegen)
         if self.spec is None:
             self.spec, self.source = spec, sk.source
@@ -206,15 +211,16 @@ class CupyBackend(Backend):
 
     name = "cupy"
     xp = cupy
-    # C-contiguous CuPy inputs skip conversion (CompiledPlan); dtypes: the floats, bfloat16
-    # included (CuPy's own), since the generated PTX/CUDA C kernels and cuBLAS calls are written
-    # and GPU-tested for them: compile refuses other dtypes with DTypeError
+    # C-contiguous CuPy inputs skip conversion (CompiledPlan); dtypes: every IR dtype. Floats
+    # run on PTX or CUDA C kernels and cuBLAS; integers and bool on CUDA C kernels (wrapping as
+    # numpy) and CuPy's exact integer matmul; complex on CUDA C kernels and cuBLAS's complex
+    # GEMMs; what no kernel computes as numpy does runs on CuPy's loops (kernel_path)
     capabilities = Capabilities(
         device=True,
         events=True,
         own_runner=True,
         options=frozenset({"codegen", "cuda_graph", "pdl"}),
-        dtypes=frozenset(dtypes.FLOATS),
+        dtypes=frozenset(dtypes.SUPPORTED),
         native_array=cupy.ndarray,
         multi_device=True,
         fused_attention=FUSED_ATTENTION,
@@ -317,7 +323,11 @@ class CupyBackend(Backend):
             rk = RowGradKernel(self, node)
             return PreparedKernel(rk, source=rk.source, impl=rk, info=rk.info, scratch=rk.scratch)
         if node.kind in GENERATED_KINDS:
-            gk = GeneratedKernel(self, node, in_nodes, self.codegen)
+            path = kernel_path(node, in_nodes, self.codegen)
+            if path is None:  # CuPy's loops (numpy's semantics and result dtypes)
+                kernel = generic.make_kernel(cupy, node, in_nodes, not step.view)
+                return replace(kernel, info=kernel.info or "cupy")
+            gk = GeneratedKernel(self, node, in_nodes, path)
             return PreparedKernel(gk, source=gk.source, impl=gk)
         if node.kind == ops.ATTENTION:
             from .attention_gpu import AttentionKernel

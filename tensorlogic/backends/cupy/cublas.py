@@ -8,6 +8,10 @@ contraction engine's matrix products as strided-batched GEMMs. Operands already 
 (batched) row- or column-major matrices go to cuBLAS as they are (a transposed operand is a
 transpose flag, not a copy, unlike ``cupy.matmul``); anything else falls back to ``cupy.matmul``.
 
+complex64 and complex128 products run as ``cublasCgemmStridedBatched`` /
+``cublasZgemmStridedBatched``; integer and bool products, which cuBLAS has no exact GEMM for,
+take CuPy's integer matmul kernels (exact, wrapping around as numpy's).
+
 float16 and bfloat16 products run as ``cublasGemmStridedBatchedEx`` with float32 accumulation
 (``CUBLAS_COMPUTE_32F``: tensor cores, one rounding of each result); float32 products with
 ``tf32=True`` use ``CUBLAS_COMPUTE_32F_FAST_TF32`` (operands rounded to TF32 on the tensor cores,
@@ -71,13 +75,20 @@ class Cublas:
         self._set_workspace.argtypes = [vp, vp, ctypes.c_size_t]
         gemm_args = [vp, i, i, i, i, i, vp, vp, i, ll, vp, i, ll, vp, vp, i, ll, i]
         self._gemm = {}
+        # complex GEMMs take alpha and beta as (real, imaginary) pairs; the transpose flag is
+        # a plain transpose (CUBLAS_OP_T), never the conjugate, as an einsum needs
+        c64, c128 = ctypes.c_float * 2, ctypes.c_double * 2
         for dtype, fname, ctype in (
             ("float32", "cublasSgemmStridedBatched", ctypes.c_float),
             ("float64", "cublasDgemmStridedBatched", ctypes.c_double),
+            ("complex64", "cublasCgemmStridedBatched", c64),
+            ("complex128", "cublasZgemmStridedBatched", c128),
         ):
             fn = getattr(lib, fname)
             fn.argtypes, fn.restype = gemm_args, ctypes.c_int
-            one, zero = ctype(1.0), ctype(0.0)
+            one, zero = (
+                (ctype(1.0, 0.0), ctype(0.0, 0.0)) if dtype[0] == "c" else (ctype(1.0), ctype(0.0))
+            )
             self._gemm[dtype] = (fn, one, zero, ctypes.addressof(one), ctypes.addressof(zero))
         for fn in (self._create, self._set_stream, self._set_workspace):
             fn.restype = ctypes.c_int

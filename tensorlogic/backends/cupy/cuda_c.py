@@ -7,6 +7,7 @@ other. The source needs no headers: float16 and bfloat16 move through inline PTX
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Sequence
 
@@ -19,7 +20,75 @@ CTYPE = {
     "float64": "double",
     "float16": "unsigned short",
     "bfloat16": "unsigned short",
+    "bool": "bool",
+    "int8": "signed char",
+    "int16": "short",
+    "int32": "int",
+    "int64": "long long",
+    "uint8": "unsigned char",
+    "uint16": "unsigned short",
+    "uint32": "unsigned int",
+    "uint64": "unsigned long long",
+    "complex64": "tl_c64",
+    "complex128": "tl_c128",
 }
+_INTS = ("int", "long long", "unsigned int", "unsigned long long")  # integer compute types
+_COMPLEX = ("tl_c64", "tl_c128")
+# (smallest, largest) value of each integer compute type: the identities of max and min
+_INT_LIMITS = {
+    "int": ("(-2147483647 - 1)", "2147483647"),
+    "long long": ("(-9223372036854775807LL - 1)", "9223372036854775807LL"),
+    "unsigned int": ("0u", "4294967295u"),
+    "unsigned long long": ("0ull", "18446744073709551615ull"),
+}
+# Ops the integer and bool kernels compute exactly (as numpy's loop of the stored type: ring
+# operations wrap, comparisons and selections are exact); abs, relu, maximum and minimum take
+# the op table's integer column (``ops.CUDA_INT``). Integer pow and reciprocal are left to
+# CuPy's own loops (see ``generates``).
+INT_OPS = frozenset(
+    {
+        "neg",
+        "abs",
+        "square",
+        "relu",
+        "step",
+        "one_minus",
+        "add",
+        "sub",
+        "mul",
+        "maximum",
+        "minimum",
+        "gt",
+        "ge",
+        "lt",
+        "le",
+        "eq",
+        "ne",
+        "where",
+    }
+)
+# Ops the complex kernels compute (``COMPLEX_PRELUDE``: numpy's algorithms for division, exp and
+# log); sqrt, tanh and the float-valued abs are left to CuPy's loops.
+COMPLEX_OPS = frozenset(
+    {
+        "neg",
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "square",
+        "reciprocal",
+        "one_minus",
+        "exp",
+        "log",
+        "eq",
+        "ne",
+        "where",
+    }
+)
+# reductions of integer (sum, prod, max, min) and complex (sum, prod, mean) compute types
+INT_TAILS = frozenset({"sum", "prod", "max", "min"})
+COMPLEX_TAILS = frozenset({"sum", "prod", "mean"})
 # 16-bit storage: (load conversion to float, store conversion from float)
 # 16-bit storage: (load to float, store from float) helpers, defined by HALF_PRELUDE
 HALF_CONV = {"float16": ("tl_h2f", "tl_f2h"), "bfloat16": ("tl_bf2f", "tl_f2bf")}
@@ -35,6 +104,51 @@ __device__ __forceinline__ float tl_bf2f(unsigned short h) {
   float f; asm("cvt.f32.bf16 %0, %1;" : "=f"(f) : "h"(h)); return f; }
 __device__ __forceinline__ unsigned short tl_f2bf(float f) {
   unsigned short h; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(f)); return h; }
+"""
+# complex64/complex128 as a pair of floats (numpy's layout), with numpy's arithmetic: Smith's
+# division as numpy's loops do it, exp and log as npy_cexp/npy_clog for finite values. Operators
+# are hidden friends so that a bool or a real converts implicitly (where's condition, literals).
+COMPLEX_PRELUDE = r"""
+template <typename R> struct tl_complex {
+  R x, y;
+  tl_complex() = default;
+  __device__ __forceinline__ tl_complex(R r, R i = R(0)) : x(r), y(i) {}
+  template <typename S> __device__ __forceinline__ explicit tl_complex(tl_complex<S> o)
+      : x(R(o.x)), y(R(o.y)) {}
+  friend __device__ __forceinline__ tl_complex operator+(tl_complex a, tl_complex b) {
+    return tl_complex(a.x + b.x, a.y + b.y); }
+  friend __device__ __forceinline__ tl_complex operator-(tl_complex a, tl_complex b) {
+    return tl_complex(a.x - b.x, a.y - b.y); }
+  friend __device__ __forceinline__ tl_complex operator-(tl_complex a) {
+    return tl_complex(-a.x, -a.y); }
+  friend __device__ __forceinline__ tl_complex operator*(tl_complex a, tl_complex b) {
+    return tl_complex(a.x * b.x - a.y * b.y, a.x * b.y + a.y * b.x); }
+  friend __device__ __forceinline__ tl_complex operator/(tl_complex a, tl_complex b) {
+    const R br = fabs(b.x), bi = fabs(b.y);
+    if (br >= bi) {
+      if (br == R(0) && bi == R(0)) return tl_complex(a.x / br, a.y / br);
+      const R rat = b.y / b.x, scl = R(1) / (b.x + b.y * rat);
+      return tl_complex((a.x + a.y * rat) * scl, (a.y - a.x * rat) * scl);
+    }
+    const R rat = b.x / b.y, scl = R(1) / (b.y + b.x * rat);
+    return tl_complex((a.x * rat + a.y) * scl, (a.y * rat - a.x) * scl); }
+  friend __device__ __forceinline__ bool operator==(tl_complex a, tl_complex b) {
+    return a.x == b.x && a.y == b.y; }
+  friend __device__ __forceinline__ bool operator!=(tl_complex a, tl_complex b) {
+    return !(a == b); }
+};
+typedef tl_complex<float> tl_c64;
+typedef tl_complex<double> tl_c128;
+template <typename R> __device__ __forceinline__ tl_complex<R> exp(tl_complex<R> z) {
+  const R e = exp(z.x);
+  return z.y == R(0) ? tl_complex<R>(e, z.y) : tl_complex<R>(e * cos(z.y), e * sin(z.y)); }
+template <typename R> __device__ __forceinline__ tl_complex<R> log(tl_complex<R> z) {
+  return tl_complex<R>(log(hypot(z.x, z.y)), atan2(z.y, z.x)); }
+template <typename T> __device__ __forceinline__ T tl_shfl(T v, int m) {
+  return __shfl_xor_sync(0xffffffffu, v, m); }
+template <typename R> __device__ __forceinline__ tl_complex<R> tl_shfl(tl_complex<R> v, int m) {
+  return tl_complex<R>(__shfl_xor_sync(0xffffffffu, v.x, m),
+                       __shfl_xor_sync(0xffffffffu, v.y, m)); }
 """
 _PRELUDE = (
     HALF_PRELUDE
@@ -57,7 +171,15 @@ _IDENT = {n: r.identity for n, r in ops.REDUCTION_TABLE.items() if r.combine}
 
 
 def literal(v: float, ct: str) -> str:
-    """An exact C literal of ``v`` in the compute type (bit patterns for inf and NaN)."""
+    """An exact C literal of ``v`` in the compute type (bit patterns for inf and NaN; for an
+    integer type, -inf and inf are its smallest and largest value)."""
+    if ct in _INTS:
+        if math.isinf(v):
+            return _INT_LIMITS[ct][v > 0]
+        return f"(({ct}){int(v)})"
+    if ct in _COMPLEX:
+        real = "float" if ct == "tl_c64" else "double"
+        return f"{ct}({literal(v, real)}, {literal(0.0, real)})"
     if ct == "float":
         bits = struct.unpack("<I", struct.pack("<f", v))[0]
         return f"__int_as_float(0x{bits:08x})"
@@ -73,6 +195,12 @@ class _Src:
         self.ct = CTYPE[spec.compute]
         self.it = "unsigned long long" if spec.wide else "unsigned int"
 
+    def shfl(self, v: str) -> str:
+        """``v`` of the lane ``m`` lanes across (a complex value moves as its two parts)."""
+        if self.ct in _COMPLEX:
+            return f"tl_shfl({v}, m)"
+        return f"__shfl_xor_sync(0xffffffffu, {v}, m)"
+
     def var(self, stem: str) -> str:
         self.n += 1
         return f"{stem}{self.n}"
@@ -87,10 +215,26 @@ class _Src:
             return f"(({self.ct}){HALF_CONV[dt][0]}({e}))"
         return e if CTYPE[dt] == self.ct else f"(({self.ct}){e})"
 
+    def load_own(self, k: int, off: str | None) -> str:
+        """Input k in its own dtype, as a nonzero test (where's condition: a truth value)."""
+        dt = self.spec.in_dtypes[k]
+        e = f"in{k}[{off or 0}]"
+        if dt in HALF_CONV:
+            return f"({HALF_CONV[dt][0]}({e}) != 0.0f)"
+        return f"({e} != 0)"
+
+    def op_expr(self, op: str, args: Sequence[str]) -> str:
+        """C expression of elementwise ``op`` over ``args`` in the compute type."""
+        row = ops.ELEMENTWISE[op]
+        template = ops.CUDA_INT.get(op, row.cuda) if self.ct in _INTS else row.cuda
+        return template.format(T=self.ct, **dict(zip(row.operands, args)))
+
     def store_expr(self, v: str) -> str:
         dt = self.spec.dtype
         if dt in HALF_CONV:  # 16-bit results always compute in float
             return f"{HALF_CONV[dt][1]}({v})"
+        if dt == "bool":  # nonzero, as numpy's cast to bool (a complex value too)
+            return f"({v} != ({self.ct})0)"
         return f"(({CTYPE[dt]}){v})"
 
     def program(
@@ -118,11 +262,25 @@ class _Src:
                 return tail
             return literal(float(r[1]), self.ct)
 
+        def own(r) -> str:
+            # an operand read in its own dtype (where's condition), once per point
+            key = ("own", r[1])
+            if key not in vals:
+                if r in vals:  # given (vector lanes, row invariants): float32/64 kernels only
+                    vals[key] = f"({vals[r]} != 0)"
+                else:
+                    v = self.var("c")
+                    self.emit(f"const bool {v} = {self.load_own(r[1], offs[r[1]])};", depth)
+                    vals[key] = v
+            return vals[key]
+
         tmps: list[str] = []
         for ins in spec.instrs if tail is None else spec.epilogue:
-            args = [ref(a) for a in ins.args]
-            row = ops.ELEMENTWISE[ins.op]
-            expr = row.cuda.format(T=self.ct, **dict(zip(row.operands, args)))
+            keep = ops.ELEMENTWISE[ins.op].own_dtype
+            args = [
+                own(a) if j in keep and a[0] == "in" else ref(a) for j, a in enumerate(ins.args)
+            ]
+            expr = self.op_expr(ins.op, args)
             t = self.var("t")
             self.emit(f"const {self.ct} {t} = {expr};", depth)
             tmps.append(t)
@@ -187,10 +345,7 @@ def _expr(s: _Src, e, scal: dict[str, str], elem) -> str:
     if isinstance(e, (int, float)):
         return literal(float(e), s.ct)
     op, *args = e
-    row = ops.ELEMENTWISE[op]
-    return row.cuda.format(
-        T=s.ct, **dict(zip(row.operands, (_expr(s, a, scal, elem) for a in args)))
-    )
+    return s.op_expr(op, [_expr(s, a, scal, elem) for a in args])
 
 
 def _let(s: _Src, scal: dict[str, str], name: str, expr, depth: int) -> None:
@@ -239,8 +394,7 @@ def _ew(s: _Src) -> None:
 def _allreduce(s: _Src, tail: str, acc: str, threads: int, depth: int) -> None:
     """Reduce ``acc`` over the row's lanes (warp shuffles, then shared memory); all get it."""
     s.emit(
-        f"for (int m = 16; m > 0; m >>= 1) {acc} = "
-        f"{_COMBINE[tail].format(a=acc, b=f'__shfl_xor_sync(0xffffffffu, {acc}, m)')};",
+        f"for (int m = 16; m > 0; m >>= 1) {acc} = {_COMBINE[tail].format(a=acc, b=s.shfl(acc))};",
         depth,
     )
     if threads > 32:
@@ -437,7 +591,7 @@ def _row(s: _Src) -> None:
         s.emit("}", 2)
         s.emit(
             f"for (int m = 16; m > 0; m >>= 1) {acc} = "
-            f"{_COMBINE[tail].format(a=acc, b=f'__shfl_xor_sync(0xffffffffu, {acc}, m)')};",
+            f"{_COMBINE[tail].format(a=acc, b=s.shfl(acc))};",
             2,
         )
         if block > 32:
@@ -499,6 +653,44 @@ def _col(s: _Src) -> None:
     s.emit("}")
 
 
+def generates(spec: KernelSpec) -> bool:
+    """Whether ``render`` computes this spec as numpy does: float arithmetic (over inputs of
+    any real dtype, converted as numpy's loop converts them), integer and bool arithmetic of
+    ``INT_OPS``/``INT_TAILS`` and complex arithmetic of ``COMPLEX_OPS``/``COMPLEX_TAILS``.
+    The backend runs what this refuses on CuPy's own loops."""
+    ct = CTYPE[spec.compute]
+    if ct in _INTS:
+        allowed, tails = INT_OPS, INT_TAILS
+    elif ct in _COMPLEX:
+        allowed, tails = COMPLEX_OPS, COMPLEX_TAILS
+    else:
+        allowed, tails = None, None
+    if tails is not None and spec.tail is not None and spec.tail not in tails:
+        return False
+    for ins in (*spec.instrs, *spec.epilogue):
+        if allowed is not None and ins.op not in allowed:
+            return False
+    # a complex value converted to a real compute type would lose its imaginary part (only
+    # where's condition, tested for nonzero, may be complex there)
+    if ct not in _COMPLEX:
+        own = {
+            v
+            for ins in (*spec.instrs, *spec.epilogue)
+            for j, (kind, v) in enumerate(ins.args)
+            if kind == "in" and j in ops.ELEMENTWISE[ins.op].own_dtype
+        }
+        other = set(range(spec.n_inputs)) - own
+        if spec.result[0] == "in" and spec.result[1] in own:
+            other.add(spec.result[1])
+        if any(CTYPE[spec.in_dtypes[k]] in _COMPLEX for k in other):
+            return False
+    return True
+
+
+def _needs_complex(spec: KernelSpec) -> bool:
+    return any(CTYPE[d] in _COMPLEX for d in (spec.compute, spec.dtype, *spec.in_dtypes))
+
+
 def vectorizes(spec: KernelSpec) -> bool:
     """Whether this renderer has a 16-byte vector form of the spec (row and split kernels of
     float32/float64; 16-bit rows vectorize on the PTX path only)."""
@@ -507,8 +699,10 @@ def vectorizes(spec: KernelSpec) -> bool:
     w = row_width(spec)
     if w == 1 or (spec.family == "row" and row_layout(spec, w) is None):
         return False
-    return spec.dtype in ("float32", "float64") and all(
-        dt in ("float32", "float64") for dt in spec.in_dtypes
+    return (
+        not spec.calc
+        and spec.dtype in ("float32", "float64")
+        and all(dt in ("float32", "float64") for dt in spec.in_dtypes)
     )
 
 
@@ -554,10 +748,12 @@ def render(
         raise BackendError(f"unknown kernel family {spec.family!r}")
     head = f"// tensorlogic generated: {spec.family} {spec.tail or 'elementwise'} {spec.dtype}"
     lb = f"__launch_bounds__({bounds}) " if bounds else ""
+    complex_prelude = [COMPLEX_PRELUDE.strip()] if prelude and _needs_complex(spec) else []
     return "\n".join(
         [
             head,
             _PRELUDE.strip() if prelude else "",
+            *complex_prelude,
             f'extern "C" __global__ void {lb}{name}(',
             "    " + ", ".join(params) + ") {",
             *s.lines,

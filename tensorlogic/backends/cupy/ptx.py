@@ -10,7 +10,7 @@ from __future__ import annotations
 from ...errors import BackendError
 from . import ptx_rows
 from .ptx_kernel import PTX_VERSION, _Kernel, _params, _pointers
-from .spec import ITEMSIZE, SPLIT_THREADS, KernelSpec, row_block, row_layout, row_width
+from .spec import ITEMSIZE, PTX_DTYPES, SPLIT_THREADS, KernelSpec, row_block, row_layout, row_width
 
 
 def vector_width(spec: KernelSpec) -> int:
@@ -138,6 +138,14 @@ PDL_MODES = ("", "wait", "trigger")
 def emit(spec: KernelSpec, name: str, sm: int = 80, vector: bool = False, pdl: str = "") -> str:
     """PTX text of one kernel ``name`` for compute capability ``sm`` (e.g. 80, 90); ``pdl``
     (sm 90+) opens the kernel with ``griddepcontrol`` instructions (``PDL_MODES``)."""
+    if spec.compute not in ("float32", "float64") or any(
+        d not in PTX_DTYPES for d in (spec.dtype, *spec.in_dtypes)
+    ):
+        raise BackendError(
+            f"kernel {name}: the PTX emitter renders kernels of {', '.join(PTX_DTYPES)} "
+            f"(this one: {spec.dtype} from {', '.join(spec.in_dtypes)}, computed in "
+            f"{spec.compute}); cuda_c renders the others"
+        )
     if vector and not vector_width(spec):
         raise BackendError(f"kernel {name}: this spec cannot use vector loads")
     if pdl not in PDL_MODES or (pdl and sm < 90):

@@ -27,20 +27,53 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
+
 from ...errors import BackendError
 from ...ir import ops
 from ...ir.fused import FusedBody, FusedOp
 
-# PTX / C types of each storage dtype, and the type the arithmetic runs in.
-COMPUTE = {"float16": "float32", "bfloat16": "float32", "float32": "float32", "float64": "float64"}
-ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8}
+# The type the arithmetic of each storage dtype runs in. 16-bit floats compute in float32 and
+# round at the store; integers narrower than 32 bits and bool compute in 32 bits (the types warp
+# shuffles take) and wrap (or, for bool, test nonzero) at the store: for the ops the integer
+# kernels run (``cuda_c.INT_OPS``: ring operations, comparisons, selections) that is the value
+# numpy's loop of the narrow type gives.
+COMPUTE = {
+    "float16": "float32",
+    "bfloat16": "float32",
+    "float32": "float32",
+    "float64": "float64",
+    "bool": "int32",
+    "int8": "int32",
+    "int16": "int32",
+    "int32": "int32",
+    "int64": "int64",
+    "uint8": "uint32",
+    "uint16": "uint32",
+    "uint32": "uint32",
+    "uint64": "uint64",
+    "complex64": "complex64",
+    "complex128": "complex128",
+}
+ITEMSIZE = {d: 2 if d == "bfloat16" else np.dtype(d).itemsize for d in COMPUTE}
 HALF = ("float16", "bfloat16")  # stored in 16 bits, computed in float32, rounded at the store
+# the dtypes the PTX emitter renders (every other dtype is rendered as CUDA C)
+PTX_DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 # Below this many elements per row a block per row wastes threads: use a thread per row.
 ROW_FAMILY_MIN = 64
 # Register-held rows: at most this many values per lane with a warp per row (blocks of 128
 # threads), half as many with a block per row (up to 1024 threads: 64 registers a thread).
-ROW_REG_MAX = {"float16": 32, "bfloat16": 32, "float32": 32, "float64": 16}
+ROW_REG_MAX = {
+    "float32": 32,
+    "float64": 16,
+    "int32": 32,
+    "int64": 16,
+    "uint32": 32,
+    "uint64": 16,
+    "complex64": 16,
+    "complex128": 8,
+}
 # Reductions a ``split`` kernel can stage (combine partials with the same operation).
 SPLIT_TAILS = ("sum", "mean", "max", "min", "prod")
 SPLIT_THREADS = 256
@@ -73,6 +106,9 @@ class KernelSpec:
     splits: int = 1  # split family: blocks per row
     eps: float | None = None  # a layer_norm tail's epsilon (None for every other tail)
     epilogue: tuple[FusedOp, ...] = ()  # row-op tails: per stored element, over ("tail", 0)
+    # the dtype the arithmetic runs in when it is not the output's (a comparison computes in
+    # its operands' dtype and stores bool); "" for the output's ``COMPUTE``
+    calc: str = ""
 
     def prologue_inputs(self) -> frozenset[int]:
         """Inputs the program (and the tail) read; the others only the epilogue reads."""
@@ -88,7 +124,7 @@ class KernelSpec:
     @property
     def compute(self) -> str:
         """The dtype the arithmetic runs in (16-bit floats compute in float32)."""
-        return COMPUTE[self.dtype]
+        return self.calc or COMPUTE[self.dtype]
 
     @property
     def n_inputs(self) -> int:
@@ -222,11 +258,14 @@ def make_spec(
     in_shapes: Sequence[Sequence[int]],
     in_dtypes: Sequence[str],
     in_strides: Sequence[Sequence[int]],
+    compute: str = "",
 ) -> KernelSpec:
-    """Lay a program out over its space; ``in_strides`` are each input's element strides."""
+    """Lay a program out over its space; ``in_strides`` are each input's element strides;
+    ``compute``: the dtype the arithmetic runs in, where it is not the output's ``COMPUTE``."""
     for dt in (out_dtype, *in_dtypes):
         if dt not in COMPUTE:
             raise BackendError(f"generated kernels do not support dtype {dt!r}")
+    calc = COMPUTE[compute] if compute else ""
     space = prog.space
     bst = [broadcast_strides(s, st, space) for s, st in zip(in_shapes, in_strides)]
     rank = len(space)
@@ -238,6 +277,7 @@ def make_spec(
         tail=prog.tail,
         eps=float(prog.eps) if ops.takes_eps(prog.tail) else None,
         epilogue=tuple(prog.epilogue),
+        calc="" if calc == COMPUTE[out_dtype] else calc,
     )
     if prog.epilogue and prog.tail not in ops.ROW_OPS:
         raise BackendError(f"an epilogue needs a row-op tail, got {prog.tail!r}")

@@ -126,8 +126,33 @@ def generates(instrs, tail, epilogue, dtype: str, in_dtypes: list[str]) -> bool:
     """Whether ``render`` makes an exact kernel for this program and these dtypes."""
     if tail is not None and tail not in ops.ROW_OPS and tail not in RENDERED_REDUCTIONS:
         return False  # a reduction without a numba rendering: numpy runs its row program
-    if dtype in _REAL and all(d in _REAL for d in in_dtypes):
+    # inputs read only as where's condition (compared with zero) may be of any real dtype
+    # (a comparison's bool mask)
+    conds = {
+        v
+        for ins in (*instrs, *epilogue)
+        for j, (kind, v) in enumerate(ins.args)
+        if kind == "in" and j in ops.ELEMENTWISE[ins.op].own_dtype
+    } - {
+        v
+        for ins in (*instrs, *epilogue)
+        for j, (kind, v) in enumerate(ins.args)
+        if kind == "in" and j not in ops.ELEMENTWISE[ins.op].own_dtype
+    }
+    if dtype in _REAL and all(
+        d in _REAL or (k in conds and np.dtype(d).kind in "biu") for k, d in enumerate(in_dtypes)
+    ):
         return True  # the float kernels (fast math and all)
+    if (
+        dtype == "bool"
+        and tail is None
+        and not epilogue
+        and len(instrs) == 1
+        and instrs[0].op in ops.COMPARISONS
+        and len(set(in_dtypes)) == 1
+        and in_dtypes[0] in _REAL
+    ):
+        return True  # a comparison of floats, stored as numpy's bool
     if epilogue or any(np.dtype(d).kind == "f" and d not in _REAL for d in (dtype, *in_dtypes)):
         return False  # no float16 in numba
     if tail is not None:
