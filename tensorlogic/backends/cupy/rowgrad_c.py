@@ -19,14 +19,15 @@ from ...ir import ops
 from .cuda_c import CTYPE, HALF_CONV, HALF_PRELUDE, literal
 from .spec import COMPUTE, row_block
 
-DTYPES = tuple(COMPUTE)
+# the backward row ops are float-only (their operands are a float result and its cotangent)
+DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def render(name: str, op: str, dtype: str, eps: float, threads: int, prelude: bool = True) -> str:
     """CUDA C source of ``extern "C"`` kernel ``name(out, in0, in1, ..., rows, n)``
     (``prelude``: with the 16-bit conversion helpers its dtype needs)."""
-    if dtype not in COMPUTE:
-        raise BackendError(f"the {op} backward kernel takes {sorted(COMPUTE)}, not {dtype}")
+    if dtype not in DTYPES:
+        raise BackendError(f"the {op} backward kernel takes {list(DTYPES)}, not {dtype}")
     ct = CTYPE[COMPUTE[dtype]]
     names = ops.ROW_GRAD_OPERANDS[op]
     lines: list[str] = []
