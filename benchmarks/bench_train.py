@@ -14,7 +14,9 @@ CPU (default): float32. ``--device``: bf16 mixed precision on the current CUDA G
 cupy backend with ``precision="bf16"``, float32 parameters and Adam state; torch: ``autocast``
 to bf16 with float32 parameters), device time per step and the peak device memory of each
 process (ours: the CuPy pool's bytes, which keeps every block it ever held; torch: its
-caching allocator's peak reserved and peak allocated bytes).
+caching allocator's peak reserved and peak allocated bytes). On the GPU every model runs in a
+process of its own, so each model's peak is its own (on the CPU a worker drops the last step,
+tensorlogic's plan cache and cached blocks before the next model).
 
 Also (CPU run): the examples/mlp_classifier.py task trained by ours and by torch with the same
 hyperparameters, initial weights and batches; the test accuracy of both is recorded (the test
@@ -238,6 +240,9 @@ def worker(
         except Exception as exc:  # noqa: BLE001 - a failing contender is reported, not fatal
             row = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"}
         report[model.name] = row
+        # nothing of this model's step outlives it: the next model's peak is its own
+        step = sync = timed = None  # noqa: F841
+        _release(name)
         print(
             f"  {name:22s} {model.name:34s} {row.get('ms', float('nan')):9.3f} ms "
             f"{row.get('error', '')}",
@@ -274,6 +279,32 @@ def _device_used() -> int:
 
     free, total = cupy.cuda.runtime.memGetInfo()
     return total - free
+
+
+def _release(name: str) -> None:
+    """Free what the last model left behind (plans cached by tensorlogic, cached blocks)."""
+    import gc
+
+    gc.collect()
+    if name.startswith("torch"):
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        except ImportError:
+            pass
+        return
+    import tensorlogic as tl
+
+    tl.clear_cache()
+    gc.collect()
+    try:
+        import cupy
+
+        cupy.get_default_memory_pool().free_all_blocks()
+    except ImportError:
+        pass
 
 
 def _reset_peak(name: str) -> None:
@@ -443,25 +474,32 @@ def main(argv=None) -> int:
         tmp = Path(d)
         for name in names:
             print(f"== {name}", flush=True)
-            common = [
-                "--models",
-                ",".join(map(str, indices)),
-                "--rounds",
-                str(args.rounds),
-                "--min-time",
-                str(args.min_time),
-                "--tmp",
-                str(tmp),
-            ]
-            rc = _run(
-                ["--worker", name, *common] + (["--device"] if args.device else []), args.threads
-            )
-            path = tmp / f"{_file(name)}.json"
-            results[name] = (
-                json.loads(path.read_text())
-                if path.exists()
-                else {m.name: {"error": f"worker exited with status {rc}"} for m in models}
-            )
+            results[name] = {}
+            # on the GPU each model gets a process of its own: what one model's step leaves in
+            # a library (cuBLAS workspaces of its streams, cached blocks) is not the next one's
+            groups = [[i] for i in indices] if args.device else [indices]
+            for group in groups:
+                common = [
+                    "--models",
+                    ",".join(map(str, group)),
+                    "--rounds",
+                    str(args.rounds),
+                    "--min-time",
+                    str(args.min_time),
+                    "--tmp",
+                    str(tmp),
+                ]
+                rc = _run(
+                    ["--worker", name, *common] + (["--device"] if args.device else []),
+                    args.threads,
+                )
+                path = tmp / f"{_file(name)}.json"
+                if path.exists():
+                    results[name].update(json.loads(path.read_text()))
+                    path.unlink()
+                else:
+                    err = {"error": f"worker exited with status {rc}"}
+                    results[name].update({models[i].name: dict(err) for i in group})
         if not args.device and not args.no_accuracy:
             for which in ("ours", "torch"):
                 _run(["--accuracy", which, "--tmp", str(tmp)])

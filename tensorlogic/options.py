@@ -135,6 +135,13 @@ _add(
 _add("pool", flag, "True or False", True, "keep buffer arenas across calls")
 _add("reuse_memory", flag, "True or False", True, "let intermediates share memory")
 _add(
+    "recompute",
+    flag,
+    "True or False",
+    True,
+    "recompute cheap functions of inputs and constants for far-apart users instead of keeping them",
+)
+_add(
     "path_memory_limit",
     optional(positive_int),
     _BYTES,

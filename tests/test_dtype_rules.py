@@ -85,6 +85,12 @@ UNARY_REF = {
     "gelu": lambda x: (
         lambda v: 0.5 * v * (1 + np.tanh(0.7978845608028654 * (v + 0.044715 * v**3)))
     )(_f(x, np.tanh(x[:1]).dtype)),
+    "gelu_grad": lambda x: (
+        lambda v, t: 0.5 * (1 + t) + 0.3989422804014327 * v * (1 - t * t) * (1 + 0.134145 * v * v)
+    )(
+        _f(x, np.tanh(x[:1]).dtype),
+        np.tanh(0.7978845608028654 * (lambda v: v + 0.044715 * v**3)(_f(x, np.tanh(x[:1]).dtype))),
+    ),
     "step": lambda x: (x > 0).astype(x.dtype),
     "one_minus": lambda x: np.subtract(np.ones((), x.dtype), x),
 }

@@ -189,32 +189,67 @@ def _prod_derivative(g: EinsumGraph, x: Tensor, yk: Tensor, axes) -> Tensor:
 
 
 def rowop(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> Cts:
-    """softmax, log_softmax and layer_norm as backward expressions over the row (reductions
-    and elementwise ops, which fusion turns into reduction kernels)."""
+    """softmax, log_softmax and layer_norm: one backward row op of the op table
+    (``ops.ROW_GRAD_PROGRAMS``): softmax and log_softmax read their result, layer_norm its input
+    (its mean and rstd are recomputed in the row pass rather than kept)."""
     if not need[0]:
         return [None]
     x, y = _t(g, node.inputs[0]), _t(g, node.id)
-    ax = int(node.args["axis"])
-    if node.op == "softmax":
-        s = g.sum(g.binary("mul", ct, y), axis=ax, keepdims=True)
-        r = g.binary("mul", y, g.binary("sub", ct, s))
-    elif node.op == "log_softmax":
-        s = g.sum(ct, axis=ax, keepdims=True)
-        r = g.binary("sub", ct, g.binary("mul", g.exp(y), s))
-    elif node.op == "layer_norm":
-        # y = (x - mean) * rstd: dx = rstd * (ct - mean(ct) - y * mean(ct * y))
-        d = g.binary("sub", x, g.mean(x, axis=ax, keepdims=True))
-        var = g.mean(g.square(d), axis=ax, keepdims=True)
-        eps = scalar(g, float(node.args["eps"]), var.dtype)
-        rstd = g.binary("pow", g.binary("add", var, eps), scalar(g, -0.5, var.dtype))
-        inner = g.binary("sub", ct, g.mean(ct, axis=ax, keepdims=True))
-        inner = g.binary(
-            "sub", inner, g.binary("mul", y, g.mean(g.binary("mul", ct, y), axis=ax, keepdims=True))
-        )
-        r = g.binary("mul", rstd, inner)
-    else:
+    if node.op not in ops.ROW_GRAD_PROGRAMS:
         raise GradError(f"node {node.name!r}: no gradient rule for the row op {node.op!r}")
+    first = x if ops.ROW_GRAD_OPERANDS[node.op][0] == "x" else y
+    first = cast_to(g, first, ct.dtype)
+    r = g.row_grad(node.op, [first, ct], int(node.args["axis"]), node.args.get("eps"))
     return [cast_to(g, r, x.dtype)]
+
+
+def rowgrad(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> Cts:
+    """A backward row op (a gradient of a gradient): its program written out as ordinary
+    reduction and elementwise nodes, then differentiated node by node."""
+    xs = [_t(g, i) for i in node.inputs]
+    env = dict(zip(ops.ROW_GRAD_OPERANDS[node.op], xs))
+    ax = int(node.args["axis"])
+    n = count(g, xs[0], (ax,))
+    env["inv_n"] = scalar(g, 1.0 / n, node.dtype) if isinstance(n, float) else g.reciprocal(n)
+    if "eps" in node.args:
+        env["eps"] = scalar(g, float(node.args["eps"]), node.dtype)
+    before = {n.id for n in g.nodes}
+    result = _written_out(g, ops.ROW_GRAD_PROGRAMS[node.op], env, ax, node.dtype)
+    # reverse sweep over the nodes just built, from the result back to the operands
+    built = [n.id for n in g.nodes if n.id not in before]
+    cts: dict[int, Tensor] = {result.id: ct}
+    for nid in reversed(built):
+        if nid not in cts:
+            continue
+        sub = g.node(nid)
+        c = cts.pop(nid)
+        sub_need = [True] * len(sub.inputs)
+        for i, r in zip(sub.inputs, RULES[sub.kind](g, sub, c, sub_need)):
+            if r is not None:
+                cts[i] = r if i not in cts else g.binary("add", cts[i], r)
+    return [cts.get(x.id) if need[k] else None for k, x in enumerate(xs)]
+
+
+def _written_out(g: EinsumGraph, program, env: dict, ax: int, dtype: str) -> Tensor:
+    """A row program as graph nodes (maps and lets are plain values; a reduce keeps its axis)."""
+
+    def value(e):
+        if isinstance(e, str):
+            return env[e]
+        if isinstance(e, (int, float)):
+            return scalar(g, float(e), dtype)
+        name, *args = e
+        vals = [value(a) for a in args]
+        return g.unary(name, vals[0]) if len(vals) == 1 else g.binary(name, *vals)
+
+    for st in program:
+        if st.kind == "reduce":
+            env[st.name] = g.reduce(st.combine, value(st.expr), axis=ax, keepdims=True)
+        elif st.kind in ("let", "map"):
+            env[st.name] = value(st.expr)
+        else:
+            return value(st.expr)
+    raise GradError("a backward row program without a write step")
 
 
 def transpose(g: EinsumGraph, node: Node, ct: Tensor, need: Sequence[bool]) -> Cts:
@@ -316,6 +351,7 @@ RULES: dict[str, Rule] = {
     ops.WHERE: where,
     ops.REDUCE: reduce,
     ops.ROWOP: rowop,
+    ops.ROWGRAD: rowgrad,
     ops.TRANSPOSE: transpose,
     ops.RESHAPE: reshape,
     ops.CAST: cast,

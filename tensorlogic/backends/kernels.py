@@ -146,6 +146,45 @@ def row_kernel(
     )
 
 
+_XP_COMBINE = {"add": "sum", "mul": "prod", "max": "max", "min": "min"}
+
+
+def row_grad_kernel(xp, node) -> PreparedKernel:
+    """A row op's backward (``ops.ROW_GRAD_PROGRAMS``) with the array module's operations, in
+    float32 at least (16-bit operands widen): one array operation per step of the program."""
+    op, axis = node.op, int(node.args["axis"])
+    names = ops.ROW_GRAD_OPERANDS[op]
+    eps = float(node.args.get("eps", 0.0))
+    work = np.promote_types(node.dtype, np.float32)
+    axes = (axis % max(len(node.shape), 1),)
+    n = max(math.prod(node.shape[a] for a in axes), 1)
+
+    def run(a, out):
+        env = {k: x.astype(work, copy=False) for k, x in zip(names, a)}
+        env["inv_n"], env["eps"] = work.type(1.0 / n), work.type(eps)
+
+        def value(e):
+            if isinstance(e, str):
+                return env[e]
+            if isinstance(e, (int, float)):
+                return work.type(e)
+            name, *args = e
+            return ops.ELEMENTWISE[name].numpy(*(value(v) for v in args), out=None)
+
+        for st in ops.ROW_GRAD_PROGRAMS[op]:
+            if st.kind == "reduce":
+                red = getattr(xp, _XP_COMBINE[ops.REDUCTION_TABLE[st.combine].combine])
+                env[st.name] = red(value(st.expr), axis=axes, keepdims=True)
+            elif st.kind in ("let", "map"):
+                env[st.name] = value(st.expr)
+            else:
+                out[...] = value(st.expr)
+                return out
+        raise BackendError(f"the {op} backward row program has no write step")
+
+    return PreparedKernel(run)
+
+
 def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
     """Kernel for one non-einsum, non-fused node.
 
@@ -195,6 +234,8 @@ def make_kernel(xp, node, in_nodes, copy: bool) -> PreparedKernel:
             return row_kernel(xp, op, tuple(in_nodes[0].shape), node.dtype, axes)
         red = getattr(xp, ops.REDUCTION_TABLE[op].numpy)
         return PreparedKernel(lambda a, out: red(a[0], axis=axes, keepdims=kd, out=out))
+    if kind == ops.ROWGRAD:
+        return row_grad_kernel(xp, node)
     if kind == ops.ROWOP:
         shape_in = tuple(in_nodes[0].shape)
         axis = int(node.args["axis"]) % max(len(shape_in), 1)

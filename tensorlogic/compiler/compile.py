@@ -20,6 +20,8 @@ from ..ir.graph import EinsumGraph
 from ..options import CompileOptions
 from ..optimizer import optimize, precision
 from ..runtime import hooks
+from .hoist import hoist
+from .remat import rematerialize
 from .memory import plan_memory
 from .plan import CompiledPlan, ConcretePlan, Step, check_budget
 from .schedule import Buffer, make_buffers, needed_nodes
@@ -125,6 +127,9 @@ def _build_plan(
     graph = precision.apply_policy(graph, options["precision"])
     optimized, report = optimize(graph, opt_level, options)
     order = needed_nodes(optimized)
+    if options["recompute"]:
+        optimized, order, _ = rematerialize(optimized, order)
+    order = hoist(optimized, order)
     nodes = {nid: optimized.node(nid) for nid in order}
     bufs = make_buffers(optimized, order)
     # a backend may build kernels differently per plan (the cupy backend: codegen, CUDA graphs)
@@ -288,8 +293,8 @@ def compile(
     _check_dtype_names(opts["attention_layout"], "attention_layout")
     graph.validate()
     check_dtypes(graph, be)
-    key = (graph.fingerprint(), be.name, opt_level, opts.key)
     if cache:
+        key = (graph.fingerprint(), be.name, opt_level, opts.key)
         with _cache_lock:
             hit = _cache.get(key)
             # a backend registered again under the same name is another backend

@@ -319,6 +319,35 @@ class GraphBuilder:
         return self._rowop("layer_norm", x, axis, name, {"eps": infer.check_eps(eps, "layer_norm")})
 
     @_atomic
+    def row_grad(
+        self,
+        op: str,
+        operands: Sequence["Tensor"],
+        axis: int,
+        eps: float | None = None,
+        name: str | None = None,
+    ) -> "Tensor":
+        """The backward of row op ``op`` as one node (``ops.ROW_GRAD_PROGRAMS``): ``operands``
+        are named by ``ops.ROW_GRAD_OPERANDS[op]`` (softmax: its result and the cotangent;
+        layer_norm: its input and the cotangent); the result is the cotangent of the row op's
+        input. tl.grad builds these; ``eps`` is layer_norm's."""
+        if op not in ops.ROW_GRAD_PROGRAMS:
+            raise GraphError(
+                f"row_grad: unknown row op {op!r}; expected one of {tuple(ops.ROW_GRAD_PROGRAMS)}"
+            )
+        xs = [self._own(t) for t in operands]
+        if not xs:
+            raise GraphError(f"row_grad of {op}: needs its operands, got none")
+        where = f"{op} backward of {xs[0].name!r}"
+        (ax,) = infer.normalize_axes(axis, len(xs[0].shape), where) or (None,)
+        if ax is None:
+            raise ShapeError(f"{where}: needs tensors of rank >= 1")
+        args: dict[str, Any] = {"axis": ax}
+        if ops.row_grad_takes_eps(op):
+            args["eps"] = infer.check_eps(ops.LAYER_NORM_EPS if eps is None else eps, op)
+        return Tensor(self, self.add_node(ops.ROWGRAD, op, [t.id for t in xs], args, name=name))
+
+    @_atomic
     def transpose(self, x: "Tensor", perm: Sequence[int] | None = None, name=None) -> "Tensor":
         """Permute axes (reverse them by default)."""
         x = self._own(x)

@@ -46,6 +46,8 @@ def node_flops(node: Any, in_nodes: list) -> int:
         return reduction_flops(node.op, math.prod(in_nodes[0].shape))
     if kind == ops.ROWOP:
         return row_op_flops(node.op, n)
+    if kind == ops.ROWGRAD:
+        return ops.ROW_GRAD_FLOPS[node.op] * n
     if kind == ops.FUSED:
         return int(node.args.get("flops", 0))
     return 0

@@ -61,9 +61,32 @@ def row_program(name: str, x: np.ndarray, axes: tuple[int, ...], eps: float = 0.
     """The row program of a row op or reduction (``ops.ROW_PROGRAMS``) over ``axes`` of ``x``,
     computed in x's dtype with the op table's numpy functions: the row op's result (x's shape)
     or the reduction's (``axes`` kept as size 1)."""
-    dtype = x.dtype
-    n = max(math.prod(x.shape[a] for a in axes), 1)
-    env: dict[str, Any] = {"x": x, "inv_n": dtype.type(1.0 / n), "eps": dtype.type(eps)}
+    return run_row_program(ops.ROW_PROGRAMS[name], {"x": x}, axes, eps, name)
+
+
+def row_grad(name: str, xs: Sequence[np.ndarray], axis: int, eps: float = 0.0) -> np.ndarray:
+    """The backward row program of row op ``name`` (``ops.ROW_GRAD_PROGRAMS``) over ``axis``
+    of its operands ``xs`` (named by ``ops.ROW_GRAD_OPERANDS``), computed in float32 at least
+    (16-bit floats widen, as their forward row ops do)."""
+    work = np.promote_types(xs[0].dtype, np.float32)
+    env = {n: x.astype(work, copy=False) for n, x in zip(ops.ROW_GRAD_OPERANDS[name], xs)}
+    axes = (axis % max(xs[0].ndim, 1),)
+    r = run_row_program(ops.ROW_GRAD_PROGRAMS[name], env, axes, eps, f"{name} backward")
+    return r.astype(xs[0].dtype, copy=False)
+
+
+def run_row_program(
+    program: Sequence[ops.RowStep],
+    rows: Mapping[str, np.ndarray],
+    axes: tuple[int, ...],
+    eps: float,
+    what: str,
+) -> np.ndarray:
+    """A row program over named operand arrays of one shape and dtype (see ``ops.RowStep``)."""
+    first = next(iter(rows.values()))
+    dtype, shape = first.dtype, first.shape
+    n = max(math.prod(shape[a] for a in axes), 1)
+    env: dict[str, Any] = {**rows, "inv_n": dtype.type(1.0 / n), "eps": dtype.type(eps)}
 
     def value(e):
         if isinstance(e, str):
@@ -73,16 +96,16 @@ def row_program(name: str, x: np.ndarray, axes: tuple[int, ...], eps: float = 0.
         op, *args = e
         return _elementwise(op, [np.asarray(value(a)) for a in args], dtype)
 
-    for st in ops.ROW_PROGRAMS[name]:
+    for st in program:
         if st.kind == "reduce":
             combine = _COMBINE_UFUNC[ops.REDUCTION_TABLE[st.combine].combine]
             env[st.name] = combine.reduce(value(st.expr), axis=axes, keepdims=True)
         elif st.kind in ("let", "map"):
             env[st.name] = value(st.expr)
-        else:  # write (a row of x's shape) or result (one value per row)
+        else:  # write (a row of the operands' shape) or result (one value per row)
             v = np.asarray(value(st.expr))
-            return np.array(np.broadcast_to(v, x.shape) if st.kind == "write" else v, dtype)
-    raise ValueError(f"row program {name!r} has no write or result step")
+            return np.array(np.broadcast_to(v, shape) if st.kind == "write" else v, dtype)
+    raise ValueError(f"row program {what!r} has no write or result step")
 
 
 def empty_row_value(name: str) -> float:
@@ -187,6 +210,8 @@ def evaluate_node(
             r = _reduce(op, xs[0], axes, bool(a.get("keepdims")), dtype)
         elif kind == ops.ROWOP:
             r = _rowop(op, xs[0], int(a["axis"]), float(a.get("eps", ops.LAYER_NORM_EPS)))
+        elif kind == ops.ROWGRAD:
+            r = row_grad(op, xs, int(a["axis"]), float(a.get("eps", 0.0)))
         elif kind == ops.TRANSPOSE:
             r = np.transpose(xs[0], tuple(a["perm"]))
         elif kind == ops.RESHAPE:

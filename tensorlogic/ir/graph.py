@@ -43,6 +43,10 @@ class EinsumGraph(GraphBuilder):
         self.parameter_values: dict[int, np.ndarray] = {}
         self._next = 0
         self._in_transaction = False
+        # True once a node was rewired (replace_node, redirect) since the last full validate():
+        # add_node infers and checks every node it adds, so a graph built by it alone needs no
+        # re-inference of every node when validated (compile validates every graph it gets)
+        self._unchecked = False
 
     # ------------------------------------------------------------------ structure
     @property
@@ -118,6 +122,7 @@ class EinsumGraph(GraphBuilder):
         g.parameters = dict(self.parameters)
         g.parameter_values = dict(self.parameter_values)
         g._next = self._next
+        g._unchecked = self._unchecked
         return g
 
     def constants_as_parameters(self, names: Sequence[str]) -> "EinsumGraph":
@@ -285,6 +290,7 @@ class EinsumGraph(GraphBuilder):
         del self._names[old.name]
         self._names[new.name] = node_id
         self._nodes[node_id] = new
+        self._unchecked = True
 
     def redirect(self, old: int, new: int) -> None:
         """Make every user of ``old`` (and any output naming it) use ``new`` instead."""
@@ -318,7 +324,14 @@ class EinsumGraph(GraphBuilder):
 
     # ------------------------------------------------------------------ whole-graph
     def validate(self) -> None:
-        """Check structure and re-infer every node; raise GraphError naming the first bad node."""
+        """Check structure and re-infer every node; raise GraphError naming the first bad node.
+
+        A graph whose nodes were all added by ``add_node`` (which infers each one) and never
+        rewired since is acyclic and consistent by construction: only its outputs are checked.
+        """
+        if not self._unchecked:
+            self._check_outputs()
+            return
         if not nx.is_directed_acyclic_graph(self._g):
             cycle = nx.find_cycle(self._g)
             names = [self._nodes[a].name for a, _ in cycle]
@@ -340,6 +353,12 @@ class EinsumGraph(GraphBuilder):
                     f"{where}: recorded shape/dtype {node.shape}/{node.dtype} but inputs give "
                     f"{shape}/{dtype}"
                 )
+        self._check_outputs()
+        self._unchecked = False
+
+    def _check_outputs(self) -> None:
+        if not self.outputs:
+            raise GraphError("graph has no outputs; mark at least one with g.output(t)")
         for name, nid in self.outputs.items():
             if nid not in self._nodes:
                 raise GraphError(f"output {name!r} refers to a missing node")

@@ -126,6 +126,8 @@ def _known_ops(kind: str) -> tuple[str, ...] | None:
         return ops.REDUCTIONS
     if kind == ops.ROWOP:
         return ops.ROW_OPS
+    if kind == ops.ROWGRAD:
+        return tuple(ops.ROW_GRAD_PROGRAMS)
     return ops.OPS_OF_KIND.get(kind)
 
 
@@ -135,7 +137,33 @@ _OP_WORD = {
     ops.WHERE: "three-operand op",
     ops.REDUCE: "reduction",
     ops.ROWOP: "row op",
+    ops.ROWGRAD: "row op backward",
 }
+
+
+def _rowgrad(op: str, shapes: list, dts: list, args: Mapping, where: str) -> tuple[Shape, str]:
+    """A row op's backward: operands of one shape and one float dtype; the result is both."""
+    names = ops.ROW_GRAD_OPERANDS[op]
+    if len(shapes) != len(names):
+        raise GraphError(
+            f"{where}: the {op} backward takes {len(names)} inputs ({', '.join(names)}), "
+            f"got {len(shapes)}"
+        )
+    if any(s != shapes[0] for s in shapes) or any(d != dts[0] for d in dts):
+        raise ShapeError(
+            f"{where}: the {op} backward needs operands of one shape and dtype, got "
+            f"{[(tuple(s), d) for s, d in zip(shapes, dts)]}"
+        )
+    if dtypes.kind(dts[0]) != "f":
+        raise GraphError(f"{where}: the {op} backward needs a float dtype, got {dts[0]}")
+    normalize_axes(args["axis"], len(shapes[0]), where)
+    if ops.row_grad_takes_eps(op):
+        if "eps" not in args:
+            raise GraphError(f"{where}: the {op} backward needs an 'eps' argument")
+        check_eps(args["eps"], where)
+    elif "eps" in args:
+        raise GraphError(f"{where}: the {op} backward takes no 'eps' argument")
+    return shapes[0], dts[0]
 
 
 def infer(
@@ -173,6 +201,8 @@ def infer(
         else:
             shape = tuple(d for i, d in enumerate(shapes[0]) if i not in axes)
         return shape, dtypes.reduction_result(op, dts[0], f"{where}: ")
+    if kind == ops.ROWGRAD:
+        return _rowgrad(op, shapes, dts, args, where)
     if kind == ops.ROWOP:
         axes = normalize_axes(args["axis"], len(shapes[0]), where)
         if op in NO_IDENTITY:

@@ -22,6 +22,7 @@ ARITY: dict[str, int | None] = {
     **{k: a for a, k in ops.KIND_OF_ARITY.items()},
     ops.REDUCE: 1,
     ops.ROWOP: 1,
+    ops.ROWGRAD: None,  # the row op's operands (ops.ROW_GRAD_OPERANDS), checked by infer
     ops.TRANSPOSE: 1,
     ops.RESHAPE: 1,
     ops.CAST: 1,
@@ -29,12 +30,13 @@ ARITY: dict[str, int | None] = {
     ops.ATTENTION: None,
 }
 # kinds whose nodes name an op of the op table
-OP_KINDS = (*ops.ELEMENTWISE_KINDS, ops.REDUCE, ops.ROWOP)
+OP_KINDS = (*ops.ELEMENTWISE_KINDS, ops.REDUCE, ops.ROWOP, ops.ROWGRAD)
 # (required, optional) arguments of each kind
 ARGS: dict[str, tuple[frozenset, frozenset]] = {
     ops.EINSUM: (frozenset({"spec"}), frozenset()),
     ops.REDUCE: (frozenset({"axes"}), frozenset({"keepdims"})),
     ops.ROWOP: (frozenset({"axis"}), frozenset({"eps"})),
+    ops.ROWGRAD: (frozenset({"axis"}), frozenset({"eps"})),
     ops.TRANSPOSE: (frozenset({"perm"}), frozenset()),
     ops.RESHAPE: (frozenset({"shape"}), frozenset()),
     ops.CAST: (frozenset({"dtype"}), frozenset()),
@@ -101,7 +103,7 @@ def _check_types(kind: str, args: Mapping[str, Any], where: str) -> None:
         int_list(args["axes"], "axes", where)
         if not isinstance(args.get("keepdims", False), (bool, np.bool_)):
             raise GraphError(f"{where}: keepdims must be True or False, got {args['keepdims']!r}")
-    if kind == ops.ROWOP and not is_int(args["axis"]):
+    if kind in (ops.ROWOP, ops.ROWGRAD) and not is_int(args["axis"]):
         raise GraphError(f"{where}: axis must be an integer, got {args['axis']!r}")
     if kind == ops.TRANSPOSE:
         int_list(args["perm"], "perm", where)

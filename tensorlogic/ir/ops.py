@@ -56,6 +56,9 @@ RESHAPE = "reshape"
 CAST = "cast"
 FUSED = "fused"  # made by the optimizer's fusion pass
 ATTENTION = "attention"  # softmax(scale * q k^T + mask) v in one node (see ir/attention.py)
+# the backward of a row op (made by tl.grad): a row program over several operands (the forward's
+# result or input and the cotangent), one node, one pass per reduction (ROW_GRAD_PROGRAMS)
+ROWGRAD = "rowgrad"
 
 NODE_KINDS = (
     INPUT,
@@ -72,6 +75,7 @@ NODE_KINDS = (
     CAST,
     FUSED,
     ATTENTION,
+    ROWGRAD,
 )
 
 
@@ -135,6 +139,32 @@ def _gelu(x, out):
     return np.multiply(out, 0.5, out=out)
 
 
+def _gelu_grad(x, out):
+    # the derivative of the tanh-approximate gelu: 0.5 (1 + t) + 0.5 x (1 - t^2) u', with
+    # t = tanh(u), u = c (x + 0.044715 x^3), u' = c (1 + 0.134145 x^2)
+    if np.ndim(x) == 0:  # numpy scalars: no in-place steps
+        x2 = x * x
+        t = np.tanh((x2 * (0.044715 * _SQRT_2_OVER_PI) + _SQRT_2_OVER_PI) * x)
+        slope = (x2 * (0.134145 * 0.5 * _SQRT_2_OVER_PI) + 0.5 * _SQRT_2_OVER_PI) * x
+        np.copyto(out, 0.5 * (1 + t) + slope * (1 - t * t))
+        return out
+    x2 = np.multiply(x, x)
+    t = np.multiply(x2, 0.044715 * _SQRT_2_OVER_PI)
+    t += _SQRT_2_OVER_PI
+    t *= x
+    np.tanh(t, out=t)
+    slope = np.multiply(x2, 0.134145 * 0.5 * _SQRT_2_OVER_PI, out=x2)
+    slope += 0.5 * _SQRT_2_OVER_PI
+    slope *= x  # x's last read: out may alias it from here on
+    np.multiply(t, t, out=out)
+    np.subtract(1, out, out=out)
+    out *= slope
+    t += 1
+    t *= 0.5
+    out += t
+    return out
+
+
 def _pow(a, b, out):
     try:
         return np.power(a, b, out=out)
@@ -188,6 +218,16 @@ def _binary(ufunc):
 
 _GELU_C = "(({T})0.5*{x}*(({T})1+tanh(({T})0.7978845608028654*({x}+({T})0.044715*{x}*{x}*{x}))))"
 _GELU_NB = "(0.5*{x}*(1.0+math.tanh(0.7978845608028654*({x}+0.044715*{x}*{x}*{x}))))"
+_GELU_T_NB = "math.tanh(0.7978845608028654*({x}+0.044715*{x}*{x}*{x}))"
+_GELU_GRAD_NB = (
+    f"(0.5*(1.0+{_GELU_T_NB})+0.3989422804014327*{{x}}*(1.0-{_GELU_T_NB}*{_GELU_T_NB})"
+    "*(1.0+0.134145*{x}*{x}))"
+)
+_GELU_T_C = "tanh(({T})0.7978845608028654*({x}+({T})0.044715*{x}*{x}*{x}))"
+_GELU_GRAD_C = (
+    f"(({{T}})0.5*(({{T}})1+{_GELU_T_C})+({{T}})0.3989422804014327*{{x}}*(({{T}})1-{_GELU_T_C}"
+    f"*{_GELU_T_C})*(({{T}})1+({{T}})0.134145*{{x}}*{{x}}))"
+)
 
 ELEMENTWISE: dict[str, ElementwiseOp] = {
     op.name: op
@@ -219,6 +259,8 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
             20,
         ),
         ElementwiseOp("gelu", 1, _gelu, _GELU_NB, _GELU_C, 18, alias_safe=False),
+        # gelu's derivative, one op so a gradient graph holds one node per gelu, not twenty
+        ElementwiseOp("gelu_grad", 1, _gelu_grad, _GELU_GRAD_NB, _GELU_GRAD_C, 24),
         ElementwiseOp(
             "step", 1, _step, "(1.0 if {x} > 0 else 0.0)", "({x} > ({T})0 ? ({T})1 : ({T})0)", 1
         ),
@@ -327,6 +369,7 @@ DTYPE: dict[str, tuple[str, str]] = {
     "tanh": ("tanh", "loop"),
     "softplus": ("logaddexp", "loop"),
     "gelu": ("tanh", "loop"),
+    "gelu_grad": ("tanh", "loop"),
     "step": ("greater", "same-ordered"),
     "one_minus": ("subtract", "loop"),
     "add": ("add", "loop"),
@@ -468,6 +511,45 @@ ROW_PROGRAMS: dict[str, tuple[RowStep, ...]] = {
 }
 
 
+# The backward of each row op as one row program over named operands (``ROW_GRAD_OPERANDS``:
+# the node's inputs in order, ``g`` the cotangent row), so the gradient of a softmax or a layer
+# norm is one kernel, not a chain of reductions and elementwise nodes. Same step language as
+# ``ROW_PROGRAMS``; a program may read every operand at every element.
+ROW_GRAD_OPERANDS: dict[str, tuple[str, ...]] = {
+    "softmax": ("y", "g"),  # y: the softmax result
+    "log_softmax": ("y", "g"),  # y: the log_softmax result
+    "layer_norm": ("x", "g"),  # x: the layer norm's input (mean and rstd recomputed)
+}
+ROW_GRAD_PROGRAMS: dict[str, tuple[RowStep, ...]] = {
+    # dx = y * (g - sum(g * y))
+    "softmax": (
+        RowStep("reduce", "s", ("mul", "g", "y"), "sum"),
+        RowStep("write", "", ("mul", "y", ("sub", "g", "s"))),
+    ),
+    # dx = g - exp(y) * sum(g)
+    "log_softmax": (
+        RowStep("reduce", "s", "g", "sum"),
+        RowStep("write", "", ("sub", "g", ("mul", ("exp", "y"), "s"))),
+    ),
+    # yh = (x - mean) * rstd: dx = rstd * (g - mean(g) - yh * mean(g * yh))
+    "layer_norm": (
+        RowStep("reduce", "sx", "x", "sum"),
+        RowStep("let", "mu", ("mul", "sx", "inv_n")),
+        RowStep("map", "c", ("sub", "x", "mu")),
+        RowStep("reduce", "q", ("square", "c"), "sum"),
+        RowStep("let", "rstd", ("reciprocal", ("sqrt", ("add", ("mul", "q", "inv_n"), "eps")))),
+        RowStep("map", "yh", ("mul", "c", "rstd")),
+        RowStep("reduce", "sg", "g", "sum"),
+        RowStep("reduce", "sgy", ("mul", "g", "yh"), "sum"),
+        RowStep("let", "mg", ("mul", "sg", "inv_n")),
+        RowStep("let", "mgy", ("mul", "sgy", "inv_n")),
+        RowStep("write", "", ("mul", "rstd", ("sub", ("sub", "g", "mg"), ("mul", "yh", "mgy")))),
+    ),
+}
+# FLOPs per element of each backward row program (its elementwise ops and reductions)
+ROW_GRAD_FLOPS: dict[str, int] = {"softmax": 4, "log_softmax": 12, "layer_norm": 14}
+
+
 def _names(e) -> set[str]:
     if isinstance(e, str):
         return {e}
@@ -479,6 +561,11 @@ def _names(e) -> set[str]:
 def takes_eps(name: str) -> bool:
     """Whether a row op or reduction reads an epsilon (a node argument ``eps``)."""
     return any("eps" in _names(st.expr) for st in ROW_PROGRAMS.get(name, ()))
+
+
+def row_grad_takes_eps(name: str) -> bool:
+    """Whether the backward row program of ``name`` reads an epsilon."""
+    return any("eps" in _names(st.expr) for st in ROW_GRAD_PROGRAMS.get(name, ()))
 
 
 # The PTX column of the op table: one instruction sequence per op, shared by float32 and float64.
@@ -522,6 +609,21 @@ PTX: dict[str, tuple[str, ...]] = {
         "mul.{T} {t1}, {t1}, {x};",
         "mul.{T} {d}, {t1}, {c:0.5};",
     ),
+    "gelu_grad": (
+        "mul.{T} {t0}, {x}, {x};",
+        "fma.rn.{T} {t1}, {t0}, {c:0.044715}, {c:1};",
+        "mul.{T} {t1}, {t1}, {x};",
+        "mul.{T} {t1}, {t1}, {c:0.7978845608028654};",
+        "@tanh {t2}, {t1};",
+        "mul.{T} {t3}, {t2}, {t2};",
+        "sub.{T} {t3}, {c:1}, {t3};",
+        "fma.rn.{T} {t0}, {t0}, {c:0.134145}, {c:1};",
+        "mul.{T} {t0}, {t0}, {x};",
+        "mul.{T} {t0}, {t0}, {c:0.3989422804014327};",
+        "mul.{T} {t0}, {t0}, {t3};",
+        "add.{T} {t2}, {t2}, {c:1};",
+        "fma.rn.{T} {d}, {t2}, {c:0.5}, {t0};",
+    ),
     "step": ("setp.gt.{T} {p0}, {x}, {c:0};", "selp.{T} {d}, {c:1}, {c:0}, {p0};"),
     "one_minus": ("sub.{T} {d}, {c:1}, {x};",),
     "add": ("add.{T} {d}, {a}, {b};",),
@@ -560,6 +662,7 @@ PTX: dict[str, tuple[str, ...]] = {
 # complex numbers). "0" marks an op that is piecewise constant: no gradient flows through it.
 # relu and step take the derivative 0 at 0, maximum/minimum share a tie equally (as torch).
 _GELU_T = "tanh(0.7978845608028654 * x * (1 + 0.044715 * (x * x)))"  # as in the forward
+_GELU_U1 = "(0.7978845608028654 * (1 + 0.134145 * (x * x)))"  # d/dx of tanh's argument
 VJP: dict[str, tuple[str, ...]] = {
     "neg": ("-1",),
     "abs": ("step(x) - step(-x)",),
@@ -572,9 +675,11 @@ VJP: dict[str, tuple[str, ...]] = {
     "sigmoid": ("y * one_minus(y)",),
     "tanh": ("one_minus(y * y)",),
     "softplus": ("sigmoid(x)",),
-    "gelu": (
-        f"0.5 * (1 + {_GELU_T}) + 0.3989422804014327 * x * one_minus({_GELU_T} * "
-        f"{_GELU_T}) * (1 + 0.134145 * (x * x))",
+    "gelu": ("gelu_grad(x)",),
+    # the second derivative: (1 - t^2) (u' - x t u'^2 + 0.5 x u''), u'' = 6 c 0.044715 x
+    "gelu_grad": (
+        f"one_minus({_GELU_T} * {_GELU_T}) * ({_GELU_U1} - x * {_GELU_T} * {_GELU_U1} * "
+        f"{_GELU_U1} + 0.10703222440890038 * (x * x))",
     ),
     "step": ("0",),
     "one_minus": ("-1",),

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import functools
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -601,7 +603,68 @@ def _prepare_all(
     return terms, preps, flops
 
 
+# plans by (spec, shapes, strategy, dtypes, matmul, host): a plan's ``run`` holds no state of
+# its own (arrays and scratch come in each call), so equal einsums share one. Layers repeat the
+# same contractions, and a gradient graph holds three per weight (its forward, and the
+# products that give the input's and the weight's cotangents): planning each one anew (an
+# opt_einsum path search, layout choices) was most of the compile time of such graphs
+_PLANS: "OrderedDict[tuple, EinsumPlan]" = OrderedDict()
+_PLANS_SIZE = 1024
+_plans_lock = threading.Lock()
+
+
+def _layout_tunables() -> tuple:
+    """The cost-model constants host plans are chosen by (a plan made under others differs)."""
+    pl = pair_layout
+    return (
+        pl.COPY_NS_PER_BYTE,
+        pl.CALL_NS,
+        pl.NS_PER_FLOP,
+        pl.MEASURE_MIN_NS,
+        pl.MEASURE_MAX_BYTES,
+        pl.CLEAR_RATIO,
+        pl.MEASURE_BUDGET_S,
+    )
+
+
 def plan_einsum(
+    es: EinsumSpec,
+    shapes: list[tuple[int, ...]],
+    sizes: dict[str, int],
+    strategy: Any = None,
+    dtypes: list[str] | None = None,
+    matmul: Callable | None = None,
+    host: bool = False,
+) -> EinsumPlan:
+    """Compile an einsum with concrete shapes (and operand dtypes) into a pairwise-matmul program
+    (memoized; see ``_plan_einsum``)."""
+    try:
+        key = (
+            str(es),
+            tuple(tuple(int(d) for d in s) for s in shapes),
+            strategy if strategy is None or isinstance(strategy, str) else repr(strategy),
+            None if dtypes is None else tuple(np.dtype(d).name for d in dtypes),
+            matmul,
+            bool(host),
+            _layout_tunables() if host else (),
+        )
+        hash(key)
+    except TypeError:  # an unhashable matmul or strategy: plan without the memo
+        return _plan_einsum(es, shapes, sizes, strategy, dtypes, matmul, host)
+    with _plans_lock:
+        hit = _PLANS.get(key)
+        if hit is not None:
+            _PLANS.move_to_end(key)
+            return hit
+    plan = _plan_einsum(es, shapes, sizes, strategy, dtypes, matmul, host)
+    with _plans_lock:
+        _PLANS[key] = plan
+        while len(_PLANS) > _PLANS_SIZE:
+            _PLANS.popitem(last=False)
+    return plan
+
+
+def _plan_einsum(
     es: EinsumSpec,
     shapes: list[tuple[int, ...]],
     sizes: dict[str, int],

@@ -33,6 +33,7 @@ _ARG_FIELDS = {
     ops.EINSUM: {"spec"},
     ops.REDUCE: {"axes", "keepdims"},
     ops.ROWOP: {"axis", "eps"},
+    ops.ROWGRAD: {"axis", "eps"},
     ops.TRANSPOSE: {"perm"},
     ops.RESHAPE: {"shape"},
     ops.CAST: {"dtype"},
@@ -97,7 +98,7 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-_OP_KINDS = (*ops.ELEMENTWISE_KINDS, ops.REDUCE, ops.ROWOP)
+_OP_KINDS = (*ops.ELEMENTWISE_KINDS, ops.REDUCE, ops.ROWOP, ops.ROWGRAD)
 
 
 def _is_number(v: Any) -> bool:
@@ -124,7 +125,7 @@ def _check_args(kind: str, args: dict, w: str) -> None:
             f"argument 'keepdims' must be true or false, got {args.get('keepdims')!r}",
             w,
         )
-    elif kind == ops.ROWOP:
+    elif kind in (ops.ROWOP, ops.ROWGRAD):
         _expect(
             _is_int(args["axis"]), f"argument 'axis' must be an integer, got {args['axis']!r}", w
         )

@@ -10,6 +10,8 @@ any non-ASCII character but surrogates), so a network may have any number of ind
 
 from __future__ import annotations
 
+import functools
+
 import string
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -102,8 +104,24 @@ def _check_term(term: str, spec: str, pos: int) -> None:
 def parse(spec: str, ranks: list[int] | tuple[int, ...]) -> EinsumSpec:
     """Parse and normalize ``spec`` for operands of the given ranks.
 
-    Raises SpecError for malformed specs, naming the spec and the offending term.
+    Raises SpecError for malformed specs, naming the spec and the offending term. Memoized
+    (an EinsumSpec is immutable): graphs, and above all gradient graphs, repeat a few specs.
     """
+    if isinstance(spec, str):
+        try:
+            key = tuple(int(r) for r in ranks)
+        except (TypeError, ValueError):
+            return _parse(spec, ranks)
+        return _parse_cached(spec, key)
+    return _parse(spec, ranks)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_cached(spec: str, ranks: tuple[int, ...]) -> EinsumSpec:
+    return _parse(spec, ranks)
+
+
+def _parse(spec: str, ranks: list[int] | tuple[int, ...]) -> EinsumSpec:
     if not isinstance(spec, str):
         raise SpecError(f"einsum spec must be a string, got {type(spec).__name__}")
     raw = spec.replace(" ", "")

@@ -161,6 +161,10 @@ def unary(op: str, x: Bound, dtype: str) -> Bound:
         m = x.mag
         # slope of the tanh-approximate gelu is below 1.13 everywhere
         return Bound(low, high, 1.13 * err + t * e * (m + 1) * (1 + 0.2 * m * m), False, prob)
+    if op == "gelu_grad":
+        # gelu's slope lies in [-0.129, 1.129]; its own slope (gelu'') is at most 0.8 in size
+        m = x.mag
+        return Bound(-0.13, 1.13, 0.8 * err + t * e * (m + 1) * (1 + 0.3 * m * m), False, prob)
     raise ValueError(f"no bound rule for unary op {op!r}")
 
 
@@ -281,6 +285,31 @@ def rowop(op: str, x: Bound, k: int, dtype: str, eps: float = 0.0) -> Bound:
     return Bound(lo, 0.0, 2 * x.err + TRANSCENDENTAL_ULPS * e * (abs(lo) + g), False, x.problem)
 
 
+def row_grad(op: str, xs: Sequence[Bound], k: int, dtype: str, eps: float) -> Bound:
+    """Bound of a row op's backward: its row program (``ops.ROW_GRAD_PROGRAMS``) in interval
+    arithmetic, each reduction over rows of ``k`` elements."""
+    env: dict[str, Bound] = dict(zip(ops.ROW_GRAD_OPERANDS[op], xs))
+    env["inv_n"] = Bound(1.0 / max(k, 1), 1.0 / max(k, 1), 0.0, True)
+    env["eps"] = Bound(eps, eps, 0.0, True)
+
+    def value(e) -> Bound:
+        if isinstance(e, str):
+            return env[e]
+        if isinstance(e, (int, float)):
+            return Bound(float(e), float(e), 0.0, True)
+        name, *args = e
+        return elementwise(name, [value(a) for a in args], dtype)
+
+    for st in ops.ROW_GRAD_PROGRAMS[op]:
+        if st.kind == "reduce":
+            env[st.name] = reduce(st.combine, value(st.expr), k, dtype)
+        elif st.kind in ("let", "map"):
+            env[st.name] = value(st.expr)
+        else:
+            return value(st.expr)
+    raise ValueError(f"the {op} backward row program has no write step")
+
+
 def einsum(
     spec_text: str, xs: Sequence[Bound], shapes: Sequence[tuple[int, ...]], dtype: str
 ) -> Bound:
@@ -371,6 +400,9 @@ def node_bound(
         return rowop(
             op, in_bounds[0], in_shapes[0][node.args["axis"]], dt, float(node.args.get("eps", 0.0))
         )
+    if kind == ops.ROWGRAD:
+        k = in_shapes[0][node.args["axis"]]
+        return row_grad(op, in_bounds, k, dt, float(node.args.get("eps", 0.0)))
     if kind in (ops.TRANSPOSE, ops.RESHAPE):
         return in_bounds[0]
     if kind == ops.CAST:

@@ -16,6 +16,14 @@ from ..ir import attention as attn_ir
 from ..ir import ops
 from ..ir.spec import np_einsum
 
+
+def _gelu_grad(x: np.ndarray) -> np.ndarray:
+    # d/dx of 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), by the product rule
+    c = np.sqrt(2.0 / np.pi)
+    t = np.tanh(c * (x + 0.044715 * x**3))
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t**2) * c * (1.0 + 3 * 0.044715 * x**2)
+
+
 _UNARY = {
     "neg": np.negative,
     "abs": np.abs,
@@ -29,6 +37,7 @@ _UNARY = {
     "tanh": np.tanh,
     "softplus": lambda x: np.log1p(np.exp(-np.abs(x))) + np.maximum(x, 0.0),
     "gelu": lambda x: 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x + 0.044715 * x**3))),
+    "gelu_grad": lambda x: _gelu_grad(x),
     "step": lambda x: (x > 0).astype(x.dtype),
     "one_minus": lambda x: 1.0 - x,
 }
@@ -71,6 +80,26 @@ def _rowop(op: str, x: np.ndarray, axis: int, eps: float = 0.0) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=axis, keepdims=True))
 
 
+def _rowgrad(op: str, xs: list[np.ndarray], axis: int, eps: float) -> np.ndarray:
+    """A row op's backward as the cotangent times the row op's explicit Jacobian (rows of n
+    elements, an n x n matrix per row): written apart from the op table's row programs."""
+    a, g = (np.moveaxis(x, axis, -1) for x in xs)
+    n = a.shape[-1]
+    eye = np.eye(n)
+    if op == "layer_norm":  # a is the input: dy_i/dx_j = r (d_ij - 1/n) - c_i c_j r^3 / n
+        c = a - a.mean(axis=-1, keepdims=True)
+        r = 1.0 / np.sqrt((c**2).mean(axis=-1, keepdims=True) + eps)
+        jac = r[..., None] * (eye - 1.0 / n) - (c[..., :, None] * c[..., None, :]) * (
+            r[..., None] ** 3 / n
+        )
+    else:  # a is the result: softmax dy_i/dx_j = y_i (d_ij - y_j); log_softmax d_ij - e^y_j
+        y = np.exp(a) if op == "log_softmax" else a
+        jac = eye - y[..., None, :]
+        if op == "softmax":
+            jac = y[..., :, None] * jac
+    return np.moveaxis(np.einsum("...i,...ij->...j", g, jac), -1, axis)
+
+
 def _attention(xs: list[np.ndarray], scale: float, causal: bool) -> np.ndarray:
     q, k, v = xs[:3]
     s = np.einsum("...qd,...kd->...qk", q, k) * scale
@@ -110,6 +139,8 @@ def evaluate(
             r = _reduce(op, xs[0], tuple(a["axes"]), bool(a.get("keepdims")))
         elif kind == ops.ROWOP:
             r = _rowop(op, xs[0], a["axis"], float(a.get("eps", 0.0)))
+        elif kind == ops.ROWGRAD:
+            r = _rowgrad(op, xs, int(a["axis"]), float(a.get("eps", 0.0)))
         elif kind == ops.TRANSPOSE:
             r = np.transpose(xs[0], tuple(a["perm"]))
         elif kind == ops.RESHAPE:

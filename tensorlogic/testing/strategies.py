@@ -216,7 +216,7 @@ class _Builder:
             x = self.positive(x)
         elif op in ("exp", "softplus"):
             x = self.bounded(x, 4.0)
-        elif op in ("square", "gelu"):
+        elif op in ("square", "gelu", "gelu_grad"):
             x = self.bounded(x, 10.0)
         return self.accept(lambda: self.g.unary(op, x.t))
 

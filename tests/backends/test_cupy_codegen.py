@@ -261,7 +261,7 @@ def test_cuda_c_takes_every_exact_op_and_leaves_the_rest_to_cupy():
     expected |= {
         f"ew_{op}_{d}"
         for d in ("complex64", "complex128")
-        for op in ("abs", "sqrt", "sigmoid", "tanh", "gelu", "pow")
+        for op in ("abs", "sqrt", "sigmoid", "tanh", "gelu", "gelu_grad", "pow")
     }
     assert refused == expected
     for d in ints:

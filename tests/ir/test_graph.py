@@ -161,3 +161,35 @@ def test_fingerprint_and_dot():
     assert build(2.0).fingerprint() != build(3.0).fingerprint()
     dot = build(2.0).to_dot()
     assert dot.startswith("digraph") and "->" in dot and "binary:mul" in dot
+
+
+def test_validate_rechecks_every_node_after_a_rewire(monkeypatch):
+    from dataclasses import replace
+
+    from tensorlogic.ir import infer
+
+    g = tl.EinsumGraph()
+    x = g.input("x", (3, 4))
+    y = g.exp(x)
+    g.output(g.sum(y), "s")
+    calls = []
+    real = infer.infer
+    monkeypatch.setattr(infer, "infer", lambda *a, **k: calls.append(a) or real(*a, **k))
+    g.validate()  # built by add_node alone: consistent by construction, nothing re-inferred
+    assert calls == []
+    # a rewired record is checked again: here one that lies about its shape
+    g.replace_node(y.id, replace(g.node(y.id), shape=(4, 3)))
+    with pytest.raises(tl.errors.GraphError, match="recorded shape"):
+        g.validate()
+    assert calls
+    h = tl.EinsumGraph()
+    e = h.exp(h.input("x", (2,)))
+    h.output(e, "y")
+    h.replace_node(e.id, h.node(e.id))  # a rewire, even to the same record
+    h2 = h.copy()
+    calls.clear()
+    h2.validate()  # the copy of a rewired graph is checked in full, once
+    assert calls
+    calls.clear()
+    h2.validate()
+    assert calls == []

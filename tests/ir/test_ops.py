@@ -26,6 +26,15 @@ UNARY_REF = {
     "tanh": np.tanh,
     "softplus": lambda x: np.log1p(np.exp(-np.abs(x))) + np.maximum(x, 0),
     "gelu": lambda x: 0.5 * x * (1 + np.tanh(SQRT_2_OVER_PI * (x + 0.044715 * x**3))),
+    # gelu's derivative by the product rule, with sech^2 for tanh's derivative
+    "gelu_grad": lambda x: (
+        0.5 * (1 + np.tanh(SQRT_2_OVER_PI * (x + 0.044715 * x**3)))
+        + 0.5
+        * x
+        * SQRT_2_OVER_PI
+        * (1 + 3 * 0.044715 * x**2)
+        / np.cosh(SQRT_2_OVER_PI * (x + 0.044715 * x**3)) ** 2
+    ),
     "step": lambda x: (x > 0).astype(x.dtype),
     "one_minus": lambda x: 1 - x,
 }

@@ -317,6 +317,11 @@ class CupyBackend(Backend):
         reductions and row ops, CuPy's own operations for layout changes and casts."""
         if node.kind == ops.EINSUM:
             return self._einsum(node, in_nodes)
+        if node.kind == ops.ROWGRAD:
+            from .rowgrad_c import RowGradKernel
+
+            rk = RowGradKernel(self, node)
+            return PreparedKernel(rk, source=rk.source, impl=rk, info=rk.info, scratch=rk.scratch)
         if node.kind in GENERATED_KINDS:
             path = kernel_path(node, in_nodes, self.codegen)
             if path is None:  # CuPy's loops (numpy's semantics and result dtypes)

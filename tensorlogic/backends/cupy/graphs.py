@@ -171,8 +171,17 @@ class PlanRunner(BasePlanRunner):
                 if self.graph is None:
                     if self.calls == 1:  # warm-up: load kernels, create handles, fill the pool
                         caller = self._follow_caller()
+                        # the results are the caller's: allocated on its stream, so their memory
+                        # goes back to blocks the caller's later allocations (replayed calls'
+                        # outputs) reuse, not to the capture stream's
+                        given, by_buffer = dict(out or {}), {}
+                        for name, bid, shape, dtype in plan.fresh_outputs:
+                            if given.get(name) is None:  # names of one buffer share one array
+                                if bid not in by_buffer:
+                                    by_buffer[bid] = cupy.empty(shape, dtype)
+                                given[name] = by_buffer[bid]
                         with self.stream:
-                            results = plan.run_steps(inputs, out)
+                            results = plan.run_steps(inputs, given)
                         caller.wait_event(self.stream.record())
                         return results
                     if not self._capture(plan, inputs):
@@ -204,7 +213,9 @@ class PlanRunner(BasePlanRunner):
         return plan.run_steps(inputs, out, None if template is None else template.copy())
 
     def _capture(self, plan, inputs) -> bool:
-        env = plan.new_arena()
+        # the graph takes the arena the warm-up call left idle in the plan's pool (and keeps it):
+        # a second arena would hold the plan's intermediates twice on the device
+        env = plan.pool.acquire()
         for name, bid in plan.input_ids.items():
             b = plan.buffers[bid]
             self.fixed_in[name] = env[bid] = cupy.empty(b.shape, b.dtype)
@@ -236,6 +247,7 @@ class PlanRunner(BasePlanRunner):
             self.status = f"off (capture failed, stream launches: {type(exc).__name__}: {exc})"
             self.fixed_in.clear()
             self.fixed_out.clear()
+            plan.pool.release(env)
             return False
         self.graph, self.env, self.capture_pool = graph, env, pool
         pdl_note = ", programmatic dependent launch" if self.backend.pdl else ""

@@ -29,7 +29,7 @@ from .. import widen
 from ..base import Capabilities, PreparedKernel
 from ..inputs import strided_copy_bytes
 from ..numpy.backend import NumpyBackend
-from . import cache as numba_cache, threads as numba_threads
+from . import cache as numba_cache, rowgrad, threads as numba_threads
 from .codegen import generates, render
 from .layout import make_layout
 
@@ -150,6 +150,8 @@ class NumbaBackend(NumpyBackend):
             return self.einsum_kernel(node, in_nodes, self.thread_mode)
         if node.kind == ops.ATTENTION:
             return _attention_kernel(node, in_nodes, self.fast_math)
+        if node.kind == ops.ROWGRAD and node.dtype in rowgrad.DTYPES:
+            return rowgrad.row_grad_kernel(node, self.fast_math, self.parallel_threshold)
         body = _body_of(node, in_nodes)
         dts = [n.dtype for n in in_nodes]
         if body is None or not generates(body.instrs, body.tail, body.epilogue, node.dtype, dts):

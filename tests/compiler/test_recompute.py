@@ -1,0 +1,69 @@
+"""The memory plan's recompute choice (``compiler/remat.py``) and the schedule's hoisting of
+memory-freeing steps (``compiler/hoist.py``): structure, planned peak and equal results."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tensorlogic as tl
+from tensorlogic.ir import ops
+
+
+def _mixed_precision_step():
+    # a bfloat16 copy of each weight read in the forward pass and again by the backward pass
+    g = tl.EinsumGraph()
+    x = g.input("x", (64, 128), "float32")
+    h = x
+    weights = []
+    for k in range(3):
+        g.input(f"w{k}", (128, 128), "float32")
+        weights.append(f"w{k}")
+        h = g.relu(g.einsum("bi,ij->bj", h, g.tensor(f"w{k}")))
+    g.output(g.mean(g.square(h)), "loss")
+    return tl.grad(g, "loss", weights)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_recompute_lowers_the_peak_and_keeps_results(backend):
+    gg = _mixed_precision_step()
+    rng = np.random.default_rng()
+    feed = {"x": rng.standard_normal((64, 128)).astype(np.float32)}
+    feed.update(
+        {f"w{k}": rng.standard_normal((128, 128)).astype(np.float32) * 0.1 for k in range(3)}
+    )
+    kept = tl.compile(gg, backend=backend, precision="bf16", recompute=False, cache=False)
+    redo = tl.compile(gg, backend=backend, precision="bf16", cache=False)
+    # the weights' bfloat16 casts: computed once each when kept, twice when recomputed
+    casts = lambda p: sum(s.kind == ops.CAST and s.dtype == "bfloat16" for s in p.steps)  # noqa: E731
+    assert casts(redo) > casts(kept)
+    assert redo.memory.peak_bytes < kept.memory.peak_bytes
+    a, b = kept(**feed), redo(**feed)
+    for name in a:
+        np.testing.assert_array_equal(np.asarray(a[name]), np.asarray(b[name]))
+
+
+def test_values_of_computed_operands_are_kept():
+    # relu(einsum) is read by the backward too, but recomputing it would repeat a contraction
+    gg = _mixed_precision_step()
+    plan = tl.compile(gg, backend="numpy", cache=False)
+    relus = [s for s in plan.steps if "relu" in s.label]
+    assert len(relus) == 3
+
+
+def test_output_casts_run_as_soon_as_their_operand_exists():
+    gg = _mixed_precision_step()
+    plan = tl.compile(gg, backend="numpy", precision="bf16", cache=False)
+    names = [s.name for s in plan.steps]
+    for k in range(3):
+        cast = names.index(f"grad_w{k}:float32")
+        # the step right before it made the bfloat16 gradient it casts
+        (src,) = plan.steps[cast].inputs
+        assert plan.steps[cast - 1].output == src
+
+
+def test_recompute_option_is_checked():
+    g = tl.EinsumGraph()
+    g.output(g.exp(g.input("x", (2,))), "y")
+    with pytest.raises(tl.errors.GraphError, match="recompute"):
+        tl.compile(g, backend="numpy", recompute="yes")
