@@ -141,7 +141,9 @@ def test_eight_threads_share_one_plan(backend, rng):
     assert not errors, errors[:5]
     pool = plan.concrete.pool
     assert 1 <= pool.arenas_created <= 8  # one per concurrent call at most, then reused
-    assert pool.idle == pool.arenas_created  # every arena came back
+    # every arena came back, but the one a captured CUDA graph keeps (its fixed addresses)
+    captured = int(getattr(plan.concrete.runner, "graph", None) is not None)
+    assert pool.idle == pool.arenas_created - captured
     assert pool.bytes_held == pool.arenas_created * plan.memory.peak_bytes
     plan.release_memory()
     assert pool.idle == 0 and pool.bytes_held == 0

@@ -16,6 +16,7 @@ from cupy.cuda import driver
 from ... import dtypes
 from ...errors import GraphError, InputError
 from ...ir import ops
+from ...ir.fused import FusedBody
 from .. import kernels as generic, widen
 from ..base import Backend, Capabilities, PreparedKernel
 from ..inputs import plain_host_array, strided_copy_bytes
@@ -322,6 +323,9 @@ class CupyBackend(Backend):
 
             rk = RowGradKernel(self, node)
             return PreparedKernel(rk, source=rk.source, impl=rk, info=rk.info, scratch=rk.scratch)
+        empty = _empty_reduction(node, in_nodes)
+        if empty is not None:  # nothing to reduce: the table's value, no generated kernel
+            return empty  # out[...] = value works on a device array as on a host one
         if node.kind in GENERATED_KINDS:
             path = kernel_path(node, in_nodes, self.codegen)
             if path is None:  # CuPy's loops (numpy's semantics and result dtypes)
@@ -438,3 +442,17 @@ class CupyBackend(Backend):
         """Seconds between two events from ``event()`` (waits for ``end``)."""
         end.synchronize()
         return cupy.cuda.get_elapsed_time(start, end) / 1e3
+
+
+def _empty_reduction(node, in_nodes) -> PreparedKernel | None:
+    """The fill kernel of a reduction (alone or as a fused group's tail) whose reduced axes
+    hold no elements (``kernels.empty_reduction_kernel``), else None."""
+    if node.kind == ops.REDUCE:
+        shape, axes = tuple(in_nodes[0].shape), tuple(node.args["axes"])
+        return generic.empty_reduction_kernel(node.op, shape, axes)
+    if node.kind == ops.FUSED:
+        body = FusedBody.from_args(node.args["body"])
+        if body.tail in ops.REDUCTIONS:
+            space = tuple(int(d) for d in body.space)
+            return generic.empty_reduction_kernel(body.tail, space, tuple(body.axes))
+    return None
