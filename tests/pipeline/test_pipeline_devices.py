@@ -73,7 +73,8 @@ def test_a_slow_device_takes_fewer_batches(plan, ref_plan, rng):
     x = rng.standard_normal((240, 32)).astype(np.float32)
     got = tl.run_batched(plan, {"x": x}, 8, devices=[0, 1], progress=False)
     _close(got, ref_plan(x=x))
-    assert FakeGpus.runs[1] > 2 * FakeGpus.runs[0] > 0
+    # the slow device may take none at all when the fast one empties the queue first
+    assert FakeGpus.runs[1] > 2 * FakeGpus.runs[0]
 
 
 def test_batch_axis_not_first_and_shared_input(rng):
