@@ -15,6 +15,8 @@ the real shapes when the step is large enough for it to matter (``choose``).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
 import time
 from dataclasses import dataclass
@@ -35,6 +37,12 @@ MEASURE_MAX_BYTES = 64 << 20
 CLEAR_RATIO = 4.0
 # At most this many seconds of timing per einsum (later steps use the estimates).
 MEASURE_BUDGET_S = 0.03
+# What the timing runs inside: a host backend sets BLAS's threads as its plan calls will run
+# them. A context factory entered only when a step is timed, since setting it up can cost more
+# than planning (threadpoolctl's first scan of the loaded libraries: ~30 ms per process).
+TIMING_CONTEXT: contextvars.ContextVar[Callable[[], Any]] = contextvars.ContextVar(
+    "pair_layout_timing_context", default=contextlib.nullcontext
+)
 
 
 @dataclass(frozen=True)
@@ -177,7 +185,8 @@ class Chooser:
             return best
         t0 = time.perf_counter()
         ops = [np.ones(s, d) for s, d in shapes]
-        times = [_time(*b(), ops) for b in build]
+        with TIMING_CONTEXT.get()():
+            times = [_time(*b(), ops) for b in build]
         self.spent += time.perf_counter() - t0
         return min(range(len(times)), key=times.__getitem__)
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from ...dtypes import SUPPORTED
 from ...errors import BackendError, InputError
-from ...ir import ops
+from ...ir import ops, pair_layout
 from ...ir.fused import FusedBody, FusedOp
 from .. import kernels, widen
 from ..base import Backend, Capabilities, PlanRunner, PreparedKernel, register_backend
@@ -139,8 +139,12 @@ class NumpyBackend(Backend):
         """An einsum kernel whose products run as the thread mode says."""
         mm = cpu_threads.parallel_matmul if mode == "pool" else None
         # layouts are timed while planning (``pair_layout``): with BLAS threaded as calls run
-        with cpu_threads.single_threaded_blas() if mode == "pool" else contextlib.nullcontext():
+        timing = cpu_threads.single_threaded_blas if mode == "pool" else contextlib.nullcontext
+        token = pair_layout.TIMING_CONTEXT.set(timing)
+        try:
             kernel = kernels.einsum_kernel(np, node, in_nodes, mm)
+        finally:
+            pair_layout.TIMING_CONTEXT.reset(token)
         if mode == "pool":
             split = (kernel.flops or 0) >= cpu_threads.MIN_SPLIT_FLOPS
             return replace(kernel, threads=host_pool.helper_count() + 1 if split else 1)
