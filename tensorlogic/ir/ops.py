@@ -340,6 +340,33 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
     ]
 }
 
+# Ops that a generated kernel computes exactly for integer dtypes, one element at a time in
+# the stored type (as numpy's loop does): ring operations wrap, comparisons and selections are
+# exact. Integer reciprocal and pow, and ops that change the dtype, keep numpy's (or CuPy's)
+# loops. Read by the numba and CUDA C generators.
+INTEGER_EXACT = frozenset(
+    {
+        "neg",
+        "abs",
+        "square",
+        "relu",
+        "step",
+        "one_minus",
+        "add",
+        "sub",
+        "mul",
+        "maximum",
+        "minimum",
+        "gt",
+        "ge",
+        "lt",
+        "le",
+        "eq",
+        "ne",
+        "where",
+    }
+)
+
 # The CUDA C column for integer and bool compute types, where the float expression would go
 # through double (fabs, fmax) and lose the low bits of 64-bit integers.
 CUDA_INT: dict[str, str] = {

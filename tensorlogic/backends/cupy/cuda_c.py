@@ -45,28 +45,7 @@ _INT_LIMITS = {
 # operations wrap, comparisons and selections are exact); abs, relu, maximum and minimum take
 # the op table's integer column (``ops.CUDA_INT``). Integer pow and reciprocal are left to
 # CuPy's own loops (see ``generates``).
-INT_OPS = frozenset(
-    {
-        "neg",
-        "abs",
-        "square",
-        "relu",
-        "step",
-        "one_minus",
-        "add",
-        "sub",
-        "mul",
-        "maximum",
-        "minimum",
-        "gt",
-        "ge",
-        "lt",
-        "le",
-        "eq",
-        "ne",
-        "where",
-    }
-)
+INT_OPS = ops.INTEGER_EXACT
 # Ops the complex kernels compute (``COMPLEX_PRELUDE``: numpy's algorithms for division, exp and
 # log); sqrt, tanh and the float-valued abs are left to CuPy's loops.
 COMPLEX_OPS = frozenset(

@@ -54,28 +54,7 @@ _FLOAT_LIT = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][+-]?\d+)?)")
 # op for integer, bool and complex kernels whose operands all have the kernel's dtype. Others
 # (integer reciprocal and pow, complex ordering, ops that change the dtype) keep numpy's loops.
 EXACT_OPS: dict[str, frozenset[str]] = {
-    "iu": frozenset(
-        {
-            "neg",
-            "abs",
-            "square",
-            "relu",
-            "step",
-            "one_minus",
-            "add",
-            "sub",
-            "mul",
-            "maximum",
-            "minimum",
-            "gt",
-            "ge",
-            "lt",
-            "le",
-            "eq",
-            "ne",
-            "where",
-        }
-    ),
+    "iu": ops.INTEGER_EXACT,
     "b": frozenset(
         {
             "abs",
