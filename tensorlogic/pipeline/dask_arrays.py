@@ -135,11 +135,12 @@ def _run_block(
 
         plan = worker_plan(key, PAYLOADS[key])
     named = dict(zip(names, blocks))
-    pieces = _lane_pieces(plan, named)
+    batched = _batched(plan, named)
+    pieces = _lane_pieces(plan, batched)
     if pieces > 1:
         from .batches import run_batched
 
-        rows = max(int(x.shape[a]) for x, a in _batched(plan, named))
+        rows = max(int(x.shape[a]) for x, a in batched)
         size = -(-rows // pieces)
         return run_batched(plan, named, size, progress=False, check_finite=check_finite)
     return plan(named, check_finite=check_finite, to_host=True)
@@ -159,7 +160,7 @@ def _batched(plan: Any, named: Mapping[str, Any]) -> list[tuple[Any, int]]:
     return [(x, axes[k]) for k, x in named.items() if k in axes]
 
 
-def _lane_pieces(plan: Any, named: Mapping[str, Any]) -> int:
+def _lane_pieces(plan: Any, batched: list[tuple[Any, int]]) -> int:
     """Sub-batches for one chunk on a worker: LANE_PIECES on a GPU backend when each piece
     still moves enough bytes to be worth a copy overlap (schedule.SPLIT_MIN_BYTES), else 1."""
     from .devices import multi_device
@@ -167,7 +168,7 @@ def _lane_pieces(plan: Any, named: Mapping[str, Any]) -> int:
 
     if not multi_device(plan.backend):
         return 1
-    moved = sum(int(getattr(x, "nbytes", 0)) for x, _ in _batched(plan, named))
+    moved = sum(int(getattr(x, "nbytes", 0)) for x, _ in batched)
     return LANE_PIECES if moved >= LANE_PIECES * SPLIT_MIN_BYTES else 1
 
 

@@ -55,24 +55,9 @@ _FLOAT_LIT = re.compile(r"(?<![\w.])(\d+\.\d*(?:[eE][+-]?\d+)?)")
 # (integer reciprocal and pow, complex ordering, ops that change the dtype) keep numpy's loops.
 EXACT_OPS: dict[str, frozenset[str]] = {
     "iu": ops.INTEGER_EXACT,
-    "b": frozenset(
-        {
-            "abs",
-            "relu",
-            "step",
-            "add",
-            "mul",
-            "maximum",
-            "minimum",
-            "gt",
-            "ge",
-            "lt",
-            "le",
-            "eq",
-            "ne",
-            "where",
-        }
-    ),
+    # bool: the integer set less neg, sub, square and one_minus, which numpy refuses for bool
+    # or computes in another dtype
+    "b": ops.INTEGER_EXACT - {"neg", "square", "one_minus", "sub"},
     "c": frozenset(
         {
             "neg",
