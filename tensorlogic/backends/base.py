@@ -134,6 +134,10 @@ class PlanRunner:
     def __call__(self, plan: Any, inputs: Mapping[str, Any], out: Any) -> dict[str, Any]:
         raise NotImplementedError
 
+    def release(self, plan: Any) -> None:
+        """Give back what the runner keeps between calls (``plan.release_memory()`` calls it
+        before dropping the idle arenas); the next call rebuilds it."""
+
 
 class Backend:
     """Every call the compiler and runtime make on a backend.

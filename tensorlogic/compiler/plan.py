@@ -623,6 +623,8 @@ class CompiledPlan:
             if self.symbols:
                 self._specs.clear()
             for cp in [self._last] if self._last else []:
+                if cp.runner is not None:
+                    cp.runner.release(cp)
                 cp.pool.clear()
 
     def __repr__(self) -> str:

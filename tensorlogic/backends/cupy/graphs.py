@@ -254,6 +254,21 @@ class PlanRunner(BasePlanRunner):
         self.status = f"on ({len(plan.steps)} steps replayed as one graph{pdl_note})"
         return True
 
+    def release(self, plan) -> None:
+        """Drop the captured graph and give its arena back to the pool (``release_memory`` then
+        frees it); the next call captures again."""
+        with self._busy:
+            if self.graph is None:
+                return
+            self.stream.synchronize()  # a replay may still read the arena
+            env = self.env
+            self.graph = self.env = self.capture_pool = None
+            self.fixed_in.clear()
+            self.fixed_out.clear()
+            self.calls = 1  # warm-up done: the next call captures
+            self.status = "pending (captured again on the next call)"
+            plan.pool.release(env)
+
     def _follow_caller(self):
         """Order our stream after the work already queued on the caller's stream."""
         caller = cupy.cuda.get_current_stream()
