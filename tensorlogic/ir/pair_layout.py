@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -33,10 +34,18 @@ NS_PER_FLOP = 0.1  # small GEMMs on one core
 MEASURE_MIN_NS = 20_000.0
 # Operands larger than this are not materialized to time a step (the estimates decide).
 MEASURE_MAX_BYTES = 64 << 20
-# Estimates further apart than this are trusted without timing.
+# Candidates estimated slower than this many times the best are not timed (and a choice whose
+# every other candidate is that far off is made by the estimates alone).
 CLEAR_RATIO = 4.0
-# At most this many seconds of timing per einsum (later steps use the estimates).
+# Timing an einsum's layouts may cost at most this many of its estimated calls (the compile
+# target: a first compile of at most ten calls), and never more than MEASURE_BUDGET_S.
+MEASURE_BUDGET_CALLS = 3.0
 MEASURE_BUDGET_S = 0.03
+# What entering a timing context costs the first time in a process (threadpoolctl's scan of
+# the loaded libraries: 10-20 ms), counted against the budget of the first timing.
+CONTEXT_SETUP_S = 0.015
+# Runs of each timed candidate: a warm-up (first touch of its scratch) and the best of two.
+TIMING_RUNS = 3
 # What the timing runs inside: a host backend sets BLAS's threads as its plan calls will run
 # them. A context factory entered only when a step is timed, since setting it up can cost more
 # than planning (threadpoolctl's first scan of the loaded libraries: ~30 ms per process).
@@ -158,37 +167,78 @@ def estimate_ns(copied_bytes: int, calls: int, flops: int = 0) -> float:
 
 
 class Chooser:
-    """Picks the faster of two ways to run a pair, by timing them on the real shapes when the
-    step is large enough and the einsum's timing budget lasts, else by the estimates."""
+    """Picks the fastest of the ways to run a pair: by timing on the real shapes the candidates
+    the estimates cannot tell apart, when the step is large enough and timing them fits what
+    is left of the einsum's budget; else by the estimates.
 
-    def __init__(self, measure: bool) -> None:
+    The budget scales with the einsum's estimated call (``budget_for``): a network that runs
+    in a millisecond does not spend tens of milliseconds timing layouts. Choices timed once are
+    remembered for the process (``_TIMED``), so a step that recurs (a layer, the same pair in
+    another einsum) is timed once.
+    """
+
+    def __init__(self, measure: bool, budget_s: float = MEASURE_BUDGET_S) -> None:
         self.measure = measure
+        self.budget_s = min(budget_s, MEASURE_BUDGET_S)
         self.spent = 0.0
+        self.timed = 0  # choices timed here (for tests and reports)
 
     def choose(
         self,
         est: list[float],
         build: list[Callable[[], tuple[Callable, list]]],
         shapes: list[tuple[tuple[int, ...], str]],
+        key: Any = None,
     ) -> int:
         """Index of the candidate to use. ``build[i]()`` gives (fn, scratch specs) of candidate
-        i; ``shapes`` are the two operands' (shape, dtype)."""
+        i; ``shapes`` are the two operands' (shape, dtype); ``key``, when given, identifies
+        the step and its candidates for the process-wide memo of timed choices."""
         best = min(range(len(est)), key=est.__getitem__)
+        near = [i for i in range(len(est)) if est[i] <= CLEAR_RATIO * est[best]]
+        if not self.measure or len(near) == 1 or est[best] < MEASURE_MIN_NS:
+            return best
         nbytes = sum(math.prod(s) * np.dtype(d).itemsize for s, d in shapes)
-        if (
-            not self.measure
-            or est[best] < MEASURE_MIN_NS
-            or nbytes > MEASURE_MAX_BYTES
-            or self.spent > MEASURE_BUDGET_S
-            or max(est) > CLEAR_RATIO * est[best]
-        ):
+        if nbytes > MEASURE_MAX_BYTES:
+            return best
+        if key is not None:
+            key = (key, TIMING_CONTEXT.get())  # BLAS's threads as timed
+            hit = _TIMED.get(key)
+            if hit is not None:
+                return hit
+        # what timing would cost: each candidate run TIMING_RUNS times, the operands, and the
+        # first entry of the timing context in this process
+        context = TIMING_CONTEXT.get()
+        cost_s = 1e-9 * (TIMING_RUNS * sum(est[i] for i in near) + COPY_NS_PER_BYTE * nbytes)
+        cost_s += 0.0 if context in _entered else CONTEXT_SETUP_S
+        if self.spent + cost_s > self.budget_s:
             return best
         t0 = time.perf_counter()
         ops = [np.ones(s, d) for s, d in shapes]
-        with TIMING_CONTEXT.get()():
-            times = [_time(*b(), ops) for b in build]
+        with context():
+            _entered.add(context)
+            times = {i: _time(*build[i](), ops) for i in near}
         self.spent += time.perf_counter() - t0
-        return min(range(len(times)), key=times.__getitem__)
+        self.timed += 1
+        picked = min(times, key=times.__getitem__)
+        if key is not None:
+            with _timed_lock:
+                _TIMED[key] = picked
+                while len(_TIMED) > _TIMED_SIZE:
+                    _TIMED.pop(next(iter(_TIMED)))
+        return picked
+
+
+def budget_for(flops: int, pairs: int) -> float:
+    """Seconds of layout timing an einsum of ``flops`` in ``pairs`` products may spend."""
+    call_ns = estimate_ns(0, pairs, flops)
+    return MEASURE_BUDGET_CALLS * call_ns * 1e-9
+
+
+# timed choices by step (see ``Chooser``): a timing is a property of the shapes and the host
+_TIMED: dict[Any, int] = {}
+_TIMED_SIZE = 4096
+_timed_lock = threading.Lock()
+_entered: set = set()  # timing contexts entered in this process
 
 
 def _time(fn: Callable, specs: list[tuple[tuple[int, ...], str]], ops: list[Any]) -> float:

@@ -403,7 +403,20 @@ def _choose_layout(
         return (lambda xp, A, B, _out, scratch: fn(xp, A, B, out, scratch)), s.specs
 
     shapes = [(tuple(sizes[c] for c in t), d) for t, d in zip((a, b), dts)]
-    best = chooser.choose(ests, [lambda i=i: trial(i) for i in range(len(cands))], shapes)
+    # the step up to a renaming of its letters, for the memo of timed choices
+    name = {c: str(k) for k, c in enumerate(dict.fromkeys(a + b))}
+    key = (
+        tuple(name[c] for c in a),
+        tuple(name[c] for c in b),
+        None if out_order is None else tuple(name[c] for c in out_order),
+        frozenset(name[c] for c in contr),
+        tuple(sizes[c] for c in name),
+        tuple(dts),
+        matmul,
+        len(cands),
+    )
+    pick = [lambda i=i: trial(i) for i in range(len(cands))]
+    best = chooser.choose(ests, pick, shapes, key)
     return None if best == 0 else (cands[best][2], build(best, scr))
 
 
@@ -575,6 +588,73 @@ def prepared_terms(
     return _prepare_all(es, shapes, sizes, ["float64"] * len(es.inputs), _Scratch())[0]
 
 
+@dataclass(frozen=True)
+class PathCosts:
+    """What a path costs, as its ``EinsumPlan`` would report it, without building the plan."""
+
+    flops: int
+    largest_intermediate: int
+
+
+def path_costs(
+    es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int], path
+) -> PathCosts:
+    """FLOPs and largest intermediate of ``plan_einsum(es, shapes, sizes, path)``.
+
+    The optimizer costs a path with this and leaves the program itself to the backend, which
+    plans it once with what only it knows (dtypes, its matmul, layouts timed on its host):
+    building the pairwise program twice was a third of the first compile of a large network.
+    Letter order within a term changes neither count, so terms here are letter sets.
+    """
+    kept = [_broadcast_kept_axes(t, shp, sizes) for t, shp in zip(es.inputs, shapes)]
+    counts: dict[str, int] = {}
+    for t, kp in zip(es.inputs, kept):
+        for c in {t[k] for k in kp}:
+            counts[c] = counts.get(c, 0) + 1
+    out_set = set(es.output)
+    live: list[set[str]] = []
+    flops = 0
+    for t, shp, kp in zip(es.inputs, shapes, kept):
+        squeezed = [t[k] for k in kp]
+        target = {c for c in squeezed if counts.get(c, 0) > 1 or c in out_set}
+        if (
+            len(squeezed) != len(t)
+            or len(set(squeezed)) != len(squeezed)
+            or len(target) != len(squeezed)
+        ):
+            flops += math.prod(shp)  # the operand is prepared (squeezed, diagonal or summed)
+        live.append(target)
+    if len(live) == 1:
+        return PathCosts(flops, 0)
+    largest = 0
+    uses: dict[str, int] = {}
+    for t in live:
+        for c in t:
+            uses[c] = uses.get(c, 0) + 1
+    for step in path:
+        picked = [live[i] for i in sorted(step)]
+        for i in sorted(step, reverse=True):
+            live.pop(i)
+        for t in picked:
+            for c in t:
+                uses[c] -= 1
+        keep = out_set | {c for t in picked for c in t if uses[c] > 0}
+        acc = picked[0]
+        for j, other in enumerate(picked[1:]):
+            rest = set().union(*picked[j + 2 :])
+            shared = acc & other
+            contr = {c for c in shared if c not in keep and c not in rest}
+            res = acc ^ other | (shared - contr)
+            nc = max(math.prod(sizes[c] for c in contr), 1)
+            flops += math.prod(sizes[c] for c in res) * nc * (2 if contr else 1)
+            largest = max(largest, math.prod(sizes[c] for c in res))
+            acc = res
+        live.append(acc)
+        for c in acc:
+            uses[c] += 1
+    return PathCosts(flops, largest)
+
+
 def _prepare_all(
     es: EinsumSpec,
     shapes: list[tuple[int, ...]],
@@ -624,6 +704,9 @@ def _layout_tunables() -> tuple:
         pl.MEASURE_MAX_BYTES,
         pl.CLEAR_RATIO,
         pl.MEASURE_BUDGET_S,
+        pl.MEASURE_BUDGET_CALLS,
+        pl.TIMING_RUNS,
+        pl.CONTEXT_SETUP_S,
     )
 
 
@@ -681,7 +764,6 @@ def _plan_einsum(
     (``pair_layout``).
     """
     n = len(es.inputs)
-    chooser = pair_layout.Chooser(measure=True) if host else None
     dts = [np.dtype(d).name for d in dtypes] if dtypes is not None else ["float64"] * n
     scr = _Scratch()
     terms, preps, flops = _prepare_all(es, shapes, sizes, dts, scr)
@@ -711,6 +793,12 @@ def _plan_einsum(
         )
 
     path, info = contraction_path(terms, es.output, sizes, strategy)
+    chooser = None
+    if host:
+        # layout timing may cost a few of this einsum's estimated calls (``pair_layout``)
+        costs = path_costs(es, shapes, sizes, path)
+        pairs = sum(len(step) - 1 for step in path)
+        chooser = pair_layout.Chooser(True, pair_layout.budget_for(costs.flops, pairs))
     program = []
     largest = 0
     n_pairs = 0

@@ -26,6 +26,20 @@ def sliced_spec(es: EinsumSpec, shapes: list[tuple[int, ...]], sliced: list[str]
     return EinsumSpec(inputs, es.output), in_shapes
 
 
+def sliced_costs(
+    es: EinsumSpec, shapes: list[tuple[int, ...]], sizes: dict[str, int], path, sliced: list[str]
+) -> pairwise.PathCosts:
+    """FLOPs and per-slice largest intermediate of ``plan_sliced`` (without planning it)."""
+    inner_es, inner_shapes = sliced_spec(es, shapes, sliced)
+    inner_sizes = {c: d for c, d in sizes.items() if c not in sliced}
+    inner = pairwise.path_costs(inner_es, inner_shapes, inner_sizes, path)
+    n_slices = math.prod(int(sizes[c]) for c in sliced)
+    size = math.prod(int(sizes[c]) for c in es.output)
+    return pairwise.PathCosts(
+        inner.flops * n_slices + size * (n_slices - 1), inner.largest_intermediate
+    )
+
+
 def plan_sliced(
     es: EinsumSpec,
     shapes: list[tuple[int, ...]],

@@ -92,7 +92,7 @@ def _under_limit(es, shapes, sizes, terms, plan, path, strategy, limit, dtype, w
         lpath, lstrategy = choose_path(terms, es.output, sizes, limit)
     except RuntimeError:  # opt_einsum's dp finds no path under the limit
         lpath, lstrategy = path, strategy
-    lplan = pairwise.plan_einsum(es, shapes, sizes, lpath)
+    lplan = pairwise.path_costs(es, shapes, sizes, lpath)
     fits = lplan.largest_intermediate <= limit
     if fits and lplan.flops <= LIMITED_PATH_SLACK * plan.flops:
         return lplan, lpath, lstrategy, []
@@ -114,9 +114,9 @@ def _under_limit(es, shapes, sizes, terms, plan, path, strategy, limit, dtype, w
             too_many = min(too_many or n_slices, n_slices)
             continue
         splan = (
-            sliced.plan_sliced(es, shapes, sizes, spath, sl, dtype)
+            sliced.sliced_costs(es, shapes, sizes, spath, sl)
             if sl
-            else pairwise.plan_einsum(es, shapes, sizes, spath)
+            else pairwise.path_costs(es, shapes, sizes, spath)
         )
         if splan.largest_intermediate <= limit and (best is None or splan.flops < best[0].flops):
             best = (splan, spath, sname, sl)
@@ -141,7 +141,9 @@ def plan_node(g: EinsumGraph, node: Node, memory_limit_bytes: int | None) -> Nod
     itemsize = np.dtype(node.dtype).itemsize
     limit = None if memory_limit_bytes is None else max(1, int(memory_limit_bytes) // itemsize)
     path, strategy = choose_path(terms, es.output, sizes)
-    plan = pairwise.plan_einsum(es, shapes, sizes, path)
+    # the path's costs, not its program: the backend plans that once, with its dtypes and
+    # layouts (only the layout tiebreak of small networks compares programs here)
+    plan: Any = pairwise.path_costs(es, shapes, sizes, path)
     slices: list[str] = []
     if limit is not None and plan.largest_intermediate > limit:
         plan, path, strategy, slices = _under_limit(
@@ -156,8 +158,10 @@ def plan_node(g: EinsumGraph, node: Node, memory_limit_bytes: int | None) -> Nod
             node.dtype,
             f"einsum {node.name!r} ({einspec._show(node.args['spec'])})",
         )
-    if len(terms) <= TIEBREAK_MAX_OPERANDS and plan.copied and not slices:
-        plan, path = _layout_tiebreak(es, shapes, sizes, plan, path, limit)
+    if len(terms) <= TIEBREAK_MAX_OPERANDS and not slices:
+        plan = pairwise.plan_einsum(es, shapes, sizes, path)
+        if plan.copied:
+            plan, path = _layout_tiebreak(es, shapes, sizes, plan, path, limit)
     if limit is not None and plan.largest_intermediate > limit:
         raise MemoryBudgetError(
             f"einsum {node.name!r} ({node.args['spec']}): "

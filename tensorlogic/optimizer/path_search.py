@@ -2,9 +2,11 @@
 
 A fast path comes first (opt_einsum: ``optimal`` up to 5 operands, ``dp`` up to 16, ``greedy``
 above; milliseconds). Its FLOPs estimate the call time; only a network whose estimated call is
-long enough to repay a search gets one (cotengra's hyper-optimizer, or opt_einsum's random
-greedy without cotengra), with a time budget proportional to that cost: a network that runs in a
-millisecond is never searched for seconds. The better of the two paths wins.
+long enough to repay a search gets one, with a time budget proportional to that cost: a
+network that runs in a millisecond is never searched for seconds. The search stops early once it
+has spent a few calls of the best path found so far, and uses cotengra's hyper-optimizer only
+when its budget dwarfs cotengra's import (else opt_einsum's random greedy, loaded already). The
+better of the two paths wins.
 
 Paths of large networks are cached on disk under ``config.cache_dir() / "paths"``, keyed by the
 network's structure (the alpha-canonical index pattern, the index sizes and the memory limit),
@@ -16,7 +18,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,9 +33,16 @@ from ..ir import pairwise, spec as einspec
 # per-pair overhead (transpose/reshape bookkeeping); it only has to get the order of magnitude.
 ASSUMED_FLOPS_PER_S = 2e9
 PAIR_OVERHEAD_S = 5e-6
-PAYBACK_CALLS = 10  # a search may cost this many estimated calls ...
+# a search may cost this many estimated calls (of the best path found so far): the first
+# compile's target is ten calls, planning and kernels included ...
+PAYBACK_CALLS = 5
 MIN_SEARCH_S = 0.05  # ... and is skipped when that is below this (the fast path is kept)
 MAX_SEARCH_S = 2.0
+SEARCH_ROUND = 4  # trials between checks of the time spent
+SEARCH_MAX_TRIALS = 128
+# cotengra is imported for a search of at least this budget (its import alone: 0.25-0.75 s);
+# shorter searches use opt_einsum's random greedy, loaded already
+COTENGRA_MIN_SEARCH_S = 1.0
 SEARCH_MIN_OPERANDS = 17  # up to 16 operands the fast path is already dp (optimal in FLOPs)
 CACHE_MIN_OPERANDS = 16  # smaller networks plan faster than a cache file is read
 CACHE_VERSION = 1
@@ -59,43 +70,90 @@ def budget_for(flops: float, n_operands: int) -> Budget:
 
 
 def _fast_path(terms, output, sizes, memory_limit):
-    shapes = [tuple(sizes[c] for c in t) for t in terms]
-    eq = ",".join(terms) + "->" + output
     strategy = pairwise.choose_path_strategy(len(terms))
-    path, info = opt_einsum.contract_path(
-        eq, *shapes, shapes=True, optimize=strategy, memory_limit=memory_limit
-    )
-    return [tuple(int(i) for i in p) for p in path], strategy, float(info.opt_cost)
+    inputs = [frozenset(t) for t in terms]
+    if len(terms) <= 2:
+        path = [tuple(range(len(terms)))]
+    else:
+        # opt_einsum's path function itself: ``contract_path`` also builds a PathInfo (einsum
+        # strings, shapes and BLAS checks of every step), which at 200 operands took as long
+        # as the greedy search
+        find = opt_einsum.paths.get_path_fn(strategy)
+        limit = None if memory_limit is None else int(memory_limit)
+        path = find(inputs, frozenset(output), sizes, limit)
+    path = [tuple(int(i) for i in p) for p in path]
+    return path, strategy, _path_flops(terms, output, sizes, path)
 
 
 def _path_flops(terms, output, sizes, path) -> float:
-    shapes = [tuple(sizes[c] for c in t) for t in terms]
-    eq = ",".join(terms) + "->" + output
-    _, info = opt_einsum.contract_path(eq, *shapes, shapes=True, optimize=[tuple(p) for p in path])
-    return float(info.opt_cost)
+    """opt_einsum's cost of ``path`` (its PathInfo's ``opt_cost``), without the PathInfo."""
+    inputs = [frozenset(t) for t in terms]
+    out = frozenset(output)
+    cost = 0
+    for step in path:
+        step = tuple(sorted(step, reverse=True))
+        _, inputs, removed, contracted = opt_einsum.helpers.find_contraction(step, inputs, out)
+        cost += opt_einsum.helpers.flop_count(contracted, bool(removed), len(step), sizes)
+    return float(cost)
 
 
 def _searched_path(terms, output, sizes, seconds: float):
-    """(path, name) from a search of about ``seconds``: cotengra if installed, else
-    opt_einsum's random greedy."""
+    """(path, name) from a search of at most ``seconds``: cotengra's hyper-optimizer where it
+    is worth its import, else opt_einsum's random greedy.
+
+    The search runs in rounds of a few trials and stops once it has spent ``PAYBACK_CALLS``
+    estimated calls of the best path found so far: a search that finds a path four times
+    cheaper than the fast path's also stops four times sooner, so the network's first compile
+    stays within a few of its (new, shorter) calls.
+    """
+    inputs = [frozenset(t) for t in terms]
+    out = frozenset(output)
+    t0 = time.perf_counter()
+    opt = _cotengra_optimizer(seconds)
+    if opt is None:
+        name = "random-greedy"
+        opt = opt_einsum.RandomGreedy(max_repeats=SEARCH_ROUND, minimize="flops")
+
+        def round_():
+            return opt(inputs, out, sizes)
+    else:
+        name = "cotengra"
+        tree_inputs = [tuple(t) for t in terms]
+
+        def round_():
+            return opt.search(tree_inputs, tuple(output), sizes).get_path()
+
+    best, best_flops = None, float("inf")
+    trials = 0
+    while True:
+        path = [tuple(int(i) for i in p) for p in round_()]
+        trials += SEARCH_ROUND
+        flops = _path_flops(terms, output, sizes, path)
+        if flops < best_flops:
+            best, best_flops = path, flops
+        spent = time.perf_counter() - t0
+        call = budget_for(best_flops, len(terms)).estimated_call_s
+        if spent >= min(seconds, PAYBACK_CALLS * call) or trials >= SEARCH_MAX_TRIALS:
+            return best, name
+
+
+def _cotengra_optimizer(seconds: float):
+    """cotengra's hyper-optimizer (greedy trials), or None when it is not installed or its
+    first import in this process (0.25-0.75 s on a 2-vCPU machine) would eat the budget."""
+    if "cotengra" not in sys.modules and seconds < COTENGRA_MIN_SEARCH_S:
+        return None
     try:
         import cotengra
     except ImportError:
-        shapes = [tuple(sizes[c] for c in t) for t in terms]
-        eq = ",".join(terms) + "->" + output
-        opt = opt_einsum.RandomGreedy(max_repeats=128, max_time=seconds, minimize="flops")
-        path, _ = opt_einsum.contract_path(eq, *shapes, shapes=True, optimize=opt)
-        return [tuple(int(i) for i in p) for p in path], "random-greedy"
-    opt = cotengra.HyperOptimizer(
+        return None
+    return cotengra.HyperOptimizer(
         methods=["greedy"],
-        max_repeats=128,
-        max_time=seconds,
+        max_repeats=SEARCH_ROUND,
+        max_time=None,
         minimize="flops",
         parallel=False,
         progbar=False,
     )
-    tree = opt.search([tuple(t) for t in terms], tuple(output), sizes)
-    return [tuple(int(i) for i in p) for p in tree.get_path()], "cotengra"
 
 
 def _cache_key(terms, output, sizes, memory_limit) -> str:

@@ -160,7 +160,9 @@ def test_timed_choice_is_one_of_the_two(rng):
 def test_every_candidate_layout_matches_numpy(pick, spec, shapes, monkeypatch, rng):
     # each candidate (merged or strided, either orientation) forced in turn
     monkeypatch.setattr(
-        pair_layout.Chooser, "choose", lambda self, est, build, shapes: min(pick, len(est) - 1)
+        pair_layout.Chooser,
+        "choose",
+        lambda self, est, build, shapes, key=None: min(pick, len(est) - 1),
     )
     arrays = _arrays(rng, shapes, "float64")
     es = einspec.parse(spec, [len(s) for s in shapes])

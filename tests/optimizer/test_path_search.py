@@ -159,3 +159,70 @@ def test_cached_path_runs_correctly(tmp_path):
     for _ in range(2):  # the second compile plans from the cache
         got = tl.compile(g, "numpy", 2, cache=False)(feed)["y"]
         np.testing.assert_allclose(got, ref, rtol=1e-10, atol=1e-12 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("n,limit", [(3, None), (10, None), (30, None), (30, 64), (12, 64)])
+def test_fast_path_is_opt_einsums(n, limit):
+    # opt_einsum's path function called directly (no PathInfo): same path, same opt_cost
+    terms, out, sizes = _network(n, 4, seed=n)
+    eq = ",".join(terms) + "->" + out
+    shapes = [tuple(sizes[c] for c in t) for t in terms]
+    strategy = path_search.pairwise.choose_path_strategy(n)
+    try:
+        ref, info = opt_einsum.contract_path(
+            eq, *shapes, shapes=True, optimize=strategy, memory_limit=limit
+        )
+    except RuntimeError:  # dp finds nothing under the limit: so must ours
+        with pytest.raises(RuntimeError):
+            path_search._fast_path(terms, out, sizes, limit)
+        return
+    path, name, flops = path_search._fast_path(terms, out, sizes, limit)
+    assert name == strategy and path == [tuple(p) for p in ref]
+    assert flops == float(info.opt_cost)
+
+
+def test_search_stops_once_it_has_spent_a_few_calls_of_its_best_path(monkeypatch):
+    # every round of trials takes 10 ms against a path estimated at 1 ms a call: the search
+    # stops after the first round, far below its budget
+    terms, out, sizes = _network(40, 9, seed=3)
+    rounds = []
+    real = opt_einsum.RandomGreedy.__call__
+
+    def slow(self, *a, **k):
+        rounds.append(1)
+        import time
+
+        time.sleep(0.01)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(opt_einsum.RandomGreedy, "__call__", slow)
+    monkeypatch.setattr(path_search, "budget_for", lambda f, n: path_search.Budget(1e-3, 10.0))
+    monkeypatch.setattr(path_search, "_cotengra_optimizer", lambda seconds: None)
+    path, name = path_search._searched_path(terms, out, sizes, 10.0)
+    assert name == "random-greedy" and len(rounds) == 1 and len(path) == len(terms) - 1
+
+
+_NO_COTENGRA = """
+import json, sys
+from opt_einsum.testing import rand_equation
+from tensorlogic.optimizer import path_search
+eq, shapes, sizes = rand_equation(40, 3, n_out=2, d_min=2, d_max=9, seed=3, return_size_dict=True)
+lhs, out = eq.split("->")
+path, name = path_search._searched_path(lhs.split(","), out, sizes, 0.1)
+print(json.dumps({"name": name, "imported": "cotengra" in sys.modules}))
+"""
+
+
+def test_a_short_search_does_not_import_cotengra():
+    # cotengra's import alone (0.25-0.75 s) would be several times a 0.1 s budget
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", _NO_COTENGRA],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    res = json.loads(done.stdout.strip().splitlines()[-1])
+    assert res == {"name": "random-greedy", "imported": False}
