@@ -17,6 +17,7 @@ by their programs (FLOPs, copies, largest intermediate), the backends run them.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import threading
 from collections import OrderedDict
@@ -148,6 +149,16 @@ def _dtype_name(dtype: Any) -> str:
     return np.dtype(dtype).name  # numpy builds the name string on every access
 
 
+@functools.lru_cache(maxsize=None)
+def _result_dtype(da: str, db: str) -> str:
+    return np.result_type(da, db).name
+
+
+@functools.lru_cache(maxsize=None)
+def _itemsize(dtype: str) -> int:
+    return np.dtype(dtype).itemsize
+
+
 def _take(xp, scratch, k: int, shape: tuple[int, ...], dtype: str):
     """Scratch buffer k viewed as ``shape``, or a fresh array when the caller gave none."""
     if scratch is None:
@@ -178,27 +189,18 @@ def _unit_stride_matrix(term: str, rows: list[str], cols: list[str], sizes: dict
     return not inner or inner[-1] in rows or inner[-1] in cols
 
 
-def _group_layout(term: str, groups: list[list[str]]) -> bool:
-    """True if a C-contiguous operand with letters ``term`` is laid out as groups in this order."""
-    return term == "".join("".join(g) for g in groups)
-
-
 def _first_layout(term: str, first: list[list[str]], second: list[list[str]]) -> bool:
     """Whether an operand goes to matmul grouped as ``first`` (else as ``second``): the layout
     that is a view of its memory; when both need a copy, the one that keeps the operand's
     innermost letter innermost, so the copy reads and writes contiguous runs (a transposing
     copy with a long stride on its inner axis ran several times slower on a GPU)."""
-    if _group_layout(term, first):
+    flat_first = "".join(itertools.chain.from_iterable(first))
+    if term == flat_first:
         return True
-    if _group_layout(term, second):
+    flat = "".join(itertools.chain.from_iterable(second))
+    if term == flat:
         return False
-    flat = "".join("".join(g) for g in second)
-    return not (
-        flat
-        and term
-        and flat[-1] == term[-1]
-        and "".join("".join(g) for g in first)[-1:] != term[-1]
-    )
+    return not (flat and term and flat[-1] == term[-1] and flat_first[-1:] != term[-1])
 
 
 def _broadcast_kept_axes(term: str, shape: tuple[int, ...], sizes: dict[str, int]) -> list[int]:
@@ -285,7 +287,7 @@ def _pair(
     da, db = dts
     if swap:
         a, b, left, right, da, db = b, a, right, left, db, da
-    rdt = np.result_type(da, db).name
+    rdt = _result_dtype(da, db)
     result = "".join(batch + left + right)
     nb = math.prod(sizes[c] for c in batch)
     nl = math.prod(sizes[c] for c in left)
@@ -325,6 +327,7 @@ def _pair(
 
         return result, rdt, dot, flops
 
+    lay = _merged_layout(a, b, batch, contr, left, right, sizes)
     if chooser is not None:
         picked = _choose_layout(
             a,
@@ -341,26 +344,27 @@ def _pair(
             matmul,
             chooser,
             flops,
+            lay,
         )
         if picked is not None:
             result, fn = picked
             return result, rdt, (_swapped(fn) if swap else fn), flops
     result, fn = _gemm(
-        a, b, batch, contr, left, right, sizes, out_order, (da, db), rdt, scr, matmul
+        a, b, batch, contr, left, right, sizes, out_order, (da, db), rdt, scr, matmul, lay
     )
     return result, rdt, (_swapped(fn) if swap else fn), flops
 
 
 def _choose_layout(
-    a, b, batch, contr, left, right, sizes, out_order, dts, rdt, scr, matmul, chooser, flops
+    a, b, batch, contr, left, right, sizes, out_order, dts, rdt, scr, matmul, chooser, flops, lay
 ):
     """(result term, pair function) of the fastest way found to run a contracting pair, or
     None for the merged layout as planned: the merged (copying where needed) or the strided
     layout, each in both orientations (C = A B, or C^T = B^T A^T through the same BLAS call
     with the roles exchanged, which differs in speed for skinny products)."""
-    size = np.dtype(rdt).itemsize
+    size = _itemsize(rdt)
     nb = math.prod(sizes[c] for c in batch)
-    copies = sum(_gemm_copies(a, b, batch, contr, left, right, sizes))
+    copies = sum(_gemm_copies(a, b, batch, contr, left, right, sizes, lay))
     if not copies and pair_layout.estimate_ns(0, nb, flops) < pair_layout.MEASURE_MIN_NS:
         return None  # no copy to save, too small to time the orientations: as planned
     flipped = (b, a, batch, contr, right, left, sizes)
@@ -389,7 +393,10 @@ def _choose_layout(
         if sp is not None:
             fn = _strided(sp, out_order, sizes, rdt, s, matmul)
         else:
-            fn = _gemm(x, y, batch, contr, lx, ly, sizes, out_order, (dx, dy), rdt, s, matmul)[1]
+            same = lay if not flip else None  # the flipped pair has its own layout
+            fn = _gemm(
+                x, y, batch, contr, lx, ly, sizes, out_order, (dx, dy), rdt, s, matmul, same
+            )[1]
         return _swapped(fn) if flip else fn
 
     def trial(i: int):
@@ -420,20 +427,57 @@ def _choose_layout(
     return None if best == 0 else (cands[best][2], build(best, scr))
 
 
-def _gemm_copies(a: str, b: str, batch, contr, left, right, sizes) -> tuple[int, int]:
-    """Elements of each operand copied into the merged (batch, rows, cols) matmul layout."""
-    nb, nl, nr, nc = (math.prod(sizes[c] for c in g) for g in (batch, left, right, contr))
+@dataclass(frozen=True)
+class _Merged:
+    """How the merged layout reads each operand: grouped (batch, rows, cols) in the order that
+    is a view of its memory where one is (``a_lc``: A as [batch][left][contr], else
+    [batch][contr][left]; ``b_cr`` likewise), the permutations, and whether that grouping is a
+    view (else a copy into scratch) with a unit stride BLAS can use (else matmul copies)."""
+
+    a_lc: bool
+    b_cr: bool
+    perm_a: list[int]
+    perm_b: list[int]
+    lens_a: list[int]
+    lens_b: list[int]
+    view_a: bool
+    view_b: bool
+    unit_a: bool
+    unit_b: bool
+
+
+def _merged_layout(a: str, b: str, batch, contr, left, right, sizes) -> _Merged:
+    """The merged layout of a pair (planned once per pair: both the choice between layouts and
+    the program read it)."""
     a_lc = _first_layout(a, [batch, left, contr], [batch, contr, left])
     b_cr = _first_layout(b, [batch, contr, right], [batch, right, contr])
     order_a = batch + (left + contr if a_lc else contr + left)
     order_b = batch + (contr + right if b_cr else right + contr)
+    perm_a = [a.index(c) for c in order_a]
+    perm_b = [b.index(c) for c in order_b]
     lens_a = [len(batch), len(left), len(contr)] if a_lc else [len(batch), len(contr), len(left)]
     lens_b = [len(batch), len(contr), len(right)] if b_cr else [len(batch), len(right), len(contr)]
-    view_a = merge_is_view(tuple(sizes[c] for c in a), [a.index(c) for c in order_a], lens_a)
-    view_b = merge_is_view(tuple(sizes[c] for c in b), [b.index(c) for c in order_b], lens_b)
+    return _Merged(
+        a_lc,
+        b_cr,
+        perm_a,
+        perm_b,
+        lens_a,
+        lens_b,
+        merge_is_view(tuple(sizes[c] for c in a), perm_a, lens_a),
+        merge_is_view(tuple(sizes[c] for c in b), perm_b, lens_b),
+        _unit_stride_matrix(a, left, contr, sizes),
+        _unit_stride_matrix(b, contr, right, sizes),
+    )
+
+
+def _gemm_copies(a: str, b: str, batch, contr, left, right, sizes, lay=None) -> tuple[int, int]:
+    """Elements of each operand copied into the merged (batch, rows, cols) matmul layout."""
+    lay = lay or _merged_layout(a, b, batch, contr, left, right, sizes)
+    nb, nl, nr, nc = (math.prod(sizes[c] for c in g) for g in (batch, left, right, contr))
     return (
-        0 if view_a and _unit_stride_matrix(a, left, contr, sizes) else nb * nl * nc,
-        0 if view_b and _unit_stride_matrix(b, contr, right, sizes) else nb * nc * nr,
+        0 if lay.view_a and lay.unit_a else nb * nl * nc,
+        0 if lay.view_b and lay.unit_b else nb * nc * nr,
     )
 
 
@@ -486,32 +530,28 @@ def _strided(
     return run
 
 
-def _gemm(a: str, b: str, batch, contr, left, right, sizes, out_order, dts, rdt, scr, matmul):
+def _gemm(
+    a: str, b: str, batch, contr, left, right, sizes, out_order, dts, rdt, scr, matmul, lay=None
+):
     """(result term, pair function) of the merged layout: one (batched) matmul after copying
-    each operand that is not a view of that layout."""
+    each operand that is not a view of that layout (``lay``: the pair's ``_merged_layout``)."""
     da, db = dts
     result = "".join(batch + left + right)
     res_shape = tuple(sizes[c] for c in result)
     direct = out_order is not None and out_order == result
     k_res = -1 if direct else scr.add(res_shape, rdt, value=True)
     nb, nl, nr, nc = (math.prod(sizes[c] for c in g) for g in (batch, left, right, contr))
-    # choose per operand the matrix layout that is a view of its memory
-    a_lc = _first_layout(a, [batch, left, contr], [batch, contr, left])
-    b_cr = _first_layout(b, [batch, contr, right], [batch, right, contr])
-    order_a = batch + (left + contr if a_lc else contr + left)
-    order_b = batch + (contr + right if b_cr else right + contr)
-    perm_a = [a.index(c) for c in order_a]
-    perm_b = [b.index(c) for c in order_b]
-    lens_a = [len(batch), len(left), len(contr)] if a_lc else [len(batch), len(contr), len(left)]
-    lens_b = [len(batch), len(contr), len(right)] if b_cr else [len(batch), len(right), len(contr)]
+    # per operand the matrix layout that is a view of its memory
+    lay = lay or _merged_layout(a, b, batch, contr, left, right, sizes)
+    a_lc, b_cr, perm_a, perm_b = lay.a_lc, lay.b_cr, lay.perm_a, lay.perm_b
     shp_a = (nb, nl, nc) if a_lc else (nb, nc, nl)
     shp_b = (nb, nc, nr) if b_cr else (nb, nr, nc)
     # operands are C-contiguous in their term order (inputs, or results of earlier steps)
-    k_a = -1 if merge_is_view(tuple(sizes[c] for c in a), perm_a, lens_a) else scr.add(shp_a, da)
-    k_b = -1 if merge_is_view(tuple(sizes[c] for c in b), perm_b, lens_b) else scr.add(shp_b, db)
-    if k_a >= 0 or not _unit_stride_matrix(a, left, contr, sizes):
+    k_a = -1 if lay.view_a else scr.add(shp_a, da)
+    k_b = -1 if lay.view_b else scr.add(shp_b, db)
+    if k_a >= 0 or not lay.unit_a:
         scr.copied += nb * nl * nc
-    if k_b >= 0 or not _unit_stride_matrix(b, contr, right, sizes):
+    if k_b >= 0 or not lay.unit_b:
         scr.copied += nb * nc * nr
     squeeze = nb == 1
     mm_shape = (nl, nr) if squeeze else (nb, nl, nr)
