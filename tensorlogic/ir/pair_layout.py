@@ -40,7 +40,7 @@ CLEAR_RATIO = 4.0
 # Timing an einsum's layouts may cost at most this many of its estimated calls (the compile
 # target: a first compile of at most ten calls), and never more than MEASURE_BUDGET_S.
 MEASURE_BUDGET_CALLS = 3.0
-MEASURE_BUDGET_S = 0.03
+MEASURE_BUDGET_S = 1.0
 # What entering a timing context costs the first time in a process (threadpoolctl's scan of
 # the loaded libraries: 10-20 ms), counted against the budget of the first timing.
 CONTEXT_SETUP_S = 0.015
