@@ -177,11 +177,19 @@ class Chooser:
     another einsum) is timed once.
     """
 
-    def __init__(self, measure: bool, budget_s: float = MEASURE_BUDGET_S) -> None:
+    def __init__(self, measure: bool, budget_s: float | Callable[[], float] = MEASURE_BUDGET_S):
         self.measure = measure
-        self.budget_s = min(budget_s, MEASURE_BUDGET_S)
+        # a callable is asked only when a step could be timed (most einsums have none)
+        self._budget = budget_s
         self.spent = 0.0
         self.timed = 0  # choices timed here (for tests and reports)
+
+    @property
+    def budget_s(self) -> float:
+        """Seconds of timing this chooser may spend."""
+        if callable(self._budget):
+            self._budget = self._budget()
+        return min(self._budget, MEASURE_BUDGET_S)
 
     def choose(
         self,

@@ -836,9 +836,11 @@ def _plan_einsum(
     chooser = None
     if host:
         # layout timing may cost a few of this einsum's estimated calls (``pair_layout``)
-        costs = path_costs(es, shapes, sizes, path)
-        pairs = sum(len(step) - 1 for step in path)
-        chooser = pair_layout.Chooser(True, pair_layout.budget_for(costs.flops, pairs))
+        def budget() -> float:
+            pairs = sum(len(step) - 1 for step in path)
+            return pair_layout.budget_for(path_costs(es, shapes, sizes, path).flops, pairs)
+
+        chooser = pair_layout.Chooser(True, budget)
     program = []
     largest = 0
     n_pairs = 0

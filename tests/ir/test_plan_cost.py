@@ -204,3 +204,17 @@ def test_networks_match_opt_einsum(kind, seed, tmp_path, monkeypatch):
     plan = tl.compile(g, "numpy", 2, cache=False)
     got = plan({f"x{i}": a for i, a in enumerate(arrays)})["y"]
     np.testing.assert_allclose(got, opt_einsum.contract(eq, *arrays), rtol=1e-10)
+
+
+def test_the_budget_is_computed_only_when_a_step_could_be_timed():
+    asked = []
+    chooser = pair_layout.Chooser(True, lambda: asked.append(1) or 1.0)
+    small = [pair_layout.MEASURE_MIN_NS / 4, pair_layout.MEASURE_MIN_NS / 3]
+    _, build, shapes, _ = _chooser_case(small)
+    chooser.choose(small, build, shapes)
+    assert asked == []  # a tiny step: decided by the estimates, no budget needed
+    est = [1e5, 1.2e5]
+    _, build, shapes, _ = _chooser_case(est)
+    chooser.choose(est, build, shapes)
+    chooser.choose(est, build, shapes)
+    assert asked == [1] and chooser.budget_s == pair_layout.MEASURE_BUDGET_S
