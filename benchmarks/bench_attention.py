@@ -388,9 +388,13 @@ def gpu(args) -> None:
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal_rows]
     for hd in args.head_dims:
         if args.config:  # a block shape forced, to compare shapes ("auto": query in registers
-            w, mt, qr, pair = args.config.split(",")  # up to head dim 64)
+            w, mt, qr, pair, *bn = args.config.split(",")  # up to head dim 64; keys a tile)
             attention_gpu.MMA_CONFIG = attention_mma.Config(
-                int(w), int(mt), hd <= 64 if qr == "auto" else qr == "1", pair == "1"
+                int(w),
+                int(mt),
+                hd <= 64 if qr == "auto" else qr == "1",
+                pair == "1",
+                int(bn[0]) if bn else attention_mma.BN,
             )
         for s in seqs:
             for causal in causals:
@@ -440,7 +444,7 @@ def main() -> None:
         "--config",
         default=None,
         help="GPU part: the tensor-core kernel's block shape, 'warps,m-tiles,"
-        "query-in-registers(0/1/auto),paired(0/1)' (default: chosen per shape)",
+        "query-in-registers(0/1/auto),paired(0/1)[,keys a tile]' (default: chosen per shape)",
     )
     ap.add_argument(
         "--causal-rows",

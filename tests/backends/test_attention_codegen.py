@@ -33,6 +33,8 @@ MMA_CASES = [  # d, dv, dtype, causal, mask, block shape
     (16, 128, "float16", True, True, _C(8, 2, False, True)),
     (128, 64, "float16", False, False, _C(4, 2, False)),
     (64, 64, "bfloat16", True, False, _C(4, 2, True, True)),
+    (64, 64, "bfloat16", False, False, _C(4, 2, True, bn=128)),
+    (128, 128, "float16", True, False, _C(4, 2, False, True, bn=32)),
 ]
 
 
@@ -54,7 +56,12 @@ def _sources() -> str:
             prelude_seen = True
         out.append(src)
     for k, (d, dv, dt, causal, mask, cfg) in enumerate(MMA_CASES):
-        out.append(attention_mma.render(f"mma{k}", d, dv, dt, causal, mask, cfg, helpers=k == 0))
+        # odd cases: the kernel for a positive scale (raw-score maxima, one FMA per exponent)
+        out.append(
+            attention_mma.render(
+                f"mma{k}", d, dv, dt, causal, mask, cfg, helpers=k == 0, positive_scale=k % 2 == 1
+            )
+        )
     return "\n".join(out)
 
 
@@ -120,6 +127,17 @@ def test_tensor_core_path_limits():
         attention_mma.render("k", 64, 64, "bfloat16", False, False, _C(warps=2))
     with pytest.raises(BackendError, match="m-tiles"):
         attention_mma.render("k", 64, 64, "bfloat16", False, False, _C(mt=3))
+    with pytest.raises(BackendError, match="keys a"):
+        attention_mma.render("k", 64, 64, "bfloat16", False, False, _C(bn=48))
+    assert attention_mma.shared_bytes(64, 64, _C(4, 2, bn=128)) == 2 * (128 * 72 + 4 * 128 * 72)
+    # a positive scale without a mask tensor takes the raw-score maxima; a mask keeps them scaled
+    assert "RAW = true" in attention_mma.render(
+        "k", 64, 64, "bfloat16", True, False, positive_scale=True
+    )
+    assert "RAW = false" in attention_mma.render(
+        "k", 64, 64, "bfloat16", True, True, positive_scale=True
+    )
+    assert "RAW = false" in attention_mma.render("k", 64, 64, "bfloat16", True, False)
     # 128 query rows (64 + 8 padded), two stages of 64 keys and 64 values
     assert attention_mma.shared_bytes(64, 64, _C(8)) == 2 * (128 * 72 + 4 * 64 * 72)
     assert _C(4, 2).rows == 128 and _C(4, 2).threads == 128
@@ -142,13 +160,16 @@ def test_tensor_core_kernel_keeps_its_registers(arch, tmp_path):
     cu = tmp_path / "mma.cu"
     cu.write_text(
         "\n".join(
-            attention_mma.render(f"k{i}", d, d, dt, False, False, cfg, helpers=i == 0)
-            for i, (d, dt, cfg) in enumerate(
+            attention_mma.render(
+                f"k{i}", d, d, dt, False, False, cfg, helpers=i == 0, positive_scale=pos
+            )
+            for i, (d, dt, cfg, pos) in enumerate(
                 [
-                    (64, "bfloat16", _C(8)),
-                    (128, "float16", _C(8)),
-                    (64, "bfloat16", _C(4, 2, True)),
-                    (128, "bfloat16", _C(4, 2, False)),
+                    (64, "bfloat16", _C(8), False),
+                    (128, "float16", _C(8), False),
+                    (64, "bfloat16", _C(4, 2, True), False),
+                    (128, "bfloat16", _C(4, 2, False), False),
+                    (64, "bfloat16", _C(4, 2, True), True),  # the default at head dim 64
                 ]
             )
         )
@@ -169,8 +190,8 @@ def test_tensor_core_kernel_keeps_its_registers(arch, tmp_path):
         check=False,
     )
     assert r.returncode == 0, r.stderr[:4000]
-    # sm_80's ptxas spills ~88 bytes in the 32-row, head dim 128 shape (the last); sm_90's none
-    assert r.stderr.count(" 0 bytes spill stores") == (4 if arch == "sm_90" else 3), r.stderr
+    # sm_80's ptxas spills ~88 bytes in the 32-row, head dim 128 shape (the fourth); sm_90's none
+    assert r.stderr.count(" 0 bytes spill stores") == (5 if arch == "sm_90" else 4), r.stderr
 
 
 _T = attention_tf32.Config

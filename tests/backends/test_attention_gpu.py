@@ -60,10 +60,12 @@ def _configs():
         Config(4, 2, True, True),
         Config(4, 2, False, True),
         Config(8, 2, False),
+        Config(4, 2, True, False, 128),
+        Config(4, 2, False, True, 32),
     ]
 
 
-@pytest.mark.parametrize("config", range(8))
+@pytest.mark.parametrize("config", range(10))
 @pytest.mark.parametrize(
     "shape",
     [  # batch, sq, sk, d, dv, causal, mask
@@ -90,6 +92,20 @@ def test_tensor_core_kernel_shapes_and_block_shapes(shape, config, rng, monkeypa
     np.testing.assert_allclose(got, want, rtol=_TOL[dtype], atol=_TOL[dtype])
 
 
+@pytest.mark.parametrize("scale", [-0.2, 0.0])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_negative_and_zero_scales(scale, dtype, rng):
+    # the tensor-core kernels specialize a positive scale (maxima of the raw scores); any other
+    # scale takes the generic path
+    g = _graph((2, 3), 150, 150, 64, 64, dtype, True, None, scale=scale)
+    ins = _inputs(g, rng)
+    plan = tl.compile(g, backend="cupy", cache=False)
+    assert "tensor-core mma" in plan.steps[0].info
+    got = to_numpy(_poisoned(plan, ins)).astype(np.float64)
+    want = textbook(ins["q"], ins["k"], ins["v"], scale, True)
+    np.testing.assert_allclose(got, want, rtol=_TOL[dtype], atol=_TOL[dtype])
+
+
 def _tf32_configs():
     from tensorlogic.backends.cupy.attention_tf32 import Config
 
@@ -100,7 +116,7 @@ def _tf32_configs():
         Config(8, 1, False, 32, True),
         Config(4, 2, False, 32),
         Config(4, 2, True, 64, True),
-        Config(8, 2, False, 64),
+        Config(8, 2, False, 32),  # 186 KiB of shared memory at head dim 128
     ]
 
 

@@ -29,6 +29,11 @@ USE_MMA = True
 # the tensor-core kernel's block shape (attention_mma.Config); None: chosen per shape by
 # mma_config, from the measurements in benchmarks/RESULTS.md
 MMA_CONFIG: attention_mma.Config | None = None
+# a positive scale without a mask tensor, head dims up to 64: the 16-bit kernel takes the
+# raw-score maxima and scales and shifts in one FMA (H100, bf16, S=4096, head dim 64: 0.143 ms
+# against 0.154; at head dim 128 its registers spill and it measured 2% slower, so wider heads
+# keep the generic kernel; False: the generic kernel everywhere, to compare)
+RAW_SCORES = True
 # the float32 kernel's block shape (attention_tf32.Config); None: chosen by tf32_config
 TF32_CONFIG: attention_tf32.Config | None = None
 
@@ -138,11 +143,11 @@ class AttentionKernel:
             and (self.tf32 or attention_mma.supports(self.d, self.dv, node.dtype))
         )
         self._ffma = None
+        self.scale = np.float64(scale) if node.dtype == "float64" else np.float32(scale)
         if self.mma:
             self.launch = self._compile(True)
         else:
             self.launch = self._ffma = self._compile(False)
-        self.scale = np.float64(scale) if node.dtype == "float64" else np.float32(scale)
         if self.has_mask:
             offs, self.msq, self.msk = _mask_layout(shapes[3], self.batch, self.sq, self.sk)
             self.moff = cupy.asarray(offs)
@@ -185,7 +190,7 @@ class AttentionKernel:
             rows = (
                 f"{cfg.rows}-row tiles: {cfg.warps} warps x {16 * cfg.mt} rows"
                 f"{'' if cfg.q_in_regs else ', query from shared memory'}"
-                f"{f', {cfg.bn}-key tiles' if self.tf32 else ''}"
+                f", {cfg.bn}-key tiles"
                 f"{', paired blocks' if cfg.pair and self.causal else ''}"
             )
         else:
@@ -207,14 +212,25 @@ class AttentionKernel:
             name += "_l" + "_".join(map(str, self.inner))
         if mma:
             name += f"_w{cfg.warps}m{cfg.mt}{'q' if cfg.q_in_regs else ''}{'p' if cfg.pair else ''}"
+            name += f"_n{cfg.bn}"
             if self.tf32:
-                name += f"_n{cfg.bn}{'_x3' if self.split else '_tf32'}"
+                name += "_x3" if self.split else "_tf32"
                 src = attention_tf32.render(
                     name, d, dv, self.causal, self.has_mask, cfg, self.split, inner=self.inner
                 )
             else:
+                positive = RAW_SCORES and float(self.scale) > 0 and max(d, dv) <= 64
+                name += "_ps" if positive else ""
                 src = attention_mma.render(
-                    name, d, dv, dt, self.causal, self.has_mask, cfg, inner=self.inner
+                    name,
+                    d,
+                    dv,
+                    dt,
+                    self.causal,
+                    self.has_mask,
+                    cfg,
+                    inner=self.inner,
+                    positive_scale=positive,
                 )
         else:
             src = attention_c.render(name, d, dv, dt, self.causal, self.has_mask, self.inner)
