@@ -37,13 +37,25 @@ def main() -> None:
     ap.add_argument("--seqs", default="1024,4096")
     ap.add_argument("--head-dims", default="64,128")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument(
+        "--configs",
+        default=None,
+        help="block shapes 'warps,m-tiles,query-in-registers(0/1),keys,one-MMA(0/1);...'",
+    )
     args = ap.parse_args()
+    configs = CONFIGS
+    if args.configs:
+        configs = [
+            (int(w), int(mt), qr == "1", int(bn), one == "1")
+            for w, mt, qr, bn, one in (c.split(",") for c in args.configs.split(";"))
+        ]
     rows = []
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     for hd in map(int, args.head_dims.split(",")):
         for s in map(int, args.seqs.split(",")):
             for causal in (False, True):
-                shape = (1, 8, s, hd)
+                shape = (args.batch, 8, s, hd)
                 rng = np.random.default_rng(0)
                 host = {n: rng.standard_normal(shape).astype(np.float32) for n in "qkv"}
                 ins = {n: cp.asarray(a) for n, a in host.items()}
@@ -77,7 +89,7 @@ def main() -> None:
                 g = tl.EinsumGraph()
                 q, k, v = (g.input(n, shape) for n in "qkv")
                 g.output(g.attention(q, k, v, causal=causal), "y")
-                for w, mt, qr, bn, one in CONFIGS:
+                for w, mt, qr, bn, one in configs:
                     for split in (True, False) if one else (True,):
                         cfg = attention_tf32.Config(w, mt, qr, bn, causal)
                         attention_gpu.TF32_CONFIG = cfg

@@ -196,6 +196,13 @@ def test_default_block_shapes_are_the_measured_ones():
     assert mma_config(4096, 8, 64, 64, True, 132) == Config(4, 2, True, True)
     assert mma_config(4096, 8, 128, 128, False, 132) == Config(4, 2, False)
     assert mma_config(4096, 8, 128, 128, True, 132) == Config(8, 1, True, True)
+    from tensorlogic.backends.cupy.attention_gpu import tf32_config
+    from tensorlogic.backends.cupy.attention_tf32 import Config as T
+
+    assert tf32_config(4096, 8, 64, 64, False, 132) == T(4, 2, False, 32)
+    assert tf32_config(1024, 8, 64, 64, False, 132) == T(4, 1, True, 32)  # 64 blocks: too few
+    assert tf32_config(4096, 8, 64, 64, True, 132) == T(4, 1, True, 32, True)
+    assert tf32_config(4096, 8, 128, 128, False, 132) == T(4, 1, True, 32)
 
 
 def test_written_out_model_attention_runs_fused_on_the_gpu(rng):

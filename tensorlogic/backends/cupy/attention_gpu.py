@@ -101,10 +101,16 @@ def mma_config(sq: int, nb: int, d: int, dv: int, causal: bool, sms: int) -> att
 
 
 def tf32_config(sq: int, nb: int, d: int, dv: int, causal: bool, sms: int) -> attention_tf32.Config:
-    """The float32 tensor-core kernel's block shape: 4 warps of 16 rows, 32-key tiles, the
-    split query fragments in registers; paired blocks under a causal mask. Measured fastest on
-    an H100 among 4/8 warps, 16/32 rows a warp, 32/64 keys, query in registers or shared
-    memory, at head dims 64 and 128, S = 1024 and 4096 (benchmarks/RESULTS.md)."""
+    """The float32 tensor-core kernel's block shape, measured on an H100 (benchmarks/RESULTS.md)
+    among 4/8 warps, 16/32 rows a warp, 32/64 keys a tile, query in registers or shared memory.
+
+    Head dims up to 64 without a causal mask, where 128-row blocks fill the multiprocessors: 4
+    warps of 32 rows, the query read from shared memory (each key and value fragment and its
+    split feed two m-tiles: 1.1x at B=1..8, S=1024..4096). Otherwise 4 warps of 16 rows with
+    the split query fragments in registers; paired blocks under a causal mask. 32-key tiles.
+    """
+    if not causal and max(d, dv) <= 64 and -(-sq // 128) * nb >= sms:
+        return attention_tf32.Config(warps=4, mt=2, q_in_regs=False, bn=32)
     return attention_tf32.Config(warps=4, mt=1, q_in_regs=True, bn=32, pair=causal)
 
 
