@@ -13,10 +13,10 @@ inputs, the max difference from torch's output.
 GPU part (``--gpu``): attention alone, B=1, 8 heads, head dim 64 and 128, S=1024..16384,
 causal and not: tensorlogic cupy (the generated flash kernel: tensor-core mma.sync for bfloat16
 and float16, 3xTF32 tensor-core MMAs for float32) against torch SDPA (16-bit: the flash backend
-forced; float32: torch's choice, its memory-efficient kernel), CUDA-event medians, and the peak device memory each call adds. Up to
-S=4096 the same attention written out as einsums and a softmax (``fuse_attention=False``:
-cuBLAS GEMMs and our softmax kernel) is timed too, the comparison behind the cupy backend's
-default of fusing attention per dtype.
+forced; float32: torch's choice, its memory-efficient kernel), CUDA-event medians, and the peak
+device memory each call adds. Up to S=4096 the same attention written out as einsums and a
+softmax (``fuse_attention=False``: cuBLAS GEMMs and our softmax kernel) is timed too, the
+comparison behind the cupy backend's default of fusing attention per dtype.
 
 Usage: python benchmarks/bench_attention.py [--quick] [--gpu] [--out FILE]
 Writes benchmarks/results/bench_attention.json (CPU) or bench_attention_gpu.json.
