@@ -21,6 +21,9 @@ import numpy as np
 KERNEL_MIN = 1 << 20
 #: a join's expansion (a loop numpy runs as five passes) takes the kernel from this many rows
 EXPAND_MIN = 1 << 22
+#: ... or from this many once some kernel of this module is loaded (numba imported: one more
+#: kernel loads in milliseconds, and the loop runs about twice as fast as numpy's passes)
+EXPAND_WARM_MIN = 1 << 16
 
 
 def words(space_bits: int) -> int:
@@ -101,6 +104,11 @@ def expand(lo, hi, total):
 """
 
 
+def _warm() -> bool:
+    """Whether a kernel of this module was loaded already."""
+    return _kernel.cache_info().currsize > 0
+
+
 @functools.cache
 def _kernel(name: str):
     from numba import types as nb
@@ -164,27 +172,12 @@ def distinct(keys: np.ndarray, scratch: np.ndarray) -> np.ndarray:
     return pos
 
 
-def sort_distinct(keys: np.ndarray, scratch: np.ndarray) -> np.ndarray:
-    """The distinct ``keys`` sorted: marked in the empty ``scratch`` bitmap and read back
-    when that costs less than a sort (many keys for the bitmap's words), else sorted."""
-    if len(keys) * 16 < len(scratch) or len(keys) < KERNEL_MIN:
-        s = np.sort(keys)
-        if len(s) > 1:
-            keep = np.empty(len(s), bool)
-            keep[0] = True
-            np.not_equal(s[1:], s[:-1], out=keep[1:])
-            s = s[keep]
-        return s
-    mark_new(scratch, keys)
-    return scan(scratch, clear=True)
-
-
 def expand(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """A join's output rows from each probe row's run ``lo[i]:hi[i]`` in the index: the probe
     row and the index position of every output row, and their count."""
     cnt = hi - lo
     total = int(cnt.sum())
-    if total >= max(EXPAND_MIN, KERNEL_MIN):
+    if total >= max(EXPAND_MIN, KERNEL_MIN) or (total >= EXPAND_WARM_MIN and _warm()):
         rows, pos = _kernel("expand")(_i64(lo), _i64(hi), total)
         return rows, pos, total
     rows = np.repeat(np.arange(len(lo)), cnt)
