@@ -277,6 +277,11 @@ class Rel:
             ix = self._index[(positions, bits)] = JoinIndex(sk, len(positions) * bits, cols, w)
         return ix
 
+    def knows_unique(self, positions: tuple[int, ...]) -> bool:
+        """Whether ``unique_on(positions)`` is answered without work."""
+        positions = tuple(sorted(set(positions)))
+        return len(positions) == self.arity or self.n <= 1 or positions in self._unique
+
     def unique_on(self, positions: tuple[int, ...], bits: int) -> bool:
         """Whether no two rows agree on ``positions`` (the values there determine the row);
         a sort of the relation the first time, then remembered."""

@@ -24,9 +24,10 @@ from .symbols import INT, STR, Symbols
 
 #: bytes one binding-table row costs per column at the peak of a join (ids, gathers, keys)
 ROW_BYTES = 32
-#: a relation is sorted to learn whether some of its positions determine the others only when
-#: it has at most this many rows per row of the binding table that would be deduplicated
-UNIQUE_CHECK_ROWS = 1.0
+#: a relation is sorted to learn whether some of its positions determine the others (unless
+#: it knows already) only when it has at most this many rows per row of the binding table that
+#: would be deduplicated: a failed check should cost little next to the deduplication
+UNIQUE_CHECK_ROWS = 0.125
 
 _ORDER = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}
 
@@ -62,8 +63,8 @@ class Table:
     def determines(self, kept: list[str], gone: list[str], bits: int) -> bool:
         """Whether the values of ``kept`` determine those of ``gone`` in every row: the
         closure of ``kept`` under the functional dependencies of ``deps``. A relation is
-        checked for uniqueness (a sort, remembered by the relation) only when it is smaller
-        than this table, since deduplicating the table is what the check would save."""
+        checked for uniqueness (a sort, remembered by the relation) only when it is much
+        smaller than this table, since deduplicating the table is what the check would save."""
         have = set(kept)
         todo = sorted(self.deps, key=lambda d: 0 if d[0] is None else d[0].n)
         grew = True
@@ -78,7 +79,11 @@ class Table:
                         grew = True
                     continue
                 pos = tuple(k for k, v in enumerate(names) if v in have)
-                if pos and view.n <= UNIQUE_CHECK_ROWS * self.m and view.unique_on(pos, bits):
+                if (
+                    pos
+                    and (view.knows_unique(pos) or view.n <= UNIQUE_CHECK_ROWS * self.m)
+                    and view.unique_on(pos, bits)
+                ):
                     have |= set(names)
                     grew = True
         return set(gone) <= have
@@ -385,8 +390,7 @@ class SparseRule:
                 w = None if t.w is None else t.w[0] * view.w
                 out = Table(view.n, cols, w, t.distinct, t.deps + ((view, tuple(names)),))
                 return out if drop is None else self._drop(ctx, out, source, *drop)
-            rows = np.repeat(np.arange(t.m), view.n)
-            pos = np.tile(np.arange(view.n), t.m)
+            runs = None
             vcols, vw = view.cols, view.w
         else:
             ix = view.index(bpos, ctx.bits)
@@ -401,10 +405,11 @@ class SparseRule:
             else:
                 lo, hi = ix.lookup(pack([t.cols[v] for v in b], ctx.bits))
                 vcols, vw = ix.cols, ix.w
-            ctx.charge(self.rule, int((hi - lo).sum()), len(t.cols) + len(free))
-            rows, pos, total = keysets.expand(lo, hi)
+            total = int((hi - lo).sum())
+            ctx.charge(self.rule, total, len(t.cols) + len(free))
+            runs = (lo, hi)
         # distinct rows joined with a relation's distinct rows stay distinct
-        out = Table(len(rows), {}, None, t.distinct, t.deps + ((view, tuple(names)),))
+        out = Table(total, {}, None, t.distinct, t.deps + ((view, tuple(names)),))
         skip: set[str] = set()
         if drop is not None:
             gone, dedupe = drop
@@ -412,13 +417,26 @@ class SparseRule:
             if kept and (not dedupe or (out.distinct and out.determines(kept, gone, ctx.bits))):
                 skip = set(gone)
                 out.distinct = out.distinct and dedupe
-        for v, c in t.cols.items():
-            if v not in skip:
-                out.cols[v] = c[rows]
-        for v, i in zip(free, fpos):
-            if v not in skip:
+        tnames = [v for v in t.cols if v not in skip]
+        fnames = [(v, i) for v, i in zip(free, fpos) if v not in skip]
+        fused = None
+        if runs is not None and t.w is None:
+            fused = keysets.expand_gather(
+                *runs, total, [t.cols[v] for v in tnames], [vcols[i] for _, i in fnames]
+            )
+        if fused is not None:
+            out.cols = dict(zip(tnames + [v for v, _ in fnames], fused))
+        else:
+            if runs is None:
+                rows = np.repeat(np.arange(t.m), view.n)
+                pos = np.tile(np.arange(view.n), t.m)
+            else:
+                rows, pos, _ = keysets.expand(*runs)
+            for v in tnames:
+                out.cols[v] = t.cols[v][rows]
+            for v, i in fnames:
                 out.cols[v] = vcols[i][pos]
-        out.w = None if t.w is None else t.w[rows] * vw[pos]
+            out.w = None if t.w is None else t.w[rows] * vw[pos]
         if drop is None or skip:
             return out
         return self._drop(ctx, out, source, *drop)

@@ -157,3 +157,21 @@ def test_unordered_relation_sorts_on_demand():
     assert sorted(zip(*(c.tolist() for c in ix.cols))) == sorted(pairs)
     with pytest.raises(AssertionError):
         Rel(2, 2, [keys[:2], keys[:2]], None, None, ordered=False)
+
+
+@pytest.mark.parametrize(("kt", "kv"), [(1, 1), (2, 1), (0, 2), (3, 3)])
+def test_expand_gather_matches_expand_then_gathers(path, kt, kv):
+    rng = np.random.default_rng(kt * 10 + kv)
+    m, nv = 300, 80
+    lo = rng.integers(0, nv - 4, m)
+    hi = lo + rng.integers(0, 4, m)
+    tcols = [rng.integers(0, 1000, m) for _ in range(kt)]
+    vcols = [rng.integers(0, 1000, nv) for _ in range(kv)]
+    rows, pos, total = keysets.expand(lo, hi)
+    got = keysets.expand_gather(lo, hi, total, tcols, vcols)
+    if path == "kernel":
+        assert got is not None
+    if got is not None:
+        want = [c[rows] for c in tcols] + [c[pos] for c in vcols]
+        assert len(got) == kt + kv
+        assert all(g.tolist() == w.tolist() for g, w in zip(got, want))
