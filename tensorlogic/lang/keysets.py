@@ -104,16 +104,18 @@ def expand(lo, hi, total):
 """
 
 
-#: rows expanded by numpy so far in this process: once they add up to EXPAND_MIN, loading the
-#: kernels would have paid for itself (the first load costs what numpy spends on that many)
+#: rows expanded by numpy so far in this process: once they add up to a few times EXPAND_MIN
+#: (the first kernel load costs what numpy spends on about EXPAND_MIN rows), a program that
+#: keeps expanding is likely to expand as much again, and the kernels pay for their load
 _numpy_rows = 0
+WARM_AFTER = 4
 
 
 def _warm() -> bool:
     """Whether kernels are cheap to use now: one was loaded already, or numpy has expanded
     enough rows to have paid for loading them."""
     return (
-        _numpy_rows >= EXPAND_MIN
+        _numpy_rows >= WARM_AFTER * EXPAND_MIN
         or _kernel.cache_info().currsize > 0
         or _expand_gather.cache_info().currsize > 0
     )
