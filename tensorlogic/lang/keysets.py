@@ -178,9 +178,8 @@ def expand_gather(
     numpy's two steps (``expand``, then gathers) are the better choice: small joins before
     any kernel is loaded, or too many columns."""
     k = len(tcols) + len(vcols)
-    if not 0 < k <= FUSED_MAX_COLS or total < max(EXPAND_MIN, KERNEL_MIN) and not (
-        total >= EXPAND_WARM_MIN and _warm()
-    ):
+    big = total >= max(EXPAND_MIN, KERNEL_MIN)
+    if not 0 < k <= FUSED_MAX_COLS or not (big or (total >= EXPAND_WARM_MIN and _warm())):
         return None
     fn = _expand_gather(len(tcols), len(vcols))
     return list(fn(_i64(lo), _i64(hi), total, *map(_i64, tcols), *map(_i64, vcols)))
