@@ -35,7 +35,7 @@ and runs the result, fused and unfused, on every backend):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -536,6 +536,45 @@ ROW_PROGRAMS: dict[str, tuple[RowStep, ...]] = {
         RowStep("write", "", ("mul", "c", "rstd")),
     ),
 }
+
+
+# elementwise ops whose result is NaN whenever an operand is NaN (in numpy and every renderer)
+NAN_STRICT = frozenset(
+    {"neg", "add", "sub", "mul", "div", "exp", "log", "sqrt", "square", "reciprocal"}
+)
+
+
+def _carries_nan(e, target, defs: Mapping[str, Any]) -> bool:
+    """Whether ``e`` is NaN wherever ``target`` (a name or an expression) is: it reads
+    ``target`` through NaN-strict ops only (``defs``: the maps and lets it may read by name)."""
+    if e == target:
+        return True
+    if isinstance(e, str):
+        return e in defs and _carries_nan(defs[e], target, defs)
+    if isinstance(e, tuple):
+        return e[0] in NAN_STRICT and any(_carries_nan(a, target, defs) for a in e[1:])
+    return False
+
+
+def nan_carried(program: Sequence[RowStep], i: int) -> bool:
+    """Whether a NaN in reduce step ``i``'s expression at any element makes the whole result
+    NaN whatever value step ``i`` computes: a later sum or product reads that expression
+    through NaN-strict ops, and every write or result reads that sum the same way.
+
+    Then a row max may ignore NaN (a code generator renders a plain max, which vectorizes,
+    instead of one that tests every element): softmax's exp(x - m) carries a NaN of x into its
+    sum, and the sum into every output, as numpy's NaN maximum would.
+    """
+    defs = {st.name: st.expr for st in program if st.kind in ("map", "let")}
+    target = program[i].expr
+    outs = [st.expr for st in program if st.kind in ("write", "result")]
+    return bool(outs) and any(
+        st.kind == "reduce"
+        and REDUCTION_TABLE[st.combine].combine in ("add", "mul")
+        and _carries_nan(st.expr, target, defs)
+        and all(_carries_nan(o, st.name, defs) for o in outs)
+        for st in program[i + 1 :]
+    )
 
 
 # The backward of each row op as one row program over named operands (``ROW_GRAD_OPERANDS``:
