@@ -73,7 +73,10 @@ def check_out_overlap(out: dict[str, Any], inputs: dict[str, Any]) -> None:
     """Refuse ``out=`` arrays that overlap an input or another output: kernels read inputs after
     writing outputs (and outputs are written one after the other), so aliasing gives silently
     wrong results."""
-    if all(type(a) is np.ndarray for a in (*inputs.values(), *out.values())):
+    for a in (*inputs.values(), *out.values()):
+        if type(a) is not np.ndarray:
+            break
+    else:
         _check_host_overlap(out, inputs)
         return
     spans = [(f"input {n!r}", memory_span(a)) for n, a in inputs.items()]
