@@ -73,8 +73,8 @@ def summarize(rounds: dict[str, list[dict]], tol: float) -> list[dict]:
         mo, mn = statistics.median(old), statistics.median(new)
         ratio = mn / mo
         separated = min(new) > max(old) or max(new) < min(old)
-        verdict = "same"
-        if separated and abs(ratio - 1) > tol:
+        verdict = "same" if min(len(old), len(new)) >= 3 else "too few rounds"
+        if verdict == "same" and separated and abs(ratio - 1) > tol:
             verdict = "slower" if ratio > 1 else "faster"
         spread = max((max(v) - min(v)) / statistics.median(v) for v in (old, new))
         rows.append(
@@ -121,6 +121,7 @@ def main() -> None:
         for k in order:
             rounds[k].append(run_tree(trees[k], args, caches[k]))
         print(f"round {r + 1} done at {time.perf_counter() - t0:.0f} s", flush=True)
+        path = write(args, trees, rounds)  # after every round: a run cut short keeps its rounds
     rows = summarize(rounds, args.tolerance)
     width = max(len(r["case"]) for r in rows)
     print(f"{'case':<{width}}  {'old ms':>10} {'new ms':>10}  ratio  spread  verdict")
@@ -129,6 +130,10 @@ def main() -> None:
             f"{r['case']:<{width}}  {r['old_ms']:10.4f} {r['new_ms']:10.4f}  "
             f"{r['ratio_new_over_old']:.3f}  {r['round_spread']:.3f}  {r['verdict']}"
         )
+    print(f"wrote {path}")
+
+
+def write(args, trees: dict[str, Path], rounds: dict[str, list[dict]]) -> Path:
     doc = {
         "name": f"ab_{args.label}",
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -145,13 +150,13 @@ def main() -> None:
             "tolerance": args.tolerance,
             "quick": args.quick,
         },
-        "rows": rows,
+        "rows": summarize(rounds, args.tolerance),
         "rounds": rounds,
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
     path = Path(os.environ.get("AB_RESULTS", RESULTS)) / f"ab_{args.label}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"wrote {path}")
+    return path
 
 
 if __name__ == "__main__":
