@@ -1,11 +1,11 @@
-"""The cases of ``bench_ab_trees.py``, run in a child process against one source tree.
+"""The cases of ``ab_trees.py``, run in a child process against one source tree.
 
 Only the public graph API that every tree since the first compiled plans offers (``EinsumGraph``
 methods, ``tl.compile``), so two trees run the very same cases: the fused CPU kernels and row
 ops of ``bench_fused_cpu.py``, the einsum specs and executor overhead of ``bench_einsum_cpu.py``,
 the blocks and compile time of ``bench_optimizer.py``, and small numpy row ops.
 
-Usage (by bench_ab_trees.py): PYTHONPATH=<tree> python ab_cases.py [--quick]
+Usage (by ab_trees.py): PYTHONPATH=<tree> python ab_cases.py [--quick]
 Prints one JSON line: case -> median seconds per call.
 """
 

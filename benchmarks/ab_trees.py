@@ -7,7 +7,7 @@ of the rounds per tree, the ratio new / old, and whether the two trees' rounds a
 (every round of one slower than every round of the other: with 5 rounds each, a chance of
 2/252 when nothing changed) with the medians more than ``--tolerance`` apart: "beyond noise".
 
-Usage: python benchmarks/bench_ab_trees.py OLD_TREE NEW_TREE [--rounds 5] [--threads 8]
+Usage: python benchmarks/ab_trees.py OLD_TREE NEW_TREE [--rounds 5] [--threads 8]
        [--budget SECONDS] [--quick] [--label NAME]
 Writes benchmarks/results/ab_<label>.json (machine, versions, date, every round's numbers).
 """
