@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -50,8 +51,12 @@ def sample(fn, repeat: int, min_time: float) -> float:
     return statistics.median(ts)
 
 
+# extra compile options (JSON) for every plan, to attribute a difference to one option
+OPTIONS = json.loads(os.environ.get("AB_COMPILE_OPTIONS") or "{}")
+
+
 def plan_call(backend, level, g, feed, out_shapes=None):
-    plan = tl.compile(g, backend=backend, opt_level=level)
+    plan = tl.compile(g, backend=backend, opt_level=level, **OPTIONS)
     out = {k: np.empty(s, F32) for k, s in (out_shapes or {}).items()}
     if out:
         return lambda: plan(feed, out=out)
@@ -209,11 +214,11 @@ def cases(quick: bool):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", default="", help="run the cases whose name contains this")
+    ap.add_argument("--only", default="", help="comma-separated parts of the case names to run")
     args = ap.parse_args()
     res = {}
     for name, build, repeat, min_time in cases(args.quick):
-        if args.only and args.only not in name:
+        if args.only and not any(part in name for part in args.only.split(",")):
             continue
         fn = build()
         res[name] = sample(fn, 3 if args.quick else repeat, min_time)

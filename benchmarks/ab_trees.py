@@ -39,8 +39,9 @@ def tree_commit(tree: Path) -> str:
         return ""
 
 
-def run_tree(tree: Path, args, cache: Path) -> dict[str, float]:
+def run_tree(tree: Path, args, cache: Path, extra_env: list[str]) -> dict[str, float]:
     env = dict(os.environ, PYTHONPATH=str(tree), TL_CACHE_DIR=str(cache))
+    env.update(kv.split("=", 1) for kv in extra_env)
     n = str(args.threads)
     for var in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[var] = n
@@ -105,6 +106,8 @@ def main() -> None:
     ap.add_argument("--only", default="")
     ap.add_argument("--label", default="trees")
     ap.add_argument("--old-commit", default="", help="recorded when the tree has no .git")
+    for k in ("old", "new"):  # e.g. AB_COMPILE_OPTIONS={"threads": "blas"}: one tree, two settings
+        ap.add_argument(f"--{k}-env", action="append", default=[], help="KEY=VALUE for its runs")
     ap.add_argument("--new-commit", default="")
     args = ap.parse_args()
     trees = {"old": args.old.resolve(), "new": args.new.resolve()}
@@ -119,7 +122,7 @@ def main() -> None:
             break
         order = ("old", "new") if r % 2 == 0 else ("new", "old")
         for k in order:
-            rounds[k].append(run_tree(trees[k], args, caches[k]))
+            rounds[k].append(run_tree(trees[k], args, caches[k], getattr(args, f"{k}_env")))
         print(f"round {r + 1} done at {time.perf_counter() - t0:.0f} s", flush=True)
         path = write(args, trees, rounds)  # after every round: a run cut short keeps its rounds
     rows = summarize(rounds, args.tolerance)
@@ -149,6 +152,9 @@ def write(args, trees: dict[str, Path], rounds: dict[str, list[dict]]) -> Path:
             "rounds": len(rounds["old"]),
             "tolerance": args.tolerance,
             "quick": args.quick,
+            "only": args.only,
+            "old_env": args.old_env,
+            "new_env": args.new_env,
         },
         "rows": summarize(rounds, args.tolerance),
         "rounds": rounds,

@@ -184,12 +184,14 @@ def _one_minus(x, out):
 
 
 def _where(cond, a, b, out):
-    # np.where reads every operand before the copy writes out, so out may alias any of them;
-    # a NaN condition is nonzero. Two array calls (a small row op's shift pays per call)
-    r = np.where(cond, a, b)
-    if out is None:
-        return r
-    np.copyto(out, r)
+    # b everywhere, then a where cond is nonzero. The mask is taken before out is written, and
+    # an out that is ``a`` itself only receives b: out may alias any operand exactly
+    mask = np.not_equal(cond, 0)
+    if np.may_share_memory(out, a):
+        np.copyto(out, b, where=np.logical_not(mask))
+    else:
+        np.copyto(out, b)
+        np.copyto(out, a, where=mask)
     return out
 
 
