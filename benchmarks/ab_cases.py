@@ -120,7 +120,8 @@ def mlp_block(B=512, D=512, H=2048):
 def attention_block(B=8, T=256, d=64):
     g = tl.EinsumGraph()
     q, k, v = (g.input(n, (B, T, d), F32) for n in "qkv")
-    s = g.einsum("bqd,bkd->bqk", q * (1.0 / np.sqrt(d)), k)
+    # a Python float: a numpy float64 scalar is strong under NEP 50 (the product would be float64)
+    s = g.einsum("bqd,bkd->bqk", q * float(1.0 / np.sqrt(d)), k)
     g.output(g.einsum("bqk,bkd->bqd", g.softmax(s, axis=-1), v), "o")
     rng = np.random.default_rng(1)
     return g, {n: rng.standard_normal((B, T, d)).astype(F32) for n in "qkv"}
