@@ -13,12 +13,13 @@ Loop shapes:
   row program (``ops.ROW_PROGRAMS``) a loop over the reduced dims;
 - full reduction: per reduce step, per-block (or per-row) partials in parallel, combined
   serially;
+- float max and min in every loop shape: over order-preserving integer keys, which vectorize,
+  with a guard for NaN unless a later pass carries NaN to every output (``_Keyed``);
 - row op: ``prange`` over rows; one pass per reduce step of its row program, then the write
-  pass (see ``_program_rows``: row maxima over order-preserving integer keys, which vectorize;
-  an expensive map stored in the output row for later passes); with the axis last, through
-  1-d row views, and a computed program is stored in ``out`` by the first pass while a plain
-  input is re-read; an epilogue program runs on each value in the last pass, before it is
-  stored.
+  pass (see ``_program_rows``: an expensive map stored in the output row for later passes);
+  with the axis last, through 1-d row views, and a computed program is stored in ``out`` by
+  the first pass while a plain input is re-read; an epilogue program runs on each value in
+  the last pass, before it is stored.
 The serial variant is the same text with ``range`` and ``parallel=False``.
 
 The module text is also the disk-cache key, so it names everything the compiled object depends
