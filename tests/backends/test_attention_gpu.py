@@ -132,9 +132,7 @@ def _tf32_configs():
     ],
 )
 @pytest.mark.parametrize("split", [True, False])
-def test_float32_tensor_core_kernel_shapes_and_block_shapes(
-    shape, config, split, rng, monkeypatch
-):
+def test_float32_tensor_core_kernel_shapes_and_block_shapes(shape, config, split, rng, monkeypatch):
     # split: 3xTF32, float32's tolerance; else one TF32 MMA (matmul_precision="tf32")
     from tensorlogic.backends.cupy import attention_gpu
 
