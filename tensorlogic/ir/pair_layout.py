@@ -38,8 +38,10 @@ MEASURE_MAX_BYTES = 64 << 20
 # every other candidate is that far off is made by the estimates alone).
 CLEAR_RATIO = 4.0
 # Timing an einsum's layouts may cost at most this many of its estimated calls (the compile
-# target: a first compile of at most ten calls), and never more than MEASURE_BUDGET_S.
+# target: a first compile of at most ten calls, or 100 ms for short calls), at least
+# MEASURE_BUDGET_MIN_S and never more than MEASURE_BUDGET_S.
 MEASURE_BUDGET_CALLS = 3.0
+MEASURE_BUDGET_MIN_S = 0.02
 MEASURE_BUDGET_S = 1.0
 # What entering a timing context costs the first time in a process (threadpoolctl's scan of
 # the loaded libraries: 10-20 ms), counted against the budget of the first timing.
@@ -239,7 +241,7 @@ class Chooser:
 def budget_for(flops: int, pairs: int) -> float:
     """Seconds of layout timing an einsum of ``flops`` in ``pairs`` products may spend."""
     call_ns = estimate_ns(0, pairs, flops)
-    return MEASURE_BUDGET_CALLS * call_ns * 1e-9
+    return max(MEASURE_BUDGET_CALLS * call_ns * 1e-9, MEASURE_BUDGET_MIN_S)
 
 
 # timed choices by step (see ``Chooser``): a timing is a property of the shapes and the host

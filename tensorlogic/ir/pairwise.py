@@ -745,6 +745,7 @@ def _layout_tunables() -> tuple:
         pl.CLEAR_RATIO,
         pl.MEASURE_BUDGET_S,
         pl.MEASURE_BUDGET_CALLS,
+        pl.MEASURE_BUDGET_MIN_S,
         pl.TIMING_RUNS,
         pl.CONTEXT_SETUP_S,
     )
