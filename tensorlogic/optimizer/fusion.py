@@ -7,7 +7,8 @@ Legality is the pure predicate ``is_legal_group``. Groups grow greedily from the
 elementwise node of a chain (its root) towards its producers: a producer joins when it is
 elementwise, has the root's shape and dtype, is not a graph output and all its users are already
 in the group; a one-FLOP producer with one full-size operand (a bias add) whose users are all
-elementwise joins each user's group as a copy instead (``recomputable``), so it is never written. Same-dtype members mean no rounding step of the unfused graph is skipped; scalar
+elementwise joins each user's group as a copy instead (``recomputable``), so it is never
+written. Same-dtype members mean no rounding step of the unfused graph is skipped; scalar
 constants whose dtype matches everything they meet are inlined as literals. A comparison of
 operands of the root's dtype (bool) joins too when all its users do: the program holds it as 1/0
 in that dtype, which is what its users read from a bool (``w * (a > b)`` is one kernel). Only
