@@ -1,7 +1,8 @@
 """Adam in one pass over memory on the host backends (numpy, numba).
 
-The generic update kernels (``kernels.py``) have one output each, so Adam takes three passes
-(first moment, second moment, parameter): 40 bytes of memory traffic per float32 element.
+The optimizers' generic update kernels (``optim/kernels.py``) have one output each, so Adam
+takes three passes (first moment, second moment, parameter): 40 bytes of memory traffic per
+float32 element.
 Here each element's gradient, moments and parameter are read once and the three results
 written once (28 bytes), and a parameter is one call instead of three. Training steps are
 memory bound in the optimizer, so this is most of what Adam costs on a CPU.
@@ -9,7 +10,8 @@ memory bound in the optimizer, so this is most of what Adam costs on a CPU.
 numba: a generated-once kernel over flat views, blocks in ``prange`` (serial below
 ``PARALLEL_MIN``: a parallel region's start costs more than a small parameter's update).
 numpy: cache-sized blocks of in-place ufuncs spread over the host pool, as the fused numpy
-kernels do. The arithmetic is the three programs' (``adam.py``), in the parameter's dtype.
+kernels do. The arithmetic is the three programs' (``optim/adam.py``), in the parameter's
+dtype. ``tl.optim.Adam`` reaches this through the backend (``NumpyBackend.adam_one_pass``).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def _numba_kernel(parallel: bool) -> Callable:
 def _compile_numba(parallel: bool) -> Callable:
     import numba
 
-    from ..backends.numba import threads as numba_threads
+    from .numba import threads as numba_threads
 
     numba_threads.configure()
     rng = numba.prange if parallel else range
@@ -72,7 +74,7 @@ def _compile_numba(parallel: bool) -> Callable:
 
 
 def _numpy_update(p, g, m, v, c) -> None:
-    from ..backends.numpy import host_pool
+    from .numpy import host_pool
 
     one_b1, b2, one_b2, l2, decay, step, bc2, eps = (c[k] for k in range(8))
     n = p.size
@@ -127,13 +129,4 @@ def one_pass(backend: Any, arrays: tuple) -> Callable | None:
     return _numpy_update
 
 
-def constants(
-    b1: float, b2: float, l2: float, decay: float, step: float, eps: float, t: int, dtype: Any
-) -> np.ndarray:
-    """The per-step constants ``one_pass`` kernels take, in ``dtype``."""
-    return np.array(
-        [1.0 - b1, b2, 1.0 - b2, l2, decay, step, math.sqrt(1 - b2**t), eps], dtype=dtype
-    )
-
-
-__all__ = ["constants", "one_pass"]
+__all__ = ["one_pass"]
