@@ -12,11 +12,11 @@ inputs, the max difference from torch's output.
 
 GPU part (``--gpu``): attention alone, B=1, 8 heads, head dim 64 and 128, S=1024..16384,
 causal and not: tensorlogic cupy (the generated flash kernel: tensor-core mma.sync for bfloat16
-and float16, exact FFMA for float32) against torch SDPA (16-bit: the flash backend forced;
-float32: torch's choice), CUDA-event medians, and the peak device memory each call adds. Up to
-S=4096 the same attention written out as einsums and a softmax (``fuse_attention=False``:
-cuBLAS GEMMs and our softmax kernel) is timed too, the comparison behind the cupy backend's
-default of fusing attention per dtype.
+and float16, 3xTF32 tensor-core MMAs for float32) against torch SDPA (16-bit: the flash backend
+forced; float32: torch's choice, its memory-efficient kernel), CUDA-event medians, and the peak
+device memory each call adds. Up to S=4096 the same attention written out as einsums and a
+softmax (``fuse_attention=False``: cuBLAS GEMMs and our softmax kernel) is timed too, the
+comparison behind the cupy backend's default of fusing attention per dtype.
 
 Usage: python benchmarks/bench_attention.py [--quick] [--gpu] [--out FILE]
 Writes benchmarks/results/bench_attention.json (CPU) or bench_attention_gpu.json.
@@ -388,9 +388,13 @@ def gpu(args) -> None:
     causals = {"both": (False, True), "yes": (True,), "no": (False,)}[args.causal_rows]
     for hd in args.head_dims:
         if args.config:  # a block shape forced, to compare shapes ("auto": query in registers
-            w, mt, qr, pair = args.config.split(",")  # up to head dim 64)
+            w, mt, qr, pair, *bn = args.config.split(",")  # up to head dim 64; keys a tile)
             attention_gpu.MMA_CONFIG = attention_mma.Config(
-                int(w), int(mt), hd <= 64 if qr == "auto" else qr == "1", pair == "1"
+                int(w),
+                int(mt),
+                hd <= 64 if qr == "auto" else qr == "1",
+                pair == "1",
+                int(bn[0]) if bn else attention_mma.BN,
             )
         for s in seqs:
             for causal in causals:
@@ -440,7 +444,7 @@ def main() -> None:
         "--config",
         default=None,
         help="GPU part: the tensor-core kernel's block shape, 'warps,m-tiles,"
-        "query-in-registers(0/1/auto),paired(0/1)' (default: chosen per shape)",
+        "query-in-registers(0/1/auto),paired(0/1)[,keys a tile]' (default: chosen per shape)",
     )
     ap.add_argument(
         "--causal-rows",

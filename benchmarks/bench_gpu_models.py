@@ -196,6 +196,7 @@ def bench_block(
     g32 = tl_block(p, s)
     for name, mode, opts in (
         ("tensorlogic float32", "fp32", {}),
+        ("tensorlogic float32, attention written out", "fp32", {"fuse_attention": False}),
         ("tensorlogic tf32", "tf32", {"matmul_precision": "tf32"}),
         ("tensorlogic bf16 policy (f32 I/O)", "bf16", {"precision": "bf16"}),
     ):

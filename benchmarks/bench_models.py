@@ -15,7 +15,8 @@ Ratios are peer time / ours: above 1 we are faster. Missing peers (torch, onnxru
 ``peers`` extra) are reported as missing, the rest still runs.
 
 Contenders of ours are "BACKEND O<level> [option=value ...]" (compile options, e.g.
-"numpy O2 threads=blas" or "auto O3 autotune_budget=3").
+"numpy O2 threads=blas" or "auto O3 autotune_budget=3"); an option in capitals is an environment
+variable of that contender's process (e.g. "numba O2 GOMP_SPINCOUNT=100000").
 
 Usage: python benchmarks/bench_models.py [--quick] [--rounds N] [--contenders a,b,...]
        [--models i,j,...] [--name NAME] [--keep DIR] [--gap SECONDS]
@@ -85,13 +86,25 @@ def _value(text: str):
     return text
 
 
+def _is_env(key: str) -> bool:
+    """Whether a contender's ``key=value`` is an environment variable (capitals) rather than a
+    compile option."""
+    return key.isupper()
+
+
+def _environment(name: str) -> dict[str, str]:
+    """The process environment of a contender: ours plus its capitalized ``KEY=value`` parts."""
+    extra = dict(p.split("=", 1) for p in name.split()[2:] if "=" in p)
+    return {**os.environ, **{k: v for k, v in extra.items() if _is_env(k)}}
+
+
 def _ours(name: str, model, arrays):
     import tensorlogic as tl
     from tensorlogic.backends.numpy import host_pool
 
     parts = name.split()
     backend, level = parts[0], int(parts[1][1:])
-    opts = {k: _value(v) for k, v in (p.split("=", 1) for p in parts[2:])}
+    opts = {k: _value(v) for k, v in (p.split("=", 1) for p in parts[2:]) if not _is_env(k)}
     plan = tl.compile(model.graph(arrays), backend=backend, opt_level=level, **opts)
     feed = {k: arrays[k] for k in model.inputs}
 
@@ -245,7 +258,12 @@ class _Worker:
         ]
         self.name = name
         self.proc = subprocess.Popen(
-            cmd, cwd=HERE, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+            cmd,
+            cwd=HERE,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=_environment(name),
         )
         line = self.proc.stdout.readline()
         try:

@@ -61,24 +61,47 @@ def host_threads() -> int:
         n = 0
     if n > 0:
         return n
+    return process_cpus()
+
+
+# From this many CPUs on (the process's affinity), idle OpenMP workers spin for a while before
+# sleeping (``gomp_environment``); below, they sleep at once.
+SPIN_MIN_CPUS = 8
+# libgomp's spin iterations before a worker sleeps: a third of libgomp's own default (torch's)
+SPIN_COUNT = 100_000
+
+
+def process_cpus() -> int:
+    """CPUs this process may run on (its affinity; all the machine's where that is unknown)."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
 
 
-def gomp_environment() -> dict[str, str]:
+def gomp_environment(cpus: int | None = None) -> dict[str, str]:
     """Settings the numba backend exports for GNU OpenMP before numba loads it (read once there).
 
-    Empty when the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT (theirs apply); otherwise
-    ``{"OMP_WAIT_POLICY": "passive"}``: idle workers sleep instead of spinning. On the 2-core
-    test machine spinning workers compete with the caller, OpenBLAS's threads and other
-    processes, and lose whole scheduler ticks: a plan of two 512x512 matmuls with fused kernels
-    took 16 ms with libgomp's default or "active" vs 3 ms passive; a 1M-element kernel right
-    after a matmul took 2.8-6.5 ms even with GOMP_SPINCOUNT=1000 (in 4 of 7 runs) vs 0.15-0.4 ms
-    passive in every run. The price is a sleeping worker's wake-up on each parallel kernel
-    (50-80 us here, a VM), which ``backends.numba.backend.PARALLEL_THRESHOLD`` accounts for.
+    Empty when the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT (theirs apply). Otherwise it
+    depends on the CPUs the process may use (``cpus``, default ``process_cpus()``):
+
+    - fewer than ``SPIN_MIN_CPUS``: ``{"OMP_WAIT_POLICY": "passive"}``, idle workers sleep at
+      once. On the 2-core test machine spinning workers compete with the caller, OpenBLAS's
+      threads and other processes, and lose whole scheduler ticks: a plan of two 512x512
+      matmuls with fused kernels took 16 ms with libgomp's default or "active" vs 3 ms passive;
+      a 1M-element kernel right after a matmul took 2.8-6.5 ms even with GOMP_SPINCOUNT=1000
+      (in 4 of 7 runs) vs 0.15-0.4 ms passive in every run. The price is a sleeping worker's
+      wake-up on each parallel kernel (50-80 us there, a VM), which
+      ``backends.numba.backend.PARALLEL_THRESHOLD`` accounts for.
+    - ``SPIN_MIN_CPUS`` or more: ``{"GOMP_SPINCOUNT": SPIN_COUNT}``, workers spin briefly
+      between the parallel steps of a plan (as torch's do, with three times the count), then
+      sleep. On a 16-core host a no-op parallel region 0.2 ms after the last one took 47 us
+      with passive workers and 8 us with this count (22 us with 10000: the pause between steps
+      outlasts that spin); a plan launches one region per GEMM and per parallel kernel (about
+      14 per transformer block). libgomp itself cuts the spin when threads outnumber CPUs.
     """
     if os.environ.get("OMP_WAIT_POLICY") or os.environ.get("GOMP_SPINCOUNT"):
         return {}
+    if (process_cpus() if cpus is None else cpus) >= SPIN_MIN_CPUS:
+        return {"GOMP_SPINCOUNT": str(SPIN_COUNT)}
     return {"OMP_WAIT_POLICY": "passive"}

@@ -95,6 +95,21 @@ class PreparedKernel:
     impl: Any = None
     threads: int = 0
 
+    def with_threads(self, threads: int) -> "PreparedKernel":
+        """This kernel on ``threads`` host threads (``dataclasses.replace`` costs twice as much,
+        and a plan of a thousand steps makes one per step)."""
+        return PreparedKernel(
+            fn=self.fn,
+            flops=self.flops,
+            bytes=self.bytes,
+            scratch=self.scratch,
+            inplace=self.inplace,
+            info=self.info,
+            source=self.source,
+            impl=self.impl,
+            threads=threads,
+        )
+
     def __call__(self, inputs: list, out: Any) -> Any:
         return self.fn(inputs, out)
 

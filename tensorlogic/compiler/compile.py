@@ -166,18 +166,30 @@ def _build_plan(
             kernel = as_prepared(
                 backend.prepare(step, node, in_nodes, optimized), f"node {node.name!r}"
             )
-        # kernels may report what only they know: einsum FLOPs along the chosen path, the path
+        extra = _scratch_buffers(kernel, node, len(order) + len(scratch))
+        scratch.extend(extra)
+        # kernels may report what only they know: einsum FLOPs along the chosen path, the path;
+        # the step is built again in one call (dataclasses.replace costs twice as much)
         if kernel.flops is not None or kernel.bytes is not None or kernel.info or kernel.threads:
-            step = replace(
-                step,
-                flops=step.flops if kernel.flops is None else int(kernel.flops),
-                bytes=step.bytes if kernel.bytes is None else int(kernel.bytes),
+            step = Step(
+                step.index,
+                nid,
+                node.name,
+                node.kind,
+                node.op,
+                node.label,
+                step.inputs,
+                b.id,
+                step.shape,
+                node.dtype,
+                step.flops if kernel.flops is None else int(kernel.flops),
+                step.bytes if kernel.bytes is None else int(kernel.bytes),
+                args,
                 info=kernel.info,
+                scratch=tuple(b.id for b in extra),
                 threads=int(kernel.threads),
             )
-        extra = _scratch_buffers(kernel, node, len(order) + len(scratch))
-        if extra:
-            scratch.extend(extra)
+        elif extra:
             step = replace(step, scratch=tuple(b.id for b in extra))
         positions = _inplace_positions(kernel, node)
         if positions:

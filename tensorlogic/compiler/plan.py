@@ -540,7 +540,7 @@ class CompiledPlan:
         return given
 
     def _check_out(self, cp: ConcretePlan, out: Any, inputs: Mapping[str, Any]) -> None:
-        if not isinstance(out, Mapping):
+        if type(out) is not dict and not isinstance(out, Mapping):
             raise InputError(
                 f"out must be a dict of output name -> array, got {type(out).__name__}"
             )
@@ -549,6 +549,14 @@ class CompiledPlan:
             if name not in cp.output_ids:
                 raise InputError(f"out: unknown output {name!r}; outputs are {list(cp.output_ids)}")
             b = cp.buffers[cp.output_ids[name]]
+            if (
+                type(arr) is native
+                and arr.shape == b.shape
+                and arr.dtype == b.dtype
+                and arr.flags.c_contiguous
+                and arr.flags.writeable
+            ):
+                continue  # the common case in one test; the checks below name what is wrong
             if (
                 not self.backend.is_array(arr)
                 or tuple(arr.shape) != b.shape
@@ -563,7 +571,10 @@ class CompiledPlan:
                 check_out_array(arr, name, native)
             if not getattr(arr, "flags", None) or not arr.flags.c_contiguous:
                 raise InputError(f"out[{name!r}]: the array must be C-contiguous")
-        check_out_overlap(dict(out), dict(inputs))
+        check_out_overlap(
+            out if type(out) is dict else dict(out),
+            inputs if type(inputs) is dict else dict(inputs),
+        )
 
     def _check_input_copies(self, cp: ConcretePlan, arrays: Mapping[str, Any]) -> None:
         """Count the private copies a backend makes of strided inputs against memory_limit: a

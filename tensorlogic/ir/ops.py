@@ -35,7 +35,7 @@ and runs the result, fused and unfused, on every backend):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -85,7 +85,7 @@ class ElementwiseOp:
 
     name: str
     arity: int
-    numpy: Callable[..., object]  # numpy(*args, out=out) writes into out
+    numpy: Callable[..., object]  # numpy(*args, out=out) writes into out (a ufunc where one is)
     numba: str
     cuda: str
     flops: int
@@ -195,27 +195,6 @@ def _where(cond, a, b, out):
     return out
 
 
-def _cmp(ufunc):
-    def run(a, b, out):
-        return ufunc(a, b, out=out)
-
-    return run
-
-
-def _unary(ufunc):
-    def run(x, out):
-        return ufunc(x, out=out)
-
-    return run
-
-
-def _binary(ufunc):
-    def run(a, b, out):
-        return ufunc(a, b, out=out)
-
-    return run
-
-
 _GELU_C = "(({T})0.5*{x}*(({T})1+tanh(({T})0.7978845608028654*({x}+({T})0.044715*{x}*{x}*{x}))))"
 _GELU_NB = "(0.5*{x}*(1.0+math.tanh(0.7978845608028654*({x}+0.044715*{x}*{x}*{x}))))"
 _GELU_T_NB = "math.tanh(0.7978845608028654*({x}+0.044715*{x}*{x}*{x}))"
@@ -233,13 +212,13 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
     op.name: op
     for op in [
         # unary
-        ElementwiseOp("neg", 1, _unary(np.negative), "(-{x})", "(-{x})", 1),
-        ElementwiseOp("abs", 1, _unary(np.abs), "abs({x})", "fabs({x})", 1),
-        ElementwiseOp("exp", 1, _unary(np.exp), "math.exp({x})", "exp({x})", 8),
-        ElementwiseOp("log", 1, _unary(np.log), "math.log({x})", "log({x})", 8),
-        ElementwiseOp("sqrt", 1, _unary(np.sqrt), "math.sqrt({x})", "sqrt({x})", 4),
-        ElementwiseOp("square", 1, _unary(np.square), "({x}*{x})", "({x}*{x})", 1),
-        ElementwiseOp("reciprocal", 1, _unary(np.reciprocal), "(1.0/{x})", "(({T})1/{x})", 1),
+        ElementwiseOp("neg", 1, np.negative, "(-{x})", "(-{x})", 1),
+        ElementwiseOp("abs", 1, np.abs, "abs({x})", "fabs({x})", 1),
+        ElementwiseOp("exp", 1, np.exp, "math.exp({x})", "exp({x})", 8),
+        ElementwiseOp("log", 1, np.log, "math.log({x})", "log({x})", 8),
+        ElementwiseOp("sqrt", 1, np.sqrt, "math.sqrt({x})", "sqrt({x})", 4),
+        ElementwiseOp("square", 1, np.square, "({x}*{x})", "({x}*{x})", 1),
+        ElementwiseOp("reciprocal", 1, np.reciprocal, "(1.0/{x})", "(({T})1/{x})", 1),
         ElementwiseOp("relu", 1, _relu, "max({x}, 0.0)", "fmax({x}, ({T})0)", 1),
         ElementwiseOp(
             "sigmoid",
@@ -249,7 +228,7 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
             "(({T})0.5*tanh(({T})0.5*{x})+({T})0.5)",
             10,
         ),
-        ElementwiseOp("tanh", 1, _unary(np.tanh), "math.tanh({x})", "tanh({x})", 10),
+        ElementwiseOp("tanh", 1, np.tanh, "math.tanh({x})", "tanh({x})", 10),
         ElementwiseOp(
             "softplus",
             1,
@@ -266,21 +245,17 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
         ),
         ElementwiseOp("one_minus", 1, _one_minus, "(1.0-{x})", "(({T})1-{x})", 1),
         # binary
-        ElementwiseOp("add", 2, _binary(np.add), "({a}+{b})", "({a}+{b})", 1, True),
-        ElementwiseOp("sub", 2, _binary(np.subtract), "({a}-{b})", "({a}-{b})", 1),
-        ElementwiseOp("mul", 2, _binary(np.multiply), "({a}*{b})", "({a}*{b})", 1, True),
-        ElementwiseOp("div", 2, _binary(np.divide), "({a}/{b})", "({a}/{b})", 1),
+        ElementwiseOp("add", 2, np.add, "({a}+{b})", "({a}+{b})", 1, True),
+        ElementwiseOp("sub", 2, np.subtract, "({a}-{b})", "({a}-{b})", 1),
+        ElementwiseOp("mul", 2, np.multiply, "({a}*{b})", "({a}*{b})", 1, True),
+        ElementwiseOp("div", 2, np.divide, "({a}/{b})", "({a}/{b})", 1),
         ElementwiseOp("pow", 2, _pow, "({a}**{b})", "pow({a}, {b})", 20),
-        ElementwiseOp(
-            "maximum", 2, _binary(np.maximum), "max({a}, {b})", "fmax({a}, {b})", 1, True
-        ),
-        ElementwiseOp(
-            "minimum", 2, _binary(np.minimum), "min({a}, {b})", "fmin({a}, {b})", 1, True
-        ),
+        ElementwiseOp("maximum", 2, np.maximum, "max({a}, {b})", "fmax({a}, {b})", 1, True),
+        ElementwiseOp("minimum", 2, np.minimum, "min({a}, {b})", "fmin({a}, {b})", 1, True),
         ElementwiseOp(
             "gt",
             2,
-            _cmp(np.greater),
+            np.greater,
             "(1.0 if {a} > {b} else 0.0)",
             "({a} > {b} ? ({T})1 : ({T})0)",
             1,
@@ -288,7 +263,7 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
         ElementwiseOp(
             "ge",
             2,
-            _cmp(np.greater_equal),
+            np.greater_equal,
             "(1.0 if {a} >= {b} else 0.0)",
             "({a} >= {b} ? ({T})1 : ({T})0)",
             1,
@@ -296,7 +271,7 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
         ElementwiseOp(
             "lt",
             2,
-            _cmp(np.less),
+            np.less,
             "(1.0 if {a} < {b} else 0.0)",
             "({a} < {b} ? ({T})1 : ({T})0)",
             1,
@@ -304,7 +279,7 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
         ElementwiseOp(
             "le",
             2,
-            _cmp(np.less_equal),
+            np.less_equal,
             "(1.0 if {a} <= {b} else 0.0)",
             "({a} <= {b} ? ({T})1 : ({T})0)",
             1,
@@ -312,7 +287,7 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
         ElementwiseOp(
             "eq",
             2,
-            _cmp(np.equal),
+            np.equal,
             "(1.0 if {a} == {b} else 0.0)",
             "({a} == {b} ? ({T})1 : ({T})0)",
             1,
@@ -321,7 +296,7 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
         ElementwiseOp(
             "ne",
             2,
-            _cmp(np.not_equal),
+            np.not_equal,
             "(1.0 if {a} != {b} else 0.0)",
             "({a} != {b} ? ({T})1 : ({T})0)",
             1,
@@ -536,6 +511,45 @@ ROW_PROGRAMS: dict[str, tuple[RowStep, ...]] = {
         RowStep("write", "", ("mul", "c", "rstd")),
     ),
 }
+
+
+# elementwise ops whose result is NaN whenever an operand is NaN (in numpy and every renderer)
+NAN_STRICT = frozenset(
+    {"neg", "add", "sub", "mul", "div", "exp", "log", "sqrt", "square", "reciprocal"}
+)
+
+
+def _carries_nan(e, target, defs: Mapping[str, Any]) -> bool:
+    """Whether ``e`` is NaN wherever ``target`` (a name or an expression) is: it reads
+    ``target`` through NaN-strict ops only (``defs``: the maps and lets it may read by name)."""
+    if e == target:
+        return True
+    if isinstance(e, str):
+        return e in defs and _carries_nan(defs[e], target, defs)
+    if isinstance(e, tuple):
+        return e[0] in NAN_STRICT and any(_carries_nan(a, target, defs) for a in e[1:])
+    return False
+
+
+def nan_carried(program: Sequence[RowStep], i: int) -> bool:
+    """Whether a NaN in reduce step ``i``'s expression at any element makes the whole result
+    NaN whatever value step ``i`` computes: a later sum or product reads that expression
+    through NaN-strict ops, and every write or result reads that sum the same way.
+
+    Then a row max may ignore NaN (a code generator renders a plain max, which vectorizes,
+    instead of one that tests every element): softmax's exp(x - m) carries a NaN of x into its
+    sum, and the sum into every output, as numpy's NaN maximum would.
+    """
+    defs = {st.name: st.expr for st in program if st.kind in ("map", "let")}
+    target = program[i].expr
+    outs = [st.expr for st in program if st.kind in ("write", "result")]
+    return bool(outs) and any(
+        st.kind == "reduce"
+        and REDUCTION_TABLE[st.combine].combine in ("add", "mul")
+        and _carries_nan(st.expr, target, defs)
+        and all(_carries_nan(o, st.name, defs) for o in outs)
+        for st in program[i + 1 :]
+    )
 
 
 # The backward of each row op as one row program over named operands (``ROW_GRAD_OPERANDS``:

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from tensorlogic.backends.cupy import attention_c, attention_mma
+from tensorlogic.backends.cupy import attention_c, attention_mma, attention_tf32
 from tensorlogic.errors import BackendError
 
 CASES = [  # d, dv, dtype, causal, mask
@@ -33,6 +33,8 @@ MMA_CASES = [  # d, dv, dtype, causal, mask, block shape
     (16, 128, "float16", True, True, _C(8, 2, False, True)),
     (128, 64, "float16", False, False, _C(4, 2, False)),
     (64, 64, "bfloat16", True, False, _C(4, 2, True, True)),
+    (64, 64, "bfloat16", False, False, _C(4, 2, True, bn=128)),
+    (128, 128, "float16", True, False, _C(4, 2, False, True, bn=32)),
 ]
 
 
@@ -54,7 +56,12 @@ def _sources() -> str:
             prelude_seen = True
         out.append(src)
     for k, (d, dv, dt, causal, mask, cfg) in enumerate(MMA_CASES):
-        out.append(attention_mma.render(f"mma{k}", d, dv, dt, causal, mask, cfg, helpers=k == 0))
+        # odd cases: the kernel for a positive scale (raw-score maxima, one FMA per exponent)
+        out.append(
+            attention_mma.render(
+                f"mma{k}", d, dv, dt, causal, mask, cfg, helpers=k == 0, positive_scale=k % 2 == 1
+            )
+        )
     return "\n".join(out)
 
 
@@ -110,7 +117,7 @@ def test_flags_reach_the_source():
 def test_tensor_core_path_limits():
     assert attention_mma.supports(64, 64, "float16") and attention_mma.supports(128, 16, "bfloat16")
     assert attention_mma.supports(96, 96, "bfloat16")
-    assert not attention_mma.supports(64, 64, "float32")
+    assert not attention_mma.supports(64, 64, "float32")  # attention_tf32 takes it
     assert not attention_mma.supports(72, 64, "float16")  # head dim not a multiple of 16
     assert not attention_mma.supports(64, 56, "bfloat16")
     assert not attention_mma.supports(256, 64, "float16")
@@ -120,6 +127,17 @@ def test_tensor_core_path_limits():
         attention_mma.render("k", 64, 64, "bfloat16", False, False, _C(warps=2))
     with pytest.raises(BackendError, match="m-tiles"):
         attention_mma.render("k", 64, 64, "bfloat16", False, False, _C(mt=3))
+    with pytest.raises(BackendError, match="keys a"):
+        attention_mma.render("k", 64, 64, "bfloat16", False, False, _C(bn=48))
+    assert attention_mma.shared_bytes(64, 64, _C(4, 2, bn=128)) == 2 * (128 * 72 + 4 * 128 * 72)
+    # a positive scale without a mask tensor takes the raw-score maxima; a mask keeps them scaled
+    assert "RAW = true" in attention_mma.render(
+        "k", 64, 64, "bfloat16", True, False, positive_scale=True
+    )
+    assert "RAW = false" in attention_mma.render(
+        "k", 64, 64, "bfloat16", True, True, positive_scale=True
+    )
+    assert "RAW = false" in attention_mma.render("k", 64, 64, "bfloat16", True, False)
     # 128 query rows (64 + 8 padded), two stages of 64 keys and 64 values
     assert attention_mma.shared_bytes(64, 64, _C(8)) == 2 * (128 * 72 + 4 * 64 * 72)
     assert _C(4, 2).rows == 128 and _C(4, 2).threads == 128
@@ -142,13 +160,16 @@ def test_tensor_core_kernel_keeps_its_registers(arch, tmp_path):
     cu = tmp_path / "mma.cu"
     cu.write_text(
         "\n".join(
-            attention_mma.render(f"k{i}", d, d, dt, False, False, cfg, helpers=i == 0)
-            for i, (d, dt, cfg) in enumerate(
+            attention_mma.render(
+                f"k{i}", d, d, dt, False, False, cfg, helpers=i == 0, positive_scale=pos
+            )
+            for i, (d, dt, cfg, pos) in enumerate(
                 [
-                    (64, "bfloat16", _C(8)),
-                    (128, "float16", _C(8)),
-                    (64, "bfloat16", _C(4, 2, True)),
-                    (128, "bfloat16", _C(4, 2, False)),
+                    (64, "bfloat16", _C(8), False),
+                    (128, "float16", _C(8), False),
+                    (64, "bfloat16", _C(4, 2, True), False),
+                    (128, "bfloat16", _C(4, 2, False), False),
+                    (64, "bfloat16", _C(4, 2, True), True),  # the default at head dim 64
                 ]
             )
         )
@@ -169,5 +190,76 @@ def test_tensor_core_kernel_keeps_its_registers(arch, tmp_path):
         check=False,
     )
     assert r.returncode == 0, r.stderr[:4000]
-    # sm_80's ptxas spills ~88 bytes in the 32-row, head dim 128 shape (the last); sm_90's none
-    assert r.stderr.count(" 0 bytes spill stores") == (4 if arch == "sm_90" else 3), r.stderr
+    # sm_80's ptxas spills ~88 bytes in the 32-row, head dim 128 shape (the fourth); sm_90's none
+    assert r.stderr.count(" 0 bytes spill stores") == (5 if arch == "sm_90" else 4), r.stderr
+
+
+_T = attention_tf32.Config
+TF32_CASES = [  # d, dv, causal, mask, block shape, split
+    (64, 64, False, False, _T(4, 1, True, 32), True),
+    (128, 128, False, False, _T(4, 1, True, 32), True),
+    (128, 128, True, True, _T(4, 1, False, 32, True), True),
+    (32, 128, True, False, _T(8, 2, True, 64), True),
+    (40, 24, False, True, _T(4, 2, False, 64), False),
+    (64, 64, True, False, _T(4, 1, True, 64, True), False),
+]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_float32_tensor_core_kernel_compiles_and_keeps_its_registers(arch, tmp_path):
+    cu = tmp_path / "tf32.cu"
+    cu.write_text(
+        "\n".join(
+            attention_tf32.render(f"t{i}", d, dv, causal, mask, cfg, split, helpers=i == 0)
+            for i, (d, dv, causal, mask, cfg, split) in enumerate(TF32_CASES)
+        )
+    )
+    ptx = tmp_path / "tf32.ptx"
+    r = subprocess.run(
+        [_tool("nvcc"), f"-arch={arch}", "-ptx", str(cu), "-o", str(ptx)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr[:4000]
+    text = ptx.read_text()
+    for instr in (
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32",
+        "cvt.rna.tf32.f32",
+        "cp.async.cg.shared.global",
+        "ex2.approx",
+    ):
+        assert instr in text, instr
+    r = subprocess.run(
+        [_tool("ptxas"), "--gpu-name", arch, "-v", str(ptx), "-o", str(tmp_path / "t.cubin")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr[:4000]
+    assert r.stderr.count("Compiling entry function") == len(TF32_CASES)
+    # the default shape of attention_gpu.tf32_config spills nothing in the plain kernels (the
+    # first two; a causal mask with a mask tensor may spill a few bytes under the 128 cap)
+    for name in ("t0", "t1"):
+        report = r.stderr.split(f"Compiling entry function '{name}'")[1].split("Compiling")[0]
+        assert " 0 bytes spill stores" in report, report
+
+
+def test_float32_tensor_core_kernel_limits():
+    assert attention_tf32.supports(64, 64, "float32") and attention_tf32.supports(8, 128, "float32")
+    assert not attention_tf32.supports(64, 64, "bfloat16")
+    assert not attention_tf32.supports(36, 64, "float32")  # not a multiple of 8
+    assert not attention_tf32.supports(136, 64, "float32")
+    with pytest.raises(BackendError, match="multiples of 8"):
+        attention_tf32.render("k", 36, 64, False, False)
+    with pytest.raises(BackendError, match="warps"):
+        attention_tf32.render("k", 64, 64, False, False, _T(warps=2))
+    with pytest.raises(BackendError, match="keys a tile"):
+        attention_tf32.render("k", 64, 64, False, False, _T(bn=48))
+    # 64 query rows and two stages of 32 keys and 32 values, rows padded by 4 floats
+    assert attention_tf32.shared_bytes(64, 64, _T(4, 1, False, 32)) == 4 * (64 * 68 + 4 * 32 * 68)
+    assert attention_tf32.grid_x(1000, True, _T(4, 1, pair=True)) == 8  # 16 blocks of 64
+    assert attention_tf32.grid_x(1000, False, _T(4, 1, pair=True)) == 16
+    one = attention_tf32.render("k", 64, 64, True, False, _T(), split=False)
+    assert "SPLIT = false" in one and "CAUSAL = true" in one
+    assert "SPLIT = true" in attention_tf32.render("k", 64, 64, False, False)

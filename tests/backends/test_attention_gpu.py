@@ -29,13 +29,15 @@ def _poisoned(plan, ins):
 
 @pytest.mark.parametrize("d", [32, 64, 80, 96, 128])
 @pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float16_ffma"])
+@pytest.mark.parametrize(
+    "dtype", ["float32", "float16", "bfloat16", "float16_ffma", "float32_ffma"]
+)
 def test_head_dims_dtypes_and_causal(d, causal, dtype, rng, monkeypatch):
     from tensorlogic.backends.cupy import attention_gpu
 
-    if dtype == "float16_ffma":  # the exact kernel for float16 too (unaligned views take it)
+    if dtype.endswith("_ffma"):  # the exact kernel (unaligned views take it)
         monkeypatch.setattr(attention_gpu, "USE_MMA", False)
-        dtype = "float16"
+        dtype = dtype[: -len("_ffma")]
     g = _graph((1, 3), 333, 333 if causal else 517, d, d, dtype, causal, None)
     ins = _inputs(g, rng)
     want = textbook(ins["q"], ins["k"], ins["v"], g.node(g.outputs["y"]).args["scale"], causal)
@@ -58,10 +60,12 @@ def _configs():
         Config(4, 2, True, True),
         Config(4, 2, False, True),
         Config(8, 2, False),
+        Config(4, 2, True, False, 128),
+        Config(4, 2, False, True, 32),
     ]
 
 
-@pytest.mark.parametrize("config", range(8))
+@pytest.mark.parametrize("config", range(10))
 @pytest.mark.parametrize(
     "shape",
     [  # batch, sq, sk, d, dv, causal, mask
@@ -88,8 +92,66 @@ def test_tensor_core_kernel_shapes_and_block_shapes(shape, config, rng, monkeypa
     np.testing.assert_allclose(got, want, rtol=_TOL[dtype], atol=_TOL[dtype])
 
 
+@pytest.mark.parametrize("scale", [-0.2, 0.0])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_negative_and_zero_scales(scale, dtype, rng):
+    # the tensor-core kernels specialize a positive scale (maxima of the raw scores); any other
+    # scale takes the generic path
+    g = _graph((2, 3), 150, 150, 64, 64, dtype, True, None, scale=scale)
+    ins = _inputs(g, rng)
+    plan = tl.compile(g, backend="cupy", cache=False)
+    assert "tensor-core mma" in plan.steps[0].info
+    got = to_numpy(_poisoned(plan, ins)).astype(np.float64)
+    want = textbook(ins["q"], ins["k"], ins["v"], scale, True)
+    np.testing.assert_allclose(got, want, rtol=_TOL[dtype], atol=_TOL[dtype])
+
+
+def _tf32_configs():
+    from tensorlogic.backends.cupy.attention_tf32 import Config
+
+    return [
+        Config(4, 1, False, 32),
+        Config(4, 1, False, 64),
+        Config(4, 1, True, 32),
+        Config(8, 1, False, 32, True),
+        Config(4, 2, False, 32),
+        Config(4, 2, True, 64, True),
+        Config(8, 2, False, 32),  # 186 KiB of shared memory at head dim 128
+    ]
+
+
+@pytest.mark.parametrize("config", range(7))
+@pytest.mark.parametrize(
+    "shape",
+    [  # batch, sq, sk, d, dv, causal, mask
+        ((2, 3), 1, 700, 64, 64, False, None),
+        ((5,), 129, 129, 128, 64, True, (5, 129, 129)),
+        ((1, 2), 1000, 77, 32, 128, True, None),
+        ((3,), 200, 1031, 8, 48, False, (1, 1031)),
+        ((2,), 1100, 1100, 40, 24, True, None),
+    ],
+)
+@pytest.mark.parametrize("split", [True, False])
+def test_float32_tensor_core_kernel_shapes_and_block_shapes(shape, config, split, rng, monkeypatch):
+    # split: 3xTF32, float32's tolerance; else one TF32 MMA (matmul_precision="tf32")
+    from tensorlogic.backends.cupy import attention_gpu
+
+    monkeypatch.setattr(attention_gpu, "TF32_CONFIG", _tf32_configs()[config])
+    batch, sq, sk, d, dv, causal, mask = shape
+    g = _graph(batch, sq, sk, d, dv, "float32", causal, mask, scale=0.3)
+    ins = _inputs(g, rng)
+    plan = tl.compile(
+        g, backend="cupy", cache=False, matmul_precision="highest" if split else "tf32"
+    )
+    assert ("3xTF32" in plan.steps[0].info) is split and "TF32" in plan.steps[0].info
+    got = to_numpy(_poisoned(plan, ins)).astype(np.float64)
+    want = textbook(ins["q"], ins["k"], ins["v"], 0.3, causal, ins.get("m"))
+    tol = _TOL["float32"] if split else 5e-3
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("mask_shape", [(70, 130), (2, 1, 70, 1), (3, 1, 130)])
-@pytest.mark.parametrize("dims", [(24, 40), (64, 64)])  # FFMA only; tensor cores for 16 bits
+@pytest.mark.parametrize("dims", [(24, 40), (64, 64)])
 def test_broadcast_masks_and_float64(mask_shape, dims, rng):
     for dtype in ("float32", "float64", "float16", "bfloat16"):
         g = _graph((2, 3), 70, 130, *dims, dtype, True, mask_shape)
@@ -132,6 +194,13 @@ def test_default_block_shapes_are_the_measured_ones():
     assert mma_config(4096, 8, 64, 64, True, 132) == Config(4, 2, True, True)
     assert mma_config(4096, 8, 128, 128, False, 132) == Config(4, 2, False)
     assert mma_config(4096, 8, 128, 128, True, 132) == Config(8, 1, True, True)
+    from tensorlogic.backends.cupy.attention_gpu import tf32_config
+    from tensorlogic.backends.cupy.attention_tf32 import Config as T
+
+    assert tf32_config(4096, 8, 64, 64, False, 132) == T(4, 2, False, 32)
+    assert tf32_config(1024, 8, 64, 64, False, 132) == T(4, 1, True, 32)  # 64 blocks: too few
+    assert tf32_config(4096, 8, 64, 64, True, 132) == T(4, 1, True, 32, True)
+    assert tf32_config(4096, 8, 128, 128, False, 132) == T(4, 1, True, 32)
 
 
 def test_written_out_model_attention_runs_fused_on_the_gpu(rng):
@@ -150,14 +219,22 @@ def test_written_out_model_attention_runs_fused_on_the_gpu(rng):
     ins = {"x": rng.standard_normal(g.node(g.inputs["x"]).shape).astype(np.float32)}
     o0 = tl.compile(g, backend="numpy", opt_level=0, cache=False)(**ins)["y"]
     plan = tl.compile(g, backend="cupy", opt_level=2, cache=False, fuse_attention=True)
-    assert any(st.kind == "attention" for st in plan.steps)
-    # by default float32 stays written out on the GPU (cuBLAS measured faster than the FFMA
-    # kernel); the 16-bit dtypes are fused (the tensor-core kernel measured faster)
+    assert any("3xTF32" in st.info for st in plan.steps if st.kind == "attention")
+    # fused by default in every float dtype the tensor cores take; fuse_attention=False keeps
+    # the written-out form
+    default = tl.compile(g, backend="cupy", opt_level=2, cache=False)
+    assert any(st.kind == "attention" for st in default.steps)
     assert not any(
         st.kind == "attention"
-        for st in tl.compile(g, backend="cupy", opt_level=2, cache=False).steps
+        for st in tl.compile(
+            g, backend="cupy", opt_level=2, cache=False, fuse_attention=False
+        ).steps
     )
     np.testing.assert_allclose(to_numpy(plan(**ins)["y"]), o0, rtol=1e-4, atol=1e-4)
+    tf32 = tl.compile(g, backend="cupy", opt_level=2, cache=False, matmul_precision="tf32")
+    step = next(st for st in tf32.steps if st.kind == "attention")
+    assert "TF32" in step.info and "3xTF32" not in step.info
+    np.testing.assert_allclose(to_numpy(tf32(**ins)["y"]), o0, rtol=5e-3, atol=5e-3)
     half = tl.compile(g, backend="cupy", opt_level=2, cache=False, precision="bf16")
     step = next(st for st in half.steps if st.kind == "attention")
     assert "tensor-core mma" in step.info
@@ -214,7 +291,8 @@ def _laid_out(batch, pos, sq, sk, d, dv, dtype, causal, mask_shape):
         ((2, 4), (1, 1, 1, 1), 257, 257, 128, 128, True, None),
         ((3, 2, 2), (0, 2, 1, 3), 130, 70, 32, 48, False, (130, 70)),
         ((2, 3), (0, 1, 2, 0), 65, 200, 16, 64, True, (2, 1, 65, 200)),
-        ((2, 4), (1, 1, 1, 1), 90, 90, 40, 40, False, None),  # head dim 40: FFMA kernel
+        ((2, 4), (1, 1, 1, 1), 90, 90, 40, 40, False, None),  # 40: FFMA kernel in 16 bits
+        ((2, 3), (1, 1, 1, 1), 50, 70, 20, 36, True, None),  # FFMA kernel in every dtype
     ],
 )
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
@@ -227,7 +305,8 @@ def test_kernels_read_and_write_other_layouts(case, dtype, rng):
         textbook(canon["q"], canon["k"], canon["v"], 0.3, causal, ins.get("m")), -2, pos[3]
     )
     plan = tl.compile(g, backend="cupy", cache=False)
-    mma = dtype != "float32" and d % 16 == 0 and dv % 16 == 0
+    step = 16 if dtype != "float32" else 8  # the MMA's k step
+    mma = d % step == 0 and dv % step == 0
     assert ("tensor-core mma" in plan.steps[0].info) is mma
     got = to_numpy(_poisoned(plan, ins)).astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=_TOL[dtype], atol=_TOL[dtype])

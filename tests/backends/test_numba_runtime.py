@@ -326,12 +326,21 @@ def test_gomp_environment_respects_user_settings(monkeypatch):
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
-    assert config.gomp_environment() == {"OMP_WAIT_POLICY": "passive"}
-    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
-    assert config.gomp_environment() == {}
-    monkeypatch.delenv("OMP_WAIT_POLICY")
-    monkeypatch.setenv("GOMP_SPINCOUNT", "5")
-    assert config.gomp_environment() == {}
+    assert config.gomp_environment(cpus=2) == {"OMP_WAIT_POLICY": "passive"}
+    assert config.gomp_environment(cpus=config.SPIN_MIN_CPUS - 1) == {"OMP_WAIT_POLICY": "passive"}
+    spin = {"GOMP_SPINCOUNT": str(config.SPIN_COUNT)}
+    assert config.gomp_environment(cpus=config.SPIN_MIN_CPUS) == spin
+    assert config.gomp_environment(cpus=64) == spin
+    # the default reads the process's CPUs
+    want = spin if config.process_cpus() >= config.SPIN_MIN_CPUS else {"OMP_WAIT_POLICY": "passive"}
+    assert config.gomp_environment() == want
+    for cpus in (2, 16):
+        monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+        assert config.gomp_environment(cpus=cpus) == {}
+        monkeypatch.delenv("OMP_WAIT_POLICY")
+        monkeypatch.setenv("GOMP_SPINCOUNT", "5")
+        assert config.gomp_environment(cpus=cpus) == {}
+        monkeypatch.delenv("GOMP_SPINCOUNT")
 
 
 _GOMP = textwrap.dedent("""
@@ -349,16 +358,18 @@ _GOMP = textwrap.dedent("""
 @pytest.mark.parametrize(
     "user,want_env,want_policy",
     [
-        ({}, "None None", "PASSIVE"),  # exported while libgomp loads, then taken back
+        ({}, "None None", None),  # exported while libgomp loads, then taken back
         ({"OMP_WAIT_POLICY": "active"}, "None active", "ACTIVE"),  # the user's setting wins
     ],
 )
 def test_backend_sets_gomp_policy_while_openmp_loads(user, want_env, want_policy):
+    from tensorlogic import config
+
     if not numba_threads._loadable("omp"):
         pytest.skip("numba's OpenMP layer is not loadable here")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     # OMP_DISPLAY_ENV makes libgomp print the settings it read when it loaded
-    env = {**env, **user, "OMP_DISPLAY_ENV": "TRUE"}
+    env = {**env, **user, "OMP_DISPLAY_ENV": "VERBOSE"}
     out = subprocess.run(
         [sys.executable, "-c", _GOMP],
         env=env,
@@ -368,4 +379,12 @@ def test_backend_sets_gomp_policy_while_openmp_loads(user, want_env, want_policy
         check=True,
     )
     assert out.stdout.strip().splitlines()[-1] == want_env
-    assert f"OMP_WAIT_POLICY = '{want_policy}'" in out.stderr + out.stdout
+    shown = out.stderr + out.stdout
+    if want_policy is None:  # our default for this machine's CPUs (the child has the same)
+        if config.process_cpus() >= config.SPIN_MIN_CPUS:
+            assert f"GOMP_SPINCOUNT = '{config.SPIN_COUNT}'" in shown
+        else:
+            assert "OMP_WAIT_POLICY = 'PASSIVE'" in shown
+            assert "GOMP_SPINCOUNT = '0'" in shown  # passive: no spinning at all
+    else:
+        assert f"OMP_WAIT_POLICY = '{want_policy}'" in shown

@@ -1,11 +1,13 @@
 """The cupy backend's attention step: the generated flash-attention kernel, compiled once.
 
 bfloat16 and float16 with head dims that are multiples of 16 up to 128 run the tensor-core
-kernel of ``attention_mma`` on sm_80 and later; everything else runs the exact FFMA kernel of
-``attention_c``. Both read q, k, v and write the result in the node's layout (``layout_strides``:
-a ``(B, S, H, D)`` projection output is read in place). Inputs that are not C-contiguous (a
-transposed view from the attention pass) are copied to a contiguous layout first, O(S * D);
-the mask is read in place
+kernel of ``attention_mma`` on sm_80 and later; float32 with head dims that are multiples of 8
+up to 128 runs the TF32 tensor-core kernel of ``attention_tf32`` there (three MMAs per product,
+float32-level error; one under ``matmul_precision="tf32"``); everything else runs the exact
+FFMA kernel of ``attention_c``. Each reads q, k, v and writes the result in the node's layout
+(``layout_strides``: a ``(B, S, H, D)`` projection output is read in place). Inputs that are
+not C-contiguous (a transposed view from the attention pass) are copied to a contiguous layout
+first, O(S * D); the mask is read in place
 through one offset per batch index and two strides (zero for broadcast axes), so a ``(Sq, Sk)``
 mask shared by every head is never expanded.
 """
@@ -19,7 +21,7 @@ import numpy as np
 
 from ...errors import BackendError
 from ...ir import attention as attn_ir
-from . import attention_c, attention_mma
+from . import attention_c, attention_mma, attention_tf32
 
 # 16-bit attention runs on tensor cores (attention_mma) where the head dims allow; False keeps
 # every dtype on the exact FFMA kernel (tests compare the two)
@@ -27,6 +29,13 @@ USE_MMA = True
 # the tensor-core kernel's block shape (attention_mma.Config); None: chosen per shape by
 # mma_config, from the measurements in benchmarks/RESULTS.md
 MMA_CONFIG: attention_mma.Config | None = None
+# a positive scale without a mask tensor, head dims up to 64: the 16-bit kernel takes the
+# raw-score maxima and scales and shifts in one FMA (H100, bf16, S=4096, head dim 64: 0.143 ms
+# against 0.154; at head dim 128 its registers spill and it measured 2% slower, so wider heads
+# keep the generic kernel; False: the generic kernel everywhere, to compare)
+RAW_SCORES = True
+# the float32 kernel's block shape (attention_tf32.Config); None: chosen by tf32_config
+TF32_CONFIG: attention_tf32.Config | None = None
 
 _MAX_GRID_Y = 65535
 _SM_COUNT_ATTR = 16  # cudaDevAttrMultiProcessorCount
@@ -91,6 +100,20 @@ def mma_config(sq: int, nb: int, d: int, dv: int, causal: bool, sms: int) -> att
     return attention_mma.Config(warps=4, mt=2, q_in_regs=False)
 
 
+def tf32_config(sq: int, nb: int, d: int, dv: int, causal: bool, sms: int) -> attention_tf32.Config:
+    """The float32 tensor-core kernel's block shape, measured on an H100 (benchmarks/RESULTS.md)
+    among 4/8 warps, 16/32 rows a warp, 32/64 keys a tile, query in registers or shared memory.
+
+    Head dims up to 64 without a causal mask, where 128-row blocks fill the multiprocessors: 4
+    warps of 32 rows, the query read from shared memory (each key and value fragment and its
+    split feed two m-tiles: 1.1x at B=1..8, S=1024..4096). Otherwise 4 warps of 16 rows with
+    the split query fragments in registers; paired blocks under a causal mask. 32-key tiles.
+    """
+    if not causal and max(d, dv) <= 64 and -(-sq // 128) * nb >= sms:
+        return attention_tf32.Config(warps=4, mt=2, q_in_regs=False, bn=32)
+    return attention_tf32.Config(warps=4, mt=1, q_in_regs=True, bn=32, pair=causal)
+
+
 class AttentionKernel:
     """``kernel(inputs, out)`` for an attention node on CuPy arrays."""
 
@@ -117,17 +140,20 @@ class AttentionKernel:
             )
         self.backend, self.node_name = backend, node.name
         self.causal = causal
+        # float32 on TF32 tensor cores: split into three MMAs unless the plan allows TF32
+        self.tf32 = node.dtype == "float32" and attention_tf32.supports(self.d, self.dv, "float32")
+        self.split = not getattr(backend, "tf32", False)
         self.mma = (
             USE_MMA
             and int(backend.arch) >= 80
-            and attention_mma.supports(self.d, self.dv, node.dtype)
+            and (self.tf32 or attention_mma.supports(self.d, self.dv, node.dtype))
         )
         self._ffma = None
+        self.scale = np.float64(scale) if node.dtype == "float64" else np.float32(scale)
         if self.mma:
             self.launch = self._compile(True)
         else:
             self.launch = self._ffma = self._compile(False)
-        self.scale = np.float64(scale) if node.dtype == "float64" else np.float32(scale)
         if self.has_mask:
             offs, self.msq, self.msk = _mask_layout(shapes[3], self.batch, self.sq, self.sk)
             self.moff = cupy.asarray(offs)
@@ -136,16 +162,26 @@ class AttentionKernel:
         macs = self.nb * self.sq * self.sk * (self.d + self.dv)
         self.flops = 2 * macs // (2 if causal else 1)
         self.info = (
-            f"flash attention ({'tensor-core mma' if self.mma else 'FFMA'}, "
+            f"flash attention ({self._path()}, "
             f"{self.launch[4]}, {self.launch[1] // 1024} KiB shared)"
             f"{' causal' if causal else ''}{' +mask' if self.has_mask else ''}"
         )
 
-    def _mma_config(self) -> attention_mma.Config:
-        if MMA_CONFIG is not None:
+    def _path(self) -> str:
+        if not self.mma:
+            return "FFMA"
+        if self.tf32:
+            return "tensor-core mma, " + ("3xTF32" if self.split else "TF32")
+        return "tensor-core mma"
+
+    def _mma_config(self):
+        if self.tf32 and TF32_CONFIG is not None:
+            return TF32_CONFIG
+        if not self.tf32 and MMA_CONFIG is not None:
             return MMA_CONFIG
         sms = cupy.cuda.runtime.deviceGetAttribute(_SM_COUNT_ATTR, self.backend.device_id)
-        return mma_config(self.sq, self.nb, self.d, self.dv, self.causal, sms)
+        pick = tf32_config if self.tf32 else mma_config
+        return pick(self.sq, self.nb, self.d, self.dv, self.causal, sms)
 
     def _compile(self, mma: bool):
         """(function, shared bytes, grid x, threads, block shape in words) of one of the two
@@ -153,12 +189,14 @@ class AttentionKernel:
         dt, d, dv = self.dtype, self.d, self.dv
         if mma:
             cfg = self._mma_config()
-            smem = attention_mma.shared_bytes(d, dv, cfg)
-            grid_x = attention_mma.grid_x(self.sq, self.causal, cfg)
+            mod = attention_tf32 if self.tf32 else attention_mma
+            smem = mod.shared_bytes(d, dv, cfg)
+            grid_x = mod.grid_x(self.sq, self.causal, cfg)
             threads = cfg.threads
             rows = (
                 f"{cfg.rows}-row tiles: {cfg.warps} warps x {16 * cfg.mt} rows"
                 f"{'' if cfg.q_in_regs else ', query from shared memory'}"
+                f", {cfg.bn}-key tiles"
                 f"{', paired blocks' if cfg.pair and self.causal else ''}"
             )
         else:
@@ -180,9 +218,26 @@ class AttentionKernel:
             name += "_l" + "_".join(map(str, self.inner))
         if mma:
             name += f"_w{cfg.warps}m{cfg.mt}{'q' if cfg.q_in_regs else ''}{'p' if cfg.pair else ''}"
-            src = attention_mma.render(
-                name, d, dv, dt, self.causal, self.has_mask, cfg, inner=self.inner
-            )
+            name += f"_n{cfg.bn}"
+            if self.tf32:
+                name += "_x3" if self.split else "_tf32"
+                src = attention_tf32.render(
+                    name, d, dv, self.causal, self.has_mask, cfg, self.split, inner=self.inner
+                )
+            else:
+                positive = RAW_SCORES and float(self.scale) > 0 and max(d, dv) <= 64
+                name += "_ps" if positive else ""
+                src = attention_mma.render(
+                    name,
+                    d,
+                    dv,
+                    dt,
+                    self.causal,
+                    self.has_mask,
+                    cfg,
+                    inner=self.inner,
+                    positive_scale=positive,
+                )
         else:
             src = attention_c.render(name, d, dv, dt, self.causal, self.has_mask, self.inner)
         self.source = src

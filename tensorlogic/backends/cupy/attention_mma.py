@@ -110,12 +110,15 @@ class Config:
             from shared memory per use: fewer registers for wide heads).
         pair: causal only: a block runs query block ``i`` and then ``n - 1 - i``, so every block
             walks about the same number of key tiles (grid: half the query blocks).
+        bn: keys per tile (32, 64 or 128): longer tiles mean fewer barriers and rescales of the
+            output per key, more score registers.
     """
 
     warps: int = 8
     mt: int = 1
     q_in_regs: bool = True
     pair: bool = False
+    bn: int = BN
 
     @property
     def rows(self) -> int:
@@ -130,7 +133,7 @@ class Config:
 def shared_bytes(d: int, dv: int, cfg: Config) -> int:
     """Dynamic shared memory of one block: the query (then output) tile, two key and two value
     tiles, rows padded by 8 elements (16 bytes)."""
-    return 2 * (cfg.rows * (max(d, dv) + 8) + 2 * BN * (d + 8) + 2 * BN * (dv + 8))
+    return 2 * (cfg.rows * (max(d, dv) + 8) + 2 * cfg.bn * (d + 8) + 2 * cfg.bn * (dv + 8))
 
 
 def grid_x(sq: int, causal: bool, cfg: Config) -> int:
@@ -149,8 +152,11 @@ def render(
     cfg: Config = Config(),
     helpers: bool = True,
     inner: tuple[int, int, int, int] = (1, 1, 1, 1),
+    positive_scale: bool = False,
 ) -> str:
     """The kernel ``name`` with the FFMA kernel's signature (16-bit pointers, float scale);
+    ``positive_scale``: the kernel is only called with a scale > 0 (without a mask tensor, the
+    row maxima are then taken on the unscaled scores and scale and shift are one FMA);
     ``inner``: the inner batch counts of q, k, v and out (their layout,
     ``attention_gpu.layout_strides``; all 1 for the canonical layout); grid
     (``grid_x``, batch indices), ``cfg.threads`` threads, dynamic shared memory
@@ -163,17 +169,21 @@ def render(
             f"{MAX_HEAD_DIM}"
         )
     _check_inner(inner)
-    if cfg.warps not in (4, 8) or cfg.mt not in (1, 2):
-        raise BackendError(f"tensor-core attention: 4 or 8 warps of 1 or 2 m-tiles, not {cfg}")
+    if cfg.warps not in (4, 8) or cfg.mt not in (1, 2) or cfg.bn not in (32, 64, 128):
+        raise BackendError(
+            f"tensor-core attention: 4 or 8 warps of 1 or 2 m-tiles, 32, 64 or 128 keys a "
+            f"tile, not {cfg}"
+        )
     ty = DTYPES[dtype]
     pair = causal and cfg.pair
     # registers a thread holds across a tile: output and score accumulators, query fragments;
     # where they are few, cap at 128 registers (16 warps a multiprocessor), else at 255
-    held = cfg.mt * (dv // 2 + BN // 2 + (d // 4 if cfg.q_in_regs else 0))
+    held = cfg.mt * (dv // 2 + cfg.bn // 2 + (d // 4 if cfg.q_in_regs else 0))
     min_blocks = max(1, (512 if held <= 96 else 256) // cfg.threads)
     flags = (
         f"causal={int(causal)} mask={int(has_mask)} warps={cfg.warps} mt={cfg.mt} "
-        f"qregs={int(cfg.q_in_regs)} pair={int(pair)} inner={','.join(map(str, inner))}"
+        f"qregs={int(cfg.q_in_regs)} pair={int(pair)} bn={cfg.bn} "
+        f"pos={int(positive_scale)} inner={','.join(map(str, inner))}"
     )
     qfrag = "qa[i][kk]" if cfg.q_in_regs else "qf[i]"
     return f"""// tensorlogic generated: attention mma {dtype} d={d} dv={dv} {flags}
@@ -185,11 +195,13 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
     int sq, int sk, long long msq, long long msk, float scale, int batch0)
 {{
   constexpr int WARPS = {cfg.warps}, MT = {cfg.mt}, THREADS = 32 * WARPS, BM = 16 * MT * WARPS;
-  constexpr int BN = {BN}, D = {d}, DV = {dv}, WR = 16 * MT;
+  constexpr int BN = {cfg.bn}, D = {d}, DV = {dv}, WR = 16 * MT;
   constexpr int KS = D + 8, VS = DV + 8, OS = (D > DV ? D : DV) + 8;
   constexpr int KD = D / 16, NT = BN / 8, NO = DV / 8;
   constexpr bool CAUSAL = {str(causal).lower()}, HAS_MASK = {str(has_mask).lower()};
   constexpr bool QREGS = {str(cfg.q_in_regs).lower()}, PAIR = {str(pair).lower()};
+  // scale > 0 and no mask tensor: maxima of the raw scores, scale and shift in one FMA
+  constexpr bool RAW = {str(positive_scale and not has_mask).lower()};
   // the layout: batch axes after the sequence axis (inner) and the row stride of each tensor
   constexpr int QIN = {inner[0]}, KIN = {inner[1]}, VIN = {inner[2]}, OIN = {inner[3]};
   constexpr long long QRS = (long long)QIN * D, KRS = (long long)KIN * D;
@@ -311,7 +323,7 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
         for (int j = 0; j < NT; ++j) {{
 #pragma unroll
           for (int e = 0; e < 4; ++e) {{
-            float x = s[i][j][e] * sl2;
+            float x = RAW ? s[i][j][e] : s[i][j][e] * sl2;
             if (masked) {{
               const int row = e < 2 ? row0 : row1;
               const int col = n0 + j * 8 + 2 * t4 + (e & 1);
@@ -330,15 +342,20 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
           mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
           mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
         }}
+        if (RAW) {{ mx0 *= sl2; mx1 *= sl2; }}  // -inf stays -inf (sl2 > 0)
         const float mn0 = fmaxf(m[i][0], mx0), mn1 = fmaxf(m[i][1], mx1);
         // a row with every key hidden so far shifts by 0: 2^-inf = 0, never NaN
         const float sh0 = (mn0 == NEG_INF) ? 0.f : mn0, sh1 = (mn1 == NEG_INF) ? 0.f : mn1;
         const float al0 = tl_att_ex2(m[i][0] - sh0), al1 = tl_att_ex2(m[i][1] - sh1);
+        // p = 2^(x * sl2 - shift): one FMA for raw scores
+        const float f = RAW ? sl2 : 1.f;
         float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {{
-          s[i][j][0] = tl_att_ex2(s[i][j][0] - sh0); s[i][j][1] = tl_att_ex2(s[i][j][1] - sh0);
-          s[i][j][2] = tl_att_ex2(s[i][j][2] - sh1); s[i][j][3] = tl_att_ex2(s[i][j][3] - sh1);
+          s[i][j][0] = tl_att_ex2(fmaf(s[i][j][0], f, -sh0));
+          s[i][j][1] = tl_att_ex2(fmaf(s[i][j][1], f, -sh0));
+          s[i][j][2] = tl_att_ex2(fmaf(s[i][j][2], f, -sh1));
+          s[i][j][3] = tl_att_ex2(fmaf(s[i][j][3], f, -sh1));
           rs0 += s[i][j][0] + s[i][j][1]; rs1 += s[i][j][2] + s[i][j][3];
         }}
         // the quad shares the row maximum, so the lanes' partial sums add up at the end

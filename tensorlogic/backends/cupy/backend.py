@@ -201,10 +201,11 @@ def _cstrides(shape):
 
 
 # attention is fused by default where its kernel beat the written-out form (cuBLAS GEMMs and a
-# softmax kernel) on an H100: the tensor-core dtypes, 1.5-4.2x alone (bench_attention) and
-# 1.5x / 2.0x in the bf16 encoder block at S=1024 / 4096 (bench_gpu_models); the exact float32
-# FFMA kernel measured 0.63-1.12x of the written-out form, so float32 stays written out
-FUSED_ATTENTION = frozenset({"bfloat16", "float16"})
+# softmax kernel) on an H100: the 16-bit tensor-core dtypes, 1.5-4.2x alone (bench_attention)
+# and 1.5x / 2.0x in the bf16 encoder block at S=1024 / 4096 (bench_gpu_models); float32 since
+# it runs on the tensor cores too (3xTF32, attention_tf32; the exact FFMA kernel had measured
+# 0.63-1.12x of the written-out form)
+FUSED_ATTENTION = frozenset({"bfloat16", "float16", "float32"})
 
 
 class CupyBackend(Backend):

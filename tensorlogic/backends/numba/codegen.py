@@ -13,12 +13,13 @@ Loop shapes:
   row program (``ops.ROW_PROGRAMS``) a loop over the reduced dims;
 - full reduction: per reduce step, per-block (or per-row) partials in parallel, combined
   serially;
+- float max and min in every loop shape: over order-preserving integer keys, which vectorize,
+  with a guard for NaN unless a later pass carries NaN to every output (``_Keyed``);
 - row op: ``prange`` over rows; one pass per reduce step of its row program, then the write
-  pass (see ``_program_rows``: row maxima over order-preserving integer keys, which vectorize;
-  an expensive map stored in the output row for later passes); with the axis last, through
-  1-d row views, and a computed program is stored in ``out`` by the first pass while a plain
-  input is re-read; an epilogue program runs on each value in the last pass, before it is
-  stored.
+  pass (see ``_program_rows``: an expensive map stored in the output row for later passes);
+  with the axis last, through 1-d row views, and a computed program is stored in ``out`` by
+  the first pass while a plain input is re-read; an epilogue program runs on each value in
+  the last pass, before it is stored.
 The serial variant is the same text with ``range`` and ``parallel=False``.
 
 The module text is also the disk-cache key, so it names everything the compiled object depends
@@ -536,6 +537,47 @@ class _ProgramNames:
     eps: float = 0.0
 
 
+class _Keyed:
+    """A float max or min over order-preserving integer keys (``fastmath.key_f32``): an
+    integer max vectorizes where a float one that tests for NaN does not (about 1.5x on a
+    16M max). Keys put a NaN of sign bit 0 above +inf and one of sign bit 1 below -inf, so a
+    guard, the opposite combine of the keys, catches the NaN the combine misses; ``exact=False``
+    drops the guard where a later pass carries a NaN into every output anyway
+    (``ops.nan_carried``: softmax's exp(x - m))."""
+
+    def __init__(self, combine: str, dtype: str, exact: bool) -> None:
+        self.sfx = "f32" if dtype == "float32" else "f64"
+        self.dtype, self.exact = dtype, exact
+        self.op, self.guard = ("max", "min") if combine == "max" else ("min", "max")
+        self.start = self.key(f"np.{dtype}({'-' if combine == 'max' else ''}np.inf)")
+
+    def key(self, v: str) -> str:
+        return f"_key_{self.sfx}({v})"
+
+    def init(self, ind: str, k: str, g: str) -> list[str]:
+        return [f"{ind}{k} = {self.start}"] + ([f"{ind}{g} = {k}"] if self.exact else [])
+
+    def join(self, ind: str, k: str, g: str, kk: str, gg: str | None = None) -> list[str]:
+        """Key ``kk`` (and guard ``gg``, else ``kk``) into ``k`` and ``g``."""
+        lines = [f"{ind}{k} = {self.op}({k}, {kk})"]
+        return lines + ([f"{ind}{g} = {self.guard}({g}, {gg or kk})"] if self.exact else [])
+
+    def finish(self, ind: str, acc: str, k: str, g: str) -> str:
+        v = f"_unkey_{self.sfx}({k})"
+        if not self.exact:
+            return f"{ind}{acc} = {v}"
+        cmp = ">=" if self.op == "max" else "<="
+        return f"{ind}{acc} = {v} if {g} {cmp} {self.start} else np.{self.dtype}(np.nan)"
+
+
+def _keyed(st, prog, i: int, dtype: str) -> "_Keyed | None":
+    """The keyed rendering of reduce step ``i`` when it is a float max or min."""
+    comb = ops.REDUCTION_TABLE[st.combine].combine
+    if comb not in ("max", "min") or dtype not in _REAL:
+        return None
+    return _Keyed(comb, dtype, not ops.nan_carried(prog, i))
+
+
 def _reduce(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views) -> list[str]:
     """A reduction from its row program (``ops.ROW_PROGRAMS``): one pass over the reduced
     elements per reduce step (maps recomputed in each), per-row lets between, the result last.
@@ -564,7 +606,7 @@ def _reduce(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views
             *_unravel([idx[d] for d in kept], [dnames[d] for d in kept], "o", "        "),
         ]
         ind = "        "
-        for st in prog:
+        for i, st in enumerate(prog):
             if st.kind == "reduce":
                 acc = f"p_{st.name}"
                 depth = ind
@@ -574,12 +616,24 @@ def _reduce(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views
                     depth += "    "
                 vl, v = value(depth)
                 term = _program_expr(op, st.expr, v, scal, maps, names)
-                lines += [
-                    f"{ind}{acc} = {_init(st.combine, acc_type(st))}",
-                    *loops,
-                    *vl,
-                    depth + _combine(st.combine, acc, term),
-                ]
+                kd = _keyed(st, prog, i, dtype)
+                if kd is not None:
+                    k, g, kk = f"k_{st.name}", f"g_{st.name}", f"kk_{st.name}"
+                    lines += [
+                        *kd.init(ind, k, g),
+                        *loops,
+                        *vl,
+                        f"{depth}{kk} = {kd.key(f'np.{dtype}({term})')}",
+                        *kd.join(depth, k, g, kk),
+                        kd.finish(ind, acc, k, g),
+                    ]
+                else:
+                    lines += [
+                        f"{ind}{acc} = {_init(st.combine, acc_type(st))}",
+                        *loops,
+                        *vl,
+                        depth + _combine(st.combine, acc, term),
+                    ]
                 scal[st.name] = acc
             elif st.kind == "let":
                 lines += per_row(st, ind, f"p_{st.name}")
@@ -605,8 +659,30 @@ def _reduce(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views
         inner = f"        for {idx[-1]} in range({dnames[-1]}):"
     vl, v = value("            ", block=lay.rank == 1)
     lines = list(head)
-    for st in prog:
-        if st.kind == "reduce":
+    for i, st in enumerate(prog):
+        kd = _keyed(st, prog, i, dtype) if st.kind == "reduce" else None
+        if kd is not None:
+            acc = scal[st.name] = f"p_{st.name}"
+            term = _program_expr(op, st.expr, v, scal, maps, names)
+            k, g = f"k_{st.name}", f"g_{st.name}"
+            lines += [
+                "    part = np.empty(nb, np.int64)",
+                *(["    partg = np.empty(nb, np.int64)"] if kd.exact else []),
+                f"    for b in {rng}(nb):",
+                *loop,
+                *kd.init("        ", "kb", "gb"),
+                inner,
+                *vl,
+                f"            kk = {kd.key(f'np.{dtype}({term})')}",
+                *kd.join("            ", "kb", "gb", "kk"),
+                "        part[b] = kb",
+                *(["        partg[b] = gb"] if kd.exact else []),
+                *kd.init("    ", k, g),
+                "    for b in range(nb):",
+                *kd.join("        ", k, g, "part[b]", "partg[b]"),
+                kd.finish("    ", acc, k, g),
+            ]
+        elif st.kind == "reduce":
             part_t = acc_type(st)
             # a BLOCK-long block sums in the compute dtype when reassociation is allowed: LLVM
             # splits it over many vector partial sums (each adds BLOCK/64 terms or fewer), and
@@ -799,7 +875,6 @@ def _program_rows(rows: _Rows, name: str, dtype, fast, consts, eps: float, finis
     """
     prog = ops.ROW_PROGRAMS[name]
     names = _ProgramNames(dtype, fast, consts, f"(1.0 / {rows.k})", eps)
-    sfx = "f32" if dtype == "float32" else "f64"
     scal: dict[str, str] = {}
     maps = {st.name: st.expr for st in prog if st.kind == "map"}
     passes = [i for i, st in enumerate(prog) if st.kind in ("reduce", "write")]
@@ -835,22 +910,17 @@ def _program_rows(rows: _Rows, name: str, dtype, fast, consts, eps: float, finis
         if st.kind == "reduce":
             acc = scal[st.name] = f"p_{st.name}"
             comb = ops.REDUCTION_TABLE[st.combine].combine
-            if comb == "max" and dtype in _REAL:
-                # keys put a NaN of sign bit 0 above +inf and one of sign bit 1 below -inf:
-                # the row minimum of the keys catches the latter (an integer min vectorizes too,
-                # where a NaN test per element would cost ~10% of a softmax)
-                k, lo, kk = f"k_{st.name}", f"l_{st.name}", f"kk_{st.name}"
+            kd = _keyed(st, prog, i, dtype)
+            if kd is not None:
+                k, g, kk = f"k_{st.name}", f"g_{st.name}", f"kk_{st.name}"
                 lines += [
-                    f"        {k} = _key_{sfx}(np.{dtype}(-np.inf))",
-                    f"        {lo} = {k}",
+                    *kd.init("        ", k, g),
                     rows.loop(),
                     *vl,
                     *pre,
-                    f"            {kk} = _key_{sfx}(np.{dtype}({body}))",
-                    f"            {k} = max({k}, {kk})",
-                    f"            {lo} = min({lo}, {kk})",
-                    f"        {acc} = _unkey_{sfx}({k}) if {lo} >= _key_{sfx}(np.{dtype}(-np.inf))"
-                    f" else np.{dtype}(np.nan)",
+                    f"            {kk} = {kd.key(f'np.{dtype}({body})')}",
+                    *kd.join("            ", k, g, kk),
+                    kd.finish("        ", acc, k, g),
                 ]
                 continue
             acc_t = dtype

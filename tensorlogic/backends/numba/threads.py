@@ -15,11 +15,12 @@ after BLAS vs 34 ms with BLAS limited to one thread vs 32 ms alone), while limit
 matmul throughput on a quiet machine, so no limit is the default until a quiet rerun says
 otherwise.
 
-OpenMP spinning: ``configure()`` exports ``config.gomp_environment()`` (the passive wait
-policy unless the user set one) while it loads numba's GNU OpenMP runtime, which reads it
-once at load, and removes it again so that other OpenMP runtimes loaded later (torch's) keep
-their defaults; the reasons and measurements are in that function's docstring. If OpenMP was
-loaded before (numba used directly first), the settings already in effect stay.
+OpenMP spinning: ``configure()`` exports ``config.gomp_environment()`` (unless the user set a
+policy: the passive one on small machines, a short spin on hosts of many CPUs) while it loads
+numba's GNU OpenMP runtime, which reads it once at load, and removes it again so that other
+OpenMP runtimes loaded later (torch's) keep their defaults; the reasons and measurements are in
+that function's docstring. If OpenMP was loaded before (numba used directly first), the
+settings already in effect stay.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ import contextlib
 import copy
 import math
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -113,7 +112,7 @@ class NumpyBackend(Backend):
             return self.einsum_kernel(node, in_nodes, mode)
         kernel = self._host_kernel(step, node, in_nodes, graph, mode)
         # plain ufunc kernels run on the calling thread
-        return kernel if kernel.threads else replace(kernel, threads=1)
+        return kernel if kernel.threads else kernel.with_threads(1)
 
     def _host_kernel(self, step, node, in_nodes, graph, mode: str) -> PreparedKernel:
         from .fused import PARALLEL_MIN_ELEMENTS, fused_kernel
@@ -147,8 +146,8 @@ class NumpyBackend(Backend):
             pair_layout.TIMING_CONTEXT.reset(token)
         if mode == "pool":
             split = (kernel.flops or 0) >= cpu_threads.MIN_SPLIT_FLOPS
-            return replace(kernel, threads=host_pool.helper_count() + 1 if split else 1)
-        return replace(kernel, threads=cpu_threads.blas_threads())
+            return kernel.with_threads(host_pool.helper_count() + 1 if split else 1)
+        return kernel.with_threads(cpu_threads.blas_threads())
 
     def plan_runner(self, plan) -> PlanRunner | None:
         """A runner that limits BLAS to one thread around the call ("pool" mode plans that
