@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from ..errors import InputError
 from .base import Optimizer, check_number
 from .kernels import Program, scalar, update_kernel
@@ -16,8 +18,9 @@ class Adam(Optimizer):
 
     ``weight_decay`` adds ``weight_decay * p`` to the gradient (L2, as ``torch.optim.Adam``);
     with ``decoupled=True`` (AdamW, as ``torch.optim.AdamW``) the parameter is instead scaled by
-    ``1 - lr * weight_decay`` before the update. Each step runs three fused in-place kernels per
-    parameter (first moment, second moment, parameter).
+    ``1 - lr * weight_decay`` before the update. On the host backends each parameter is updated
+    in one pass over memory (``backends/host_adam.py``); elsewhere each step runs three fused
+    in-place kernels per parameter (first moment, second moment, parameter).
     """
 
     state_names = ("exp_avg", "exp_avg_sq")
@@ -56,13 +59,23 @@ class Adam(Optimizer):
         l2 = 0.0 if self.decoupled else self.weight_decay
         t = self.steps
         m, v = state["exp_avg"], state["exp_avg_sq"]
+        decay = self.decoupled and self.weight_decay != 0
+        step_size = self.lr / (1 - b1**t)
+        one_pass = getattr(backend, "adam_one_pass", None)  # the CPU backends have one
+        fn = one_pass((p, g, m, v)) if one_pass is not None else None
+        if fn is not None:
+            dec = 1 - self.lr * self.weight_decay if decay else 1.0
+            c = np.array(
+                [1 - b1, b2, 1 - b2, l2, dec, step_size, math.sqrt(1 - b2**t), self.eps], p.dtype
+            )
+            fn(p.reshape(-1), g.reshape(-1), m.reshape(-1), v.reshape(-1), c)
+            return
         km = update_kernel(("adam_m", b1, l2), lambda: _first(b1, l2), shape, dtype, 3, (), backend)
         km.run(m, g, p)
         kv = update_kernel(
             ("adam_v", b2, l2), lambda: _second(b2, l2), shape, dtype, 3, (), backend
         )
         kv.run(v, g, p)
-        decay = self.decoupled and self.weight_decay != 0
         kp = update_kernel(
             ("adam_p", self.eps, decay),
             lambda: _param(self.eps, decay),
@@ -72,7 +85,6 @@ class Adam(Optimizer):
             (3, 4, 5),
             backend,
         )
-        step_size = self.lr / (1 - b1**t)
         kp.run(
             p,
             m,

@@ -6,7 +6,9 @@ epilogue (its consumers: an affine scale and shift, a residual add, an activatio
 Legality is the pure predicate ``is_legal_group``. Groups grow greedily from the last
 elementwise node of a chain (its root) towards its producers: a producer joins when it is
 elementwise, has the root's shape and dtype, is not a graph output and all its users are already
-in the group. Same-dtype members mean no rounding step of the unfused graph is skipped; scalar
+in the group; a one-FLOP producer with one full-size operand (a bias add) whose users are all
+elementwise joins each user's group as a copy instead (``recomputable``), so it is never
+written. Same-dtype members mean no rounding step of the unfused graph is skipped; scalar
 constants whose dtype matches everything they meet are inlined as literals. A comparison of
 operands of the root's dtype (bool) joins too when all its users do: the program holds it as 1/0
 in that dtype, which is what its users read from a bool (``w * (a > b)`` is one kernel). Only
@@ -131,9 +133,10 @@ def is_legal_group(
     tail: int | None = None,
     position: Mapping[int, int] | None = None,
     epilogue: Sequence[int] = (),
+    recomputed: frozenset[int] = frozenset(),
 ) -> bool:
     """Whether ``members`` (elementwise, ending in ``root``), ``tail`` and ``epilogue`` may
-    become one node.
+    become one node (``recomputed`` members stay in the graph for their other users).
 
     Pure: reads the graph, changes nothing. Conditions: at least two nodes; every member
     elementwise with the root's (concrete, non-empty) shape and dtype; no member but the root is
@@ -175,16 +178,22 @@ def is_legal_group(
             or (m == root and node.dtype != rnode.dtype)
         ):
             return False
-        if m != root and (m in outputs or any(u not in members for u in g.users(m))):
+        if m in recomputed:
+            if m == root or not recomputable(g, m):
+                return False
+        elif m != root and (m in outputs or any(u not in members for u in g.users(m))):
             return False
     if tail is not None:
         if members and (root in outputs or g.users(root) != [tail]):
             return False
         if not legal_tail(rnode, g.node(tail)):
             return False
-    inside = set(members) | set(epilogue) | ({tail} if tail is not None else set())
+    # a recomputed member's node stays in the graph: paths through it make no cycle
+    inside = (set(members) - recomputed) | set(epilogue) | ({tail} if tail is not None else set())
     first = min(position[m] for m in inside)
-    external = {i for m in inside for i in g.node(m).inputs if i not in inside}
+    external = {
+        i for m in inside | set(recomputed) for i in g.node(m).inputs if i not in inside
+    } - set(recomputed)
     members = frozenset(inside)  # the cycle search below: no external operand reaches a member
     # a cycle would need an external operand that depends on a member: search its ancestors,
     # which can reach a member only while they come after the first member in the order
@@ -298,10 +307,42 @@ def _topological(g: EinsumGraph, members: frozenset[int]) -> list[int]:
     return order
 
 
-def _grow(g: EinsumGraph, root: int, taken: set[int], limit: int | None = None) -> frozenset[int]:
+def recomputable(g: EinsumGraph, nid: int) -> bool:
+    """Whether a group may recompute node ``nid`` instead of reading it: a one-FLOP op (a bias
+    add, a scaling) with one full-size operand, the others broadcast (a row, a scalar), whose
+    users are all elementwise over its shape. Each user's group then reads the full-size
+    operand where it would have read the node: the same traffic, and the node's own pass
+    (read, write) disappears once every user recomputes it (``h = x @ W + b`` feeding an
+    activation and, in a training graph, the activation's derivative)."""
+    node = g.node(nid)
+    if node.kind not in (ops.UNARY, ops.BINARY) or ops.ELEMENTWISE[node.op].flops > 1:
+        return False
+    if nid in g.outputs.values() or node.dtype not in dtypes.FLOATS:
+        return False
+    shape = tuple(node.shape)
+    full = [i for i in node.inputs if tuple(g.node(i).shape) == shape]
+    if len(full) != 1 or any(
+        math.prod(g.node(i).shape) >= math.prod(shape) for i in node.inputs if i not in full
+    ):
+        return False
+    users = g.users(nid)
+    return len(users) > 1 and all(
+        _is_elementwise(g.node(u)) and tuple(g.node(u).shape) == shape for u in users
+    )
+
+
+def _grow(
+    g: EinsumGraph,
+    root: int,
+    taken: set[int],
+    limit: int | None = None,
+    recomputed: set[int] | None = None,
+) -> frozenset[int]:
     """The largest group around ``root`` that the greedy rule admits (a worklist walk), of at
     most ``limit`` nodes (default ``MAX_GROUP_OPS``): the nodes left out form groups of their
-    own."""
+    own. With ``recomputed`` (a set filled here), a ``recomputable`` producer with users
+    outside the group joins too, as a copy: it stays in the graph for them, and the walk
+    does not go past it (its operands are read by the group)."""
     limit = MAX_GROUP_OPS if limit is None else limit
     rnode = g.node(root)
     outputs = set(g.outputs.values())
@@ -314,14 +355,18 @@ def _grow(g: EinsumGraph, root: int, taken: set[int], limit: int | None = None) 
             if p in members or p in taken or p in outputs:
                 continue
             pn = g.node(p)
-            if (
+            if not (
                 _is_elementwise(pn)
                 and tuple(pn.shape) == tuple(rnode.shape)
                 and _computes_in(g, pn) == rnode.dtype
-                and all(u in members for u in g.users(p))
             ):
+                continue
+            if all(u in members for u in g.users(p)):
                 members.add(p)
                 work.append(p)
+            elif recomputed is not None and recomputable(g, p):
+                members.add(p)
+                recomputed.add(p)
     return frozenset(members)
 
 
@@ -382,6 +427,7 @@ def _fusion(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
         root: int | None,
         tail: int | None,
         epilogue: list[int],
+        recomputed: frozenset[int] = frozenset(),
     ) -> None:
         body, external = build_body(cur, members, root, tail, epilogue)
         last = epilogue[-1] if epilogue else tail if tail is not None else root
@@ -399,7 +445,7 @@ def _fusion(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
             MappingProxyType({"body": body.to_args(), "flops": fused_flops(body)}),
         )
         g.replace_node(visible.id, fused)
-        group = set(members) | set(epilogue) | ({tail} if tail is not None else set())
+        group = set(members) - recomputed | set(epilogue) | ({tail} if tail is not None else set())
         # users before producers: insertion order is topological, so remove from the back
         for m in sorted(group - {visible.id}, key=position.__getitem__, reverse=True):
             g.remove_node(m)
@@ -425,14 +471,18 @@ def _fusion(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
         cur = state["g"] if state["g"] is not None else graph
         if node.id in taken or node.id not in cur or not _is_elementwise(cur.node(node.id)):
             continue
-        members = _grow(cur, node.id, taken)
         users = cur.users(node.id)
         tail = users[0] if len(users) == 1 and node.id not in cur.outputs.values() else None
         if tail is not None and not legal_tail(cur.node(node.id), cur.node(tail)):
             tail = None
-        if not is_legal_group(cur, members, node.id, tail, position):
+        rec: set[int] = set()
+        members = _grow(cur, node.id, taken, recomputed=rec)
+        if rec and not is_legal_group(cur, members, node.id, tail, position, (), frozenset(rec)):
+            rec = set()
+            members = _grow(cur, node.id, taken)
+        if not is_legal_group(cur, members, node.id, tail, position, (), frozenset(rec)):
             continue
-        fuse(cur, members, node.id, tail, [])
+        fuse(cur, members, node.id, tail, [], frozenset(rec))
     if state["g"] is None:
         return PassResult(graph, False, {})
     return PassResult(state["g"], True, {"groups": state["groups"], "nodes_fused": state["nodes"]})

@@ -5,7 +5,8 @@ Rewrites (each keeps the surviving node's id and name):
 * an einsum operand produced by another einsum that nothing else uses is replaced by that
   einsum's operands (its letters renamed: output letters take the consumer's letters, summed
   letters get fresh ones, so no letter clashes);
-* an operand ``x * s`` with a scalar ``s`` (shape ``()``) becomes two operands ``x`` and ``s``;
+* an operand ``x * s`` with a scalar ``s`` (shape ``()``) becomes two operands ``x`` and ``s``
+  (also when several einsums use the product and nothing else does: each takes both);
 * ``einsum(...) * s`` becomes one einsum with ``s`` as an extra scalar operand.
 
 Scalars thereby move through contractions to wherever the planner finds them cheapest. A merge
@@ -66,15 +67,30 @@ def _scalar_split(g: EinsumGraph, nid: int) -> tuple[int, int] | None:
     return None
 
 
+def _shared_scalar_product(g: EinsumGraph, nid: int) -> bool:
+    """Whether node ``nid`` is ``x * s`` (``s`` a scalar) used only by einsums, several times:
+    each of them takes ``x`` and ``s`` as operands (its path scales whichever operand is
+    cheapest), so the full-size product is never written (a gradient scaled by a constant and
+    contracted twice, as attention's scores gradient is)."""
+    users = g.users(nid)
+    return (
+        len(users) > 1
+        and _scalar_split(g, nid) is not None
+        and all(g.node(u).kind == ops.EINSUM for u in users)
+    )
+
+
 def absorb_operand(g: EinsumGraph, node: Node, outputs: set[int]) -> tuple[Node, int] | None:
     """Merge one producer of an einsum operand into the einsum; (new record, producer id)."""
     es = _parsed(g, node)
     for k, p in enumerate(node.inputs):
-        if p in outputs or single_user(g, p) != node.id:
+        if p in outputs:
             continue
         prod = g.node(p)
+        if single_user(g, p) != node.id and not _shared_scalar_product(g, p):
+            continue
         terms, inputs = list(es.inputs), list(node.inputs)
-        if prod.kind == ops.EINSUM:
+        if prod.kind == ops.EINSUM and single_user(g, p) == node.id:
             pes = _parsed(g, prod)
             mapping = dict(zip(pes.output, es.inputs[k]))
             used = set(es.letters)

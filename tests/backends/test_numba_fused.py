@@ -72,6 +72,59 @@ def test_reduction_tails(rng, dtype, tail, axes, keepdims):
     _check(rng, [(3, 4, 5), (4, 1)], dtype, instrs, (3, 4, 5), tail, axes, keepdims)
 
 
+LEADING = pytest.mark.parametrize(
+    "shapes,axes",
+    [
+        ([(7, 3, 600), (600,)], (0,)),  # leading axes reduced, a kept last dim over 2 tasks
+        ([(7, 3, 600), (600,)], (0, 1)),
+        ([(5, 6, 300), (6, 300)], (1,)),  # kept dims on both sides of the reduced one
+        ([(4, 9, 5, 70), (70,)], (0, 2)),
+        ([(7, 3, 40), (3, 1)], (0,)),  # an input broadcast along the last dim
+    ],
+)
+
+
+@LEADING
+@pytest.mark.parametrize("tail", ["sum", "mean", "max", "min", "prod", "logsumexp"])
+def test_reductions_over_leading_axes(rng, tail, shapes, axes):
+    """Reductions over the axes before a kept last one (bias gradients) walk rows with the kept
+    elements innermost."""
+    # values near 1: a product over 180 of them stays far from float32's overflow and underflow
+    instrs = [
+        ("mul", [("in", 0), ("in", 1)]),
+        ("mul", [("tmp", 0), ("const", 0.05)]),
+        ("add", [("tmp", 1), ("const", 1.0)]),
+    ]
+    space = np.broadcast_shapes(*shapes)
+    plan = _check(rng, shapes, "float32", instrs, space, tail, axes, parallel_threshold=0)
+    by_columns = tail != "logsumexp" and all(s[-1] == space[-1] for s in shapes)
+    assert ("nch =" in plan.concrete.kernels[0].source) == by_columns
+
+
+@LEADING
+@pytest.mark.parametrize("dtype,threshold", [("float64", 0), ("float32", None)])
+def test_sums_over_leading_axes_serial_and_float64(rng, dtype, threshold, shapes, axes):
+    instrs = [("mul", [("in", 0), ("in", 1)]), ("add", [("tmp", 0), ("const", 0.5)])]
+    space = np.broadcast_shapes(*shapes)
+    _check(rng, shapes, dtype, instrs, space, "sum", axes, parallel_threshold=threshold)
+
+
+@pytest.mark.parametrize("dtype", ["int32", "int64", "bool", "complex64"])
+@pytest.mark.parametrize("tail", ["sum", "max", "prod"])
+def test_lone_reductions_over_leading_axes(rng, dtype, tail):
+    if dtype.startswith("complex") and tail == "max":
+        pytest.skip("complex max is not a numba reduction")
+    g = tl.EinsumGraph()
+    x = g.input("x", (6, 5, 300), dtype)
+    g.output(g.reduce(tail, x, (0, 1)), "y")
+    raw = rng.integers(-3, 4, (6, 5, 300))
+    xs = {"x": (raw + (1j * raw if dtype.startswith("complex") else 0)).astype(dtype)}
+    got = tl.compile(g, backend="numba", opt_level=0, parallel_threshold=0)(**xs)["y"]
+    want = tl.compile(g, backend="numpy", opt_level=0)(**xs)["y"]
+    assert got.dtype == want.dtype
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("tail", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("axis", [2, 1])

@@ -176,3 +176,43 @@ def test_reduction_over_leading_axes_is_not_a_tail(rng):
     res = fusion(g)
     assert count(res.graph, ops.REDUCE) == 1 and count(res.graph, ops.FUSED) == 1
     assert_same_as_o0(g, rng, 2)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+def test_a_bias_add_is_recomputed_by_each_elementwise_user(backend, rng):
+    """``h = x @ w + b`` read by an activation and by its derivative (a training graph) is not
+    written: both fused groups add the bias themselves, and the add node is gone."""
+    g = tl.EinsumGraph()
+    x = g.input("x", (6, 8), "float32")
+    w = g.input("w", (8, 5), "float32")
+    b = g.input("b", (5,), "float32")
+    d = g.input("d", (6, 5), "float32")
+    h = g.einsum("ij,jk->ik", x, w) + b
+    g.output(g.gelu(h) * 2.0, name="y")
+    g.output(g.tanh(h) * d, name="z")
+    gg = fusion(g).graph
+    assert count(gg, ops.BINARY) == 0 and count(gg, ops.FUSED) == 2
+    assert_same_as_o0(g, rng, 2)
+    plan = tl.compile(g, backend=backend, opt_level=2, cache=False)
+    shapes = {"x": (6, 8), "w": (8, 5), "b": (5,), "d": (6, 5)}
+    inputs = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    ref = tl.compile(g, backend="numpy", opt_level=0, cache=False)(**inputs)
+    got = plan(**inputs)
+    for k in ref:
+        np.testing.assert_allclose(got[k], ref[k], rtol=2e-5, atol=2e-5)
+
+
+def test_recomputation_needs_one_full_operand_and_elementwise_users(rng):
+    g = tl.EinsumGraph()
+    x = g.input("x", (6, 5), "float32")
+    y = g.input("y", (6, 5), "float32")
+    b = g.input("b", (5,), "float32")
+    two_full = x + y  # two full-size operands: recomputing it would read both
+    g.output(g.relu(two_full) * 2.0, name="a")
+    g.output(g.exp(two_full) + 1.0, name="c")
+    h = x + b  # also read by an einsum: stays, and its elementwise users read it
+    g.output(g.relu(h) * 3.0, name="e")
+    g.output(g.einsum("ij,ij->i", h, y), name="f")
+    gg = fusion(g).graph
+    assert count(gg, ops.BINARY) == 2
+    assert_same_as_o0(g, rng, 2)

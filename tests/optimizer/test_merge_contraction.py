@@ -81,6 +81,27 @@ def test_merge_respects_shared_results_outputs_and_dtypes(rng):
     assert_same_as_o0(g, rng, 2, rtol=1e-4, atol=1e-4)
 
 
+def test_a_scaled_operand_of_several_einsums_is_scaled_in_each(rng):
+    """``d * s`` used only by einsums (attention's scaled scores gradient, contracted with k
+    and with q) is never written: each einsum takes ``d`` and ``s``; with another user too,
+    the product stays."""
+    g = tl.EinsumGraph()
+    d = g.input("d", (2, 16, 16), "float64")
+    q = g.input("q", (2, 16, 4), "float64")
+    k = g.input("k", (2, 16, 4), "float64")
+    ds = d * 0.125
+    g.output(g.einsum("bqs,bsk->bqk", ds, k), name="dq")
+    g.output(g.einsum("bqs,bqk->bsk", ds, q), name="dk")
+    res = merge(g)
+    assert res.stats == {"scalars": 2} and count(res.graph, ops.BINARY) == 0
+    assert all(len(res.graph.node(res.graph.outputs[n]).inputs) == 3 for n in ("dq", "dk"))
+    assert not merge(res.graph).changed
+    assert_same_as_o0(g, rng, 2)
+    g.output(ds + 1.0, name="other")  # a user that is not an einsum keeps the product
+    assert not merge(g).changed
+    assert_same_as_o0(g, rng, 2)
+
+
 def test_contraction_records_path_and_print_shows_it(rng):
     g = tl.EinsumGraph()
     a = g.input("a", (64, 8), "float64")

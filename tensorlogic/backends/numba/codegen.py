@@ -419,12 +419,25 @@ def render(
         ls.append(f"{ind}w = out[{', '.join(lead)}]" if lead else f"{ind}w = out")
         return ls
 
+    def column_views(ind: str) -> list[str]:
+        # the current row's columns lo:hi of each input (every one is full along the last dim)
+        out = []
+        for k in used:
+            if k not in hoisted:
+                lead = [i if f else "0" for i, f in zip(idx[:-1], lay.full[k][:-1])]
+                out.append(f"{ind}v{k} = a{k}[{''.join(x + ', ' for x in lead)}lo:hi]")
+        return out
+
     lines: list[str] = []
     if tail is None:
         lines += _elementwise(R, idx, dnames, rng, value, views)
     elif tail in ops.ROW_OPS:
         rows = _Rows(lay, idx, dnames, rng, value, row_views, bool(instrs))
         lines += _program_rows(rows, tail, dtype, fast, consts, float(eps), finish)
+    elif _by_columns(lay, tail, [k for k in used if k not in hoisted]):
+        lines += _reduce_columns(
+            lay, tail, idx, dnames, rng, value, acc_dt, dtype, fast, consts, column_views
+        )
     else:
         lines += _reduce(lay, tail, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views)
     args = ["out"] + [f"a{k}" for k in range(n_inputs)] + dnames
@@ -699,6 +712,74 @@ def _reduce(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views
             maps[st.name] = st.expr
         else:
             lines += per_row(st, "    ", "out[0]")
+    return lines
+
+
+COLUMNS = 256  # kept elements per task of a column reduction (their partials stay in L1)
+
+
+def _by_columns(lay, op: str, loaded: list[int]) -> bool:
+    """Whether a reduction walks its rows with the kept last dim innermost (``_reduce_columns``):
+    the last dim is kept and some dim before it is reduced (a bias gradient: sum over the
+    leading axes), every loaded input is full along the last dim, and the row program is one
+    reduce step and its result."""
+    prog = ops.ROW_PROGRAMS[op]
+    return (
+        lay.rank >= 2
+        and lay.roles[-1] == "k"
+        and "r" in lay.roles
+        and all(lay.full[k][-1] for k in loaded)
+        and [st.kind for st in prog] == ["reduce", "result"]
+    )
+
+
+def _reduce_columns(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts, col_views):
+    """A reduction over dims before the kept last dim, walked row by row: a task owns
+    ``COLUMNS`` consecutive kept elements (of one combination of the other kept dims) and adds
+    each reduced row's slice of them to its partials, a contiguous inner loop that vectorizes.
+    The kept-elements-outermost walk of ``_reduce`` would read every input with the row stride
+    and accumulate one element at a time (measured 30x slower on a 1024 x 1024 column sum)."""
+    last = lay.rank - 1
+    kept = [d for d, r in enumerate(lay.roles) if r == "k" and d != last]
+    red = [d for d, r in enumerate(lay.roles) if r == "r"]
+    count = " * ".join(dnames[d] for d in red)
+    names = _ProgramNames(dtype, fast, consts, f"(1.0 / ({count}))")
+    reduce_step, result = ops.ROW_PROGRAMS[op]
+    part_t = acc_dt if ops.REDUCTION_TABLE[reduce_step.combine].combine == "add" else dtype
+    n_outer = " * ".join(dnames[d] for d in kept) or "1"
+    lines = [
+        f"    nch = ({dnames[last]} + {COLUMNS - 1}) // {COLUMNS}",
+        f"    for t in {rng}({n_outer} * nch):",
+        "        c = t % nch",
+        "        o0 = t // nch",
+    ]
+    if kept:
+        lines += _unravel([idx[d] for d in kept], [dnames[d] for d in kept], "o0", "        ")
+    lines += [
+        f"        lo = c * {COLUMNS}",
+        f"        hi = min(lo + {COLUMNS}, {dnames[last]})",
+        f"        acc = np.empty(hi - lo, np.{_np(part_t)})",
+        "        for j in range(hi - lo):",
+        f"            acc[j] = {_init(reduce_step.combine, part_t)}",
+    ]
+    depth = "        "
+    for d in red:
+        lines.append(f"{depth}for {idx[d]} in range({dnames[d]}):")
+        depth += "    "
+    lines += col_views(depth)
+    vl, v = value(depth + "    ", block=True)
+    term = _program_expr(op, reduce_step.expr, v, {}, {}, names)
+    lines += [
+        f"{depth}for j in range(hi - lo):",
+        *vl,
+        f"{depth}    " + _combine(reduce_step.combine, "acc[j]", term),
+    ]
+    res = _program_expr(op, result.expr, None, {reduce_step.name: "acc[j]"}, {}, names)
+    lines += [
+        "        base = o0 * " + dnames[last] + " + lo",
+        "        for j in range(hi - lo):",
+        f"            out[base + j] = {res}",
+    ]
     return lines
 
 

@@ -212,6 +212,13 @@ class NumpyBackend(Backend):
             )
         return x
 
+    def adam_one_pass(self, arrays: tuple) -> Any:
+        """``fn(p, g, m, v, constants)``: Adam's update of these host arrays in one pass over
+        memory (``host_adam.one_pass``), or None where they do not allow it."""
+        from ..host_adam import one_pass
+
+        return one_pass(self, arrays)
+
     def to_device(self, x):  # noqa: D102
         return x
 
