@@ -21,6 +21,9 @@ import numpy as np
 KERNEL_MIN = 1 << 20
 #: a join's expansion (a loop numpy runs as five passes) takes the kernel from this many rows
 EXPAND_MIN = 1 << 22
+#: ... or from this many once the kernels are warm (``_warm``: one more kernel loads in
+#: milliseconds, and the loop runs about twice as fast as numpy's passes); mark_new likewise
+EXPAND_WARM_MIN = 1 << 16
 
 
 def words(space_bits: int) -> int:
@@ -101,6 +104,23 @@ def expand(lo, hi, total):
 """
 
 
+#: rows expanded by numpy so far in this process: once they add up to a few times EXPAND_MIN
+#: (the first kernel load costs what numpy spends on about EXPAND_MIN rows), a program that
+#: keeps expanding is likely to expand as much again, and the kernels pay for their load
+_numpy_rows = 0
+WARM_AFTER = 4
+
+
+def _warm() -> bool:
+    """Whether kernels are cheap to use now: one was loaded already, or numpy has expanded
+    enough rows to have paid for loading them."""
+    return (
+        _numpy_rows >= WARM_AFTER * EXPAND_MIN
+        or _kernel.cache_info().currsize > 0
+        or _expand_gather.cache_info().currsize > 0
+    )
+
+
 @functools.cache
 def _kernel(name: str):
     from numba import types as nb
@@ -117,6 +137,54 @@ def _kernel(name: str):
     return numba_cache.load(_HEADER.format(sig=sig) + body, name, sig)
 
 
+#: a fused expansion writes at most this many columns (one kernel per count of columns)
+FUSED_MAX_COLS = 6
+
+
+def _expand_gather_source(kt: int, kv: int) -> str:
+    """A join's expansion fused with its gathers: each probe row's columns repeated over its
+    run, the index's columns read along the run, written straight to the output columns."""
+    t = [f"t{a}" for a in range(kt)]
+    v = [f"v{b}" for b in range(kv)]
+    o = [f"o{k}" for k in range(kt + kv)]
+    lines = [f"def expand_gather(lo, hi, total, {', '.join(t + v)}):"]
+    lines += [f"    {x} = np.empty(total, np.int64)" for x in o]
+    lines += ["    c = 0", "    for i in range(len(lo)):"]
+    lines += [f"        a{a} = t{a}[i]" for a in range(kt)]
+    lines += ["        for j in range(lo[i], hi[i]):"]
+    lines += [f"            o{a}[c] = a{a}" for a in range(kt)]
+    lines += [f"            o{kt + b}[c] = v{b}[j]" for b in range(kv)]
+    lines += ["            c += 1", f"    return ({', '.join(o)},)", ""]
+    return "\n" + "\n".join(lines)
+
+
+@functools.cache
+def _expand_gather(kt: int, kv: int):
+    from numba import types as nb
+
+    from ..backends.numba import cache as numba_cache
+
+    i64 = nb.Array(nb.int64, 1, "C")
+    sig = nb.UniTuple(i64, kt + kv)(i64, i64, nb.int64, *([i64] * (kt + kv)))
+    text = _HEADER.format(sig=sig) + _expand_gather_source(kt, kv)
+    return numba_cache.load(text, "expand_gather", sig)
+
+
+def expand_gather(
+    lo: np.ndarray, hi: np.ndarray, total: int, tcols: list[np.ndarray], vcols: list[np.ndarray]
+) -> list[np.ndarray] | None:
+    """A join's output columns without its row and position arrays: ``tcols[a][i]`` repeated
+    over probe row i's run ``lo[i]:hi[i]``, ``vcols[b][j]`` for each j of the run. None when
+    numpy's two steps (``expand``, then gathers) are the better choice: small joins before
+    any kernel is loaded, or too many columns."""
+    k = len(tcols) + len(vcols)
+    big = total >= max(EXPAND_MIN, KERNEL_MIN)
+    if not 0 < k <= FUSED_MAX_COLS or not (big or (total >= EXPAND_WARM_MIN and _warm())):
+        return None
+    fn = _expand_gather(len(tcols), len(vcols))
+    return list(fn(_i64(lo), _i64(hi), total, *map(_i64, tcols), *map(_i64, vcols)))
+
+
 def _i64(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, np.int64)
 
@@ -124,7 +192,7 @@ def _i64(a: np.ndarray) -> np.ndarray:
 def mark_new(bits: np.ndarray, keys: np.ndarray) -> np.ndarray:
     """Positions of the keys whose bit was clear (first occurrences only, in order); their
     bits are set."""
-    if len(keys) >= KERNEL_MIN:
+    if len(keys) >= KERNEL_MIN or (len(keys) >= EXPAND_WARM_MIN and _warm()):
         return _kernel("mark_new")(bits, _i64(keys))
     w = keys >> 6
     b = np.left_shift(np.uint64(1), (keys & 63).astype(np.uint64))
@@ -164,29 +232,16 @@ def distinct(keys: np.ndarray, scratch: np.ndarray) -> np.ndarray:
     return pos
 
 
-def sort_distinct(keys: np.ndarray, scratch: np.ndarray) -> np.ndarray:
-    """The distinct ``keys`` sorted: marked in the empty ``scratch`` bitmap and read back
-    when that costs less than a sort (many keys for the bitmap's words), else sorted."""
-    if len(keys) * 16 < len(scratch) or len(keys) < KERNEL_MIN:
-        s = np.sort(keys)
-        if len(s) > 1:
-            keep = np.empty(len(s), bool)
-            keep[0] = True
-            np.not_equal(s[1:], s[:-1], out=keep[1:])
-            s = s[keep]
-        return s
-    mark_new(scratch, keys)
-    return scan(scratch, clear=True)
-
-
 def expand(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     """A join's output rows from each probe row's run ``lo[i]:hi[i]`` in the index: the probe
     row and the index position of every output row, and their count."""
     cnt = hi - lo
     total = int(cnt.sum())
-    if total >= max(EXPAND_MIN, KERNEL_MIN):
+    if total >= max(EXPAND_MIN, KERNEL_MIN) or (total >= EXPAND_WARM_MIN and _warm()):
         rows, pos = _kernel("expand")(_i64(lo), _i64(hi), total)
         return rows, pos, total
+    global _numpy_rows
+    _numpy_rows += total
     rows = np.repeat(np.arange(len(lo)), cnt)
     # position of each output row inside its key's run of the index
     pos = np.arange(total) + np.repeat(lo - (np.cumsum(cnt) - cnt), cnt)

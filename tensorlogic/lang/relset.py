@@ -65,7 +65,13 @@ def unpack(keys: np.ndarray, arity: int, bits: int) -> list[np.ndarray]:
     if arity == 1:
         return [keys]
     mask = (1 << bits) - 1
-    return [(keys >> (bits * (arity - 1 - i))) & mask for i in range(arity)]
+    out = [keys >> (bits * (arity - 1))]  # the leading column needs no mask
+    for i in range(1, arity - 1):
+        c = keys >> (bits * (arity - 1 - i))
+        c &= mask  # in place: one new array per column
+        out.append(c)
+    out.append(keys & mask)
+    return out
 
 
 def _ranks(k: np.ndarray) -> tuple[np.ndarray, int]:
@@ -135,9 +141,13 @@ def combine(w: np.ndarray, starts: np.ndarray, sem: str) -> np.ndarray:
 
 class Rel:
     """A relation: ``n`` distinct rows as ``arity`` columns of ids in lexicographic order,
-    with weights (float64) under the fuzzy and probabilistic semantics, else None."""
+    with weights (float64) under the fuzzy and probabilistic semantics, else None.
 
-    __slots__ = ("_cols", "_index", "_keys", "arity", "n", "w")
+    A Boolean relation made from packed keys may be *unordered* (``ordered`` False): a
+    semi-naive delta is mostly scanned whole, where order does not matter, so its keys are
+    sorted only when something needs them sorted (``keys``, lookups, indexes)."""
+
+    __slots__ = ("_cols", "_index", "_keys", "_unique", "arity", "n", "ordered", "w")
 
     def __init__(
         self,
@@ -146,6 +156,7 @@ class Rel:
         cols: list[np.ndarray] | None,
         w: np.ndarray | None = None,
         keys: tuple[int, np.ndarray] | None = None,
+        ordered: bool = True,
     ) -> None:
         self.arity = arity
         self.n = n
@@ -153,15 +164,28 @@ class Rel:
         self.w = w
         self._keys: tuple[int, np.ndarray | None] | None = keys
         self._index: dict[tuple, tuple] = {}
+        self._unique: dict[tuple[int, ...], bool] = {}
+        self.ordered = ordered or n <= 1
+        if not self.ordered and (keys is None or keys[1] is None or w is not None):
+            raise AssertionError("only Boolean relations of packed keys may be unordered")
 
     @classmethod
-    def from_keys(cls, arity: int, keys: np.ndarray, bits: int) -> Rel:
-        """A Boolean relation from sorted distinct packed keys (columns unpacked on use)."""
-        return cls(arity, len(keys), None, None, (bits, keys))
+    def from_keys(cls, arity: int, keys: np.ndarray, bits: int, ordered: bool = True) -> Rel:
+        """A Boolean relation from distinct packed keys, sorted unless ``ordered`` is False
+        (columns unpacked on use)."""
+        return cls(arity, len(keys), None, None, (bits, keys), ordered)
+
+    def _order(self) -> None:
+        """Sort an unordered relation's keys (its columns are unpacked again on use)."""
+        if not self.ordered:
+            bits, keys = self._keys  # type: ignore[misc]
+            self._keys = (bits, np.sort(keys))
+            self._cols = None
+            self.ordered = True
 
     @property
     def cols(self) -> list[np.ndarray]:
-        """One id column per argument."""
+        """One id column per argument (in the keys' order: sorted unless unordered)."""
         if self._cols is None:
             bits, keys = self._keys  # type: ignore[misc]
             self._cols = unpack(keys, self.arity, bits)
@@ -208,6 +232,7 @@ class Rel:
 
     def keys(self, bits: int) -> np.ndarray | None:
         """Sorted packed keys of the rows (None when they do not fit)."""
+        self._order()
         if self._keys is None or self._keys[0] != bits:
             self._keys = (bits, pack(self.cols, bits) if self.arity else None)
         return self._keys[1]
@@ -221,6 +246,7 @@ class Rel:
 
     def find(self, cols: list[np.ndarray], bits: int) -> np.ndarray:
         """Row index of each probe row (columns ``cols``, all positions) or -1."""
+        self._order()
         if self.arity == 0:
             m = len(cols[0]) if cols else 1
             return np.zeros(m, np.int64) if self.n else np.full(m, -1, np.int64)
@@ -233,6 +259,7 @@ class Rel:
     def index(self, positions: tuple[int, ...], bits: int) -> JoinIndex | None:
         """A join index on ``positions`` (built once per relation); None when the keys do
         not pack."""
+        self._order()
         ix = self._index.get((positions, bits))
         if ix is None:
             sub = [self.cols[i] for i in positions]
@@ -249,6 +276,31 @@ class Rel:
                 w = None if w is None else w[perm]
             ix = self._index[(positions, bits)] = JoinIndex(sk, len(positions) * bits, cols, w)
         return ix
+
+    def knows_unique(self, positions: tuple[int, ...]) -> bool:
+        """Whether ``unique_on(positions)`` is answered without work."""
+        positions = tuple(sorted(set(positions)))
+        return len(positions) == self.arity or self.n <= 1 or positions in self._unique
+
+    def unique_on(self, positions: tuple[int, ...], bits: int) -> bool:
+        """Whether no two rows agree on ``positions`` (the values there determine the row);
+        a sort of the relation the first time, then remembered."""
+        positions = tuple(sorted(set(positions)))
+        if len(positions) == self.arity or self.n <= 1:
+            return True
+        if not positions:
+            return False
+        hit = self._unique.get(positions)
+        if hit is None:
+            ix = self._index.get((positions, bits))
+            if ix is not None:
+                s = ix.keys  # already sorted by these positions
+            else:
+                sub = [self.cols[i] for i in positions]
+                k = pack(sub, bits)
+                s = np.sort(joint_keys([sub], bits)[0] if k is None else k)
+            hit = self._unique[positions] = bool((s[1:] != s[:-1]).all())
+        return hit
 
     def merged_index(self, old: Rel, new: Rel) -> None:
         """Give this relation (the rows of ``old`` and of ``new``, disjoint) every join index
@@ -276,6 +328,7 @@ class Rel:
 
     def rows(self):
         """Every row as a tuple of ids (for tests and small relations)."""
+        self._order()
         return list(zip(*(c.tolist() for c in self.cols))) if self.arity else [()] * self.n
 
 
@@ -385,7 +438,6 @@ class Known:
         self.space = self.arity * bits
         self.budget = budget
         self.bitmap: np.ndarray | None = None
-        self.scratch: np.ndarray | None = None
         self.n = start.n
         self.chunks = [start]
         self._whole: Rel | None = start
@@ -413,7 +465,6 @@ class Known:
 
     def _to_bitmap(self) -> None:
         self.bitmap = keysets.bitmap(self.space)
-        self.scratch = keysets.bitmap(self.space)
         for c in self.chunks:
             keysets.mark_new(self.bitmap, c.keys(self.bits))
         self.filter = None
@@ -455,9 +506,10 @@ class Known:
             return Rel.from_keys(self.arity, keys, self.bits)
         if self.bitmap is not None:
             keys = np.concatenate([pack(p[0], self.bits) for p in parts])
+            # first occurrences of the unknown keys: distinct, left unsorted (a delta is
+            # mostly scanned, and sorted on demand otherwise)
             keys = keys[keysets.mark_new(self.bitmap, keys)]
-            keys = keysets.sort_distinct(keys, self.scratch)
-            new = Rel.from_keys(self.arity, keys, self.bits)
+            new = Rel.from_keys(self.arity, keys, self.bits, ordered=False)
             if len(keys):
                 self.n += len(keys)
                 self._whole = None

@@ -24,24 +24,69 @@ from .symbols import INT, STR, Symbols
 
 #: bytes one binding-table row costs per column at the peak of a join (ids, gathers, keys)
 ROW_BYTES = 32
+#: a relation is sorted to learn whether some of its positions determine the others (unless
+#: it knows already) only when it has at most this many rows per row of the binding table that
+#: would be deduplicated: a failed check should cost little next to the deduplication
+UNIQUE_CHECK_ROWS = 0.125
 
 _ORDER = {"<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal}
 
 
 @dataclass
 class Table:
-    """``m`` rows of bindings: one id column per bound variable, weights or None."""
+    """``m`` rows of bindings: one id column per bound variable, weights or None.
+
+    ``distinct`` says that no two rows are equal; ``deps`` lists what makes some variables
+    functions of others in these rows: ``(view, names)`` for a joined relation (rows agreeing
+    on the names where ``view`` is unique agree on all its names) and ``(None, (x, *ys))``
+    for ``x`` computed from ``ys``. A projection that drops only variables the kept ones
+    determine leaves distinct rows distinct, with no deduplication.
+    """
 
     m: int
     cols: dict[str, np.ndarray]
     w: np.ndarray | None
+    distinct: bool = True
+    deps: tuple = ()
 
     def take(self, idx: np.ndarray) -> Table:
-        """The rows selected by a boolean mask or an index array."""
+        """The rows selected by a boolean mask (or an index array of distinct rows)."""
         cols = {v: c[idx] for v, c in self.cols.items()}
         w = None if self.w is None else self.w[idx]
         m = int(np.count_nonzero(idx)) if idx.dtype == bool else len(idx)
-        return Table(m, cols, w)
+        return Table(m, cols, w, self.distinct, self.deps)
+
+    def with_rows(self, m: int, cols: dict[str, np.ndarray], w: np.ndarray | None) -> Table:
+        """Other rows (a filter or a new column of these), with what is known of these."""
+        return Table(m, cols, w, self.distinct, self.deps)
+
+    def determines(self, kept: list[str], gone: list[str], bits: int) -> bool:
+        """Whether the values of ``kept`` determine those of ``gone`` in every row: the
+        closure of ``kept`` under the functional dependencies of ``deps``. A relation is
+        checked for uniqueness (a sort, remembered by the relation) only when it is much
+        smaller than this table, since deduplicating the table is what the check would save."""
+        have = set(kept)
+        todo = sorted(self.deps, key=lambda d: 0 if d[0] is None else d[0].n)
+        grew = True
+        while grew and not set(gone) <= have:
+            grew = False
+            for view, names in todo:
+                if set(names) <= have:
+                    continue
+                if view is None:
+                    if set(names[1:]) <= have:
+                        have.add(names[0])
+                        grew = True
+                    continue
+                pos = tuple(k for k, v in enumerate(names) if v in have)
+                if (
+                    pos
+                    and (view.knows_unique(pos) or view.n <= UNIQUE_CHECK_ROWS * self.m)
+                    and view.unique_on(pos, bits)
+                ):
+                    have |= set(names)
+                    grew = True
+        return set(gone) <= have
 
 
 class Context:
@@ -124,7 +169,7 @@ def atom_view(ctx: Context, lit: Literal, rel: Rel) -> Rel:
     n = len(cols[0]) if cols else (rel.n if keep is None else int(np.count_nonzero(keep)))
     if not cols:
         return Rel.build([], min(n, 1) if w is None else n, w, ctx.bits, ctx.sem)
-    if pos == sorted(pos) and len(pos) == rel.arity:
+    if pos == sorted(pos) and len(pos) == rel.arity and rel.ordered:
         return Rel(len(pos), n, cols, w)  # a filtered sorted relation stays sorted and distinct
     return Rel.build(cols, n, w, ctx.bits, ctx.sem)
 
@@ -254,13 +299,17 @@ class SparseRule:
             else:
                 names = _named(item)
                 b = [v for v in names if v in bound]
-                self.ops.append(("join", k, item, b, [v for v in names if v not in bound]))
+                self.ops.append(("join", k, item, b, [v for v in names if v not in bound], None))
                 bound |= set(names)
             needed = head_vars.union(*(_vars_of(i) for _, i in rest))
             gone = sorted(bound - needed)
             if gone:
                 # the last drop leaves deduplication to the head's relation
-                self.ops.append(("drop", gone, bool(rest)))
+                drop = (gone, bool(rest))
+                if self.ops[-1][0] == "join":  # the join gathers no column it would drop
+                    self.ops[-1] = self.ops[-1][:-1] + (drop,)
+                else:
+                    self.ops.append(("drop", *drop))
                 bound -= set(gone)
 
     @staticmethod
@@ -299,24 +348,36 @@ class SparseRule:
         return cols, t.m, t.w
 
     def _scan(self, ctx, t: Table, source, k: int, lit: Literal) -> Table:
-        return self._join(ctx, t, source, k, lit, [], _named(lit))
+        return self._join(ctx, t, source, k, lit, [], _named(lit), None)
 
     def _join(
-        self, ctx, t: Table, source, k: int, lit: Literal, b: list[str], free: list[str]
+        self,
+        ctx,
+        t: Table,
+        source,
+        k: int,
+        lit: Literal,
+        b: list[str],
+        free: list[str],
+        drop: tuple[list[str], bool] | None,
     ) -> Table:
+        """Join with the atom's relation, then drop the variables ``drop`` names (without
+        gathering their columns when no deduplication needs them)."""
         view = atom_view(ctx, lit, source(lit.atom.pred, k))
         names = _named(lit)
         if not free:  # every variable bound: a semi-join
             if view.arity == 0:
                 if view.n == 0:
-                    return t.take(np.zeros(0, np.intp))
-                return t if view.w is None else Table(t.m, t.cols, t.w * view.w[0])
-            idx = view.find([t.cols[v] for v in names], ctx.bits)
-            hit = idx >= 0
-            out = t.take(hit)
-            if out.w is not None:
-                out.w = out.w * view.w[idx[hit]]
-            return out
+                    out = t.take(np.zeros(0, np.intp))
+                else:
+                    out = t if view.w is None else t.with_rows(t.m, t.cols, t.w * view.w[0])
+            else:
+                idx = view.find([t.cols[v] for v in names], ctx.bits)
+                hit = idx >= 0
+                out = t.take(hit)
+                if out.w is not None:
+                    out.w = out.w * view.w[idx[hit]]
+            return out if drop is None else self._drop(ctx, out, source, *drop)
         bpos = tuple(names.index(v) for v in b)
         fpos = [names.index(v) for v in free]
         if not b:  # nothing shared: every row meets every tuple
@@ -327,9 +388,9 @@ class SparseRule:
                 for v, i in zip(free, fpos):
                     cols[v] = view.cols[i]
                 w = None if t.w is None else t.w[0] * view.w
-                return Table(view.n, cols, w)
-            rows = np.repeat(np.arange(t.m), view.n)
-            pos = np.tile(np.arange(view.n), t.m)
+                out = Table(view.n, cols, w, t.distinct, t.deps + ((view, tuple(names)),))
+                return out if drop is None else self._drop(ctx, out, source, *drop)
+            runs = None
             vcols, vw = view.cols, view.w
         else:
             ix = view.index(bpos, ctx.bits)
@@ -344,13 +405,41 @@ class SparseRule:
             else:
                 lo, hi = ix.lookup(pack([t.cols[v] for v in b], ctx.bits))
                 vcols, vw = ix.cols, ix.w
-            ctx.charge(self.rule, int((hi - lo).sum()), len(t.cols) + len(free))
-            rows, pos, total = keysets.expand(lo, hi)
-        cols = {v: c[rows] for v, c in t.cols.items()}
-        for v, i in zip(free, fpos):
-            cols[v] = vcols[i][pos]
-        w = None if t.w is None else t.w[rows] * vw[pos]
-        return Table(len(rows), cols, w)
+            total = int((hi - lo).sum())
+            ctx.charge(self.rule, total, len(t.cols) + len(free))
+            runs = (lo, hi)
+        # distinct rows joined with a relation's distinct rows stay distinct
+        out = Table(total, {}, None, t.distinct, t.deps + ((view, tuple(names)),))
+        skip: set[str] = set()
+        if drop is not None:
+            gone, dedupe = drop
+            kept = [v for v in [*t.cols, *free] if v not in gone]
+            if kept and (not dedupe or (out.distinct and out.determines(kept, gone, ctx.bits))):
+                skip = set(gone)
+                out.distinct = out.distinct and dedupe
+        tnames = [v for v in t.cols if v not in skip]
+        fnames = [(v, i) for v, i in zip(free, fpos) if v not in skip]
+        fused = None
+        if runs is not None and t.w is None:
+            fused = keysets.expand_gather(
+                *runs, total, [t.cols[v] for v in tnames], [vcols[i] for _, i in fnames]
+            )
+        if fused is not None:
+            out.cols = dict(zip(tnames + [v for v, _ in fnames], fused))
+        else:
+            if runs is None:
+                rows = np.repeat(np.arange(t.m), view.n)
+                pos = np.tile(np.arange(view.n), t.m)
+            else:
+                rows, pos, _ = keysets.expand(*runs)
+            for v in tnames:
+                out.cols[v] = t.cols[v][rows]
+            for v, i in fnames:
+                out.cols[v] = vcols[i][pos]
+            out.w = None if t.w is None else t.w[rows] * vw[pos]
+        if drop is None or skip:
+            return out
+        return self._drop(ctx, out, source, *drop)
 
     def _neg(self, ctx, t: Table, source, k: int, lit: Literal) -> Table:
         view = atom_view(ctx, lit, source(lit.atom.pred, k))
@@ -364,8 +453,7 @@ class SparseRule:
             return t.take(~hit)
         w = t.w.copy()
         w[hit] *= 1.0 - view.w[idx[hit]]
-        out = Table(t.m, t.cols, w)
-        return out.take(w > 0)
+        return t.with_rows(t.m, t.cols, w).take(w > 0)
 
     def _cmp(self, ctx, t: Table, source, c: Comparison) -> Table:
         lt, rt = c.left, c.right
@@ -395,24 +483,30 @@ class SparseRule:
 
     def _bind(self, ctx, t: Table, source, x: str, other) -> Table:
         cols = dict(t.cols)
+        # x is a function of the term's variables
+        dep = ((None, (x, *(v.name for v in term_vars(other)))),)
         if isinstance(other, Var):
             cols[x] = t.cols[other.name]
-            return Table(t.m, cols, t.w)
+            return Table(t.m, cols, t.w, t.distinct, t.deps + dep)
         if isinstance(other, Const):
             cols[x] = np.full(t.m, ctx.sym.encode_value(other.value), np.int64)
-            return Table(t.m, cols, t.w)
+            return Table(t.m, cols, t.w, t.distinct, t.deps + dep)
         n = _num(ctx, other, t)
         keep = t.take(n.ok)
         ids = ctx.sym.add_numbers(n.ival[n.ok], n.fval[n.ok], n.is_int[n.ok])
         ctx.refresh()
         keep.cols[x] = ids
+        keep.deps = t.deps + dep
         return keep
 
     def _drop(self, ctx, t: Table, source, gone: list[str], dedupe: bool) -> Table:
         names = [v for v in t.cols if v not in gone]
+        if names and dedupe and t.distinct and t.determines(names, gone, ctx.bits):
+            # the dropped variables are functions of the kept ones: no two rows become equal
+            return t.with_rows(t.m, {v: t.cols[v] for v in names}, t.w)
         if not dedupe and (names or t.w is None):
             return (
-                Table(t.m, {v: t.cols[v] for v in names}, t.w)
+                Table(t.m, {v: t.cols[v] for v in names}, t.w, False, t.deps)
                 if names
                 else Table(min(t.m, 1), {}, None)
             )
@@ -428,12 +522,13 @@ class SparseRule:
             bm = None if key is None else ctx.scratch(len(cols) * ctx.bits)
             if bm is not None:
                 pick = keysets.distinct(key, bm)
-                return Table(len(pick), {v: c[pick] for v, c in zip(names, cols)}, None)
+                kept = {v: c[pick] for v, c in zip(names, cols)}
+                return Table(len(pick), kept, None, True, t.deps)
         if t.w is None:
             r = Rel.build(cols, t.m, None, ctx.bits)
-            return Table(r.n, dict(zip(names, r.cols)), None)
+            return Table(r.n, dict(zip(names, r.cols)), None, True, t.deps)
         key = joint_keys([cols], ctx.bits)[0]
         order, starts = group(key)
         pick = order[starts]
         w = combine(t.w[order], starts, ctx.sem)
-        return Table(len(pick), {v: c[pick] for v, c in zip(names, cols)}, w)
+        return Table(len(pick), {v: c[pick] for v, c in zip(names, cols)}, w, True, t.deps)

@@ -43,9 +43,6 @@ def test_mark_new_scan_distinct_expand(path, space):
     assert first.tolist() == sorted(
         {k: i for i, k in reversed(list(enumerate(keys.tolist())))}.values()
     )
-    for m in (5, n):  # few keys for the bitmap (sorted) and many (read back from the bitmap)
-        assert keysets.sort_distinct(keys[:m], scratch).tolist() == sorted(set(keys[:m].tolist()))
-        assert not scratch.any()
     lo = rng.integers(0, 50, 400)
     hi = lo + rng.integers(0, 4, 400)
     rows, pos, total = keysets.expand(lo, hi)
@@ -82,6 +79,8 @@ def test_known_matches_python_sets(path, form, monkeypatch):
             parts.append(([c[:, 0], c[:, 1]], m, None))
         new = known.add(parts)
         cand = {tuple(r) for p in parts for r in zip(*(x.tolist() for x in p[0]))}
+        # scanned as they come (a bitmap's delta is unordered until sorted on demand)
+        assert set(zip(*(c.tolist() for c in new.cols))) == cand - want
         assert set(new.rows()) == cand - want
         assert len(new.rows()) == new.n
         k = new.keys(bits)
@@ -134,3 +133,45 @@ def test_join_index_lookups_and_merges_match_python(positions, lookup, monkeypat
     assert merged.keys.tolist() == fresh.keys.tolist()
     assert sorted(zip(*(c.tolist() for c in merged.cols))) == sorted(whole.rows())
     assert kinds == {lookup == "starts"}
+
+
+def test_unordered_relation_sorts_on_demand():
+    """A delta left unordered scans in its own order and sorts itself for lookups, indexes
+    and keys."""
+    rng = np.random.default_rng(4)
+    bits = 6
+    keys = rng.permutation(1 << (2 * bits))[:300]
+    rel = Rel.from_keys(2, keys, bits, ordered=False)
+    assert not rel.ordered
+    pairs = set(zip(*(c.tolist() for c in rel.cols)))
+    assert pairs == {(int(k) >> bits, int(k) & 63) for k in keys}
+    assert rel.unique_on((0, 1), bits) and not rel.unique_on((0,), bits)
+    assert (np.diff(rel.keys(bits)) > 0).all() and rel.ordered
+    assert rel.rows() == sorted(pairs)
+    q = [
+        np.array([r[0] for r in sorted(pairs)[:5]] + [63]),
+        np.array([r[1] for r in sorted(pairs)[:5]] + [63]),
+    ]
+    assert (rel.find(q, bits)[:5] == np.arange(5)).all()
+    ix = Rel.from_keys(2, keys, bits, ordered=False).index((1,), bits)
+    assert sorted(zip(*(c.tolist() for c in ix.cols))) == sorted(pairs)
+    with pytest.raises(AssertionError):
+        Rel(2, 2, [keys[:2], keys[:2]], None, None, ordered=False)
+
+
+@pytest.mark.parametrize(("kt", "kv"), [(1, 1), (2, 1), (0, 2), (3, 3)])
+def test_expand_gather_matches_expand_then_gathers(path, kt, kv):
+    rng = np.random.default_rng(kt * 10 + kv)
+    m, nv = 300, 80
+    lo = rng.integers(0, nv - 4, m)
+    hi = lo + rng.integers(0, 4, m)
+    tcols = [rng.integers(0, 1000, m) for _ in range(kt)]
+    vcols = [rng.integers(0, 1000, nv) for _ in range(kv)]
+    rows, pos, total = keysets.expand(lo, hi)
+    got = keysets.expand_gather(lo, hi, total, tcols, vcols)
+    if path == "kernel":
+        assert got is not None
+    if got is not None:
+        want = [c[rows] for c in tcols] + [c[pos] for c in vcols]
+        assert len(got) == kt + kv
+        assert all(g.tolist() == w.tolist() for g, w in zip(got, want))
