@@ -135,18 +135,7 @@ def grid(nb: int, m: int, n: int, parts: int, align_m: int = 8, align_n: int = 3
     ``parts`` pieces: whole batch entries first; within a product, a grid whose blocks are
     near square in (rows x k) + (k x cols) traffic (gm / gn ~ m / n), edges aligned to the
     micro-kernel tiles where the sizes allow."""
-    per = max(1, parts // nb) if nb < parts else 1
-    gm, gn = 1, per
-    best = None
-    for a in range(1, per + 1):
-        if per % a:
-            continue
-        b = per // a
-        if a > max(1, m // align_m) or b > max(1, n // align_n):
-            continue
-        cost = b * m + a * n  # bytes packed (x k): every block reads its rows of A, cols of B
-        if best is None or cost < best:
-            best, gm, gn = cost, a, b
+    gm, gn = _split(max(1, parts // nb) if nb < parts else 1, m, n, align_m, align_n)
     rows = _cuts(m, gm, align_m)
     cols = _cuts(n, gn, align_n)
     out = [
@@ -156,6 +145,24 @@ def grid(nb: int, m: int, n: int, parts: int, align_m: int = 8, align_n: int = 3
         for j in range(len(cols) - 1)
     ]
     return np.array(out, dtype=np.int64).reshape(-1, 5)
+
+
+def _split(per: int, m: int, n: int, align_m: int, align_n: int) -> tuple[int, int]:
+    """(row blocks, column blocks) of one product: at most ``per`` blocks, none thinner than the
+    alignment where the product has room; fewer blocks rather than thin ones (a 48-column
+    product cut into 8 blocks of 6 columns packs all of A, rows x k, eight times over)."""
+    for p in range(per, 0, -1):
+        best = None
+        for a in range(1, p + 1):
+            b = p // a
+            if p % a or a > max(1, m // align_m) or b > max(1, n // align_n):
+                continue
+            cost = b * m + a * n  # elements packed (x k): every block reads its A rows, B cols
+            if best is None or cost < best[0]:
+                best = (cost, a, b)
+        if best is not None:
+            return best[1], best[2]
+    return 1, 1
 
 
 def _cuts(n: int, parts: int, align: int) -> list[int]:

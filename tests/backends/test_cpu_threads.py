@@ -8,6 +8,7 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 from threadpoolctl import threadpool_info
 
 import tensorlogic as tl
@@ -210,3 +211,89 @@ def test_bad_thread_mode_is_rejected(bad):
     g.output(g.input("x", (2, 2)) * 2.0, name="y")
     with pytest.raises(TensorLogicError, match="threads"):
         tl.compile(g, backend="numpy", threads=bad, cache=False)
+
+
+@pytest.mark.parametrize(
+    "step_gemms,bound",
+    [
+        ([[(1, 256, 256, 256)]] * 5, True),  # a chain of plain GEMMs
+        ([[(1, 48, 48, 2304)], [(1, 1000, 1000, 1000)]], True),
+        ([[(48, 48, 48, 48), (1, 48, 48, 2304)]], False),  # a batched product: keep the split
+        ([[(1, 512, 2048, 512)], None, [(1, 512, 512, 2048)]], False),  # a row op between
+        ([None], False),
+        ([[]], False),  # no GEMM at all (a one-operand einsum)
+        ([], False),
+    ],
+)
+def test_blas_bound_rule(step_gemms, bound):
+    assert cpu_threads.blas_bound(step_gemms) is bound
+
+
+def _einsum_plan(spec, shapes, backend="numpy", seed=0):
+    g = tl.EinsumGraph()
+    ins = [g.input(f"x{j}", s, "float32") for j, s in enumerate(shapes)]
+    g.output(g.einsum(spec, *ins), "y")
+    rng = np.random.default_rng(seed)
+    feed = {f"x{j}": rng.standard_normal(s).astype(np.float32) for j, s in enumerate(shapes)}
+    want = np.einsum(spec, *[v.astype(np.float64) for v in feed.values()], optimize=True)
+    return tl.compile(g, backend=backend, opt_level=2, cache=False), feed, want
+
+
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize(
+    "spec,shapes,bound",
+    [
+        ("ab,bc,cd,de->ad", [(40, 56), (56, 72), (72, 64), (64, 48)], True),
+        ("ij,jk->ik", [(96, 80), (80, 112)], True),
+        ("bij,bjk->bik", [(6, 40, 24), (6, 24, 56)], False),
+        ("abc,bcd,cde->ae", [(12, 10, 14)] + [(10, 14, 16), (14, 16, 9)], False),
+    ],
+)
+def test_gemm_only_plans_choose_blas_threads_by_the_rule(
+    three_threads, monkeypatch, backend, spec, shapes, bound
+):
+    seen: list[list[int]] = []
+    real = cpu_threads.parallel_matmul
+
+    def spy(a, b, out):
+        seen.append(_blas_threads())
+        return real(a, b, out)
+
+    monkeypatch.setattr(cpu_threads, "parallel_matmul", spy)
+    plan, feed, want = _einsum_plan(spec, shapes, backend)
+    before = _blas_threads()
+    seen.clear()
+    np.testing.assert_allclose(plan(**feed)["y"], want, rtol=2e-4, atol=2e-4)
+    assert ("BLAS's own threads" in str(plan)) == bound
+    assert "threads: pool" in str(plan)
+    # a blas-bound plan leaves BLAS's thread count as it was; a split plan runs on one
+    assert seen and all(t == (before if bound else [1] * len(before)) for t in seen)
+    assert _blas_threads() == before
+
+
+def test_mixed_plans_keep_the_split(three_threads):
+    g, xv, want = _mlp()
+    plan = tl.compile(g, backend="numba", opt_level=2, cache=False)
+    assert "BLAS's own threads" not in str(plan)
+    np.testing.assert_allclose(plan(x=xv)["y"], want, rtol=2e-5, atol=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    dims=st.lists(st.integers(1, 70), min_size=3, max_size=6),
+    batch=st.sampled_from([0, 1, 3]),
+)
+def test_gemm_chains_match_numpy_in_either_runner(dims, batch):
+    # random chains (plain, or with a batch letter that keeps the split): numpy's result
+    letters = "abcdefg"
+    n = len(dims) - 1
+    pre = "z" if batch else ""
+    terms = [pre + letters[i] + letters[i + 1] for i in range(n)]
+    spec = ",".join(terms) + "->" + pre + letters[0] + letters[n]
+    shapes = [((batch,) if batch else ()) + (dims[i], dims[i + 1]) for i in range(n)]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(host_pool, "helper_count", lambda: 2)
+        mp.setattr(cpu_threads, "MIN_SPLIT_FLOPS", 0)
+        plan, feed, want = _einsum_plan(spec, shapes, seed=sum(dims))
+        got = plan(**feed)["y"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * max(dims))

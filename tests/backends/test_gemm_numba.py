@@ -136,3 +136,13 @@ def test_without_cblas_the_python_split_runs(rng, monkeypatch):
     with cpu_threads.single_threaded_blas():
         cpu_threads.parallel_matmul(a, b, out)
     np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("m,n,parts", [(48, 48, 8), (256, 40, 8), (20, 300, 7)])
+def test_grid_takes_fewer_blocks_rather_than_thin_ones(m, n, parts):
+    # a block narrower than the micro-kernel tile re-packs the whole other operand for little
+    # work: the grid then uses fewer blocks, each at least 8 rows and 32 columns where it can
+    blocks = gemm_numba.grid(1, m, n, parts)
+    rows, cols = blocks[:, 2] - blocks[:, 1], blocks[:, 4] - blocks[:, 3]
+    assert (rows >= min(m, 8)).all() and (cols >= min(n, 32)).all()
+    assert 1 < len(blocks) <= parts

@@ -64,6 +64,30 @@ class PoolRunner(PlanRunner):
         return cpu_threads.describe(self.mode)
 
 
+class BlasBoundRunner(PlanRunner):
+    """Runs a "pool"-mode plan of unbatched GEMMs alone (``cpu_threads.blas_bound``) with each
+    product one call on BLAS's own threads."""
+
+    def __call__(self, plan, inputs, out):
+        with cpu_threads.blas_own_threads():
+            return plan.run_steps(inputs, out)
+
+    def __str__(self) -> str:
+        return cpu_threads.describe("pool", blas_own=True)
+
+
+def step_gemms(plan) -> list:
+    """Per computing step of a plan: the (batch, m, n, k) of its GEMMs, None for a step that is
+    no contraction (or whose kernel does not say)."""
+    found = []
+    for step, kernel in zip(plan.steps, plan.kernels):
+        if step.view:
+            continue
+        gemms = getattr(kernel.impl, "gemms", None) if step.kind == ops.EINSUM else None
+        found.append(None if gemms is None else list(gemms))
+    return found
+
+
 class NumpyBackend(Backend):
     """Runs steps with numpy ufuncs (``out=``) and BLAS matmuls."""
 
@@ -151,11 +175,14 @@ class NumpyBackend(Backend):
 
     def plan_runner(self, plan) -> PlanRunner | None:
         """A runner that limits BLAS to one thread around the call ("pool" mode plans that
-        call BLAS); None keeps the plain step loop."""
+        call BLAS), or one that keeps BLAS's threads for a plan of unbatched GEMMs alone
+        (``cpu_threads.blas_bound``); None keeps the plain step loop."""
         if not plan.steps or not calls_blas(plan.steps):
             return None
         mode = self.thread_mode
-        return PoolRunner(mode) if mode == "pool" else None
+        if mode != "pool":
+            return None
+        return BlasBoundRunner() if cpu_threads.blas_bound(step_gemms(plan)) else PoolRunner(mode)
 
     def _calls_blas(self, graph) -> bool:
         """Whether a plan of ``graph`` makes BLAS calls (an einsum of two or more operands).

@@ -17,6 +17,7 @@ kernels on the calling thread); the O3 autotuner times both on the real shapes.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import math
 import threading
@@ -124,7 +125,7 @@ def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray
     k = A.shape[-1]
     m, n = A.shape[-2], B.shape[-1]
     nb = math.prod(out.shape[:-2])
-    if 2 * nb * m * n * k < MIN_SPLIT_FLOPS:  # checked first: most GEMMs of a network are small
+    if 2 * nb * m * n * k < MIN_SPLIT_FLOPS or _BLAS_OWN.get():  # most GEMMs of a net are small
         return np.matmul(A, B, out=out)
     threads = host_pool.helper_count() + 1
     if threads == 1:
@@ -166,6 +167,41 @@ def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray
 parallel_matmul.min_flops = MIN_SPLIT_FLOPS  # type: ignore[attr-defined]
 
 
+def blas_bound(step_gemms) -> bool:
+    """Whether a "pool"-mode plan runs on BLAS's own threads instead: true when every step that
+    computes is a contraction whose products are all single (unbatched) GEMMs, and there is one.
+
+    ``step_gemms`` holds, per computing step, the (batch, m, n, k) of its GEMMs, or None for a
+    step that is no contraction. The split exists so that GEMMs and the kernels between them
+    share one pool of threads, and it wins on batches (one parallel region over all of a batch's
+    products, where BLAS threads each small product on its own). A plan of plain GEMMs alone has
+    nothing to share the pool with, and there BLAS's own threads won: a 256x256 product is
+    4 MFLOP per block on 8 threads, so the region's launch and each block's own packing of its
+    K-panels cost as much as the product (a chain of five such GEMMs: 1.0 ms split, 0.52 ms
+    on BLAS's threads).
+    """
+    found = False
+    for gemms in step_gemms:
+        if gemms is None or any(g[0] > 1 for g in gemms):
+            return False
+        found = found or bool(gemms)
+    return found
+
+
+# set while a blas-bound plan runs (``blas_bound``): its products go to numpy's matmul whole
+_BLAS_OWN = contextvars.ContextVar("tensorlogic_blas_own", default=False)
+
+
+@contextlib.contextmanager
+def blas_own_threads() -> Iterator[None]:
+    """Products of ``parallel_matmul`` run unsplit on BLAS's own threads in this context."""
+    token = _BLAS_OWN.set(True)
+    try:
+        yield
+    finally:
+        _BLAS_OWN.reset(token)
+
+
 def _numba_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
     """Whether this product runs as one numba loop of BLAS blocks (``gemm_numba``)."""
     return (
@@ -193,9 +229,12 @@ def _grid_of(nb: int, m: int, n: int, parts: int) -> np.ndarray:
     return gemm_numba.grid(nb, m, n, parts)
 
 
-def describe(mode: str) -> str:
-    """The line print(plan) shows about a CPU plan's threads."""
+def describe(mode: str, blas_own: bool = False) -> str:
+    """The line print(plan) shows about a CPU plan's threads (``blas_own``: a "pool"-mode plan
+    that ``blas_bound`` hands to BLAS's threads)."""
     threads = host_pool.helper_count() + 1
+    if mode == "pool" and blas_own:
+        return "threads: pool (unbatched GEMMs only: one BLAS call each, on BLAS's own threads)"
     if mode == "pool":
         where = (
             "one numba loop"
