@@ -29,7 +29,7 @@ def test_bounds_cover_every_row_once_in_order(n, batch, lanes, per_item):
     else:  # only the first and last `lanes` batches are cut, each into SPLIT_ENDS pieces
         cut = {k for k in range(len(plain)) if k < lanes or k >= len(plain) - lanes}
         assert len(bounds) == len(plain) + sum(
-            min(schedule.SPLIT_ENDS, plain[k][1] - plain[k][0]) - 1 for k in cut
+            max(1, min(schedule.SPLIT_ENDS, plain[k][1] - plain[k][0])) - 1 for k in cut
         )
         middle = [b for k, b in enumerate(plain) if k not in cut]
         assert all(b in bounds for b in middle)
