@@ -196,7 +196,7 @@ def test_search_stops_once_it_has_spent_a_few_calls_of_its_best_path(monkeypatch
         return real(self, *a, **k)
 
     monkeypatch.setattr(opt_einsum.RandomGreedy, "__call__", slow)
-    monkeypatch.setattr(path_search, "budget_for", lambda f, n: path_search.Budget(1e-3, 10.0))
+    monkeypatch.setattr(path_search, "likely_call_s", lambda f, n: 1e-3)
     monkeypatch.setattr(path_search, "_cotengra_optimizer", lambda seconds: None)
     path, name = path_search._searched_path(terms, out, sizes, 10.0)
     assert name == "random-greedy" and len(rounds) == 1 and len(path) == len(terms) - 1
@@ -226,3 +226,12 @@ def test_a_short_search_does_not_import_cotengra():
     )
     res = json.loads(done.stdout.strip().splitlines()[-1])
     assert res == {"name": "random-greedy", "imported": False}
+
+
+def test_the_search_stops_by_the_likely_call_not_the_conservative_one():
+    # the conservative rate decides to search; the stop takes the planner's faster estimate
+    flops, n = 2.4e7, 36
+    assert (
+        path_search.likely_call_s(flops, n) < path_search.budget_for(flops, n).estimated_call_s / 3
+    )
+    assert path_search.likely_call_s(2 * flops, n) > path_search.likely_call_s(flops, n)
