@@ -40,7 +40,8 @@ BN = 64
 MAX_HEAD_DIM = 128
 DTYPES = {"float16": "f16", "bfloat16": "bf16"}
 
-_HELPERS = r"""
+# shared-memory address and cp.async primitives (the float32 kernel of attention_tf32 uses them)
+ASYNC_COPY_HELPERS = r"""
 __device__ __forceinline__ unsigned tl_att_smem(const void* p) {
   unsigned r;
   asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
@@ -55,6 +56,9 @@ __device__ __forceinline__ void tl_att_wait1() {
   asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 __device__ __forceinline__ void tl_att_wait0() {
   asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+"""
+
+_HELPERS = r"""
 __device__ __forceinline__ void tl_att_ldm(unsigned* r, unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory"); }
@@ -187,7 +191,7 @@ def render(
     )
     qfrag = "qa[i][kk]" if cfg.q_in_regs else "qf[i]"
     return f"""// tensorlogic generated: attention mma {dtype} d={d} dv={dv} {flags}
-{_HELPERS if helpers else ""}
+{ASYNC_COPY_HELPERS + _HELPERS if helpers else ""}
 extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}(
     unsigned short* __restrict__ out, const unsigned short* __restrict__ q,
     const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,

@@ -33,24 +33,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import BackendError
+from .attention_mma import ASYNC_COPY_HELPERS
 
 MAX_HEAD_DIM = 128
 
 _HELPERS = r"""
-__device__ __forceinline__ unsigned tl_tf_smem(const void* p) {
-  unsigned r;
-  asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
-  return r; }
-__device__ __forceinline__ void tl_tf_cp16(unsigned dst, const void* src, bool full) {
-  // 16 bytes, or 16 zero bytes where the row is past the end (src-size 0 reads nothing)
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-               :: "r"(dst), "l"(src), "r"(full ? 16 : 0) : "memory"); }
-__device__ __forceinline__ void tl_tf_commit() {
-  asm volatile("cp.async.commit_group;" ::: "memory"); }
-__device__ __forceinline__ void tl_tf_wait1() {
-  asm volatile("cp.async.wait_group 1;" ::: "memory"); }
-__device__ __forceinline__ void tl_tf_wait0() {
-  asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 __device__ __forceinline__ float tl_tf_ex2(float x) {
   float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 __device__ __forceinline__ unsigned tl_tf_round(float x) {
@@ -151,7 +138,7 @@ def render(
         f"inner={','.join(map(str, inner))}"
     )
     return f"""// tensorlogic generated: attention tf32 float32 d={d} dv={dv} {flags}
-{_HELPERS if helpers else ""}
+{ASYNC_COPY_HELPERS + _HELPERS if helpers else ""}
 extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}(
     float* __restrict__ out, const float* __restrict__ q, const float* __restrict__ k,
     const float* __restrict__ v, const float* __restrict__ mask,
@@ -196,7 +183,7 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
   for (int c = tid; c < BM * (D / 4); c += THREADS) {{
     const int r = c / (D / 4), cc = (c - r * (D / 4)) * 4;
     const bool in = q0 + r < sq;
-    tl_tf_cp16(tl_tf_smem(Qs + r * QS + cc), qb + (long long)(in ? r : 0) * QRS + cc, in);
+    tl_att_cp16(tl_att_smem(Qs + r * QS + cc), qb + (long long)(in ? r : 0) * QRS + cc, in);
   }}
   auto load_tile = [&](int t) {{
     const int n0 = t * BN;
@@ -205,17 +192,17 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
     for (int c = tid; c < BN * (D / 4); c += THREADS) {{
       const int r = c / (D / 4), cc = (c - r * (D / 4)) * 4;
       const bool in = n0 + r < sk;
-      tl_tf_cp16(tl_tf_smem(kd + r * KS + cc), kb + (long long)(in ? n0 + r : 0) * KRS + cc, in);
+      tl_att_cp16(tl_att_smem(kd + r * KS + cc), kb + (long long)(in ? n0 + r : 0) * KRS + cc, in);
     }}
     for (int c = tid; c < BN * (DV / 4); c += THREADS) {{
       const int r = c / (DV / 4), cc = (c - r * (DV / 4)) * 4;
       const bool in = n0 + r < sk;
-      tl_tf_cp16(tl_tf_smem(vd + r * VS + cc), vb + (long long)(in ? n0 + r : 0) * VRS + cc,
+      tl_att_cp16(tl_att_smem(vd + r * VS + cc), vb + (long long)(in ? n0 + r : 0) * VRS + cc,
                  in);
     }}
   }};
   if (ntiles > 0) load_tile(0);
-  tl_tf_commit();  // group 0: the query tile and tile 0
+  tl_att_commit();  // group 0: the query tile and tile 0
 
   // query A fragments: [m-tile][k step][part][4]; part 0 big, 1 small
   unsigned qa[QREGS ? MT : 1][QREGS ? KD : 1][QP][4];
@@ -240,8 +227,8 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
 
   for (int t = 0; t < ntiles; ++t) {{
     if (t + 1 < ntiles) load_tile(t + 1);
-    tl_tf_commit();   // one group per iteration, empty at the end, so wait_group 1 is tile t
-    tl_tf_wait1();
+    tl_att_commit();   // one group per iteration, empty at the end, so wait_group 1 is tile t
+    tl_att_wait1();
     __syncthreads();
     if (QREGS && t == 0) {{
 #pragma unroll
@@ -383,7 +370,7 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
     }}
     __syncthreads();  // every warp is done with stage t & 1 before tile t + 2 goes there
   }}
-  tl_tf_wait0();
+  tl_att_wait0();
   float* ob = out + (b / OIN) * sq * ORS + (b % OIN) * DV;
 #pragma unroll
   for (int i = 0; i < MT; ++i) {{
