@@ -14,41 +14,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
 import tensorlogic as tl
+from _common import median_time
+from bench_einsum_cpu import CASES
 
 F32 = "float32"
-EINSUM = [
-    ("matmul", "ij,jk->ik", [(1000, 1000), (1000, 1000)]),
-    ("batched", "bij,bjk->bik", [(64, 128, 128), (64, 128, 128)]),
-    ("attention", "bhqd,bhkd->bhqk", [(8, 8, 256, 64), (8, 8, 256, 64)]),
-    ("ijk_jkl", "ijk,jkl->il", [(64, 64, 64), (64, 64, 64)]),
-    ("three_op", "abc,bcd,cde->ae", [(48, 48, 48)] * 3),
-    ("chain6", "ab,bc,cd,de,ef,fg->ag", [(256, 256)] * 6),
-    ("dot", "i,i->", [(1_000_000,), (1_000_000,)]),
-]
+EINSUM = CASES  # the einsum rows of bench_einsum_cpu
 
 
 def sample(fn, repeat: int, min_time: float) -> float:
     """Median seconds per call over ``repeat`` samples, each looping ``fn`` for ``min_time``."""
-    for _ in range(2):
-        fn()
-    ts = []
-    for _ in range(repeat):
-        n, t0 = 0, time.perf_counter()
-        while True:
-            fn()
-            n += 1
-            dt = time.perf_counter() - t0
-            if dt >= min_time:
-                break
-        ts.append(dt / n)
-    return statistics.median(ts)
+    return median_time(fn, repeat, warmup=2, min_time=min_time)
 
 
 # extra compile options (JSON) for every plan, to attribute a difference to one option
