@@ -20,7 +20,7 @@ import numpy as np
 
 import tensorlogic as tl
 from _common import median_time
-from bench_einsum_cpu import CASES
+from bench_einsum_cpu import CASES, chain_graph
 
 F32 = "float32"
 EINSUM = CASES  # the einsum rows of bench_einsum_cpu
@@ -108,15 +108,8 @@ def attention_block(B=8, T=256, d=64):
 
 
 def tiny_chain(n_nodes, size):
-    """bench_einsum_cpu's graph of cheap elementwise ops on tiny tensors."""
-    g = tl.EinsumGraph()
-    x, y = g.input("x", (size,)), g.input("y", (size,))
-    cur = x
-    kinds = ["add", "mul", "relu", "sub", "tanh"]
-    while len(g) < n_nodes:
-        k = kinds[len(g) % len(kinds)]
-        cur = g.unary(k, cur) if k in ("relu", "tanh") else g.binary(k, cur, y)
-    g.output(cur, name="out")
+    """bench_einsum_cpu's graph of cheap elementwise ops on tiny tensors, and its feed."""
+    g = chain_graph(n_nodes, size)
     return g, {"x": np.full(size, 0.5, F32), "y": np.full(size, 0.25, F32)}
 
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import BackendError
-from .attention_mma import ASYNC_COPY_HELPERS
+from .attention_mma import ASYNC_COPY_HELPERS, grid_x  # noqa: F401 - grid_x: this module's too
 
 MAX_HEAD_DIM = 128
 
@@ -92,12 +92,6 @@ def shared_bytes(d: int, dv: int, cfg: Config) -> int:
     """Dynamic shared memory of one block: the query tile, two key and two value tiles, rows
     padded by 4 floats."""
     return 4 * (cfg.rows * (d + 4) + 2 * cfg.bn * (d + 4) + 2 * cfg.bn * (dv + 4))
-
-
-def grid_x(sq: int, causal: bool, cfg: Config) -> int:
-    """Blocks along the query axis."""
-    nq = -(-sq // cfg.rows)
-    return -(-nq // 2) if causal and cfg.pair else nq
 
 
 def render(
