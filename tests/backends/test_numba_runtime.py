@@ -256,6 +256,47 @@ def test_fast_tanh_log1p_accuracy_dense_sweep(dtype, bound):
         assert np.signbit(t[4]) and not np.signbit(t[3])
 
 
+def _gelu_ref(x):
+    x = x.astype(np.longdouble)
+    u = np.longdouble(0.7978845608028654) * (x + np.longdouble(0.044715) * x**3)
+    # x * sigmoid(2u), without the cancellation of 1 + tanh(u) for negative x
+    with np.errstate(over="ignore"):
+        return x / (1 + np.exp(-2 * u))
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gelu_relative_accuracy_and_special_values(dtype, fast):
+    # the numba kernel computes gelu as x / (1 + exp(-2u)): relative error stays small where
+    # 1 + tanh(u) would cancel (x down to -10), bounded by the rounding of the exp argument 2u
+    be = get_backend("numba")
+    eps = float(np.finfo(dtype).eps)
+    xs = np.concatenate([np.linspace(-10, 10, 400_001), np.linspace(-1e-3, 1e-3, 1001)])
+    xs = xs.astype(dtype)
+    body = FusedBody((FusedOp("gelu", (("in", 0),)),), (xs.size,))
+    k = be.kernel_for(body, [xs.shape], dtype, fast=fast, threshold=0)
+    got = k([xs], np.empty_like(xs)).astype(np.longdouble)
+    ref = _gelu_ref(xs)
+    two_u = np.abs(2 * 0.7978845608028654 * (xs + 0.044715 * xs.astype(np.float64) ** 3))
+    tiny = float(np.finfo(dtype).tiny)
+    err = np.abs(got - ref)
+    bound = 8 * eps * (1 + two_u) * np.abs(ref) + tiny
+    assert np.all(err <= bound), float(np.max(err / (np.abs(ref) + tiny)))
+    sp = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, -50.0, -1e30, 50.0], dtype)
+    ks = be.kernel_for(
+        FusedBody((FusedOp("gelu", (("in", 0),)),), sp.shape), [sp.shape], dtype, fast=fast,
+        threshold=0,
+    )
+    with np.errstate(all="ignore"):
+        t = ks([sp], np.empty_like(sp))
+        want = 0.5 * sp * (1 + np.tanh(0.7978845608028654 * (sp + 0.044715 * sp**3)))
+    # nan -> nan, inf -> inf, -inf -> nan (inf * 0 in the tanh form too), zeros and the far
+    # negative side -> 0, large x -> x
+    np.testing.assert_array_equal(np.isnan(t), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(t[ok], want[ok], rtol=4 * eps, atol=tiny)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_float_keys_preserve_order_and_round_trip(dtype, rng):
     import numba
