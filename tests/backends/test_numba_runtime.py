@@ -297,6 +297,42 @@ def test_gelu_relative_accuracy_and_special_values(dtype, fast):
     np.testing.assert_allclose(t[ok], want[ok], rtol=4 * eps, atol=tiny)
 
 
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_sigmoid_relative_accuracy_and_special_values(dtype, fast):
+    # the numba kernel computes sigmoid as 1 / (1 + exp(-x)): relative error stays small on the
+    # negative side, where 0.5 tanh(x/2) + 0.5 cancels, bounded by exp's error on -x
+    be = get_backend("numba")
+    eps = float(np.finfo(dtype).eps)
+    xs = np.concatenate([np.linspace(-80, 30, 400_001), np.linspace(-1e-3, 1e-3, 1001)])
+    xs = xs.astype(dtype)
+    k = be.kernel_for(
+        FusedBody((FusedOp("sigmoid", (("in", 0),)),), (xs.size,)),
+        [xs.shape],
+        dtype,
+        fast=fast,
+        threshold=0,
+    )
+    got = k([xs], np.empty_like(xs)).astype(np.longdouble)
+    ref = 1 / (1 + np.exp(-xs.astype(np.longdouble)))
+    tiny = float(np.finfo(dtype).tiny)
+    bound = 8 * eps * (1 + np.abs(xs.astype(np.float64))) * np.abs(ref) + tiny
+    assert np.all(np.abs(got - ref) <= bound)
+    sp = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, -1e30, 1e30, -200.0], dtype)
+    ks = be.kernel_for(
+        FusedBody((FusedOp("sigmoid", (("in", 0),)),), sp.shape),
+        [sp.shape],
+        dtype,
+        fast=fast,
+        threshold=0,
+    )
+    with np.errstate(all="ignore"):
+        t = ks([sp], np.empty_like(sp))
+        want = (1 / (1 + np.exp(-sp.astype(np.longdouble)))).astype(dtype)  # nan, 1, 0, ...
+    np.testing.assert_allclose(t, want, rtol=4 * eps, atol=tiny)  # NaN where want is NaN
+    np.testing.assert_array_equal(t[:7], np.array([np.nan, 1, 0, 0.5, 0.5, 0, 1], dtype))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_float_keys_preserve_order_and_round_trip(dtype, rng):
     import numba
