@@ -20,9 +20,10 @@ tanh: for ``|x| < 0.625`` Cephes' odd minimax polynomial (float32) or rational f
 (``|x|`` clamped where tanh rounds to 1, so large inputs and inf give exactly +-1). Both branches
 are computed and one selected, so the loop stays branch-free. log1p:
 ``log(u) - ((u - 1) - x) / u`` with ``u = 1 + x``: ``(u - 1) - x`` is the exact rounding error
-of ``u``, removed to first order (which gives ``x`` where ``u`` rounds to 1). sigmoid, gelu
-(through tanh) and softplus (through exp and log1p) use these in fast-math kernels, so they
-vectorize too. ``key_*``/``unkey_*`` map floats to order-preserving integers, so a running max
+of ``u``, removed to first order (which gives ``x`` where ``u`` rounds to 1). sigmoid and gelu
+(through exp: ``1 / (1 + exp(-x))``, ``x / (1 + exp(-2u))``) and softplus (through exp and
+log1p) use these in fast-math kernels, so they vectorize too. ``key_*``/``unkey_*`` map floats
+to order-preserving integers (int32 for float32, int64 for float64), so a running max
 (softmax's row max) is an integer max that vectorizes.
 
 Measured accuracy (tests/backends/test_numba_runtime.py sweeps the finite range densely):
