@@ -170,6 +170,8 @@ def test_tensor_core_kernel_keeps_its_registers(arch, tmp_path):
                     (64, "bfloat16", _C(4, 2, True), False),
                     (128, "bfloat16", _C(4, 2, False), False),
                     (64, "bfloat16", _C(4, 2, True), True),  # the default at head dim 64
+                    (128, "bfloat16", _C(4, 2, False), True),  # the default at head dim 128
+                    (48, "float16", _C(4, 2, True), True),  # rows of 6 chunks: the loop form
                 ]
             )
         )
@@ -190,8 +192,7 @@ def test_tensor_core_kernel_keeps_its_registers(arch, tmp_path):
         check=False,
     )
     assert r.returncode == 0, r.stderr[:4000]
-    # sm_80's ptxas spills ~88 bytes in the 32-row, head dim 128 shape (the fourth); sm_90's none
-    assert r.stderr.count(" 0 bytes spill stores") == (5 if arch == "sm_90" else 4), r.stderr
+    assert r.stderr.count(" 0 bytes spill stores") == 7, r.stderr
 
 
 _T = attention_tf32.Config
