@@ -6,7 +6,7 @@ CPU backends can run one product: MKL whole on its own threads (numba's OpenMP p
 loop (TL_MKL_SPLIT=1), numpy's OpenBLAS cut the same way (TL_BLAS=numpy, the pool mode without
 MKL) and OpenBLAS whole on its own pthreads (the "blas" mode without MKL). One process: every
 way runs through ``threads.parallel_matmul`` / ``np.matmul`` with the settings switched between
-them, a shape's ways one after another.
+them, a shape's ways one after another with a pause between (OpenBLAS's idle workers spin).
 
 Usage: python benchmarks/probe_mkl_gemm.py [--json PATH] [--repeat N]
 """
@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -28,8 +29,8 @@ from _common import machine  # noqa: E402
 from probe_cpu_threads import SHAPES, _median_time  # noqa: E402
 
 WAYS = {
-    "mkl whole": {"TL_BLAS": "auto", "TL_MKL_SPLIT": "0"},
-    "mkl split": {"TL_BLAS": "auto", "TL_MKL_SPLIT": "1"},
+    "mkl whole": {"TL_BLAS": "mkl", "TL_MKL_SPLIT": "0"},
+    "mkl split": {"TL_BLAS": "mkl", "TL_MKL_SPLIT": "1"},
     "openblas split": {"TL_BLAS": "numpy"},
     "openblas own": None,  # np.matmul, OpenBLAS's threads
 }
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
     from tensorlogic.backends.numba import threads as numba_threads
     from tensorlogic.backends.numpy import threads as cpu_threads
 
-    has_mkl = mkl.available()
+    has_mkl = mkl.library_path() is not None
     rng = np.random.default_rng(0)
     rows = []
     for nb, m, n, k in SHAPES:
@@ -56,8 +57,11 @@ def main(argv=None) -> int:
         want = a.astype(np.float64) @ b
         row = {"shape": f"{nb}x{m}x{n}x{k}"}
         for way, env in WAYS.items():
-            if env is not None and env.get("TL_BLAS") == "auto" and not has_mkl:
+            if env is not None and env.get("TL_BLAS") == "mkl" and not has_mkl:
                 continue
+            # OpenBLAS's workers spin for a while after its threaded calls ("openblas own"):
+            # let them sleep before the next way
+            time.sleep(0.3)
             if env is None:
                 fn = lambda: np.matmul(a, b, out=out)  # noqa: E731
             else:
@@ -75,7 +79,7 @@ def main(argv=None) -> int:
         "machine": machine(),
         "numba_layer": numba_threads.active_layer(),
         "mkl": mkl.loaded_path() is not None,
-        "mkl_threads": mkl.mkl_threads() if has_mkl else 0,
+        "mkl_threads": mkl._load().get_threads() if has_mkl else 0,
         "numba_threads": numba_threads.thread_count(),
         "rows": rows,
     }

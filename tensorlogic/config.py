@@ -71,7 +71,7 @@ def cpu_blas() -> str:
 def mkl_split() -> bool | None:
     """TL_MKL_SPLIT: in the "pool" thread mode with MKL, split each GEMM into single-threaded
     MKL blocks over numba's threads ("1") or hand it whole to MKL's own threads ("0"); unset:
-    the rule in ``backends.numpy.threads.mkl_splits``."""
+    the rule in ``backends.numpy.threads.mkl_splits`` (split)."""
     value = os.environ.get("TL_MKL_SPLIT", "")
     return None if value == "" else value not in ("0", "false", "no")
 

@@ -37,7 +37,7 @@ _THREADING_GNU, _INTERFACE_LP64 = 3, 0  # MKL_Set_Threading_Layer / MKL_Set_Inte
 _PREFIX = {"float32": "s", "float64": "d", "complex64": "c", "complex128": "z"}
 DTYPES = frozenset(_PREFIX)
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # the race loads MKL under it
 _loaded: dict[str, _Mkl | None] = {}  # library path -> its functions (None: failed to load)
 
 
@@ -136,36 +136,39 @@ def available() -> bool:
     loadable and measured faster than numpy's BLAS on this machine (``faster_here``)."""
     if not wanted():
         return False
-    mkl = _load()
-    if mkl is None:
+    # a cached "numpy" answer never loads MKL (its libraries take about a second to load)
+    if config.cpu_blas() == "auto" and not faster_here(library_path()):
         return False
-    return config.cpu_blas() == "mkl" or faster_here(mkl)
+    return _load() is not None
 
 
-# The race that decides "auto": products of the bench models' shapes, (batch, m, n, k)
-RACE_SHAPES = ((1, 1024, 256, 256), (16, 256, 256, 64), (1, 256, 1024, 1024))
+# The race that decides "auto": pieces of the bench models' products, (batch, m, n, k), of the
+# size one thread's block of them has in the "pool" mode's split
+RACE_SHAPES = ((1, 256, 256, 256), (4, 256, 256, 64), (1, 128, 256, 1024))
 CHOICE_FILE = "blas_choice.json"
 _faster: dict[str, bool] = {}
 
 
-def faster_here(mkl: _Mkl) -> bool:
-    """Whether MKL ran the race's products faster than numpy's BLAS did, both on all threads
-    (measured once per machine, about 0.1 s, and kept in ``config.cache_dir()``).
+def faster_here(path: str) -> bool:
+    """Whether MKL ran the race's products faster than numpy's BLAS did, both on one thread as
+    the blocks of the "pool" mode's split GEMMs run (measured once per machine, about 30 ms, and
+    kept in ``config.cache_dir()``). One thread keeps the race fair on a shared machine, where
+    a threaded BLAS loses whole scheduler ticks waiting for a descheduled worker.
 
-    No CPU model decides it: MKL runs its fast kernels only on CPUs it recognizes (on the
-    2-vCPU AMD EPYC development machine it ran these products at 35-75 GFLOP/s against
-    OpenBLAS's 105-120; on the 16-core Xeon at 890-1040 against 660-830).
+    No CPU model decides it: MKL runs its fastest kernels only on CPUs it recognizes (on the
+    2-vCPU AMD EPYC development machine its single-threaded products ran 10-20% slower than
+    OpenBLAS's; on the 16-core Xeon host its blocks ran 1.0-1.4x faster).
     """
-    found = _faster.get(mkl.path)
+    found = _faster.get(path)
     if found is None:
         with _lock:
-            found = _faster.get(mkl.path)
+            found = _faster.get(path)
             if found is None:
-                found = _faster[mkl.path] = _cached_race(mkl)
+                found = _faster[path] = _cached_race(path)
     return found
 
 
-def _race_key(mkl: _Mkl) -> str:
+def _race_key(path: str) -> str:
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -174,12 +177,12 @@ def _race_key(mkl: _Mkl) -> str:
             )
     except OSError:
         pass
-    return "|".join(map(str, (platform.node(), cpu, threads(), np.__version__, mkl.path)))
+    return "|".join(map(str, (platform.node(), cpu, np.__version__, path)))
 
 
-def _cached_race(mkl: _Mkl) -> bool:
+def _cached_race(lib_path: str) -> bool:
     path = config.cache_dir() / CHOICE_FILE
-    key = _race_key(mkl)
+    key = _race_key(lib_path)
     try:
         known = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -188,6 +191,9 @@ def _cached_race(mkl: _Mkl) -> bool:
         known = {}
     if key in known:
         return known[key] == "mkl"
+    mkl = _load()
+    if mkl is None:
+        return False
     t_mkl, t_numpy = race(mkl)
     known[key] = "mkl" if t_mkl < t_numpy else "numpy"
     try:
@@ -201,9 +207,10 @@ def _cached_race(mkl: _Mkl) -> bool:
 
 
 def race(mkl: _Mkl, reps: int = 5) -> tuple[float, float]:
-    """(MKL, numpy's BLAS) seconds for the race's products, each the best of ``reps`` rounds
-    taken in turn, both libraries on ``threads()`` threads."""
-    from threadpoolctl import threadpool_limits
+    """(MKL, numpy's BLAS) seconds for the race's products on one thread, each the best of
+    ``reps`` rounds (numpy's BLAS held to one thread through threadpoolctl; MKL through its own
+    setting, never threadpoolctl's, whose thread-local MKL limit would outlive the race)."""
+    from threadpoolctl import ThreadpoolController
 
     rng = np.random.default_rng(0)
     cases = []
@@ -211,17 +218,30 @@ def race(mkl: _Mkl, reps: int = 5) -> tuple[float, float]:
         a = rng.standard_normal((nb, m, k), dtype=np.float32)
         b = rng.standard_normal((nb, k, n), dtype=np.float32)
         cases.append((a, b, np.empty((nb, m, n), np.float32)))
-    best = [float("inf"), float("inf")]
-    with threadpool_limits(limits=threads(), user_api="blas"):
+
+    def best(run) -> float:
+        times = []
+        for _ in range(reps + 1):  # the first round warms up
+            t0 = time.perf_counter()
+            for a, b, c in cases:
+                run(a, b, c)
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    found = ThreadpoolController().select(user_api="blas").lib_controllers
+    others = [c for c in found if c.internal_api != "mkl"]
+    saved = [(c, c.get_num_threads()) for c in others]
+    try:
+        for c in others:
+            c.set_num_threads(1)
+        mkl.set_threads(1)
+        t_mkl = best(matmul)
+        t_numpy = best(lambda a, b, c: np.matmul(a, b, out=c))
+    finally:
         mkl.set_threads(threads())
-        for _ in range(reps + 1):  # the first round warms both up
-            for i, fn in enumerate((matmul, np.matmul)):
-                t0 = time.perf_counter()
-                for a, b, c in cases:
-                    fn(a, b, out=c) if fn is np.matmul else fn(a, b, c)
-                best[i] = min(best[i], time.perf_counter() - t0)
-    mkl.set_threads(threads())
-    return best[0], best[1]
+        for c, n in saved:
+            c.set_num_threads(n)
+    return t_mkl, t_numpy
 
 
 def loaded_path() -> str | None:

@@ -162,10 +162,13 @@ def test_auto_follows_the_race(monkeypatch, tmp_path):
     # the answer is kept on disk: a new process (a fresh memo) does not race again
     monkeypatch.setattr(mkl, "_faster", {})
     monkeypatch.setattr(mkl, "race", lambda m: pytest.fail("raced again"))
-    assert mkl.available() is False
-    # the real race times both libraries
+    with monkeypatch.context() as mp:
+        mp.setattr(mkl, "_load", lambda: pytest.fail("loaded MKL for a cached 'numpy'"))
+        assert mkl.available() is False
+    # the real race times both libraries, and leaves MKL on its threads
     t_mkl, t_numpy = real_race(lib, reps=1)
     assert 0 < t_mkl < 10 and 0 < t_numpy < 10
+    assert lib.get_threads() == mkl.threads()
 
 
 @needs_mkl
@@ -265,3 +268,18 @@ def test_plans_on_both_blas_paths(monkeypatch, rng, blas, split, backend, thread
         assert ("MKL" in str(plan)) == (threads == "pool")  # print(plan) names pool runners
         # whole products go to mkl.matmul; split ones run as MKL blocks in numba's loop
         assert bool(calls) == (threads == "blas" or split == "0")
+
+
+@needs_mkl
+def test_first_choice_in_a_fresh_process(tmp_path):
+    # the race runs (and loads MKL) on the first call of a process, then the answer is on disk
+    code = "from tensorlogic.backends import mkl; print(mkl.available())"
+    env = {**os.environ, "TL_BLAS": "auto", "TL_CACHE_DIR": str(tmp_path)}
+    env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), env.get("PYTHONPATH", "")])
+    for _ in range(2):
+        res = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+        )
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() in ("True", "False")
+    assert (tmp_path / mkl.CHOICE_FILE).is_file()

@@ -15,7 +15,7 @@ kernels on the calling thread); the O3 autotuner times both on the real shapes.
 
 Where Intel MKL is installed (``backends.mkl``, TL_BLAS) it runs the GEMMs instead: its threads
 are the GNU OpenMP pool of numba's kernels, so in the "pool" mode a product goes whole to MKL
-(one pool, no spinning pthreads to limit) unless ``mkl_splits`` says to cut it into
+(one pool, no spinning pthreads to limit) or, as ``mkl_splits`` says by default, is cut into
 single-threaded MKL blocks over numba's loop; in the "blas" mode every product is one MKL call.
 OpenBLAS stays limited to one thread in "pool" plans (it still runs the small products).
 """
@@ -191,11 +191,13 @@ parallel_matmul.min_flops = MIN_SPLIT_FLOPS  # type: ignore[attr-defined]
 
 def mkl_splits(nb: int, m: int, n: int, k: int) -> bool:
     """Whether a "pool"-mode product on MKL is cut into single-threaded MKL blocks over numba's
-    loop (True) rather than handed whole to MKL's own threads (``config.mkl_split``, TL_MKL_SPLIT,
-    overrides). MKL's threads are already the plan's one pool, and its own partition wins
-    (see RESULTS.md, "MKL")."""
+    loop (True, the default) rather than handed whole to MKL's own threads; TL_MKL_SPLIT
+    (``config.mkl_split``) overrides. On the 16-core Xeon host the split matched or beat MKL's
+    own threading on six of the seven bench models (causal block 3.67 vs 4.56 ms, MLP 2.92 vs
+    3.02; results/bench_models_16core_mkl.json); the "blas" thread mode, which O3 also times,
+    keeps each product one MKL call on MKL's threads."""
     forced = config.mkl_split()
-    return False if forced is None else forced
+    return True if forced is None else forced
 
 
 def whole_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -284,10 +286,12 @@ def describe(mode: str, blas_own: bool = False) -> str:
     if mode == "pool" and blas_own:
         return f"threads: pool (unbatched GEMMs only: one {lib} call each, on BLAS's own threads)"
     if mode == "pool" and lib == "MKL":
-        return (
-            f"threads: pool ({threads} threads for every step; GEMMs on MKL, whose threads are "
-            "numba's OpenMP pool)"
+        how = (
+            "whole on MKL's threads (numba's OpenMP pool)"
+            if config.mkl_split() is False
+            else "split into single-threaded MKL blocks on one numba loop"
         )
+        return f"threads: pool ({threads} threads for every step; GEMMs {how})"
     if mode == "blas" and lib == "MKL":
         return f"threads: blas (GEMMs one MKL call each; {threads} threads for other steps)"
     if mode == "pool" and blas_own:
