@@ -139,7 +139,11 @@ def available() -> bool:
     # a cached "numpy" answer never loads MKL (its libraries take about a second to load)
     if config.cpu_blas() == "auto" and not faster_here(library_path()):
         return False
-    return _load() is not None
+    if _load() is not None:
+        return True
+    if config.cpu_blas() == "mkl":
+        raise BackendError(f"TL_BLAS=mkl: {library_path()} did not load as MKL")
+    return False
 
 
 # The race that decides "auto": pieces of the bench models' products, (batch, m, n, k), of the

@@ -64,9 +64,18 @@ def test_not_installed_means_numpys_blas(monkeypatch, tmp_path):
         (tmp_path / "lib").mkdir()
         (tmp_path / "lib" / "libmkl_rt.so.2").write_bytes(b"")
         mkl.library_path.cache_clear()
-        assert mkl.library_path() == str(tmp_path / "lib" / "libmkl_rt.so.2")
+        fake = str(tmp_path / "lib" / "libmkl_rt.so.2")
+        assert mkl.library_path() == fake
+        # an empty file is no MKL: an error when asked for, numpy's BLAS under "auto"
+        with pytest.raises(BackendError, match="did not load as MKL"):
+            mkl.available()
+        monkeypatch.setenv("TL_BLAS", "auto")
+        monkeypatch.setenv("TL_CACHE_DIR", str(tmp_path / "cache"))
+        assert not mkl.available()
     finally:
         mkl.library_path.cache_clear()
+        mkl._loaded.pop(str(tmp_path / "lib" / "libmkl_rt.so.2"), None)
+        mkl._faster.pop(str(tmp_path / "lib" / "libmkl_rt.so.2"), None)
 
 
 @needs_mkl
