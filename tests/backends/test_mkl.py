@@ -204,6 +204,14 @@ def test_one_openmp_pool_with_numba(use_mkl):
         out = np.empty_like(a)
         for _ in range(3):
             mkl.matmul(a, a, out)
+        # and MKL inside numba's loop (the split) stays on each block's thread: no nested team
+        os.environ["TL_MKL_SPLIT"] = "1"
+        cpu_threads.MIN_SPLIT_FLOPS = 0
+        out2 = np.empty_like(a)
+        with cpu_threads.single_threaded_blas():
+            for _ in range(3):
+                cpu_threads.parallel_matmul(a, a, out2)
+        assert np.allclose(out2, a @ a, rtol=1e-4, atol=1e-3)
         after = len(os.listdir("/proc/self/task"))
         assert np.allclose(out, a @ a, rtol=1e-4, atol=1e-3)
         maps = open("/proc/self/maps").read()
