@@ -160,7 +160,7 @@ class NumpyBackend(Backend):
     @staticmethod
     def einsum_kernel(node, in_nodes, mode: str) -> PreparedKernel:
         """An einsum kernel whose products run as the thread mode says."""
-        mm = cpu_threads.parallel_matmul if mode == "pool" else None
+        mm = cpu_threads.parallel_matmul if mode == "pool" else cpu_threads.blas_mode_matmul()
         # layouts are timed while planning (``pair_layout``): with BLAS threaded as calls run
         timing = cpu_threads.single_threaded_blas if mode == "pool" else contextlib.nullcontext
         token = pair_layout.TIMING_CONTEXT.set(timing)
