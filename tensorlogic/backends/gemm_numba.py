@@ -195,40 +195,49 @@ def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray, blocks: np.ndarray) ->
     (broadcast), float32 or float64 alike. Batch axes may have any strides (views of heads
     inside a sequence layout); an operand BLAS cannot read as it is (no unit stride in its
     matrix dims) is copied first."""
+    return prepare(A, B, out, blocks)(A, B, out)
+
+
+def prepare(A: np.ndarray, B: np.ndarray, out: np.ndarray, blocks: np.ndarray):
+    """``call(A, B, out)`` computing ``matmul(A, B, out, blocks)`` for operands of these
+    shapes, strides and dtypes (any data): layouts, leading dims and batch offsets are worked
+    out here once, so that a call reads three pointers and launches the loop once."""
     split = _kernel(out.dtype.name)
-    la = blas_layout(A)
-    if la is None:
-        A = np.ascontiguousarray(A)
-        la = blas_layout(A)
-    lb = blas_layout(B)
-    if lb is None:
-        B = np.ascontiguousarray(B)
-        lb = blas_layout(B)
+    copy_a, copy_b = blas_layout(A) is None, blas_layout(B) is None
+    # a copy's layout is that of a C-contiguous array of the same shape
+    la = blas_layout(np.empty(A.shape, A.dtype) if copy_a else A)
+    lb = blas_layout(np.empty(B.shape, B.dtype) if copy_b else B)
     it = out.itemsize
     batch = out.shape[:-2]
 
-    def offs(x: np.ndarray) -> np.ndarray:
-        st = tuple(0 if d == 1 else s // it for d, s in zip(x.shape[:-2], x.strides[:-2]))
-        return batch_offsets(batch, st)
+    def layout(x: np.ndarray, copied: bool) -> tuple[np.ndarray, int, int]:
+        """(batch offsets, row stride, column stride) in elements."""
+        st = np.empty(x.shape, x.dtype).strides if copied else x.strides
+        lead = len(batch) - (x.ndim - 2)  # missing leading axes broadcast
+        sh, st = (1,) * lead + x.shape[:-2] + x.shape[-2:], (0,) * lead + st
+        batch_st = tuple(0 if d == 1 else s // it for d, s in zip(sh[:-2], st[:-2]))
+        return batch_offsets(batch, batch_st), st[-2] // it, st[-1] // it
+
+    oa, a_sr, _ = layout(A, copy_a)
+    ob, _, b_sc = layout(B, copy_b)
+    oc, c_sr, _ = layout(out, False)
+    ta, lda, tb, ldb, k = la[0], la[1], lb[0], lb[1], A.shape[-1]
 
     from .numba import threads as numba_threads
 
-    with numba_threads.launch_lock():  # serializes launches only on a non-thread-safe layer
-        split(
-            blocks,
-            A.ctypes.data,
-            offs(A),
-            A.strides[-2] // it,
-            la[0],
-            la[1],
-            B.ctypes.data,
-            offs(B),
-            B.strides[-1] // it,
-            lb[0],
-            lb[1],
-            out.ctypes.data,
-            offs(out),
-            out.strides[-2] // it,
-            A.shape[-1],
-        )
-    return out
+    free, lock = numba_threads.launch_is_free, numba_threads.launch_lock
+
+    def call(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
+        if copy_a:
+            A = np.ascontiguousarray(A)
+        if copy_b:
+            B = np.ascontiguousarray(B)
+        args = (A.ctypes.data, oa, a_sr, ta, lda, B.ctypes.data, ob, b_sc, tb, ldb)
+        if free():
+            split(blocks, *args, out.ctypes.data, oc, c_sr, k)
+        else:  # serializes launches only on a non-thread-safe layer
+            with lock():
+                split(blocks, *args, out.ctypes.data, oc, c_sr, k)
+        return out
+
+    return call

@@ -313,29 +313,53 @@ def _uniform(batch: tuple[int, ...], strides: tuple[int, ...]) -> int | None:
     return int(step[0]) if (step == step[0]).all() else None
 
 
-def _readable(x: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
-    lay = blas_layout(x)
-    if lay is None:  # no unit stride in its matrix dims: a copy BLAS can read
-        x = np.ascontiguousarray(x)
-        lay = blas_layout(x)
-    return x, lay
-
-
 def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
     """``out = A @ B`` on MKL: A (*batch, m, k), B (*batch, k, n), ``out`` (*batch, m, n)
     C-contiguous; A's and B's batch axes each of ``out``'s size or 1 (broadcast), leading ones
-    may be missing; one dtype of ``DTYPES``."""
+    may be missing; one dtype of ``DTYPES``. The call for these shapes, strides and dtypes is
+    prepared once (``prepare``) and kept."""
+    key = (A.shape, A.strides, A.dtype, B.shape, B.strides, B.dtype, out.shape, out.strides)
+    call = _calls.get(key)
+    if call is None:
+        call = prepare(A, B, out)
+        if len(_calls) >= _CALLS_SIZE:
+            _calls.clear()
+        _calls[key] = call
+    return call(A, B, out)
+
+
+_CALLS_SIZE = 1024
+_calls: dict = {}  # (shapes, strides, dtypes) -> prepared call (``matmul``)
+
+
+def clear_calls() -> None:
+    """Forget the prepared calls (``matmul``)."""
+    _calls.clear()
+
+
+def prepare(A: np.ndarray, B: np.ndarray, out: np.ndarray):
+    """``call(A, B, out)`` computing ``matmul(A, B, out)`` for operands of these shapes,
+    strides and dtypes (any data): the CBLAS entry, transpositions, leading dims and batch
+    strides are chosen here once, so that a call reads the pointers and makes one MKL call."""
     mkl = _load()
     if mkl is None or not supports(A, B, out) or not out.flags.c_contiguous:
         raise BackendError(f"MKL matmul: unsupported operands {A.dtype}, {B.dtype} -> {out.dtype}")
     m, k, n = A.shape[-2], A.shape[-1], B.shape[-1]
     if out.size == 0:
-        return out
+        return lambda A, B, out: out
     if k == 0:
-        out[...] = 0
-        return out
-    A, (ta, lda) = _readable(A)
-    B, (tb, ldb) = _readable(B)
+
+        def zero_fill(A, B, out):
+            out[...] = 0
+            return out
+
+        return zero_fill
+    # an operand with no unit stride in its matrix dims goes in as a C-contiguous copy
+    copy_a, copy_b = blas_layout(A) is None, blas_layout(B) is None
+    sa_full = np.empty(A.shape, A.dtype).strides if copy_a else A.strides
+    sb_full = np.empty(B.shape, B.dtype).strides if copy_b else B.strides
+    ta, lda = blas_layout(np.empty(A.shape, A.dtype) if copy_a else A)
+    tb, ldb = blas_layout(np.empty(B.shape, B.dtype) if copy_b else B)
     batch = out.shape[:-2]
     nb = out.size // (m * n)
     name = out.dtype.name
@@ -344,33 +368,62 @@ def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
     one, zero = (
         (scal[:1].ctypes.data, scal[1:].ctypes.data) if scal.dtype.kind == "c" else (1.0, 0.0)
     )
+
+    def readable(x: np.ndarray, copy: bool) -> np.ndarray:
+        return np.ascontiguousarray(x) if copy else x
+
     if nb == 1:
-        mkl.gemm[name](
-            _ROW_MAJOR, ta, tb, m, n, k, one, A.ctypes.data, lda, B.ctypes.data, ldb, zero,
-            out.ctypes.data, n,
-        )  # fmt: skip
-        return out
+        gemm = mkl.gemm[name]
+
+        def single(A, B, out):
+            A, B = readable(A, copy_a), readable(B, copy_b)
+            gemm(
+                _ROW_MAJOR, ta, tb, m, n, k, one, A.ctypes.data, lda, B.ctypes.data, ldb, zero,
+                out.ctypes.data, n,
+            )  # fmt: skip
+            scal  # noqa: B018 - the closure keeps alpha/beta alive
+            return out
+
+        return single
     it = out.itemsize
 
-    def strides(x: np.ndarray) -> tuple[int, ...]:
-        lead = len(batch) - (x.ndim - 2)  # missing leading axes broadcast
-        sh, st = (1,) * lead + x.shape[:-2], (0,) * lead + x.strides[:-2]
+    def strides(shape: tuple[int, ...], st: tuple[int, ...]) -> tuple[int, ...]:
+        lead = len(batch) - (len(shape) - 2)  # missing leading axes broadcast
+        sh, st = (1,) * lead + shape[:-2], (0,) * lead + st[:-2]
         return tuple(0 if d == 1 else s // it for d, s in zip(sh, st))
 
-    sa, sb = strides(A), strides(B)
+    sa, sb = strides(A.shape, sa_full), strides(B.shape, sb_full)
     sc = tuple(s // it for s in out.strides[:-2])
     ua, ub, uc = _uniform(batch, sa), _uniform(batch, sb), _uniform(batch, sc)
     if ua is not None and ub is not None and uc is not None:
-        mkl.strided[name](
-            _ROW_MAJOR, ta, tb, m, n, k, one, A.ctypes.data, lda, ua, B.ctypes.data, ldb, ub,
-            zero, out.ctypes.data, n, uc, nb,
-        )  # fmt: skip
-        return out
+        strided = mkl.strided[name]
+
+        def uniform(A, B, out):
+            A, B = readable(A, copy_a), readable(B, copy_b)
+            strided(
+                _ROW_MAJOR, ta, tb, m, n, k, one, A.ctypes.data, lda, ua, B.ctypes.data, ldb,
+                ub, zero, out.ctypes.data, n, uc, nb,
+            )  # fmt: skip
+            scal  # noqa: B018 - the closure keeps alpha/beta alive
+            return out
+
+        return uniform
     # one group of nb products at any offsets (several batch axes with their own strides)
-    ptrs = [x.ctypes.data + batch_offsets(batch, s) * it for x, s in ((A, sa), (B, sb))]
-    ptrs.append(out.ctypes.data + batch_offsets(batch, sc) * it)
+    offs = [batch_offsets(batch, s) * it for s in (sa, sb, sc)]
     i32 = functools.partial(np.array, dtype=np.int32)  # MKL_INT of the LP64 interface
     args = [i32([ta]), i32([tb]), i32([m]), i32([n]), i32([k])]
-    args += [scal[:1], ptrs[0], i32([lda]), ptrs[1], i32([ldb]), scal[1:], ptrs[2], i32([n])]
-    mkl.batch[name](_ROW_MAJOR, *(a.ctypes.data for a in args), 1, i32([nb]).ctypes.data)
-    return out
+    args += [scal[:1], None, i32([lda]), None, i32([ldb]), scal[1:], None, i32([n])]
+    addr = [None if a is None else a.ctypes.data for a in args]
+    size = i32([nb])
+    batched = mkl.batch[name]
+
+    def grouped(A, B, out):
+        A, B = readable(A, copy_a), readable(B, copy_b)
+        ptrs = [x.ctypes.data + o for x, o in zip((A, B, out), offs)]
+        call_addr = list(addr)  # a copy per call: concurrent calls share this closure
+        call_addr[6], call_addr[8], call_addr[11] = (p.ctypes.data for p in ptrs)
+        batched(_ROW_MAJOR, *call_addr, 1, size.ctypes.data)
+        args  # noqa: B018 - the closure keeps the argument arrays alive
+        return out
+
+    return grouped

@@ -117,8 +117,9 @@ def test_split_respects_the_thread_cap(monkeypatch):
     a = np.ones((64, 64), np.float32)
     out = np.empty((64, 64), np.float32)
     calls = []
-    monkeypatch.setattr(gemm_numba, "matmul", lambda *args: calls.append(args))
+    monkeypatch.setattr(gemm_numba, "prepare", lambda *args: calls.append(args))
     monkeypatch.setattr(cpu_threads, "MIN_SPLIT_FLOPS", 0)
+    monkeypatch.setattr(cpu_threads, "_DISPATCH", {})
     cpu_threads.parallel_matmul(a, a, out)  # one thread: numpy's matmul, no split
     assert not calls and (out == 64).all()
 
@@ -126,6 +127,7 @@ def test_split_respects_the_thread_cap(monkeypatch):
 def test_without_cblas_the_python_split_runs(rng, monkeypatch):
     # a numpy whose BLAS exports no known CBLAS gemm: the blocks go to the helper threads
     monkeypatch.setattr(gemm_numba, "_gemms", {"numpy": {}, "mkl": {}})
+    monkeypatch.setattr(cpu_threads, "_DISPATCH", {})
     monkeypatch.setenv("TL_BLAS", "numpy")
     monkeypatch.setattr(cpu_threads, "MIN_SPLIT_FLOPS", 0)
     monkeypatch.setattr(cpu_threads.host_pool, "helper_count", lambda: 2)

@@ -271,8 +271,9 @@ def test_plans_on_both_blas_paths(monkeypatch, rng, blas, split, backend, thread
     monkeypatch.setattr(cpu_threads.parallel_matmul, "min_flops", 0)
     monkeypatch.setattr(cpu_threads.whole_matmul, "min_flops", 0)
     calls = []
-    real = mkl.matmul
-    monkeypatch.setattr(mkl, "matmul", lambda *a: calls.append(1) or real(*a))
+    real = mkl.prepare  # whole products are prepared MKL calls (kept per shapes and strides)
+    monkeypatch.setattr(mkl, "prepare", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(cpu_threads, "_DISPATCH", {})
     g = _block_graph()
     plan = tl.compile(g, backend=backend, opt_level=2, threads=threads, cache=False)
     feed = {n: (0.3 * rng.standard_normal(s)).astype(np.float32) for n, s in BLOCK_INPUTS.items()}
@@ -283,7 +284,7 @@ def test_plans_on_both_blas_paths(monkeypatch, rng, blas, split, backend, thread
         assert not calls and "MKL" not in str(plan)
     else:
         assert ("MKL" in str(plan)) == (threads == "pool")  # print(plan) names pool runners
-        # whole products go to mkl.matmul; split ones run as MKL blocks in numba's loop
+        # whole products are MKL calls of their own; split ones run as MKL blocks in numba's loop
         assert bool(calls) == (threads == "blas" or split == "0")
 
 

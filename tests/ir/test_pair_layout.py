@@ -238,8 +238,11 @@ def test_strided_products_on_split_gemms(split, spec, shapes, rng):
     calls = []
     with pytest.MonkeyPatch.context() as mp:
         es, plan = _split_plan(mp, split, spec, shapes, [(0, 1), (0, 1)])
-        real = gemm_numba.matmul
-        mp.setattr(gemm_numba, "matmul", lambda A, B, out, g: calls.append(1) or real(A, B, out, g))
+        real = gemm_numba.prepare  # split products are prepared numba loops (kept per layout)
+        mp.setattr(
+            gemm_numba, "prepare", lambda A, B, out, g: calls.append(1) or real(A, B, out, g)
+        )
+        mp.setattr(cpu_threads, "_DISPATCH", {})
         with cpu_threads.single_threaded_blas():
             got = _run(plan, es, arrays, np.float64, True)
     assert plan.copied == 0  # every product read its operands where they lie

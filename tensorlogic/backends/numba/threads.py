@@ -113,6 +113,12 @@ def launch_lock() -> contextlib.AbstractContextManager:
     return _checked_lock()
 
 
+def launch_is_free() -> bool:
+    """Whether parallel launches are known to need no lock (a thread-safe layer launched):
+    prepared calls then skip ``launch_lock`` and its context manager."""
+    return _needs_lock is False
+
+
 @contextlib.contextmanager
 def _checked_lock() -> Iterator[None]:
     global _needs_lock

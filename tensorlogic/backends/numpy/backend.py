@@ -58,7 +58,7 @@ class PoolRunner(PlanRunner):
         self.mode = mode
 
     def __call__(self, plan, inputs, out):
-        with cpu_threads.single_threaded_blas():
+        with cpu_threads.pool_call():
             return plan.run_steps(inputs, out)
 
     def __str__(self) -> str:

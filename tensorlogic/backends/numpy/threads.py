@@ -140,27 +140,107 @@ def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray
     the split goes along the batch axis when it has a block per thread, else along the longer
     of m and n (a column block keeps B's slab and the output's columns together; a row block
     reuses all of B), each block one single-threaded BLAS call into its slice of ``out``.
+
+    The way a product runs (numpy's matmul, MKL whole, the numba split with its grid, layouts
+    and batch offsets) depends only on the operands' shapes, strides and dtypes and on the
+    settings (``_settings``): it is chosen once per such key (``_dispatch``) and kept, so a
+    call of a plan step reads its pointers and launches once.
     """
+    settings = _CALL.get() or _settings("free")
+    key = (A.shape, A.strides, A.dtype, B.shape, B.strides, B.dtype, out.shape, out.strides)
+    key += (out.dtype, settings)
+    call = _DISPATCH.get(key)
+    if call is None:
+        call = _remember(key, _dispatch(A, B, out, settings))
+    return call(A, B, out)
+
+
+# (shapes, strides, dtypes, settings) -> call(A, B, out): the way each product runs
+_DISPATCH: dict = {}
+_DISPATCH_SIZE = 4096
+# the settings of the plan call in progress (``pool_call``, ``blas_own_threads``); None outside
+_CALL: contextvars.ContextVar[tuple | None] = contextvars.ContextVar(
+    "tensorlogic_gemm_settings", default=None
+)
+
+
+def _settings(where: str) -> tuple:
+    """What a product's dispatch depends on beyond its operands: where it is called from
+    ("plan": a "pool"-mode plan call, BLAS already on one thread; "own": a blas-bound plan;
+    "free": a call of its own), the BLAS choice, the split rule and the thread counts."""
+    from ..numba import threads as numba_threads
+
+    if where == "free" and _BLAS_OWN.get():
+        where = "own"
+    return (
+        where,
+        config.cpu_blas(),
+        config.mkl_split(),
+        host_pool.helper_count(),
+        numba_threads.thread_count(),
+        SPLIT,
+        MIN_SPLIT_FLOPS,
+    )
+
+
+def _remember(key: tuple, call):
+    if len(_DISPATCH) >= _DISPATCH_SIZE:  # shapes of a long-running process come and go
+        _DISPATCH.clear()
+    _DISPATCH[key] = call
+    return call
+
+
+def clear_dispatch() -> None:
+    """Forget the chosen ways of running products (after changing what ``_settings`` does not
+    see, such as the BLAS symbols found)."""
+    _DISPATCH.clear()
+    mkl.clear_calls()
+
+
+def _np_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
+    return np.matmul(A, B, out=out)
+
+
+def _dispatch(A: np.ndarray, B: np.ndarray, out: np.ndarray, settings: tuple):
+    """``call(A, B, out)``: how a product of these operands runs under ``settings``."""
+    where, helpers = settings[0], settings[3]
     k = A.shape[-1]
     m, n = A.shape[-2], B.shape[-1]
     nb = math.prod(out.shape[:-2])
     if 2 * nb * m * n * k < MIN_SPLIT_FLOPS:  # most GEMMs of a net are small
-        return np.matmul(A, B, out=out)
+        return _np_matmul
     use_mkl = mkl.available() and mkl.supports(A, B, out) and out.flags.c_contiguous
-    threads = host_pool.helper_count() + 1
-    if use_mkl and (_BLAS_OWN.get() or threads == 1 or not mkl_splits(nb, m, n, k)):
-        return mkl.matmul(A, B, out)  # on MKL's threads: numba's OpenMP pool
-    if _BLAS_OWN.get() or threads == 1:
-        return np.matmul(A, B, out=out)
+    threads = helpers + 1
+    blas_own = where == "own"
+    if use_mkl and (blas_own or threads == 1 or not mkl_splits(nb, m, n, k)):
+        return mkl.prepare(A, B, out)  # on MKL's threads: numba's OpenMP pool
+    if blas_own or threads == 1:
+        return _np_matmul
     if A.ndim < out.ndim or B.ndim < out.ndim:  # leading 1s broadcast like numpy's (views)
         A = A.reshape((1,) * (out.ndim - A.ndim) + A.shape)
         B = B.reshape((1,) * (out.ndim - B.ndim) + B.shape)
     if (SPLIT == "numba" or use_mkl) and _numba_split(A, B, out):
-        with single_threaded_blas():  # already so inside a plan call; BLAS calls from
-            return gemm_numba.matmul(A, B, out, _grid(nb, m, n))  # many threads need it
+        split = gemm_numba.prepare(A, B, out, _grid(nb, m, n))
+        if where == "plan":  # the plan call already holds BLAS on one thread
+            return split
+
+        def limited(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
+            with single_threaded_blas():  # BLAS calls from many threads need it
+                return split(A, B, out)
+
+        return limited
     if out.ndim > 3 or not A.shape[:-2] == B.shape[:-2] == out.shape[:-2]:
         # several batch axes (strided views) or a broadcast one: numpy's own loop over them
-        return np.matmul(A, B, out=out)
+        return _np_matmul
+    return functools.partial(_python_split, threads=threads)
+
+
+def _python_split(A: np.ndarray, B: np.ndarray, out: np.ndarray, threads: int) -> np.ndarray:
+    """The product's blocks on the caller and the helper pool (no CBLAS entry for numba)."""
+    if A.ndim < out.ndim or B.ndim < out.ndim:
+        A = A.reshape((1,) * (out.ndim - A.ndim) + A.shape)
+        B = B.reshape((1,) * (out.ndim - B.ndim) + B.shape)
+    nb, m, n = math.prod(out.shape[:-2]), A.shape[-2], B.shape[-1]
     if nb >= threads:
         cuts = _cuts(nb, threads, 1)
 
@@ -202,10 +282,15 @@ def mkl_splits(nb: int, m: int, n: int, k: int) -> bool:
 
 def whole_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
     """The "blas" mode's products: one MKL call on MKL's threads where MKL runs the GEMMs and
-    takes the operands, else numpy's matmul on its BLAS's threads."""
-    if mkl.supports(A, B, out) and out.flags.c_contiguous:
-        return mkl.matmul(A, B, out)
-    return np.matmul(A, B, out=out)
+    takes the operands, else numpy's matmul on its BLAS's threads (chosen once per shapes,
+    strides, dtypes and BLAS setting, as in ``parallel_matmul``)."""
+    key = (A.shape, A.strides, A.dtype, B.shape, B.strides, B.dtype, out.shape, out.strides)
+    key += (out.dtype, "whole", config.cpu_blas())
+    call = _DISPATCH.get(key)
+    if call is None:
+        use = mkl.available() and mkl.supports(A, B, out) and out.flags.c_contiguous
+        call = _remember(key, mkl.prepare(A, B, out) if use else _np_matmul)
+    return call(A, B, out)
 
 
 whole_matmul.min_flops = MIN_SPLIT_FLOPS  # type: ignore[attr-defined]
@@ -245,10 +330,24 @@ _BLAS_OWN = contextvars.ContextVar("tensorlogic_blas_own", default=False)
 def blas_own_threads() -> Iterator[None]:
     """Products of ``parallel_matmul`` run unsplit on BLAS's own threads in this context."""
     token = _BLAS_OWN.set(True)
+    call = _CALL.set(_settings("own"))
     try:
         yield
     finally:
+        _CALL.reset(call)
         _BLAS_OWN.reset(token)
+
+
+@contextlib.contextmanager
+def pool_call() -> Iterator[None]:
+    """A "pool"-mode plan call: BLAS on one thread (``single_threaded_blas``) and the
+    settings its products are dispatched by read once for the whole call."""
+    with single_threaded_blas():
+        token = _CALL.set(_settings("plan"))
+        try:
+            yield
+        finally:
+            _CALL.reset(token)
 
 
 def _numba_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
