@@ -209,15 +209,23 @@ def bench_block(
         free()
     # the default plan fuses bf16 attention (the tensor-core flash kernel); the written-out
     # form (cuBLAS GEMMs, S x S scores in memory) beside it
-    for name, opts in (
-        ("tensorlogic bf16 graph", {}),
-        ("tensorlogic bf16 graph, attention written out", {"fuse_attention": False}),
+    # and the plan without cuBLASLt epilogues (GEMM and bias + GELU as two steps), to compare
+    from tensorlogic.backends.cupy import backend as cupy_backend
+
+    for name, opts, epilogues in (
+        ("tensorlogic bf16 graph", {}, True),
+        ("tensorlogic bf16 graph, no cuBLASLt epilogue", {}, False),
+        ("tensorlogic bf16 graph, attention written out", {"fuse_attention": False}, True),
     ):
         if "bf16" not in modes:
             break
-        plan16 = tl.compile(tl_block(p, s, "bfloat16"), backend="cupy", cache=False, **opts)
+        cupy_backend.FUSE_EPILOGUES = epilogues
+        try:
+            plan16 = tl.compile(tl_block(p, s, "bfloat16"), backend="cupy", cache=False, **opts)
+        finally:
+            cupy_backend.FUSE_EPILOGUES = True
         measure(name, lambda plan=plan16: plan(x=xg16)["y"], "bf16")
-        if not opts:
+        if not opts and epilogues:
             RESULTS.setdefault("plans", {})[f"S{s}_bf16"] = str(plan16)
             print(plan16)
         plan16.release_memory()
@@ -333,11 +341,11 @@ def bench_steps(s: int, p: dict, inner: int) -> None:
     rng = np.random.default_rng(2)
     total = 0.0
     for step, kernel in zip(plan.steps, plan.kernels):
-        node = plan.graph.node(step.node_id)
-        in_nodes = [plan.graph.node(i) for i in node.inputs]
-        args = [cp.asarray(rng.standard_normal(tuple(n.shape)).astype(n.dtype)) for n in in_nodes]
+        # the step's own inputs (a GEMM with its epilogue reads the product's operands)
+        ins = [plan.buffers[i] for i in step.inputs]
+        args = [cp.asarray(rng.standard_normal(b.shape).astype(b.dtype)) for b in ins]
         scratch = [cp.empty(b.shape, b.dtype) for b in plan.buffers if b.id in step.scratch]
-        out = cp.empty(tuple(node.shape), node.dtype)
+        out = cp.empty(tuple(step.shape), step.dtype)
         t = captured_time(lambda k=kernel, a=args + scratch, o=out: k(a, o), inner)
         total += t
         extra = {"op": step.label[:60]}
