@@ -81,12 +81,15 @@ class CublasLt:
             "cublasLtMatmulAlgoGetHeuristic",
             [vp, vp, vp, vp, vp, vp, vp, i, vp, ctypes.POINTER(i)],
         )
+        self.desc_destroy = fn("cublasLtMatmulDescDestroy", [vp])
+        self.layout_destroy = fn("cublasLtMatrixLayoutDestroy", [vp])
+        self.pref_destroy = fn("cublasLtMatmulPreferenceDestroy", [vp])
         self.matmul = fn(
             "cublasLtMatmul",
             [vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, vp, sz, vp],
         )
         self._handles: dict[int, int] = {}
-        self._workspaces: dict[int, object] = {}
+        self._workspaces: dict[tuple[int, int], object] = {}
         self._lock = threading.Lock()
 
     def handle(self) -> int:
@@ -103,13 +106,16 @@ class CublasLt:
         return h
 
     def workspace(self, stream: int) -> int:
-        """The device pointer of ``stream``'s workspace (made once, before any capture)."""
-        ws = self._workspaces.get(stream)
+        """The device pointer of ``stream``'s workspace on the current device (made on the
+        stream's first call: a plan's warm-up call, before any capture). Keyed by device too:
+        every device's legacy default stream is pointer 0."""
+        key = (cupy.cuda.Device().id, stream)
+        ws = self._workspaces.get(key)
         if ws is None:
             with self._lock:
-                ws = self._workspaces.get(stream)
+                ws = self._workspaces.get(key)
                 if ws is None:
-                    ws = self._workspaces[stream] = cupy.empty(
+                    ws = self._workspaces[key] = cupy.empty(
                         cublas.WORKSPACE_BYTES, dtype=cupy.uint8
                     )
         return ws.data.ptr
@@ -188,11 +194,20 @@ class LtEpilogueKernel:
             ctypes.addressof(result),
             ctypes.byref(count),
         )
+        lt.pref_destroy(pref.value)
         if status != 0 or count.value < 1:
             return None
         algo = (ctypes.c_uint8 * _ALGO_BYTES)()
         ctypes.memmove(algo, result, _ALGO_BYTES)
         return algo
+
+    def __del__(self) -> None:
+        try:  # descriptors are host objects: freed with the plan that holds the kernel
+            self.lt.desc_destroy(self.desc)
+            for lay in (self.a_layout, self.b_layout, self.d_layout):
+                self.lt.layout_destroy(lay)
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing left to free into
+            pass
 
     @property
     def available(self) -> bool:
