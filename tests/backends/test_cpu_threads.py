@@ -219,17 +219,6 @@ def test_bad_thread_mode_is_rejected(bad):
         ([[(1, 256, 256, 256)]] * 5, True),  # a chain of plain GEMMs
         ([[(1, 48, 48, 2304)], [(1, 1000, 1000, 1000)]], True),
         ([[(48, 48, 48, 48), (1, 48, 48, 2304)]], False),  # a batched product: keep the split
-        # a random tree of bond 24: batched products bound by memory, GEMVs over 24^5 tensors
-        ([[(24, 331776, 1, 24), (576, 1, 24, 24), (13824, 1, 24, 24)]], True),
-        ([[(576, 576, 1, 24), (1, 331776, 1, 24), (24, 24, 24, 24)]], True),
-        # thin panels (n = 4) and outer products (k = 2) are bound by memory too
-        ([[(8, 13824, 4, 576)], [(16, 4096, 4096, 2)]], True),
-        # GEMVs of a batch too small for BLAS's threads (one product at a time there)
-        ([[(100_000, 8, 1, 8)]], False),
-        # compute-bound batched products take most of the time: keep the split
-        ([[(64, 256, 256, 64), (1, 13824, 1, 24)]], False),
-        ([[(48, 512, 512, 512)], [(4, 331776, 1, 24)]], False),
-        ([[(4, 331776, 1, 24)], None], False),  # an elementwise step shares the pool
         ([[(1, 512, 2048, 512)], None, [(1, 512, 512, 2048)]], False),  # a row op between
         ([None], False),
         ([[]], False),  # no GEMM at all (a one-operand einsum)
@@ -238,63 +227,6 @@ def test_bad_thread_mode_is_rejected(bad):
 )
 def test_blas_bound_rule(step_gemms, bound):
     assert cpu_threads.blas_bound(step_gemms) is bound
-
-
-@pytest.mark.parametrize(
-    "m,n,k,bound",
-    [
-        (331776, 1, 24, True),  # a matrix times a vector
-        (1, 576, 24, True),  # a vector times a matrix
-        (4096, 4096, 1, True),  # an outer product: the result's writes
-        (13824, 4, 576, True),  # a thin panel
-        (331776, 24, 24, False),  # 24 FLOPs per element moved
-        (256, 256, 64, False),  # attention scores
-        (512, 3072, 768, False),  # an MLP layer
-        (48, 48, 48, False),
-    ],
-)
-def test_memory_bound_products_by_shape(m, n, k, bound):
-    assert cpu_threads.memory_bound(m, n, k) is bound
-    assert cpu_threads.gemv_shaped(m, n) is (m == 1 or n == 1)
-
-
-@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.complex128])
-@pytest.mark.parametrize(
-    "a_shape,b_shape,a_t",
-    [
-        ((1000, 24), (24, 1), False),  # a matrix times a vector: rows cut
-        ((1, 24), (24, 1000), False),  # a vector times a matrix: columns cut
-        ((7, 50, 24), (1, 24, 1), True),  # a batch of transposed matrices, one vector for all
-        ((7, 1, 24), (7, 24, 50), False),  # vectors times matrices, batch cut
-        ((2, 1, 3, 24), (1, 5, 24, 1), False),  # batch axes broadcast on either side
-        ((3, 40, 24), (3, 24, 1), False),  # the longest axis of the result is m
-        ((1, 1), (1, 1), False),
-    ],
-)
-def test_gemv_shaped_products_split_as_gemvs(
-    three_threads, monkeypatch, dtype, a_shape, b_shape, a_t
-):
-    """Matrix-vector products in the pool mode are cut into numpy matmuls (BLAS's GEMV),
-    never handed to the numba loop of GEMM blocks, with numpy's result."""
-    monkeypatch.setattr(
-        cpu_threads.gemm_numba, "matmul", lambda *a: pytest.fail("GEMV went to GEMM blocks")
-    )
-    rng = np.random.default_rng(5)
-
-    def rand(shape):
-        x = rng.standard_normal(shape)
-        if np.dtype(dtype).kind == "c":
-            x = x + 1j * rng.standard_normal(shape)
-        return x.astype(dtype)
-
-    a = rand(a_shape[:-2] + a_shape[:-3:-1]).swapaxes(-1, -2) if a_t else rand(a_shape)
-    b = rand(b_shape)
-    shape = np.broadcast_shapes(a_shape[:-2], b_shape[:-2]) + (a_shape[-2], b_shape[-1])
-    out = np.full(shape, np.nan, dtype)
-    with cpu_threads.single_threaded_blas():
-        cpu_threads.parallel_matmul(a, b, out)
-    tol = 1e-5 if dtype == np.float32 else 1e-12
-    np.testing.assert_allclose(out, np.matmul(a, b), rtol=tol, atol=tol)
 
 
 def _einsum_plan(spec, shapes, backend="numpy", seed=0):
@@ -315,15 +247,6 @@ def _einsum_plan(spec, shapes, backend="numpy", seed=0):
         ("ij,jk->ik", [(96, 80), (80, 112)], True),
         ("bij,bjk->bik", [(6, 40, 24), (6, 24, 56)], False),
         ("abc,bcd,cde->ae", [(12, 10, 14)] + [(10, 14, 16), (14, 16, 9)], False),
-        # a batch of matrix-vector products (a bond-24 tree's step): bound by memory
-        ("acdiq,d->aciq", [(4, 4, 24, 24, 24), (24,)], True),
-        ("acdiq,d,aciq->c", [(4, 4, 24, 24, 24), (24,), (4, 4, 24, 24)], True),
-        # the same step beside a larger compute-bound batched product keeps the split
-        (
-            "acdiq,d,aciq,xyz,xzw->cxyw",
-            [(2, 2, 24, 24, 24), (24,), (2, 2, 24, 24), (64, 64, 128), (64, 128, 64)],
-            False,
-        ),
     ],
 )
 def test_gemm_only_plans_choose_blas_threads_by_the_rule(
@@ -340,9 +263,7 @@ def test_gemm_only_plans_choose_blas_threads_by_the_rule(
     plan, feed, want = _einsum_plan(spec, shapes, backend)
     before = _blas_threads()
     seen.clear()
-    # float32 sums of thousands of terms: the tolerance scales with the result's magnitude
-    atol = 2e-4 * max(1.0, float(np.abs(want).max()))
-    np.testing.assert_allclose(plan(**feed)["y"], want, rtol=2e-4, atol=atol)
+    np.testing.assert_allclose(plan(**feed)["y"], want, rtol=2e-4, atol=2e-4)
     assert ("BLAS's own threads" in str(plan)) == bound
     assert "threads: pool" in str(plan)
     # a blas-bound plan leaves BLAS's thread count as it was; a split plan runs on one

@@ -65,8 +65,8 @@ class PoolRunner(PlanRunner):
 
 
 class BlasBoundRunner(PlanRunner):
-    """Runs a "pool"-mode plan of GEMMs alone, unbatched or mostly bound by memory
-    (``cpu_threads.blas_bound``), with each product one call on BLAS's own threads."""
+    """Runs a "pool"-mode plan of unbatched GEMMs alone (``cpu_threads.blas_bound``) with each
+    product one call on BLAS's own threads."""
 
     def __call__(self, plan, inputs, out):
         with cpu_threads.blas_own_threads():
@@ -175,8 +175,8 @@ class NumpyBackend(Backend):
 
     def plan_runner(self, plan) -> PlanRunner | None:
         """A runner that limits BLAS to one thread around the call ("pool" mode plans that
-        call BLAS), or one that keeps BLAS's threads for a plan of GEMMs alone, unbatched or
-        mostly bound by memory (``cpu_threads.blas_bound``); None keeps the plain step loop."""
+        call BLAS), or one that keeps BLAS's threads for a plan of unbatched GEMMs alone
+        (``cpu_threads.blas_bound``); None keeps the plain step loop."""
         if not plan.steps or not calls_blas(plan.steps):
             return None
         mode = self.thread_mode

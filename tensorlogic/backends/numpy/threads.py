@@ -25,7 +25,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .. import gemm_numba
+from .. import gemm_numba, gemv_numba
 from . import host_pool
 
 THREAD_MODES = ("pool", "blas")
@@ -40,15 +40,6 @@ SPLIT = "numba"
 # Blocks along a row/column axis are multiples of this many elements (full SIMD tiles of the
 # GEMM micro-kernels, so no block gets a ragged edge in the middle of the output).
 ALIGN = 16
-
-# A product is bound by memory when it does fewer FLOPs than this per element it moves (operands
-# read and result written once: 2mnk / (mk + kn + mn), about twice the smallest of m, n and k):
-# its time is the traffic, and how it is cut over the cores changes little of it.
-LOW_INTENSITY = 16
-# Elements one product of a batch moves for BLAS's own threads to share it out (OpenBLAS threads a
-# GEMV from about 9,000 matrix elements); a batch of smaller products runs there one product at
-# a time on one thread, where the pool splits the batch.
-BLAS_THREADED_ELEMENTS = 8192
 
 _lock = threading.Lock()
 _depth = 0
@@ -142,8 +133,8 @@ def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray
     if A.ndim < out.ndim or B.ndim < out.ndim:  # leading 1s broadcast like numpy's (views)
         A = A.reshape((1,) * (out.ndim - A.ndim) + A.shape)
         B = B.reshape((1,) * (out.ndim - B.ndim) + B.shape)
-    if gemv_shaped(m, n):  # BLAS's GEMM on a vector packs the matrix: numpy's GEMV instead
-        return _split_gemv(A, B, out, threads)
+    if SPLIT == "numba" and _gemv_split(A, B, out):  # GEMV blocks: no GEMM packing
+        return _gemv_blocks(A, B, out)
     if SPLIT == "numba" and _numba_split(A, B, out):
         with single_threaded_blas():  # already so inside a plan call; BLAS calls from
             return gemm_numba.matmul(A, B, out, _grid(nb, m, n))  # many threads need it
@@ -180,94 +171,23 @@ parallel_matmul.min_flops = MIN_SPLIT_FLOPS  # type: ignore[attr-defined]
 
 def blas_bound(step_gemms) -> bool:
     """Whether a "pool"-mode plan runs on BLAS's own threads instead: true when every step that
-    computes is a contraction, there is a product, and either no product is batched or most of
-    the products' estimated time (``product_cost``) goes to products bound by memory that BLAS
-    threads itself (``blas_threads_it``).
+    computes is a contraction whose products are all single (unbatched) GEMMs, and there is one.
 
     ``step_gemms`` holds, per computing step, the (batch, m, n, k) of its GEMMs, or None for a
     step that is no contraction. The split exists so that GEMMs and the kernels between them
-    share one pool of threads, and it wins on batches of compute-bound products (one parallel
-    region over all of a batch's products, where BLAS threads each small product on its own). A
-    plan of plain GEMMs alone has nothing to share the pool with, and there BLAS's own threads
-    won: a 256x256 product is 4 MFLOP per block on 8 threads, so the region's launch and each
-    block's own packing of its K-panels cost as much as the product (a chain of five such GEMMs:
-    1.0 ms split, 0.52 ms on BLAS's threads). Products bound by memory (a random tree network of
-    bond 24: a 24^5 tensor times a vector, batched or not) gain nothing from the split, and the
-    smaller ones, under the split's FLOP threshold, would run on one thread in the pool where
-    BLAS's threads stream them from several cores.
+    share one pool of threads, and it wins on batches (one parallel region over all of a batch's
+    products, where BLAS threads each small product on its own). A plan of plain GEMMs alone has
+    nothing to share the pool with, and there BLAS's own threads won: a 256x256 product is
+    4 MFLOP per block on 8 threads, so the region's launch and each block's own packing of its
+    K-panels cost as much as the product (a chain of five such GEMMs: 1.0 ms split, 0.52 ms
+    on BLAS's threads).
     """
-    found = batched = False
-    total = bound = 0.0
+    found = False
     for gemms in step_gemms:
-        if gemms is None:
+        if gemms is None or any(g[0] > 1 for g in gemms):
             return False
-        for nb, m, n, k in gemms:
-            found = True
-            batched = batched or nb > 1
-            cost = product_cost(nb, m, n, k)
-            total += cost
-            if memory_bound(m, n, k) and blas_threads_it(m, n, k):
-                bound += cost
-    return found and (not batched or 2 * bound >= total)
-
-
-def moved_elements(m: int, n: int, k: int) -> int:
-    """Elements an m x k by k x n product reads and writes at least once."""
-    return m * k + k * n + m * n
-
-
-def memory_bound(m: int, n: int, k: int) -> bool:
-    """Whether an m x k by k x n product does under ``LOW_INTENSITY`` FLOPs per element it
-    moves: one of m, n and k is small (a GEMV, an outer product, a thin panel)."""
-    return 2 * m * n * k < LOW_INTENSITY * moved_elements(m, n, k)
-
-
-def blas_threads_it(m: int, n: int, k: int) -> bool:
-    """Whether one such product is large enough for BLAS to spread over its own threads."""
-    return moved_elements(m, n, k) >= BLAS_THREADED_ELEMENTS
-
-
-def product_cost(nb: int, m: int, n: int, k: int) -> float:
-    """A batch of products' estimated time, in elements moved: its traffic, or its FLOPs where
-    those take longer (over ``LOW_INTENSITY`` per element)."""
-    return nb * max(2 * m * n * k / LOW_INTENSITY, moved_elements(m, n, k))
-
-
-def gemv_shaped(m: int, n: int) -> bool:
-    """Whether the products are matrix-vector ones, which numpy's matmul hands to BLAS's GEMV
-    (one pass over the matrix); BLAS's GEMM, as the numba split calls it, would first pack the
-    matrix into panels and then run a micro-kernel of several columns on one (on 2 cores, a
-    331776 x 24 matrix times a vector: 24 ms as GEMM blocks, 8 ms as one GEMV)."""
-    return m == 1 or n == 1
-
-
-def _split_gemv(A: np.ndarray, B: np.ndarray, out: np.ndarray, threads: int) -> np.ndarray:
-    """``np.matmul(A, B, out=out)`` of a GEMV-shaped product, cut along the longest axis of
-    ``out`` (a batch axis, or the matrix's long side) into one block per thread, each block a
-    numpy matmul (a single-threaded GEMV per product) on the caller or a helper thread. A and B
-    have ``out``'s rank; their batch axes are ``out``'s sizes or 1 (broadcast)."""
-    axis = max(range(out.ndim), key=lambda i: out.shape[i])
-    size = out.shape[axis]
-    if size < 2:
-        return np.matmul(A, B, out=out)
-    cuts = _cuts(size, threads, 1 if axis < out.ndim - 2 else ALIGN)
-    last = out.ndim - 1
-
-    def part(X: np.ndarray, s: slice, own: bool) -> np.ndarray:
-        # X's block along the cut axis: batch axes where X has them, A's rows, B's columns
-        if not own or X.shape[axis] == 1:
-            return X
-        return X[(slice(None),) * axis + (s,)]
-
-    def work(i: int, _worker: int) -> None:
-        s = slice(cuts[i], cuts[i + 1])
-        a = part(A, s, axis != last)
-        b = part(B, s, axis != last - 1)
-        np.matmul(a, b, out=out[(slice(None),) * axis + (s,)])
-
-    blocks = len(cuts) - 1
-    host_pool.run_blocks(work, blocks, min(threads - 1, blocks - 1))
-    return out
+        found = found or bool(gemms)
+    return found
 
 
 # set while a blas-bound plan runs (``blas_bound``): its products go to numpy's matmul whole
@@ -298,6 +218,22 @@ def _numba_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
     )
 
 
+def _gemv_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
+    """Whether this product runs as one numba loop of BLAS GEMV blocks (``gemv_numba``): a
+    matrix-vector product (m or n is 1), which BLAS's GEMM would pack into panels first (see
+    ``gemv_numba``: 1.6x slower on one thread, 1.9x on two, on the development machine)."""
+    return (out.shape[-1] == 1 or out.shape[-2] == 1) and gemv_numba.usable(A, B, out)
+
+
+def _gemv_blocks(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``gemv_numba.matmul`` over one block per thread, with BLAS on one thread."""
+    from ..numba import threads as numba_threads
+
+    parts = min(host_pool.helper_count() + 1, numba_threads.thread_count())
+    with single_threaded_blas():
+        return gemv_numba.matmul(A, B, out, parts)
+
+
 def _grid(nb: int, m: int, n: int) -> np.ndarray:
     from ..numba import threads as numba_threads
 
@@ -316,10 +252,7 @@ def describe(mode: str, blas_own: bool = False) -> str:
     that ``blas_bound`` hands to BLAS's threads)."""
     threads = host_pool.helper_count() + 1
     if mode == "pool" and blas_own:
-        return (
-            "threads: pool (GEMMs only, unbatched or mostly bound by memory: one BLAS call "
-            "each, on BLAS's own threads)"
-        )
+        return "threads: pool (unbatched GEMMs only: one BLAS call each, on BLAS's own threads)"
     if mode == "pool":
         where = (
             "one numba loop"
