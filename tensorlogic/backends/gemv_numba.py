@@ -142,12 +142,20 @@ def grid(nb: int, rows: int, parts: int, align: int = 16) -> np.ndarray:
 def _offsets(x: np.ndarray, batch: tuple[int, ...]) -> np.ndarray:
     """Element offset of every batch entry of ``x`` (C order over ``batch``; an axis of size 1
     is broadcast)."""
+    it = x.itemsize
+    return _offsets_of(
+        batch, tuple(0 if d == 1 else s // it for d, s in zip(x.shape[:-2], x.strides[:-2]))
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def _offsets_of(batch: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
     if not batch:
         return np.zeros(1, np.int64)
-    it = x.itemsize
-    st = [0 if d == 1 else s // it for d, s in zip(x.shape[:-2], x.strides[:-2])]
     idx = np.indices(batch, dtype=np.int64).reshape(len(batch), -1)
-    return (idx * np.array(st, np.int64)[:, None]).sum(axis=0)
+    offsets = (idx * np.array(strides, np.int64)[:, None]).sum(axis=0)
+    offsets.flags.writeable = False  # shared by every call of this layout
+    return offsets
 
 
 def _as_column(A: np.ndarray, B: np.ndarray, out: np.ndarray):
