@@ -29,10 +29,10 @@ USE_MMA = True
 # the tensor-core kernel's block shape (attention_mma.Config); None: chosen per shape by
 # mma_config, from the measurements in benchmarks/RESULTS.md
 MMA_CONFIG: attention_mma.Config | None = None
-# a positive scale without a mask tensor, head dims up to 64: the 16-bit kernel takes the
-# raw-score maxima and scales and shifts in one FMA (H100, bf16, S=4096, head dim 64: 0.143 ms
-# against 0.154; at head dim 128 its registers spill and it measured 2% slower, so wider heads
-# keep the generic kernel; False: the generic kernel everywhere, to compare)
+# a positive scale without a mask tensor: the 16-bit kernel takes the raw-score maxima and
+# scales and shifts in one FMA (H100, bf16, S=4096, head dim 64: 0.143 ms against 0.154 for
+# the first kernel; head dim 128 since its addresses are constants, 0.219 ms against 0.222;
+# False: the generic kernel everywhere, to compare)
 RAW_SCORES = True
 # the float32 kernel's block shape (attention_tf32.Config); None: chosen by tf32_config
 TF32_CONFIG: attention_tf32.Config | None = None
@@ -225,7 +225,7 @@ class AttentionKernel:
                     name, d, dv, self.causal, self.has_mask, cfg, self.split, inner=self.inner
                 )
             else:
-                positive = RAW_SCORES and float(self.scale) > 0 and max(d, dv) <= 64
+                positive = RAW_SCORES and float(self.scale) > 0
                 name += "_ps" if positive else ""
                 src = attention_mma.render(
                     name,

@@ -15,6 +15,13 @@ values live in the 4 lanes of a quad (two shuffles give its maximum; the sum is 
 the end). The probabilities are rounded to 16 bits and reused as the A fragments of ``P V``
 without touching shared memory; the value B fragments come from ``ldmatrix.trans``. The output
 accumulates in float32, is rounded once and leaves through shared memory as 16-byte rows.
+Where no row of a warp's m-tile changed its maximum (most tiles after the first few), the
+output's rescale (one multiply per accumulator) is skipped.
+
+Instruction count: every shared-memory address is a 32-bit lane base plus a compile-time constant
+(``ldmatrix`` and ``cp.async`` take the constant as their offset), and each thread's tile rows are
+a fixed step apart, so a tile costs few integer instructions beside its MMAs (H100, bf16, S=4096,
+head dim 128: 0.256 -> 0.219 ms, 0.79x -> 0.92x torch's flash SDPA; ``benchmarks/RESULTS.md``).
 
 Causal: a block stops after the diagonal; a warp skips the tiles wholly right of its rows and
 masks only the tiles its diagonal crosses; with paired blocks, block i runs query blocks
@@ -65,6 +72,32 @@ __device__ __forceinline__ void tl_att_ldm(unsigned* r, unsigned addr) {
 __device__ __forceinline__ void tl_att_ldm_t(unsigned* r, unsigned addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr) : "memory"); }
+// ROWS rows of CPR 16-byte chunks from src (row stride GS elements) to the shared address dst
+// (row stride SS elements); rows from ``avail`` on are zero-filled. Where the threads divide
+// a row's chunks, each thread's rows are a fixed step apart: the addresses are one base plus
+// constants, no division per chunk.
+template <int ROWS, int CPR, int THREADS, int SS, long long GS>
+__device__ __forceinline__ void tl_att_load_rows(unsigned dst, const unsigned short* src,
+                                                 int tid, int avail) {
+  if (THREADS % CPR == 0) {  // a constant: the other branch is compiled away
+    constexpr int STEP = THREADS / CPR;
+    const int r0 = tid / CPR, c0 = (tid - r0 * CPR) * 8;
+#pragma unroll
+    for (int i = 0; i < (ROWS + STEP - 1) / STEP; ++i) {
+      const int r = r0 + i * STEP;
+      if (ROWS % STEP == 0 || r < ROWS) {
+        const bool in = r < avail;
+        tl_att_cp16(dst + (unsigned)(r * SS + c0) * 2u, src + (in ? r * GS + c0 : 0), in);
+      }
+    }
+  } else {
+    for (int c = tid; c < ROWS * CPR; c += THREADS) {
+      const int r = c / CPR, cc = (c - r * CPR) * 8;
+      const bool in = r < avail;
+      tl_att_cp16(dst + (unsigned)(r * SS + cc) * 2u, src + (in ? r * GS + cc : 0), in);
+    }
+  }
+}
 __device__ __forceinline__ float tl_att_ex2(float x) {
   float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y; }
 __device__ __forceinline__ float tl_att_f16_f32(unsigned short h) {
@@ -212,8 +245,10 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
   constexpr long long VRS = (long long)VIN * DV, ORS = (long long)OIN * DV;
   extern __shared__ __align__(16) unsigned char tl_smem[];
   unsigned short* Qs = (unsigned short*)tl_smem;  // the query tile, at the end the output tile
-  unsigned short* Ks = Qs + BM * OS;             // two stages
-  unsigned short* Vs = Ks + 2 * BN * KS;         // two stages
+  // shared addresses in bytes: the query tile, then two stages of keys and two of values;
+  // every fragment address is a lane base plus a constant (folded into the instruction)
+  constexpr unsigned KSTG = BN * KS * 2, VSTG = BN * VS * 2;
+  const unsigned qs_a = tl_att_smem(tl_smem), ks_a = qs_a + BM * OS * 2, vs_a = ks_a + 2 * KSTG;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   const long long b = (long long)blockIdx.y + batch0;
   // tensor X's rows of batch index b = (outer, inner): X + outer * Xos + inner * (head dim),
@@ -228,6 +263,8 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
   const int lr = (lane & 7) + ((lane >> 3) & 1) * 8, lc = (lane >> 4) * 8;
   const int kr = (lane & 7) + (lane >> 4) * 8, kc = ((lane >> 3) & 1) * 8;
   unsigned short* wq = Qs + warp * WR * OS;  // this warp's rows of the query/output tile
+  const unsigned q_l = qs_a + ((warp * WR + lr) * OS + lc) * 2;  // ldmatrix lane addresses
+  const unsigned k_l = (kr * KS + kc) * 2, v_l = (lr * VS + lc) * 2;
 
   for (int pass = 0; pass < (PAIR ? 2 : 1); ++pass) {{
   // causal: the longest rows start first; paired, the second pass takes the mirror block
@@ -240,27 +277,13 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
   const int ntiles = (kend + BN - 1) / BN;
   __syncthreads();  // the previous pass is done with the output tile
 
-  for (int c = tid; c < BM * (D / 8); c += THREADS) {{
-    const int r = c / (D / 8), cc = (c - r * (D / 8)) * 8;
-    const bool in = q0 + r < sq;
-    tl_att_cp16(tl_att_smem(Qs + r * OS + cc), qb + (long long)(in ? r : 0) * QRS + cc, in);
-  }}
+  tl_att_load_rows<BM, D / 8, THREADS, OS, QRS>(qs_a, qb, tid, sq - q0);
   auto load_tile = [&](int t) {{
     const int n0 = t * BN;
-    unsigned short* kd = Ks + (t & 1) * BN * KS;
-    unsigned short* vd = Vs + (t & 1) * BN * VS;
-    for (int c = tid; c < BN * (D / 8); c += THREADS) {{
-      const int r = c / (D / 8), cc = (c - r * (D / 8)) * 8;
-      const bool in = n0 + r < sk;
-      tl_att_cp16(tl_att_smem(kd + r * KS + cc), kb + (long long)(in ? n0 + r : 0) * KRS + cc,
-                  in);
-    }}
-    for (int c = tid; c < BN * (DV / 8); c += THREADS) {{
-      const int r = c / (DV / 8), cc = (c - r * (DV / 8)) * 8;
-      const bool in = n0 + r < sk;
-      tl_att_cp16(tl_att_smem(vd + r * VS + cc), vb + (long long)(in ? n0 + r : 0) * VRS + cc,
-                  in);
-    }}
+    tl_att_load_rows<BN, D / 8, THREADS, KS, KRS>(ks_a + (t & 1) * KSTG, kb + n0 * KRS, tid,
+                                                  sk - n0);
+    tl_att_load_rows<BN, DV / 8, THREADS, VS, VRS>(vs_a + (t & 1) * VSTG, vb + n0 * VRS, tid,
+                                                   sk - n0);
   }};
   if (ntiles > 0) load_tile(0);
   tl_att_commit();  // group 0: the query tile and tile 0
@@ -285,14 +308,12 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
       for (int i = 0; i < (QREGS ? MT : 0); ++i)
 #pragma unroll
         for (int kk = 0; kk < KD; ++kk)
-          tl_att_ldm(qa[QREGS ? i : 0][QREGS ? kk : 0],
-                     tl_att_smem(wq + (i * 16 + lr) * OS + kk * 16 + lc));
+          tl_att_ldm(qa[QREGS ? i : 0][QREGS ? kk : 0], q_l + (i * 16 * OS + kk * 16) * 2);
     }}
     const int n0 = t * BN;
     // causal: a tile wholly right of this warp's rows adds nothing
     if (!CAUSAL || n0 <= wr0 + WR - 1) {{
-      const unsigned short* kt = Ks + (t & 1) * BN * KS;
-      const unsigned short* vt = Vs + (t & 1) * BN * VS;
+      const unsigned kt = ks_a + (t & 1) * KSTG + k_l, vt = vs_a + (t & 1) * VSTG + v_l;
       float s[MT][NT][4];
 #pragma unroll
       for (int i = 0; i < MT; ++i)
@@ -304,12 +325,12 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
         if (!QREGS) {{
 #pragma unroll
           for (int i = 0; i < (QREGS ? 0 : MT); ++i)
-            tl_att_ldm(qf[i], tl_att_smem(wq + (i * 16 + lr) * OS + kk * 16 + lc));
+            tl_att_ldm(qf[i], q_l + (i * 16 * OS + kk * 16) * 2);
         }}
 #pragma unroll
         for (int jj = 0; jj < NT / 2; ++jj) {{
           unsigned kf[4];
-          tl_att_ldm(kf, tl_att_smem(kt + (jj * 16 + kr) * KS + kk * 16 + kc));
+          tl_att_ldm(kf, kt + (jj * 16 * KS + kk * 16) * 2);
 #pragma unroll
           for (int i = 0; i < MT; ++i) {{
             tl_att_mma_{ty}(s[i][2 * jj], {qfrag}, kf[0], kf[1]);
@@ -364,10 +385,15 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
         }}
         // the quad shares the row maximum, so the lanes' partial sums add up at the end
         l[i][0] = l[i][0] * al0 + rs0; l[i][1] = l[i][1] * al1 + rs1;
+        // after the first tiles the maxima rarely move: where no row of the warp's m-tile
+        // moved, every factor is 2^0 = 1 and the rescale is skipped
+        const bool moved = mn0 != m[i][0] || mn1 != m[i][1];
         m[i][0] = mn0; m[i][1] = mn1;
+        if (__any_sync(0xffffffffu, moved)) {{
 #pragma unroll
-        for (int j = 0; j < NO; ++j) {{
-          o[i][j][0] *= al0; o[i][j][1] *= al0; o[i][j][2] *= al1; o[i][j][3] *= al1;
+          for (int j = 0; j < NO; ++j) {{
+            o[i][j][0] *= al0; o[i][j][1] *= al0; o[i][j][2] *= al1; o[i][j][3] *= al1;
+          }}
         }}
       }}
 #pragma unroll
@@ -383,7 +409,7 @@ extern "C" __global__ void __launch_bounds__({cfg.threads}, {min_blocks}) {name}
 #pragma unroll
         for (int jj = 0; jj < NO / 2; ++jj) {{
           unsigned vf[4];
-          tl_att_ldm_t(vf, tl_att_smem(vt + (kk * 16 + lr) * VS + jj * 16 + lc));
+          tl_att_ldm_t(vf, vt + (kk * 16 * VS + jj * 16) * 2);
 #pragma unroll
           for (int i = 0; i < MT; ++i) {{
             tl_att_mma_{ty}(o[i][2 * jj], pa[i], vf[0], vf[1]);
