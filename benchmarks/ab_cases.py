@@ -5,7 +5,8 @@ methods, ``tl.compile``), so two trees run the very same cases: the fused CPU ke
 ops of ``bench_fused_cpu.py``, the einsum specs and executor overhead of ``bench_einsum_cpu.py``,
 the blocks and compile time of ``bench_optimizer.py``, and small numpy row ops.
 
-Usage (by ab_trees.py): PYTHONPATH=<tree> python ab_cases.py [--quick]
+Usage (by ab_trees.py): PYTHONPATH=<tree> python ab_cases.py [--quick] [--only PARTS]
+       [--clock wall|thread]
 Prints one JSON line: case -> median seconds per call.
 """
 
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -26,9 +28,14 @@ F32 = "float32"
 EINSUM = CASES  # the einsum rows of bench_einsum_cpu
 
 
-def sample(fn, repeat: int, min_time: float) -> float:
+def sample(fn, repeat: int, min_time: float, clock=time.perf_counter) -> float:
     """Median seconds per call over ``repeat`` samples, each looping ``fn`` for ``min_time``."""
-    return median_time(fn, repeat, warmup=2, min_time=min_time)
+    return median_time(fn, repeat, warmup=2, min_time=min_time, clock=clock)
+
+
+# cases that run on the calling thread alone (small steps below the fused kernels' threshold,
+# no BLAS, compiling): ``--clock thread`` times them in that thread's CPU time
+ONE_THREAD = ("numpy small ", "executor ", "compile 1000-node")
 
 
 # extra compile options (JSON) for every plan, to attribute a difference to one option
@@ -189,13 +196,21 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="", help="comma-separated parts of the case names to run")
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "thread"),
+        default="wall",
+        help="thread: the one-thread cases (ONE_THREAD) in the calling thread's CPU time",
+    )
     args = ap.parse_args()
     res = {}
     for name, build, repeat, min_time in cases(args.quick):
         if args.only and not any(part in name for part in args.only.split(",")):
             continue
         fn = build()
-        res[name] = sample(fn, 3 if args.quick else repeat, min_time)
+        one = args.clock == "thread" and name.startswith(ONE_THREAD)
+        clock = time.thread_time if one else time.perf_counter
+        res[name] = sample(fn, 3 if args.quick else repeat, min_time, clock)
         print(f"{name}: {res[name] * 1e3:.4f} ms", file=sys.stderr, flush=True)
     print(json.dumps(res))
 

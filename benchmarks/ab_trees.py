@@ -8,7 +8,7 @@ of the rounds per tree, the ratio new / old, and whether the two trees' rounds a
 2/252 when nothing changed) with the medians more than ``--tolerance`` apart: "beyond noise".
 
 Usage: python benchmarks/ab_trees.py OLD_TREE NEW_TREE [--rounds 5] [--threads 8]
-       [--budget SECONDS] [--quick] [--label NAME]
+       [--budget SECONDS] [--quick] [--only PARTS] [--clock wall|thread] [--label NAME]
 Writes benchmarks/results/ab_<label>.json (machine, versions, date, every round's numbers).
 """
 
@@ -48,6 +48,7 @@ def run_tree(tree: Path, args, cache: Path, extra_env: list[str]) -> dict[str, f
     cmd = [sys.executable, str(CASES)] + (["--quick"] if args.quick else [])
     if args.only:
         cmd += ["--only", args.only]
+    cmd += ["--clock", args.clock]
     if args.cpus:
         cmd = ["taskset", "-c", args.cpus] + cmd
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=cache)
@@ -104,6 +105,12 @@ def main() -> None:
     ap.add_argument("--tolerance", type=float, default=0.03)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", default="")
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "thread"),
+        default="wall",
+        help="thread: one-thread cases in CPU time (ab_cases.ONE_THREAD; crowded machines)",
+    )
     ap.add_argument("--label", default="trees")
     ap.add_argument("--old-commit", default="", help="recorded when the tree has no .git")
     for k in ("old", "new"):  # e.g. AB_COMPILE_OPTIONS={"threads": "blas"}: one tree, two settings
@@ -153,6 +160,7 @@ def write(args, trees: dict[str, Path], rounds: dict[str, list[dict]]) -> Path:
             "tolerance": args.tolerance,
             "quick": args.quick,
             "only": args.only,
+            "clock": args.clock,
             "old_env": args.old_env,
             "new_env": args.new_env,
         },

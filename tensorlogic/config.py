@@ -50,6 +50,32 @@ def numba_threading_layer() -> str:
     return os.environ.get("TL_NUMBA_THREADING_LAYER", "threadsafe") or "threadsafe"
 
 
+BLAS_CHOICES = ("auto", "mkl", "numpy")
+
+
+def cpu_blas() -> str:
+    """TL_BLAS: the GEMM library of the CPU backends.
+
+    "auto" (default): Intel MKL where the ``mkl`` package is installed (``backends.mkl``), else
+    numpy's own BLAS (OpenBLAS); "mkl": MKL, an error where it is missing; "numpy": numpy's BLAS
+    even where MKL is installed.
+    """
+    value = (os.environ.get("TL_BLAS", "auto") or "auto").lower()
+    if value not in BLAS_CHOICES:
+        from .errors import BackendError
+
+        raise BackendError(f"TL_BLAS={value!r}: expected one of {BLAS_CHOICES}")
+    return value
+
+
+def mkl_split() -> bool | None:
+    """TL_MKL_SPLIT: in the "pool" thread mode with MKL, split each GEMM into single-threaded
+    MKL blocks over numba's threads ("1") or hand it whole to MKL's own threads ("0"); unset:
+    the rule in ``backends.numpy.threads.mkl_splits`` (split)."""
+    value = os.environ.get("TL_MKL_SPLIT", "")
+    return None if value == "" else value not in ("0", "false", "no")
+
+
 def host_threads() -> int:
     """TL_NUM_THREADS: threads the numpy backend's fused kernels may use (caller included).
 

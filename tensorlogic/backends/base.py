@@ -96,19 +96,13 @@ class PreparedKernel:
     threads: int = 0
 
     def with_threads(self, threads: int) -> "PreparedKernel":
-        """This kernel on ``threads`` host threads (``dataclasses.replace`` costs twice as much,
-        and a plan of a thousand steps makes one per step)."""
-        return PreparedKernel(
-            fn=self.fn,
-            flops=self.flops,
-            bytes=self.bytes,
-            scratch=self.scratch,
-            inplace=self.inplace,
-            info=self.info,
-            source=self.source,
-            impl=self.impl,
-            threads=threads,
-        )
+        """This kernel on ``threads`` host threads (a copy of its fields: ``dataclasses.replace``
+        runs the frozen ``__init__`` again, several times the cost, and a plan of a thousand
+        steps makes one per step)."""
+        new = object.__new__(PreparedKernel)
+        new.__dict__.update(self.__dict__)
+        new.__dict__["threads"] = int(threads)
+        return new
 
     def __call__(self, inputs: list, out: Any) -> Any:
         return self.fn(inputs, out)

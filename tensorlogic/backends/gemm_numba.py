@@ -16,10 +16,11 @@ Python-thread split. Only float32 and float64 go through here.
 from __future__ import annotations
 
 import ctypes
-import functools
 import threading
 
 import numpy as np
+
+from .mkl import batch_offsets, blas_layout
 
 # (sgemm, dgemm) symbol names and whether their integers are 64-bit, in the order tried:
 # numpy >= 2 ships scipy-openblas (ILP64, prefixed and suffixed), numpy 1.x openblas64_
@@ -29,18 +30,32 @@ _SYMBOLS = (
     ("scipy_cblas_sgemm", "scipy_cblas_dgemm", False),
     ("cblas_sgemm", "cblas_dgemm", False),
 )
-_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+_ROW_MAJOR = 101
 
 _lock = threading.RLock()
-_gemms: dict | None = None  # dtype name -> (ctypes gemm, item size); {} when unavailable
-_kernels: dict = {}  # dtype name -> compiled split loop
+# library ("mkl" or "numpy") -> {dtype name: (ctypes gemm, item size)}; {} when unavailable
+_gemms: dict[str, dict] = {}
+_kernels: dict = {}  # (library, dtype name) -> compiled split loop
 
 
-def _find_gemms():
-    """ctypes (sgemm, dgemm) of numpy's BLAS, or None."""
+def _library() -> str:
+    """The BLAS the blocks call: MKL where it is in use (``backends.mkl``), else numpy's."""
+    from . import mkl
+
+    return "mkl" if mkl.available() else "numpy"
+
+
+def _find_gemms(library: str):
+    """ctypes (sgemm, dgemm) of the library, or None."""
     from .numpy.threads import blas_libraries
 
-    for path in blas_libraries():
+    if library == "mkl":
+        from . import mkl
+
+        paths = [mkl.loaded_path()]
+    else:
+        paths = blas_libraries()
+    for path in paths:
         try:
             lib = ctypes.CDLL(path)
         except OSError:
@@ -100,34 +115,36 @@ def _compile(gemm, itemsize: int):
     return split
 
 
-def _load() -> dict:
-    """dtype name -> its CBLAS gemm (empty where numpy's BLAS has none we can enter)."""
-    global _gemms
-    if _gemms is None:
+def _load(library: str) -> dict:
+    """dtype name -> the library's CBLAS gemm (empty where it has none we can enter)."""
+    found = _gemms.get(library)
+    if found is None:
         with _lock:
-            if _gemms is None:
-                found = _find_gemms()
-                _gemms = (
-                    {} if found is None else {"float32": (found[0], 4), "float64": (found[1], 8)}
-                )
-    return _gemms
+            found = _gemms.get(library)
+            if found is None:
+                fns = _find_gemms(library)
+                found = {} if fns is None else {"float32": (fns[0], 4), "float64": (fns[1], 8)}
+                _gemms[library] = found
+    return found
 
 
 def _kernel(dtype: str):
     """The split loop for one dtype, compiled on first use (about a second; not cacheable on
     disk, since it holds the library's function address)."""
-    k = _kernels.get(dtype)
+    key = (_library(), dtype)
+    k = _kernels.get(key)
     if k is None:
         with _lock:
-            k = _kernels.get(dtype)
+            k = _kernels.get(key)
             if k is None:
-                k = _kernels[dtype] = _compile(*_load()[dtype])
+                k = _kernels[key] = _compile(*_load(key[0])[dtype])
     return k
 
 
 def available() -> bool:
-    """Whether GEMMs can be split over numba's threads here (numpy's BLAS has CBLAS gemm)."""
-    return bool(_load())
+    """Whether GEMMs can be split over numba's threads here (the BLAS in use has CBLAS gemm;
+    MKL, called inside numba's OpenMP loop, runs each block on its calling thread)."""
+    return bool(_load(_library()))
 
 
 def grid(nb: int, m: int, n: int, parts: int, align_m: int = 8, align_n: int = 32) -> np.ndarray:
@@ -172,34 +189,6 @@ def _cuts(n: int, parts: int, align: int) -> list[int]:
     return list(range(0, n, step)) + [n] if n else [0, 0]
 
 
-def _blas_layout(x: np.ndarray) -> tuple[int, int] | None:
-    """(transpose flag, leading dimension) under which BLAS reads this (batch of) row-major
-    matrices as they are, or None when neither matrix dim has a unit stride."""
-    s0, s1 = x.strides[-2:]
-    it = x.itemsize
-    rows, cols = x.shape[-2:]
-    # a dim of size 1 is never stepped along: its stride is whatever fits (numpy leaves any
-    # value there, even in arrays it calls contiguous)
-    if cols <= 1:
-        s1 = it
-    if rows <= 1:
-        s0 = max(1, cols) * it
-    if s1 == it and s0 % it == 0 and s0 >= max(1, cols) * it:
-        return _NO_TRANS, s0 // it
-    if s0 == it and s1 % it == 0 and s1 >= max(1, rows) * it:
-        return _TRANS, s1 // it
-    return None
-
-
-@functools.lru_cache(maxsize=512)
-def _offsets(batch: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
-    """Element offset of every batch entry (C order) for these batch sizes and strides."""
-    if not batch:
-        return np.zeros(1, np.int64)
-    idx = np.indices(batch, dtype=np.int64).reshape(len(batch), -1)
-    return (idx * np.array(strides, np.int64)[:, None]).sum(axis=0)
-
-
 def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray, blocks: np.ndarray) -> np.ndarray:
     """``out = A @ B`` over the given blocks (``grid``): A (*batch, m, k), B (*batch, k, n),
     ``out`` (*batch, m, n) C-contiguous, A's and B's batch axes each of ``out``'s size or 1
@@ -207,20 +196,20 @@ def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray, blocks: np.ndarray) ->
     inside a sequence layout); an operand BLAS cannot read as it is (no unit stride in its
     matrix dims) is copied first."""
     split = _kernel(out.dtype.name)
-    la = _blas_layout(A)
+    la = blas_layout(A)
     if la is None:
         A = np.ascontiguousarray(A)
-        la = _blas_layout(A)
-    lb = _blas_layout(B)
+        la = blas_layout(A)
+    lb = blas_layout(B)
     if lb is None:
         B = np.ascontiguousarray(B)
-        lb = _blas_layout(B)
+        lb = blas_layout(B)
     it = out.itemsize
     batch = out.shape[:-2]
 
     def offs(x: np.ndarray) -> np.ndarray:
         st = tuple(0 if d == 1 else s // it for d, s in zip(x.shape[:-2], x.strides[:-2]))
-        return _offsets(batch, st)
+        return batch_offsets(batch, st)
 
     from .numba import threads as numba_threads
 

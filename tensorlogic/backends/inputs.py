@@ -104,22 +104,39 @@ def _check_host_overlap(out: dict[str, Any], inputs: dict[str, Any]) -> None:
     """``check_out_overlap`` for numpy arrays: numpy's own bounds test (``may_share_memory``,
     the same [first, last) spans, in C) costs ~1 us a pair, where reading the spans through
     ``__array_interface__`` cost ~15 us an array, most of a small plan's call."""
-    seen = [(f"input {n!r}", a) for n, a in inputs.items()]
-    outs: dict[int, str] = {}
+    share = np.may_share_memory
+    done: list[Any] = []
     for name, arr in out.items():
-        if id(arr) in outs:
+        for other in inputs.values():
+            if share(arr, other):
+                _refuse_overlap(name, arr, out, inputs)
+        for other in done:
+            if other is arr or share(arr, other):
+                _refuse_overlap(name, arr, out, inputs)
+        done.append(arr)
+
+
+def _refuse_overlap(name: str, arr: Any, out: dict[str, Any], inputs: dict[str, Any]) -> None:
+    """Raise the InputError naming what ``out[name]`` overlaps (found again here, so the test
+    loop builds no names: on a small plan's call that costs more than the tests)."""
+    earlier = {}
+    for n, a in out.items():
+        if n == name:
+            break
+        earlier[n] = a
+    for n, a in earlier.items():
+        if a is arr:
             raise InputError(
-                f"out[{name!r}] is the same array as out[{outs[id(arr)]!r}]; give "
-                "each output its own array"
+                f"out[{name!r}] is the same array as out[{n!r}]; give each output its own array"
             )
-        outs[id(arr)] = name
-        for what, other in seen:
-            if np.may_share_memory(arr, other):
-                raise InputError(
-                    f"out[{name!r}] overlaps the memory of {what}; results would be "
-                    "silently wrong. Give it its own array"
-                )
-        seen.append((f"out[{name!r}]", arr))
+    named = [(f"input {n!r}", a) for n, a in inputs.items()]
+    named += [(f"out[{n!r}]", a) for n, a in earlier.items()]
+    for what, other in named:
+        if np.may_share_memory(arr, other):
+            raise InputError(
+                f"out[{name!r}] overlaps the memory of {what}; results would be "
+                "silently wrong. Give it its own array"
+            )
 
 
 def strided_copy_bytes(x: Any) -> int:

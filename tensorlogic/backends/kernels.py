@@ -135,15 +135,29 @@ def row_kernel(
     row program (``ops.ROW_PROGRAMS``, rendered by ``numpy.rows``); ``out`` has the input's
     shape (a row op) or the reduction's, with or without the kept axes."""
     rk = RowKernel(op, dtype, axes, eps, xp)
-    n = len(rk.scratch(x_shape))
+    scratch = rk.scratch(x_shape)
+    n = len(scratch)
+    step = rk.step_function(x_shape)
+    # the plan's call: x in the kernel's dtype, the arena's scratch, out in the shape the
+    # program writes (a reduction's with its kept axes)
+    n_args, dt, x_shape = n + 1, rk.dtype, tuple(x_shape)
+    out_shape = x_shape if op in ops.ROW_OPS else rk.kept_shape(x_shape)
 
     def kernel(a, out):
+        x = a[0]
+        if (
+            step is not None
+            and len(a) == n_args
+            and x.dtype == dt
+            and x.shape == x_shape
+            and out.shape == out_shape
+        ):
+            step(a, out)
+            return out
         return rk(a[0], out, a[1 : 1 + n] if len(a) > 1 else None)
 
     # a row op writes out only once its input is no longer read (numpy.rows)
-    return PreparedKernel(
-        kernel, scratch=rk.scratch(x_shape), inplace=(0,) if op in ops.ROW_OPS else ()
-    )
+    return PreparedKernel(kernel, scratch=scratch, inplace=(0,) if op in ops.ROW_OPS else ())
 
 
 _XP_COMBINE = {"add": "sum", "mul": "prod", "max": "max", "min": "min"}

@@ -121,9 +121,12 @@ def _machine() -> dict:
             libs[n] = metadata.version(n)
         except metadata.PackageNotFoundError:
             libs[n] = "?"
+    from ..backends import mkl
+
     return {
         "cpu": cpu,
         "threads": config.host_threads(),
+        "blas": "mkl" if mkl.available() else "numpy",  # the GEMM library (TL_BLAS)
         "python": platform.python_version(),
         **libs,
     }

@@ -6,7 +6,6 @@ import gc
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -91,7 +90,10 @@ def _build_variant(
 
 def check_dtypes(graph: EinsumGraph, backend) -> None:
     """Raise DTypeError naming the first node whose dtype the backend does not run."""
-    declared = [d for d in dtypes.SUPPORTED if d in backend.capabilities.dtypes]
+    runs = backend.capabilities.dtypes
+    if all(d in runs for d in dtypes.SUPPORTED):  # the CPU backends: nothing to look at
+        return
+    declared = [d for d in dtypes.SUPPORTED if d in runs]
     for nid in graph.live_nodes():
         node = graph.node(nid)
         if node.dtype not in declared:
@@ -161,35 +163,30 @@ def _build_plan(
             int(nbytes),
             args,
         )
-        with hooks.timed("codegen", f"prepare {node.name}", backend=backend.name, kind=node.kind):
-            kernel = as_prepared(
-                backend.prepare(step, node, in_nodes, optimized), f"node {node.name!r}"
-            )
+        if hooks.active() is None:  # no observer: skip the timing context (a few us a step)
+            kernel = backend.prepare(step, node, in_nodes, optimized)
+        else:
+            with hooks.timed(
+                "codegen", f"prepare {node.name}", backend=backend.name, kind=node.kind
+            ):
+                kernel = backend.prepare(step, node, in_nodes, optimized)
+        kernel = as_prepared(kernel, f"node {node.name!r}")
         extra = _scratch_buffers(kernel, node, len(order) + len(scratch))
         scratch.extend(extra)
-        # kernels may report what only they know: einsum FLOPs along the chosen path, the path;
-        # the step is built again in one call (dataclasses.replace costs twice as much)
-        if kernel.flops is not None or kernel.bytes is not None or kernel.info or kernel.threads:
-            step = Step(
-                step.index,
-                nid,
-                node.name,
-                node.kind,
-                node.op,
-                node.label,
-                step.inputs,
-                b.id,
-                step.shape,
-                node.dtype,
-                step.flops if kernel.flops is None else int(kernel.flops),
-                step.bytes if kernel.bytes is None else int(kernel.bytes),
-                args,
-                info=kernel.info,
-                scratch=tuple(b.id for b in extra),
-                threads=int(kernel.threads),
-            )
-        elif extra:
-            step = replace(step, scratch=tuple(b.id for b in extra))
+        # kernels may report what only they know: einsum FLOPs along the chosen path, the path
+        changes = {}
+        if kernel.flops is not None and kernel.flops != step.flops:
+            changes["flops"] = int(kernel.flops)
+        if kernel.bytes is not None and kernel.bytes != step.bytes:
+            changes["bytes"] = int(kernel.bytes)
+        if kernel.info:
+            changes["info"] = kernel.info
+        if kernel.threads:
+            changes["threads"] = int(kernel.threads)
+        if extra:
+            changes["scratch"] = tuple(b.id for b in extra)
+        if changes:
+            step = step.evolve(changes)
         positions = _inplace_positions(kernel, node)
         if positions:
             inplace_ok[step.index] = positions

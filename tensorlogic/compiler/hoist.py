@@ -32,13 +32,9 @@ def _nbytes(node) -> int:
 def hoist(graph: EinsumGraph, order: list[int]) -> list[int]:
     """``order`` with memory-freeing steps moved up (a topological order still)."""
     pos = {nid: k for k, nid in enumerate(order)}
-    last_use: dict[int, int] = {}
-    for nid in order:
-        for i in graph.node(nid).inputs:
-            last_use[i] = max(last_use.get(i, -1), pos[nid])
-    outputs = set(graph.outputs.values())
-    after: dict[int, list[int]] = defaultdict(list)  # node -> steps moved right after it
-    moved: set[int] = set()
+    # candidates first (cheap steps that could move up at all): a chain has none, and then the
+    # last uses of every value are not needed
+    candidates = []
     for nid in order:
         node = graph.node(nid)
         if node.kind not in _CHEAP or not node.inputs:
@@ -47,7 +43,19 @@ def hoist(graph: EinsumGraph, order: list[int]) -> list[int]:
         if not ins:
             continue
         anchor = max(node.inputs, key=pos.__getitem__)
-        if pos[anchor] + 1 >= pos[nid] or anchor in moved:
+        if pos[anchor] + 1 < pos[nid]:
+            candidates.append((nid, node, ins, anchor))
+    if not candidates:
+        return order
+    last_use: dict[int, int] = {}
+    for nid in order:
+        for i in graph.node(nid).inputs:
+            last_use[i] = max(last_use.get(i, -1), pos[nid])
+    outputs = set(graph.outputs.values())
+    after: dict[int, list[int]] = defaultdict(list)  # node -> steps moved right after it
+    moved: set[int] = set()
+    for nid, node, ins, anchor in candidates:
+        if anchor in moved:
             continue
         if any(last_use[i] != pos[nid] or i in outputs for i in ins):
             continue  # an operand lives on: moving frees nothing

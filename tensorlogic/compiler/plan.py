@@ -55,6 +55,15 @@ class Step:
         """True when the step returns a view and owns no memory."""
         return bool(self.args.get("_view"))
 
+    def evolve(self, changes: Mapping[str, Any]) -> "Step":
+        """This step with ``changes`` (field -> value), unchecked: the compiler makes one per
+        step of a plan, and ``dataclasses.replace`` runs the frozen ``__init__`` again (several
+        times the cost)."""
+        new = object.__new__(Step)
+        new.__dict__.update(self.__dict__)
+        new.__dict__.update(changes)
+        return new
+
 
 @dataclass
 class ConcretePlan:

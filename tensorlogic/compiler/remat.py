@@ -37,19 +37,27 @@ def _cheap(node) -> bool:
 def rematerialize(graph: EinsumGraph, order: list[int]) -> tuple[EinsumGraph, list[int], int]:
     """(graph, schedule, copies made): cheap values of resident operands recomputed for each
     later group of their users. ``graph`` is left unchanged (a copy is edited)."""
+    outputs = set(graph.outputs.values())
+    # the candidates first (cheap values of resident operands alone): most graphs have few,
+    # and then the users of every node are not needed
+    candidates = []
+    for nid in order:
+        node = graph.node(nid)
+        if nid in outputs or not node.inputs:
+            continue
+        if all(graph.node(i).kind in _RESIDENT for i in node.inputs) and _cheap(node):
+            candidates.append(nid)
+    if not candidates:
+        return graph, order, 0
     pos = {nid: k for k, nid in enumerate(order)}
+    wanted = set(candidates)
     users: dict[int, set[int]] = defaultdict(set)
     for nid in order:
         for i in graph.node(nid).inputs:
-            users[i].add(nid)
-    outputs = set(graph.outputs.values())
+            if i in wanted:
+                users[i].add(nid)
     plans: list[tuple[int, list[int]]] = []  # (node, first users of its later groups)
-    for nid in order:
-        node = graph.node(nid)
-        if nid in outputs or not node.inputs or not _cheap(node):
-            continue
-        if not all(graph.node(i).kind in _RESIDENT for i in node.inputs):
-            continue
+    for nid in candidates:
         us = sorted(users[nid], key=pos.__getitem__)
         groups, cur = [], [us[0]] if us else []
         for a, b in zip(us, us[1:]):

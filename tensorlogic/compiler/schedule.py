@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -29,7 +30,13 @@ class Buffer:
     @property
     def nbytes(self) -> int:
         """Size in bytes."""
-        return int(math.prod(self.shape)) * np.dtype(self.dtype).itemsize
+        return int(math.prod(self.shape)) * itemsize(self.dtype)
+
+
+@functools.cache
+def itemsize(dtype: str) -> int:
+    """Bytes per element of a dtype name (``np.dtype`` per call costs more than the product)."""
+    return np.dtype(dtype).itemsize
 
 
 def needed_nodes(g: EinsumGraph) -> list[int]:

@@ -56,6 +56,10 @@ class EinsumGraph(GraphBuilder):
 
     def node(self, ref: int | str | "Tensor") -> Node:
         """The node for an id, a name or a Tensor handle."""
+        if type(ref) is int:  # the passes' common case, first
+            node = self._nodes.get(ref)
+            if node is not None:
+                return node
         if isinstance(ref, Tensor):
             ref = ref.id
         if isinstance(ref, str):

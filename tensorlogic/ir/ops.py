@@ -196,7 +196,12 @@ def _where(cond, a, b, out):
 
 
 _GELU_C = "(({T})0.5*{x}*(({T})1+tanh(({T})0.7978845608028654*({x}+({T})0.044715*{x}*{x}*{x}))))"
-_GELU_NB = "(0.5*{x}*(1.0+math.tanh(0.7978845608028654*({x}+0.044715*{x}*{x}*{x}))))"
+# numba: the same function as x * sigmoid(2u) = x / (1 + exp(-2u)), u = c (x + 0.044715 x^3):
+# one exp and one division instead of tanh's two branches, so a fast-math kernel runs ~35%
+# faster (1M float32 on 2 vCPUs: 1.25 vs 1.95 ms serial), and it has no cancellation in
+# 1 + tanh(u) for negative x (relative error 2e-6 there against 7e-2 for the tanh form);
+# exp(-2u) overflowing to inf gives -0.0 for very negative x, as the tanh form does
+_GELU_NB = "({x}/(1.0+math.exp(-1.5957691216057308*({x}+0.044715*{x}*{x}*{x}))))"
 _GELU_T_NB = "math.tanh(0.7978845608028654*({x}+0.044715*{x}*{x}*{x}))"
 _GELU_GRAD_NB = (
     f"(0.5*(1.0+{_GELU_T_NB})+0.3989422804014327*{{x}}*(1.0-{_GELU_T_NB}*{_GELU_T_NB})"
@@ -224,7 +229,10 @@ ELEMENTWISE: dict[str, ElementwiseOp] = {
             "sigmoid",
             1,
             _sigmoid,
-            "(0.5*math.tanh(0.5*{x})+0.5)",
+            # numba: 1 / (1 + exp(-x)), one exp and a division, 1.7x faster than the tanh
+            # form in a fast-math kernel and free of its cancellation for negative x (relative
+            # error 1e-7 against 1.3 in float32); exp(-x) = inf gives 0 as the limit
+            "(1.0/(1.0+math.exp(-{x})))",
             "(({T})0.5*tanh(({T})0.5*{x})+({T})0.5)",
             10,
         ),

@@ -125,7 +125,8 @@ def test_split_respects_the_thread_cap(monkeypatch):
 
 def test_without_cblas_the_python_split_runs(rng, monkeypatch):
     # a numpy whose BLAS exports no known CBLAS gemm: the blocks go to the helper threads
-    monkeypatch.setattr(gemm_numba, "_gemms", {})
+    monkeypatch.setattr(gemm_numba, "_gemms", {"numpy": {}, "mkl": {}})
+    monkeypatch.setenv("TL_BLAS", "numpy")
     monkeypatch.setattr(cpu_threads, "MIN_SPLIT_FLOPS", 0)
     monkeypatch.setattr(cpu_threads.host_pool, "helper_count", lambda: 2)
     assert not gemm_numba.available()

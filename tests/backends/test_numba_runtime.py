@@ -256,6 +256,86 @@ def test_fast_tanh_log1p_accuracy_dense_sweep(dtype, bound):
         assert np.signbit(t[4]) and not np.signbit(t[3])
 
 
+def _gelu_ref(x):
+    x = x.astype(np.longdouble)
+    u = np.longdouble(0.7978845608028654) * (x + np.longdouble(0.044715) * x**3)
+    # x * sigmoid(2u), without the cancellation of 1 + tanh(u) for negative x
+    with np.errstate(over="ignore"):
+        return x / (1 + np.exp(-2 * u))
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_gelu_relative_accuracy_and_special_values(dtype, fast):
+    # the numba kernel computes gelu as x / (1 + exp(-2u)): relative error stays small where
+    # 1 + tanh(u) would cancel (x down to -10), bounded by the rounding of the exp argument 2u
+    be = get_backend("numba")
+    eps = float(np.finfo(dtype).eps)
+    xs = np.concatenate([np.linspace(-10, 10, 400_001), np.linspace(-1e-3, 1e-3, 1001)])
+    xs = xs.astype(dtype)
+    body = FusedBody((FusedOp("gelu", (("in", 0),)),), (xs.size,))
+    k = be.kernel_for(body, [xs.shape], dtype, fast=fast, threshold=0)
+    got = k([xs], np.empty_like(xs)).astype(np.longdouble)
+    ref = _gelu_ref(xs)
+    two_u = np.abs(2 * 0.7978845608028654 * (xs + 0.044715 * xs.astype(np.float64) ** 3))
+    tiny = float(np.finfo(dtype).tiny)
+    err = np.abs(got - ref)
+    bound = 8 * eps * (1 + two_u) * np.abs(ref) + tiny
+    assert np.all(err <= bound), float(np.max(err / (np.abs(ref) + tiny)))
+    sp = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, -50.0, -1e30, 50.0], dtype)
+    ks = be.kernel_for(
+        FusedBody((FusedOp("gelu", (("in", 0),)),), sp.shape),
+        [sp.shape],
+        dtype,
+        fast=fast,
+        threshold=0,
+    )
+    with np.errstate(all="ignore"):
+        t = ks([sp], np.empty_like(sp))
+        want = 0.5 * sp * (1 + np.tanh(0.7978845608028654 * (sp + 0.044715 * sp**3)))
+    # nan -> nan, inf -> inf, -inf -> nan (inf * 0 in the tanh form too), zeros and the far
+    # negative side -> 0, large x -> x
+    np.testing.assert_array_equal(np.isnan(t), np.isnan(want))
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(t[ok], want[ok], rtol=4 * eps, atol=tiny)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_sigmoid_relative_accuracy_and_special_values(dtype, fast):
+    # the numba kernel computes sigmoid as 1 / (1 + exp(-x)): relative error stays small on the
+    # negative side, where 0.5 tanh(x/2) + 0.5 cancels, bounded by exp's error on -x
+    be = get_backend("numba")
+    eps = float(np.finfo(dtype).eps)
+    xs = np.concatenate([np.linspace(-80, 30, 400_001), np.linspace(-1e-3, 1e-3, 1001)])
+    xs = xs.astype(dtype)
+    k = be.kernel_for(
+        FusedBody((FusedOp("sigmoid", (("in", 0),)),), (xs.size,)),
+        [xs.shape],
+        dtype,
+        fast=fast,
+        threshold=0,
+    )
+    got = k([xs], np.empty_like(xs)).astype(np.longdouble)
+    ref = 1 / (1 + np.exp(-xs.astype(np.longdouble)))
+    tiny = float(np.finfo(dtype).tiny)
+    bound = 8 * eps * (1 + np.abs(xs.astype(np.float64))) * np.abs(ref) + tiny
+    assert np.all(np.abs(got - ref) <= bound)
+    sp = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, -1e30, 1e30, -200.0], dtype)
+    ks = be.kernel_for(
+        FusedBody((FusedOp("sigmoid", (("in", 0),)),), sp.shape),
+        [sp.shape],
+        dtype,
+        fast=fast,
+        threshold=0,
+    )
+    with np.errstate(all="ignore"):
+        t = ks([sp], np.empty_like(sp))
+        want = (1 / (1 + np.exp(-sp.astype(np.longdouble)))).astype(dtype)  # nan, 1, 0, ...
+    np.testing.assert_allclose(t, want, rtol=4 * eps, atol=tiny)  # NaN where want is NaN
+    np.testing.assert_array_equal(t[:7], np.array([np.nan, 1, 0, 0.5, 0.5, 0, 1], dtype))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_float_keys_preserve_order_and_round_trip(dtype, rng):
     import numba
@@ -288,14 +368,15 @@ def test_float_keys_preserve_order_and_round_trip(dtype, rng):
     ]
     wide = rng.standard_normal(5000) * 10.0 ** rng.integers(-30, 30, 5000)
     x = np.sort(np.concatenate([special, wide]).astype(dtype), kind="stable")
-    k = np.empty(x.size, np.int64)
+    kdt = np.int32 if dtype == "float32" else np.int64  # float32 keys are int32 (8 AVX2 lanes)
+    k = np.empty(x.size, kdt)
     back = np.empty_like(x)
     run(x, k, back)
     assert np.array_equal(back.view(np.uint8), x.view(np.uint8))  # bit-exact, -0.0 included
     assert np.all(np.diff(k) >= 0)  # sorted floats give sorted keys
     strict = np.diff(x) > 0
     assert np.all(np.diff(k)[strict] > 0)
-    nan_key = np.empty(1, np.int64)
+    nan_key = np.empty(1, kdt)
     run(np.array([np.nan], dtype), nan_key, np.empty(1, dtype))
     assert nan_key[0] > k.max()  # a (positive) NaN is above +inf
 

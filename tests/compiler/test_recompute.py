@@ -69,3 +69,57 @@ def test_recompute_option_is_checked():
     g.output(g.exp(g.input("x", (2,))), "y")
     with pytest.raises(tl.errors.GraphError, match="recompute"):
         tl.compile(g, backend="numpy", recompute="yes")
+
+
+def _chain(n):
+    g = tl.EinsumGraph()
+    x, y = g.input("x", (8,)), g.input("y", (8,))
+    t = x * y
+    for k in range(n):
+        t = g.relu(t * 0.5 + y) if k % 2 else g.tanh(t - x)
+    g.output(t, "out")
+    return g
+
+
+def test_a_chain_leaves_recompute_and_hoisting_at_their_first_test(monkeypatch):
+    """A chain (every step reads the one before, its leaves read right away) has no value to
+    recompute and no step to move: both return their input, the graph uncopied, the order
+    unchanged, before they look at the users or last uses of every value."""
+    from tensorlogic.compiler import hoist, remat
+    from tensorlogic.compiler.schedule import needed_nodes
+    from tensorlogic.ir.graph import EinsumGraph
+
+    g = _chain(40)
+    order = needed_nodes(g)
+
+    def no_copy(self):
+        raise AssertionError("rematerialize copied a graph it leaves as it is")
+
+    monkeypatch.setattr(EinsumGraph, "copy", no_copy)
+    got, new_order, made = remat.rematerialize(g, order)
+    assert got is g and new_order is order and made == 0
+    assert hoist.hoist(g, order) is order
+
+
+def test_opt_level_0_runs_no_optimizer_pass_and_steps_as_written(monkeypatch):
+    """O0 compiles the graph as written: no optimizer pass is built or run (one that is
+    raises), and the plan has one step per node of the chain, in the graph's order."""
+    from tensorlogic.optimizer import base
+
+    g = _chain(30)
+    rng = np.random.default_rng()
+    x, y = rng.uniform(0.5, 1.5, 8).astype(np.float32), rng.uniform(0.5, 1.5, 8).astype(np.float32)
+    want = tl.compile(g, backend="numpy", opt_level=2, cache=False)(x=x, y=y)["out"]
+
+    def refuse(name):
+        def make(_options):
+            raise AssertionError(f"pass {name} ran at O0")
+
+        return make
+
+    for name in list(base.PASSES):
+        monkeypatch.setitem(base.PASSES, name, refuse(name))
+    plan = tl.compile(g, backend="numpy", opt_level=0, cache=False)
+    computed = [n.id for n in g.nodes if n.kind not in (ops.INPUT, ops.CONSTANT)]
+    assert [s.node_id for s in plan.steps] == computed
+    np.testing.assert_allclose(plan(x=x, y=y)["out"], want, rtol=1e-5, atol=1e-6)

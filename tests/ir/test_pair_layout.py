@@ -205,6 +205,10 @@ def _split_plan(mp, split, spec, shapes, path):
     from tensorlogic.backends.numpy import host_pool, threads as cpu_threads
 
     mp.setattr(cpu_threads, "SPLIT", split)
+    # where MKL runs the GEMMs: its blocks in numba's loop, or numpy's BLAS for the Python split
+    mp.setenv("TL_MKL_SPLIT", "1")
+    if split == "python":
+        mp.setenv("TL_BLAS", "numpy")
     mp.setattr(cpu_threads, "MIN_SPLIT_FLOPS", 0)
     mp.setattr(cpu_threads.parallel_matmul, "min_flops", 0)
     mp.setattr(host_pool, "helper_count", lambda: 2)

@@ -547,6 +547,7 @@ class _Keyed:
 
     def __init__(self, combine: str, dtype: str, exact: bool) -> None:
         self.sfx = "f32" if dtype == "float32" else "f64"
+        self.key_dtype = "int32" if dtype == "float32" else "int64"  # what key_<sfx> returns
         self.dtype, self.exact = dtype, exact
         self.op, self.guard = ("max", "min") if combine == "max" else ("min", "max")
         self.start = self.key(f"np.{dtype}({'-' if combine == 'max' else ''}np.inf)")
@@ -666,8 +667,8 @@ def _reduce(lay, op, idx, dnames, rng, value, acc_dt, dtype, fast, consts, views
             term = _program_expr(op, st.expr, v, scal, maps, names)
             k, g = f"k_{st.name}", f"g_{st.name}"
             lines += [
-                "    part = np.empty(nb, np.int64)",
-                *(["    partg = np.empty(nb, np.int64)"] if kd.exact else []),
+                f"    part = np.empty(nb, np.{kd.key_dtype})",
+                *([f"    partg = np.empty(nb, np.{kd.key_dtype})"] if kd.exact else []),
                 f"    for b in {rng}(nb):",
                 *loop,
                 *kd.init("        ", "kb", "gb"),

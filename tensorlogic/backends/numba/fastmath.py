@@ -20,9 +20,10 @@ tanh: for ``|x| < 0.625`` Cephes' odd minimax polynomial (float32) or rational f
 (``|x|`` clamped where tanh rounds to 1, so large inputs and inf give exactly +-1). Both branches
 are computed and one selected, so the loop stays branch-free. log1p:
 ``log(u) - ((u - 1) - x) / u`` with ``u = 1 + x``: ``(u - 1) - x`` is the exact rounding error
-of ``u``, removed to first order (which gives ``x`` where ``u`` rounds to 1). sigmoid, gelu
-(through tanh) and softplus (through exp and log1p) use these in fast-math kernels, so they
-vectorize too. ``key_*``/``unkey_*`` map floats to order-preserving integers, so a running max
+of ``u``, removed to first order (which gives ``x`` where ``u`` rounds to 1). sigmoid and gelu
+(through exp: ``1 / (1 + exp(-x))``, ``x / (1 + exp(-2u))``) and softplus (through exp and
+log1p) use these in fast-math kernels, so they vectorize too. ``key_*``/``unkey_*`` map floats
+to order-preserving integers (int32 for float32, int64 for float64), so a running max
 (softmax's row max) is an integer max that vectorizes.
 
 Measured accuracy (tests/backends/test_numba_runtime.py sweeps the finite range densely):
@@ -336,22 +337,50 @@ def log1p_f32(x):
 # Order-preserving integer keys of floats: key(a) < key(b) exactly when a < b (non-NaN; -0.0 just
 # below +0.0; a positive NaN above +inf). A running max over keys is an integer max, which LLVM
 # vectorizes; a float max(m, v) is a compare-and-select it keeps scalar without no-NaNs flags.
-_I32_MAX = 0x7FFFFFFF
-_I32_SIGN = 0x80000000
 _I64_MAG = 0x7FFFFFFFFFFFFFFF
+
+
+@_intrinsic
+def _flip32(typingctx, b):
+    """``b ^ 0x7FFFFFFF`` where the int32 ``b`` is negative, else ``b`` (an involution), typed
+    int32 so that a loop of float32 keys stays 8 lanes wide on AVX2 (numba would widen the
+    integer arithmetic to int64 and halve them)."""
+    if b == _types.int32:
+
+        def codegen(context, builder, sig, args):
+            i32 = _llir.IntType(32)
+            v = args[0]
+            sign = builder.ashr(v, _llir.Constant(i32, 31))
+            return builder.xor(v, builder.and_(sign, _llir.Constant(i32, 0x7FFFFFFF)))
+
+        return _types.int32(b), codegen
+    return None
+
+
+@_intrinsic
+def _bits32_of(typingctx, x):
+    """The IEEE bits of a float32 as int32."""
+    if x == _types.float32:
+
+        def codegen(context, builder, sig, args):
+            return builder.bitcast(args[0], _llir.IntType(32))
+
+        return _types.int32(x), codegen
+    return None
 
 
 @njit(error_model="numpy", nogil=True)
 def key_f32(x):
-    """Order-preserving int64 key of a float32 (see ``unkey_f32``)."""
-    b = _bits_of(x)  # the 32 bits, zero-extended
-    return b if b < _I32_SIGN else _I32_MAX - b
+    """Order-preserving int32 key of a float32 (see ``unkey_f32``): the sign-magnitude bits as
+    a two's complement order. The max pass of a softmax over int32 keys runs 3.5x faster than
+    over int64 keys (1M float32 on one AVX2 core: 0.08 vs 0.28 ms)."""
+    return _flip32(_bits32_of(x))
 
 
 @njit(error_model="numpy", nogil=True)
 def unkey_f32(k):
     """The float32 whose ``key_f32`` is ``k``."""
-    return _f32_from_bits(k if k >= 0 else _I32_MAX - k)
+    return _f32_from_bits(_flip32(k))
 
 
 @njit(error_model="numpy", nogil=True)

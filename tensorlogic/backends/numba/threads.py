@@ -76,11 +76,21 @@ def configure() -> None:
             for key in gomp:
                 os.environ.pop(key, None)
         want = config.numba_threading_layer()
-        if want in ("threadsafe", "safe"):
+        if want == "threadsafe" and _omp_for_mkl():
+            want = "omp"  # MKL's GNU threading layer runs on this libgomp: one pool
+        elif want in ("threadsafe", "safe"):
             ok = _loadable("tbb") or (want == "threadsafe" and _loadable("omp"))
             if not ok:
                 want = "workqueue"
         numba.config.THREADING_LAYER = want
+
+
+def _omp_for_mkl() -> bool:
+    """Whether MKL runs the GEMMs (``backends.mkl``) and numba's OpenMP layer loads: the mkl
+    package brings TBB along, which numba's "threadsafe" choice would otherwise prefer."""
+    from .. import mkl
+
+    return mkl.wanted() and _loadable("omp")
 
 
 def active_layer() -> str | None:

@@ -18,6 +18,7 @@ from .. import kernels, widen
 from ..base import Backend, Capabilities, PlanRunner, PreparedKernel, register_backend
 from ..inputs import plain_host_array
 from . import host_pool, threads as cpu_threads
+from . import fused  # read per call: its size threshold is a tunable module constant
 
 _FLOATS = ("float32", "float64")
 
@@ -139,28 +140,27 @@ class NumpyBackend(Backend):
         return kernel if kernel.threads else kernel.with_threads(1)
 
     def _host_kernel(self, step, node, in_nodes, graph, mode: str) -> PreparedKernel:
-        from .fused import PARALLEL_MIN_ELEMENTS, fused_kernel
-
         threads = mode == "pool" or not self._calls_blas(graph)
         if node.kind == ops.FUSED:
-            return fused_kernel(node, in_nodes, threads=threads)
-        body = single_op_body(node, in_nodes) if threads else None
+            return fused.fused_kernel(node, in_nodes, threads=threads)
+        # a large lone float step runs as a one-op fused kernel: the same ufunc calls per
+        # block, spread over the threads (the size test first: most steps are small)
         if (
-            body is not None
-            and math.prod(node.shape) >= PARALLEL_MIN_ELEMENTS
+            threads
+            and math.prod(node.shape) >= fused.PARALLEL_MIN_ELEMENTS
             and node.dtype in _FLOATS
             and all(n.dtype in _FLOATS for n in in_nodes)
         ):
-            # a large lone step runs as a one-op fused kernel: the same ufunc calls per block,
-            # spread over the threads
-            return fused_kernel(_AsFused(node, body), in_nodes, threads=True)
+            body = single_op_body(node, in_nodes)
+            if body is not None:
+                return fused.fused_kernel(_AsFused(node, body), in_nodes, threads=True)
         # a step that is not a view writes its result into ``out`` (outputs, strided reshapes)
         return kernels.make_kernel(np, node, in_nodes, not step.view)
 
     @staticmethod
     def einsum_kernel(node, in_nodes, mode: str) -> PreparedKernel:
         """An einsum kernel whose products run as the thread mode says."""
-        mm = cpu_threads.parallel_matmul if mode == "pool" else None
+        mm = cpu_threads.parallel_matmul if mode == "pool" else cpu_threads.blas_mode_matmul()
         # layouts are timed while planning (``pair_layout``): with BLAS threaded as calls run
         timing = cpu_threads.single_threaded_blas if mode == "pool" else contextlib.nullcontext
         token = pair_layout.TIMING_CONTEXT.set(timing)

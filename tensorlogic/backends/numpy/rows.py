@@ -207,25 +207,118 @@ class _Schedule:
             self._release(t)
 
 
-def _straight_line(calls, n_slots: int, axes: tuple) -> Callable[..., None]:
+_WHERE = ops.ELEMENTWISE[ops.WHERE].numpy
+
+
+def _same_slot(a: int, b: int) -> bool:
+    """Whether two slots may hold the same memory (``x`` and ``out`` may alias)."""
+    return a == b or {a, b} == {_X, _OUT}
+
+
+# comparisons and their negations (exact with NaN: NaN == y is False, NaN != y is True)
+_NEGATED = {np.equal: np.not_equal, np.not_equal: np.equal}
+_COMPARES = (np.equal, np.not_equal, np.less, np.less_equal, np.greater, np.greater_equal)
+
+
+def _dead_after(calls, k: int, slot: int) -> bool:
+    """Whether no call after k reads ``slot`` before writing it."""
+    if slot < _FIRST_BUF:
+        return False
+    for c in calls[k + 1 :]:
+        if any(is_slot and v == slot for is_slot, v in c.args):
+            return False
+        if c.dest == slot:
+            return True
+    return True
+
+
+def _render_where(k: int, c: _Call, args: list[str], mask: str, negated: str | None) -> list[str]:
+    """A select as copies under a mask (the table's function tests, per call, whether out
+    aliases an operand); ``mask`` is the source of the condition as a bool array, ``negated``
+    of its negation (None: not at hand). The mask comes first: the condition may live in dest.
+    """
+    (_, _), a, b = c.args
+    _, va, vb = args
+    if b == (True, c.dest):  # dest holds b already: a where the condition holds
+        return [f"    _copyto(s{c.dest}, {va}, where={mask})"]
+    if a == (True, c.dest) and negated is not None:  # dest holds a: b where it does not
+        return [f"    _copyto(s{c.dest}, {vb}, where={negated})"]
+    if not any(is_slot and _same_slot(v, c.dest) for is_slot, v in c.args):
+        return [
+            f"    _m{k} = {mask}",
+            f"    _copyto(s{c.dest}, {vb})",
+            f"    _copyto(s{c.dest}, {va}, where=_m{k})",
+        ]
+    return []  # dest may or may not be an operand (x and out): the table's function decides
+
+
+def _args(c: _Call, k: int, env: dict) -> list[str]:
+    """Call k's operands as source (slots ``s{j}``, constants bound in ``env``)."""
+    args = []
+    for j, (is_slot, v) in enumerate(c.args):
+        if is_slot:
+            args.append(f"s{v}")
+        else:
+            env[f"_c{k}_{j}"] = v
+            args.append(f"_c{k}_{j}")
+    return args
+
+
+def _straight_line(
+    calls, n_slots: int, axes: tuple, xp=np, step_args: dict | None = None
+) -> Callable[..., None]:
     """The calls as one Python function of the slots (``s0`` the input, ``s1`` the output,
     then 1 / the row length, the epsilon and the buffers), with the functions and constants
-    bound as globals: a call costs its numpy calls and nothing more."""
-    env: dict[str, Any] = {"_axes": axes}
-    lines = [f"def run({', '.join(f's{j}' for j in range(n_slots))}):"]
+    bound as globals: a call costs its numpy calls and nothing more.
+
+    ``step_args`` (``inv_n`` and ``eps`` values) makes it a plan step's function instead,
+    ``run(a, s1)``: ``a`` the step's operands (x, then the buffers), those two bound."""
+    env: dict[str, Any] = {
+        "_axes": axes,
+        "_copyto": xp.copyto,
+        "_ne": xp.not_equal,
+        "_eq": xp.equal,
+    }
+    if step_args is None:
+        lines = [f"def run({', '.join(f's{j}' for j in range(n_slots))}):"]
+    else:
+        env.update(s2=step_args["inv_n"], s3=step_args["eps"])
+        bufs = [f"s{j}" for j in range(_FIRST_BUF, n_slots)]
+        lines = ["def run(a, s1):", f"    {', '.join(['s0', *bufs])}, = a"]
+    rendered = [_args(c, k, env) for k, c in enumerate(calls)]
+    skip = set()
     for k, c in enumerate(calls):
+        if k in skip:
+            continue
         env[f"_f{k}"] = c.fn
-        args = []
-        for j, (is_slot, v) in enumerate(c.args):
-            if is_slot:
-                args.append(f"s{v}")
-            else:
-                env[f"_c{k}_{j}"] = v
-                args.append(f"_c{k}_{j}")
+        args = rendered[k]
         if c.reduce:
             lines.append(f"    _f{k}({args[0]}, axis=_axes, keepdims=True, out=s{c.dest})")
-        else:
-            lines.append(f"    _f{k}({', '.join(args)}, out=s{c.dest})")
+            continue
+        nxt = calls[k + 1] if k + 1 < len(calls) else None
+        if (
+            c.fn in _COMPARES
+            and nxt is not None
+            and nxt.fn is _WHERE
+            and nxt.args[0] == (True, c.dest)
+            and _dead_after(calls, k + 1, c.dest)
+        ):
+            # a comparison that only the next select reads: its bool result is the mask
+            env[f"_g{k}"] = _NEGATED.get(c.fn)
+            mask = f"_f{k}({', '.join(args)})"
+            neg = f"_g{k}({', '.join(args)})" if c.fn in _NEGATED else None
+            where = _render_where(k + 1, nxt, rendered[k + 1], mask, neg)
+            if where:
+                lines += where
+                skip.add(k + 1)
+                continue
+        if c.fn is _WHERE:
+            cond = args[0]
+            where = _render_where(k, c, args, f"_ne({cond}, 0)", f"_eq({cond}, 0)")
+            if where:
+                lines += where
+                continue
+        lines.append(f"    _f{k}({', '.join(args)}, out=s{c.dest})")
     exec(compile("\n".join(lines), "<row program>", "exec"), env)  # noqa: S102
     return env["run"]
 
@@ -262,15 +355,16 @@ class RowKernel:
         self._full_slots = sorted(sched.full_slot - {_X, _OUT})
         self.row_op = name in ops.ROW_OPS
         self._shapes: dict[tuple, tuple] = {}  # x's shape -> (kept shape, 1 / row length, scratch)
-        self._run = _straight_line(self.calls, _FIRST_BUF + self.n_full + self.n_row, self.axes)
+        self._run = _straight_line(self.calls, _FIRST_BUF + self.n_full + self.n_row, self.axes, xp)
 
-    def _kd(self, shape: tuple) -> tuple:
+    def kept_shape(self, shape: tuple) -> tuple:
+        """``shape`` with the row axes kept as 1 (the shape of a per-row value)."""
         red = {a % len(shape) for a in self.axes}
         return tuple(1 if k in red else d for k, d in enumerate(shape))
 
     def scratch(self, x_shape: tuple) -> tuple:
         """(shape, dtype) of each buffer, in the order ``bufs`` takes them."""
-        kd = self._kd(tuple(x_shape))
+        kd = self.kept_shape(tuple(x_shape))
         return tuple(
             (tuple(x_shape) if s in self._full_slots else kd, self.dtype.name)
             for s in range(_FIRST_BUF, _FIRST_BUF + self.n_full + self.n_row)
@@ -279,10 +373,22 @@ class RowKernel:
     def _shape(self, shape: tuple) -> tuple:
         got = self._shapes.get(shape)
         if got is None:
-            kd = self._kd(shape)
+            kd = self.kept_shape(shape)
             n = max(math.prod(shape) // max(math.prod(kd), 1), 1)
             got = self._shapes[shape] = (kd, self.dtype.type(1.0 / n), self.scratch(shape))
         return got
+
+    def step_function(self, x_shape: tuple) -> Callable[[list, Any], None] | None:
+        """``run(a, out)`` for a plan step over ``x_shape``: ``a`` holds x (of this dtype) and
+        the ``scratch(x_shape)`` buffers, ``out`` x's shape (a row op) or the kept-axes shape
+        (a reduction); the per-call checks and slot list of ``__call__`` are done here, once.
+        None for an empty x (``__call__`` handles it)."""
+        x_shape = tuple(x_shape)
+        if math.prod(x_shape) == 0:
+            return None
+        _, inv_n, _ = self._shape(x_shape)
+        n = _FIRST_BUF + self.n_full + self.n_row
+        return _straight_line(self.calls, n, self.axes, self.xp, {"inv_n": inv_n, "eps": self.eps})
 
     def __call__(self, x, out, bufs=None):
         xp = self.xp

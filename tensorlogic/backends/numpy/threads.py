@@ -12,6 +12,12 @@ same threads, which sleep between steps instead of spinning, as torch's one intr
 
 The "blas" mode keeps OpenBLAS's own threads for GEMMs (and, on the numpy backend, fused
 kernels on the calling thread); the O3 autotuner times both on the real shapes.
+
+Where Intel MKL is installed (``backends.mkl``, TL_BLAS) it runs the GEMMs instead: its threads
+are the GNU OpenMP pool of numba's kernels, so in the "pool" mode a product goes whole to MKL
+(one pool, no spinning pthreads to limit) or, as ``mkl_splits`` says by default, is cut into
+single-threaded MKL blocks over numba's loop; in the "blas" mode every product is one MKL call.
+OpenBLAS stays limited to one thread in "pool" plans (it still runs the small products).
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .. import gemm_numba
+from ... import config
+from .. import gemm_numba, gemv_numba, mkl
 from . import host_pool
 
 THREAD_MODES = ("pool", "blas")
@@ -65,8 +72,17 @@ def _blas_controllers() -> list:
     if _controllers is None:
         from threadpoolctl import ThreadpoolController
 
-        _controllers = list(ThreadpoolController().select(user_api="blas").lib_controllers)
+        found = ThreadpoolController().select(user_api="blas").lib_controllers
+        # MKL loaded by ``backends.mkl`` shares numba's OpenMP pool and keeps its threads
+        _controllers = [c for c in found if not _is_our_mkl(c.filepath)]
     return _controllers
+
+
+def _is_our_mkl(path: str) -> bool:
+    import os
+
+    ours = mkl.loaded_path()
+    return ours is not None and os.path.realpath(path) == os.path.realpath(ours)
 
 
 @contextlib.contextmanager
@@ -100,7 +116,10 @@ def blas_libraries() -> list[str]:
 
 
 def blas_threads() -> int:
-    """Threads BLAS uses now (the largest count among the libraries found)."""
+    """Threads BLAS uses now (MKL's where it runs the GEMMs, else the largest count among the
+    libraries found)."""
+    if mkl.available():
+        return mkl.mkl_threads()
     return max((c.get_num_threads() or 1 for c in _blas_controllers()), default=1)
 
 
@@ -125,15 +144,20 @@ def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray
     k = A.shape[-1]
     m, n = A.shape[-2], B.shape[-1]
     nb = math.prod(out.shape[:-2])
-    if 2 * nb * m * n * k < MIN_SPLIT_FLOPS or _BLAS_OWN.get():  # most GEMMs of a net are small
+    if 2 * nb * m * n * k < MIN_SPLIT_FLOPS:  # most GEMMs of a net are small
         return np.matmul(A, B, out=out)
+    use_mkl = mkl.available() and mkl.supports(A, B, out) and out.flags.c_contiguous
     threads = host_pool.helper_count() + 1
-    if threads == 1:
+    if use_mkl and (_BLAS_OWN.get() or threads == 1 or not mkl_splits(nb, m, n, k)):
+        return mkl.matmul(A, B, out)  # on MKL's threads: numba's OpenMP pool
+    if _BLAS_OWN.get() or threads == 1:
         return np.matmul(A, B, out=out)
     if A.ndim < out.ndim or B.ndim < out.ndim:  # leading 1s broadcast like numpy's (views)
         A = A.reshape((1,) * (out.ndim - A.ndim) + A.shape)
         B = B.reshape((1,) * (out.ndim - B.ndim) + B.shape)
-    if SPLIT == "numba" and _numba_split(A, B, out):
+    if SPLIT == "numba" and _gemv_split(A, B, out):  # GEMV blocks: no GEMM packing
+        return _gemv_blocks(A, B, out)
+    if (SPLIT == "numba" or use_mkl) and _numba_split(A, B, out):
         with single_threaded_blas():  # already so inside a plan call; BLAS calls from
             return gemm_numba.matmul(A, B, out, _grid(nb, m, n))  # many threads need it
     if out.ndim > 3 or not A.shape[:-2] == B.shape[:-2] == out.shape[:-2]:
@@ -165,6 +189,33 @@ def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray
 
 # products under this many FLOPs skip the call (``contract`` reads it at plan time)
 parallel_matmul.min_flops = MIN_SPLIT_FLOPS  # type: ignore[attr-defined]
+
+
+def mkl_splits(nb: int, m: int, n: int, k: int) -> bool:
+    """Whether a "pool"-mode product on MKL is cut into single-threaded MKL blocks over numba's
+    loop (True, the default) rather than handed whole to MKL's own threads; TL_MKL_SPLIT
+    (``config.mkl_split``) overrides. On the 16-core Xeon host the split matched or beat MKL's
+    own threading on six of the seven bench models (causal block 3.67 vs 4.56 ms, MLP 2.92 vs
+    3.02; results/bench_models_16core_mkl.json); the "blas" thread mode, which O3 also times,
+    keeps each product one MKL call on MKL's threads."""
+    forced = config.mkl_split()
+    return True if forced is None else forced
+
+
+def whole_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """The "blas" mode's products: one MKL call on MKL's threads where MKL runs the GEMMs and
+    takes the operands, else numpy's matmul on its BLAS's threads."""
+    if mkl.supports(A, B, out) and out.flags.c_contiguous:
+        return mkl.matmul(A, B, out)
+    return np.matmul(A, B, out=out)
+
+
+whole_matmul.min_flops = MIN_SPLIT_FLOPS  # type: ignore[attr-defined]
+
+
+def blas_mode_matmul():
+    """The matmul of "blas"-mode contractions (None: numpy's own), chosen at plan time."""
+    return whole_matmul if mkl.available() else None
 
 
 def blas_bound(step_gemms) -> bool:
@@ -216,6 +267,22 @@ def _numba_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
     )
 
 
+def _gemv_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
+    """Whether this product runs as one numba loop of BLAS GEMV blocks (``gemv_numba``): a
+    matrix-vector product (m or n is 1), which BLAS's GEMM would pack into panels first (see
+    ``gemv_numba``: 1.6x slower on one thread, 1.9x on two, on the development machine)."""
+    return (out.shape[-1] == 1 or out.shape[-2] == 1) and gemv_numba.usable(A, B, out)
+
+
+def _gemv_blocks(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``gemv_numba.matmul`` over one block per thread, with BLAS on one thread."""
+    from ..numba import threads as numba_threads
+
+    parts = min(host_pool.helper_count() + 1, numba_threads.thread_count())
+    with single_threaded_blas():
+        return gemv_numba.matmul(A, B, out, parts)
+
+
 def _grid(nb: int, m: int, n: int) -> np.ndarray:
     from ..numba import threads as numba_threads
 
@@ -233,6 +300,18 @@ def describe(mode: str, blas_own: bool = False) -> str:
     """The line print(plan) shows about a CPU plan's threads (``blas_own``: a "pool"-mode plan
     that ``blas_bound`` hands to BLAS's threads)."""
     threads = host_pool.helper_count() + 1
+    lib = "MKL" if mkl.available() else "BLAS"
+    if mode == "pool" and blas_own:
+        return f"threads: pool (unbatched GEMMs only: one {lib} call each, on BLAS's own threads)"
+    if mode == "pool" and lib == "MKL":
+        how = (
+            "whole on MKL's threads (numba's OpenMP pool)"
+            if config.mkl_split() is False
+            else "split into single-threaded MKL blocks on one numba loop"
+        )
+        return f"threads: pool ({threads} threads for every step; GEMMs {how})"
+    if mode == "blas" and lib == "MKL":
+        return f"threads: blas (GEMMs one MKL call each; {threads} threads for other steps)"
     if mode == "pool" and blas_own:
         return "threads: pool (unbatched GEMMs only: one BLAS call each, on BLAS's own threads)"
     if mode == "pool":
