@@ -221,7 +221,7 @@ def _build_plan(
             return False
         kernel = as_prepared(kernel, f"node {node.name!r}")
         kernels.append(kernel)
-        steps.append(replace(step, info=kernel.info))
+        steps.append(step.evolve({"info": kernel.info}) if kernel.info else step)
         return True
 
     # contractions the backend runs together with their only consumer (cuBLASLt epilogues)
