@@ -209,15 +209,24 @@ def bench_block(
         free()
     # the default plan fuses bf16 attention (the tensor-core flash kernel); the written-out
     # form (cuBLAS GEMMs, S x S scores in memory) beside it
-    for name, opts in (
-        ("tensorlogic bf16 graph", {}),
-        ("tensorlogic bf16 graph, attention written out", {"fuse_attention": False}),
+    # and the plan without cuBLASLt epilogues (GEMM and bias + GELU as two steps), to compare
+    from tensorlogic.backends.cupy import backend as cupy_backend
+
+    for name, opts, epilogues in (
+        ("tensorlogic bf16 graph", {}, True),
+        ("tensorlogic bf16 graph, no cuBLASLt epilogue", {}, False),
+        ("tensorlogic bf16 graph, attention written out", {"fuse_attention": False}, True),
     ):
         if "bf16" not in modes:
             break
-        plan16 = tl.compile(tl_block(p, s, "bfloat16"), backend="cupy", cache=False, **opts)
+        cupy_backend.FUSE_EPILOGUES = epilogues
+        try:  # plans build on first use: build this one while the switch holds
+            plan16 = tl.compile(tl_block(p, s, "bfloat16"), backend="cupy", cache=False, **opts)
+            plan16.specialize(B=B)
+        finally:
+            cupy_backend.FUSE_EPILOGUES = True
         measure(name, lambda plan=plan16: plan(x=xg16)["y"], "bf16")
-        if not opts:
+        if not opts and epilogues:
             RESULTS.setdefault("plans", {})[f"S{s}_bf16"] = str(plan16)
             print(plan16)
         plan16.release_memory()
@@ -320,24 +329,32 @@ def _gemms_of(kernel) -> list | None:
     return None if impl is None else list(impl.gemms)
 
 
-def bench_steps(s: int, p: dict, inner: int) -> None:
+def bench_steps(s: int, p: dict, inner: int, epilogues: bool = True) -> None:
     """Every step of the bf16 plan alone (device time in a CUDA graph); each contraction step
     against bare cuBLAS calls of the GEMMs it makes (cublasGemmStridedBatchedEx on contiguous
-    operands of the same (batch, m, n, k), bf16, float32 accumulation)."""
-    from tensorlogic.backends.cupy import cublas
+    operands of the same (batch, m, n, k), bf16, float32 accumulation). A GEMM with a cuBLASLt
+    epilogue is compared with the bare GEMM too, without the 1.1x target (it does more);
+    ``epilogues=False``: the plan without them (the product and its consumer as two steps)."""
+    from tensorlogic.backends.cupy import backend as cupy_backend, cublas
 
-    sec = f"steps_S{s}"
-    print(f"bf16 plan steps at S={s}, device ms (contractions: ours / bare cuBLAS GEMMs)")
-    plan = tl.compile(tl_block(p, s, "bfloat16"), backend="cupy").specialize(B=B)
+    sec = f"steps_S{s}" + ("" if epilogues else "_no_epilogue")
+    tag = "" if epilogues else " without cuBLASLt epilogues"
+    print(f"bf16 plan steps{tag} at S={s}, device ms (contractions: ours / bare cuBLAS GEMMs)")
+    cupy_backend.FUSE_EPILOGUES = epilogues
+    try:
+        plan = tl.compile(tl_block(p, s, "bfloat16"), backend="cupy", cache=False)
+        plan = plan.specialize(B=B)
+    finally:
+        cupy_backend.FUSE_EPILOGUES = True
     blas = cublas.get()
     rng = np.random.default_rng(2)
     total = 0.0
     for step, kernel in zip(plan.steps, plan.kernels):
-        node = plan.graph.node(step.node_id)
-        in_nodes = [plan.graph.node(i) for i in node.inputs]
-        args = [cp.asarray(rng.standard_normal(tuple(n.shape)).astype(n.dtype)) for n in in_nodes]
+        # the step's own inputs (a GEMM with its epilogue reads the product's operands)
+        ins = [plan.buffers[i] for i in step.inputs]
+        args = [cp.asarray(rng.standard_normal(b.shape).astype(b.dtype)) for b in ins]
         scratch = [cp.empty(b.shape, b.dtype) for b in plan.buffers if b.id in step.scratch]
-        out = cp.empty(tuple(node.shape), node.dtype)
+        out = cp.empty(tuple(step.shape), step.dtype)
         t = captured_time(lambda k=kernel, a=args + scratch, o=out: k(a, o), inner)
         total += t
         extra = {"op": step.label[:60]}
@@ -349,7 +366,9 @@ def bench_steps(s: int, p: dict, inner: int) -> None:
                 tb = cp.asarray(rng.standard_normal((nb, k, n)).astype(dtypes.bfloat16))
                 tc = cp.empty((nb, m, n), dtypes.bfloat16)
                 bare += captured_time(lambda a=ta, b=tb, c=tc: blas.matmul(a, b, out=c), inner)
-            extra.update(gemms=gemms, bare_ms=bare * 1e3, ratio=t / bare, target=1.1)
+            extra.update(gemms=gemms, bare_ms=bare * 1e3, ratio=t / bare)
+            if "cuBLASLt epilogue" not in step.info:
+                extra.update(target=1.1)
         row(sec, step.name, t, **extra)
     row(sec, "sum of steps", total)
 
@@ -382,6 +401,7 @@ def main() -> None:
         bench_block(s, p, deadline, inner, tuple(args.modes.split(",")))
         try:
             bench_steps(s, p, inner)
+            bench_steps(s, p, inner, epilogues=False)
         except Exception:  # noqa: BLE001 - keep the block results
             traceback.print_exc()
     meta = {

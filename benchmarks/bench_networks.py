@@ -5,12 +5,14 @@ generators (matrix chains, trees, lattices, random regular graphs, MPS overlaps,
 circuit-like random networks). Per instance: our first compile (numpy backend, O2, cold path
 cache) and call; ``opt_einsum.contract`` with its default path (path search included, as a user
 calls it); ``opt_einsum.contract_expression`` and cotengra's executor along our path. Every
-contender runs in its own process. ``--slicing`` instead compiles a lattice without and with
+contender runs in its own process. Four random trees of bond 24 (64 MB to 1.5 GB operands)
+take most of a full run's time; ``--only`` picks instances by name, ``--name`` the results
+file of such a partial run. ``--slicing`` instead compiles a lattice without and with
 ``path_memory_limit`` (an eighth of its peak) and runs both.
 ``--slicing-8gb`` plans four tensors joined pairwise by bonds of 32 and sharing a batch index
 of 1024 (268 MB each) whose path found without a limit peaks at an 8.6 GB intermediate, and
 runs them under a 1 GiB ``path_memory_limit``, measuring peak memory. Usage:
-python benchmarks/bench_networks.py [--quick | --slicing | --slicing-8gb]
+python benchmarks/bench_networks.py [--quick | --only A,B --name NAME | --slicing | --slicing-8gb]
 """
 
 from __future__ import annotations
@@ -105,7 +107,13 @@ def instances(quick: bool):
         ("mps100_overlap", *mps_overlap(100), "float64"),
         ("circuit_rrg40_c128", *regular(40, 3, 2, 5), "complex128"),
     ]
-    return cases[:3] if quick else cases
+    # random trees of bond 24 (each from its own seed): nodes of degree 5 and 6 make 64 MB and
+    # 1.5 GB operands, so most of a call is matrix-vector products bound by memory
+    big = [
+        (f"tree{n}_b24_s{seed}", *tree(n, np.random.default_rng(seed), 24), "float64")
+        for n, seed in ((30, 2), (30, 6), (40, 3), (20, 0))
+    ]
+    return cases[:3] if quick else cases + big
 
 
 def _arrays(eq, sizes, dtype, seed=0):
@@ -310,6 +318,8 @@ def main() -> None:
         default=3,
         help="processes of ours and of contract_expression per instance (medians)",
     )
+    ap.add_argument("--only", default=None, help="comma-separated instance names")
+    ap.add_argument("--name", default="bench_networks", help="results/<name>.json")
     ap.add_argument("--worker", nargs=2)
     ap.add_argument("--path")
     ap.add_argument(
@@ -340,7 +350,14 @@ def main() -> None:
         print(f"warning: load {machine()['loadavg_1min']:.1f}; timings are noisy")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, eq, _sizes, dtype in instances(args.quick):
+        picked = instances(args.quick)
+        if args.only:
+            wanted = args.only.split(",")
+            unknown = set(wanted) - {c[0] for c in picked}
+            if unknown:
+                ap.error(f"--only: unknown instances {sorted(unknown)}")
+            picked = [c for c in picked if c[0] in wanted]
+        for name, eq, _sizes, dtype in picked:
             cold = os.path.join(tmp, name)  # a fresh path cache: the compile is a first one
             ours = _spawn("ours", name, None, args.repeat, cold)
             path_file = os.path.join(tmp, name + ".path.json")
@@ -409,7 +426,7 @@ def main() -> None:
         )
     )
     print(f"geometric mean speedup vs opt_einsum.contract: {gm:.2f}x")
-    path = write_results("bench_networks", rows, {"geomean_vs_contract": gm}, peers=("cotengra",))
+    path = write_results(args.name, rows, {"geomean_vs_contract": gm}, peers=("cotengra",))
     print(f"wrote {path}")
 
 

@@ -166,6 +166,18 @@ class Backend:
         and ``in_nodes``: the optimized graph's node and its operands; ``graph``: that graph)."""
         raise NotImplementedError(f"backend {self.name!r} does not implement prepare()")
 
+    def epilogue_pairs(self, graph: Any, order: list, views: frozenset) -> Mapping[int, Any]:
+        """Optional: consumer node id -> a contraction and its elementwise consumer that the
+        backend runs as one step (each value has ``gemm``, the folded contraction's node id,
+        and ``inputs``, the node ids the step reads); ``views``: node ids whose buffers are
+        views. The default folds nothing."""
+        return {}
+
+    def prepare_epilogue(self, step: Any, pair: Any, graph: Any) -> PreparedKernel | None:
+        """Optional: the kernel of a pair from ``epilogue_pairs`` (None: the plan runs the
+        contraction and its consumer as two steps, as without the pair)."""
+        return None
+
     def with_options(self, options: Mapping[str, Any]) -> Backend:
         """The backend to prepare a plan's kernels with, given its compile options (a view of
         this one when an option changes how kernels are built); the default ignores them."""

@@ -140,10 +140,9 @@ def _build_plan(
     kernels = []
     scratch: list[Buffer] = []
     inplace_ok: dict[int, tuple[int, ...]] = {}
-    for nid in order:
+
+    def add_step(nid: int) -> None:
         node = nodes[nid]
-        if node.kind in (ops.INPUT, ops.CONSTANT):
-            continue
         in_nodes = [nodes[i] for i in node.inputs]
         b = bufs[nid]
         is_view = b.view_of is not None
@@ -193,6 +192,51 @@ def _build_plan(
             inplace_ok[step.index] = positions
         kernels.append(kernel)
         steps.append(step)
+
+    def add_pair(nid: int, pair: Any) -> bool:
+        """One step for a contraction and its consumer, if the backend prepares its kernel."""
+        node, gemm = nodes[nid], nodes[pair.gemm]
+        b = bufs[nid]
+        args = {"_is_output": b.role == "output", "_view": False}
+        flops = cost.node_flops(gemm, [nodes[i] for i in gemm.inputs])
+        flops += cost.node_flops(node, [nodes[i] for i in node.inputs])
+        step = Step(
+            len(steps),
+            nid,
+            node.name,
+            ops.EINSUM,
+            None,
+            f"{gemm.label}+{node.label}",
+            tuple(bufs[i].id for i in pair.inputs),
+            b.id,
+            tuple(node.shape),
+            node.dtype,
+            int(flops),
+            int(b.nbytes + sum(bufs[i].nbytes for i in pair.inputs)),
+            args,
+        )
+        with hooks.timed("codegen", f"prepare {node.name}", backend=backend.name, kind="epilogue"):
+            kernel = backend.prepare_epilogue(step, pair, optimized)
+        if kernel is None:
+            return False
+        kernel = as_prepared(kernel, f"node {node.name!r}")
+        kernels.append(kernel)
+        steps.append(step.evolve({"info": kernel.info}) if kernel.info else step)
+        return True
+
+    # contractions the backend runs together with their only consumer (cuBLASLt epilogues)
+    views = frozenset(nid for nid, b in bufs.items() if b.view_of is not None)
+    pairs = backend.epilogue_pairs(optimized, order, views)
+    folded = {p.gemm for p in pairs.values()}
+    for nid in order:
+        if nodes[nid].kind in (ops.INPUT, ops.CONSTANT) or nid in folded:
+            continue
+        pair = pairs.get(nid)
+        if pair is not None:
+            if add_pair(nid, pair):
+                continue
+            add_step(pair.gemm)  # no fused kernel after all: both steps, the product first
+        add_step(nid)
     buffers = tuple(bufs[nid] for nid in order) + tuple(scratch)
     memory = plan_memory(
         buffers,

@@ -284,7 +284,10 @@ def test_gelu_relative_accuracy_and_special_values(dtype, fast):
     assert np.all(err <= bound), float(np.max(err / (np.abs(ref) + tiny)))
     sp = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, -50.0, -1e30, 50.0], dtype)
     ks = be.kernel_for(
-        FusedBody((FusedOp("gelu", (("in", 0),)),), sp.shape), [sp.shape], dtype, fast=fast,
+        FusedBody((FusedOp("gelu", (("in", 0),)),), sp.shape),
+        [sp.shape],
+        dtype,
+        fast=fast,
         threshold=0,
     )
     with np.errstate(all="ignore"):

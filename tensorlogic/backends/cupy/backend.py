@@ -21,7 +21,7 @@ from .. import kernels as generic, widen
 from ..base import Backend, Capabilities, PreparedKernel
 from ..inputs import plain_host_array, strided_copy_bytes
 from . import cuda_c, launch, pdl, ptx
-from . import cublas
+from . import cublas, cublaslt, epilogue
 from .cache import KernelCache
 from .compiler import KernelCompiler
 from .graphs import CAPTURE_GATE, PlanRunner
@@ -206,6 +206,8 @@ def _cstrides(shape):
 # it runs on the tensor cores too (3xTF32, attention_tf32; the exact FFMA kernel had measured
 # 0.63-1.12x of the written-out form)
 FUSED_ATTENTION = frozenset({"bfloat16", "float16", "float32"})
+# a contraction's bias (+ GELU / ReLU, or + residual) consumer runs as its cuBLASLt epilogue
+FUSE_EPILOGUES = True
 
 
 class CupyBackend(Backend):
@@ -340,6 +342,25 @@ class CupyBackend(Backend):
             ak = AttentionKernel(self, node, in_nodes)
             return PreparedKernel(ak, flops=ak.flops, info=ak.info, source=ak.source, impl=ak)
         return generic.make_kernel(cupy, node, in_nodes, not step.view)
+
+    def epilogue_pairs(self, graph, order, views):
+        """Contractions whose bias (+ GELU / ReLU, or + residual) consumer runs as a cuBLASLt
+        epilogue (``epilogue.find``); none without libcublasLt."""
+        if not FUSE_EPILOGUES or cublaslt.get() is None:
+            return {}
+        return epilogue.find(graph, order, views)
+
+    def prepare_epilogue(self, step, pair, graph):
+        """One cuBLASLt call for a contraction and its epilogue; None (two steps) where
+        cuBLASLt offers no algorithm for the shape."""
+        lt = cublaslt.get()
+        if lt is None:
+            return None
+        kernel = cublaslt.LtEpilogueKernel(lt, pair, step.dtype, self.tf32)
+        if not kernel.available:
+            return None
+        info = pair.describe(graph.node(pair.gemm).name)
+        return PreparedKernel(kernel, info=info, impl=kernel)
 
     def _einsum(self, node, in_nodes):
         """cuBLAS for contractions. 16-bit einsums whose sums all happen inside GEMMs run as

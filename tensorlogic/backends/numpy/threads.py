@@ -32,7 +32,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ... import config
-from .. import gemm_numba, mkl
+from .. import gemm_numba, gemv_numba, mkl
 from . import host_pool
 
 THREAD_MODES = ("pool", "blas")
@@ -219,6 +219,8 @@ def _dispatch(A: np.ndarray, B: np.ndarray, out: np.ndarray, settings: tuple):
     if A.ndim < out.ndim or B.ndim < out.ndim:  # leading 1s broadcast like numpy's (views)
         A = A.reshape((1,) * (out.ndim - A.ndim) + A.shape)
         B = B.reshape((1,) * (out.ndim - B.ndim) + B.shape)
+    if SPLIT == "numba" and _gemv_split(A, B, out):  # GEMV blocks: no GEMM packing
+        return _gemv_blocks(A, B, out)
     if (SPLIT == "numba" or use_mkl) and _numba_split(A, B, out):
         split = gemm_numba.prepare(A, B, out, _grid(nb, m, n))
         if where == "plan":  # the plan call already holds BLAS on one thread
@@ -362,6 +364,22 @@ def _numba_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
         and A.shape[-1] > 0
         and gemm_numba.available()
     )
+
+
+def _gemv_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
+    """Whether this product runs as one numba loop of BLAS GEMV blocks (``gemv_numba``): a
+    matrix-vector product (m or n is 1), which BLAS's GEMM would pack into panels first (see
+    ``gemv_numba``: 1.6x slower on one thread, 1.9x on two, on the development machine)."""
+    return (out.shape[-1] == 1 or out.shape[-2] == 1) and gemv_numba.usable(A, B, out)
+
+
+def _gemv_blocks(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """``gemv_numba.matmul`` over one block per thread, with BLAS on one thread."""
+    from ..numba import threads as numba_threads
+
+    parts = min(host_pool.helper_count() + 1, numba_threads.thread_count())
+    with single_threaded_blas():
+        return gemv_numba.matmul(A, B, out, parts)
 
 
 def _grid(nb: int, m: int, n: int) -> np.ndarray:
