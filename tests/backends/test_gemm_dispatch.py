@@ -68,9 +68,10 @@ def _check(run, A, B) -> None:
 
 
 @pytest.mark.parametrize("in_plan", [False, True])
-def test_cached_dispatch_follows_data_and_strides(rng, path, in_plan):
+@pytest.mark.parametrize("m,n", [(40, 70), (40, 1), (1, 70)])  # GEMMs, GEMVs both ways
+def test_cached_dispatch_follows_data_and_strides(rng, path, in_plan, m, n):
     run = cpu_threads.parallel_matmul
-    for name, A, B in _layouts(rng, 3, 40, 24, 70):
+    for name, A, B in _layouts(rng, 3, m, 24, n):
         with cpu_threads.pool_call() if in_plan else cpu_threads.single_threaded_blas():
             _check(run, A, B)
             kept = len(cpu_threads._DISPATCH)
@@ -85,13 +86,11 @@ def test_cached_dispatch_follows_data_and_strides(rng, path, in_plan):
 
 
 def _same_layout(like: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """``values`` in a fresh buffer with the strides of ``like`` (a view into a new base)."""
-    if like.flags.c_contiguous:
-        return np.ascontiguousarray(values)
-    base = like.base
-    while base is not None and base.base is not None:
+    """``values`` in a fresh buffer with the strides (and offset) of ``like``."""
+    base = like
+    while base.base is not None:
         base = base.base
-    fresh = np.empty_like(base)
+    fresh = np.empty(base.nbytes, np.uint8)
     offset = like.__array_interface__["data"][0] - base.__array_interface__["data"][0]
     view = np.ndarray(like.shape, like.dtype, fresh, offset, like.strides)
     view[...] = values

@@ -220,7 +220,7 @@ def _dispatch(A: np.ndarray, B: np.ndarray, out: np.ndarray, settings: tuple):
         A = A.reshape((1,) * (out.ndim - A.ndim) + A.shape)
         B = B.reshape((1,) * (out.ndim - B.ndim) + B.shape)
     if SPLIT == "numba" and _gemv_split(A, B, out):  # GEMV blocks: no GEMM packing
-        return _gemv_blocks(A, B, out)
+        return functools.partial(_gemv_blocks, parts=_parts(), limit=where != "plan")
     if (SPLIT == "numba" or use_mkl) and _numba_split(A, B, out):
         split = gemm_numba.prepare(A, B, out, _grid(nb, m, n))
         if where == "plan":  # the plan call already holds BLAS on one thread
@@ -373,21 +373,29 @@ def _gemv_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
     return (out.shape[-1] == 1 or out.shape[-2] == 1) and gemv_numba.usable(A, B, out)
 
 
-def _gemv_blocks(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """``gemv_numba.matmul`` over one block per thread, with BLAS on one thread."""
-    from ..numba import threads as numba_threads
-
-    parts = min(host_pool.helper_count() + 1, numba_threads.thread_count())
+def _gemv_blocks(
+    A: np.ndarray, B: np.ndarray, out: np.ndarray, parts: int, limit: bool
+) -> np.ndarray:
+    """``gemv_numba.matmul`` over ``parts`` blocks, with BLAS on one thread (``limit``: set it
+    here; a "pool"-mode plan call already did)."""
+    if A.ndim < out.ndim or B.ndim < out.ndim:  # leading 1s broadcast like numpy's (views)
+        A = A.reshape((1,) * (out.ndim - A.ndim) + A.shape)
+        B = B.reshape((1,) * (out.ndim - B.ndim) + B.shape)
+    if not limit:
+        return gemv_numba.matmul(A, B, out, parts)
     with single_threaded_blas():
         return gemv_numba.matmul(A, B, out, parts)
 
 
-def _grid(nb: int, m: int, n: int) -> np.ndarray:
+def _parts() -> int:
+    """Blocks of a split product: one per thread, at most TL_NUM_THREADS (config.host_threads)."""
     from ..numba import threads as numba_threads
 
-    # one block per thread, at most TL_NUM_THREADS of them (config.host_threads)
-    parts = min(host_pool.helper_count() + 1, numba_threads.thread_count())
-    return _grid_of(nb, m, n, parts)
+    return min(host_pool.helper_count() + 1, numba_threads.thread_count())
+
+
+def _grid(nb: int, m: int, n: int) -> np.ndarray:
+    return _grid_of(nb, m, n, _parts())
 
 
 @functools.lru_cache(maxsize=256)
