@@ -140,7 +140,8 @@ def is_legal_group(
 
     Pure: reads the graph, changes nothing. Conditions: at least two nodes; every member
     elementwise with the root's (concrete, non-empty) shape and dtype; no member but the root is
-    a graph output or used outside the group; the tail, if any, is the root's only user and a
+    a graph output or used outside the group (a recomputed member's node stays, so a member it
+    reads counts as used outside); the tail, if any, is the root's only user and a
     legal tail; an epilogue (ordered as in ``position``) follows a row-op tail, each of its
     nodes elementwise over the row op's shape and dtype and consuming the row op's value or an
     earlier epilogue value, and only its last node is used outside the group or is an output;
@@ -181,8 +182,10 @@ def is_legal_group(
         if m in recomputed:
             if m == root or not recomputable(g, m):
                 return False
-        elif m != root and (m in outputs or any(u not in members for u in g.users(m))):
-            return False
+        elif m != root and (
+            m in outputs or any(u not in members or u in recomputed for u in g.users(m))
+        ):
+            return False  # used outside, or by a recomputed member, whose node stays
     if tail is not None:
         if members and (root in outputs or g.users(root) != [tail]):
             return False
@@ -348,6 +351,7 @@ def _grow(
     outputs = set(g.outputs.values())
     members = {root}
     work = [root]
+    recomputed_set = recomputed if recomputed is not None else set()
     while work:
         for p in g.node(work.pop()).inputs:
             if len(members) >= limit:
@@ -361,7 +365,9 @@ def _grow(
                 and _computes_in(g, pn) == rnode.dtype
             ):
                 continue
-            if all(u in members for u in g.users(p)):
+            # a recomputed copy's node stays in the graph, still reading its operands: a
+            # producer joins outright only when all its users leave the graph with the group
+            if all(u in members and u not in recomputed_set for u in g.users(p)):
                 members.add(p)
                 work.append(p)
             elif recomputed is not None and recomputable(g, p):

@@ -216,3 +216,24 @@ def test_recomputation_needs_one_full_operand_and_elementwise_users(rng):
     gg = fusion(g).graph
     assert count(gg, ops.BINARY) == 2
     assert_same_as_o0(g, rng, 2)
+
+
+def test_a_producer_read_by_a_recomputed_member_stays(rng):
+    """``p = abs(x)`` read by a bias add ``q = p + b`` and by ``q * p``: the group of ``q * p``
+    recomputes ``q``, whose node stays for its other user (``exp(q)``) and still reads ``p``,
+    so ``p`` is not a member that leaves the graph (removing it raised "still used")."""
+    g = tl.EinsumGraph()
+    x = g.input("x", (6, 5), "float64")
+    b = g.input("b", (5,), "float64")
+    p = g.abs(x)
+    q = p + b
+    g.output(g.exp(q), name="o")
+    r = q * p  # the walk from here meets q (a recomputed copy) before p
+    g.output(r, name="r")
+    members = frozenset({r.id, q.id, p.id})
+    assert not is_legal_group(g, members, r.id, recomputed=frozenset({q.id}))
+    assert is_legal_group(g, frozenset({r.id, q.id}), r.id, recomputed=frozenset({q.id}))
+    gg = fusion(g).graph
+    gg.validate()
+    assert count(gg, ops.FUSED) == 2 and count(gg, ops.BINARY) == 0
+    assert_same_as_o0(g, rng, 2)
