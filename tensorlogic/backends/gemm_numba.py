@@ -22,15 +22,46 @@ import numpy as np
 
 from .mkl import batch_offsets, blas_layout
 
-# (sgemm, dgemm) symbol names and whether their integers are 64-bit, in the order tried:
-# numpy >= 2 ships scipy-openblas (ILP64, prefixed and suffixed), numpy 1.x openblas64_
-_SYMBOLS = (
-    ("scipy_cblas_sgemm64_", "scipy_cblas_dgemm64_", True),
-    ("cblas_sgemm64_", "cblas_dgemm64_", True),
-    ("scipy_cblas_sgemm", "scipy_cblas_dgemm", False),
-    ("cblas_sgemm", "cblas_dgemm", False),
-)
 _ROW_MAJOR = 101
+
+
+def cblas_symbols(routine: str) -> tuple:
+    """(single, double) CBLAS names of ``routine`` ("gemm", "gemv") and whether their integers
+    are 64-bit, in the order tried: numpy >= 2 ships scipy-openblas (ILP64, prefixed and
+    suffixed), numpy 1.x openblas64_, other builds and MKL plain CBLAS."""
+    return (
+        (f"scipy_cblas_s{routine}64_", f"scipy_cblas_d{routine}64_", True),
+        (f"cblas_s{routine}64_", f"cblas_d{routine}64_", True),
+        (f"scipy_cblas_s{routine}", f"scipy_cblas_d{routine}", False),
+        (f"cblas_s{routine}", f"cblas_d{routine}", False),
+    )
+
+
+_SYMBOLS = cblas_symbols("gemm")
+
+
+def find_cblas(paths, routine: str, argtypes):
+    """ctypes (single, double) ``routine`` of the first library in ``paths`` that exports both
+    under one of ``cblas_symbols`` names, with ``argtypes(idx, real, ptr)`` set, or None.
+    Pointers travel as 64-bit integers (the same registers as a pointer on x86-64 and aarch64),
+    so a numba kernel passes addresses it computed itself."""
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for s_name, d_name, ilp64 in cblas_symbols(routine):
+            if hasattr(lib, s_name) and hasattr(lib, d_name):
+                idx = ctypes.c_int64 if ilp64 else ctypes.c_int
+                fns = []
+                for name, real in ((s_name, ctypes.c_float), (d_name, ctypes.c_double)):
+                    fn = getattr(lib, name)
+                    fn.argtypes = argtypes(idx, real, ctypes.c_int64)
+                    fn.restype = None
+                    fns.append(fn)
+                return tuple(fns)
+    return None
+
 
 _lock = threading.RLock()
 # library ("mkl" or "numpy") -> {dtype name: (ctypes gemm, item size)}; {} when unavailable
@@ -55,40 +86,14 @@ def _find_gemms(library: str):
         paths = [mkl.loaded_path()]
     else:
         paths = blas_libraries()
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for s_name, d_name, ilp64 in _SYMBOLS:
-            if hasattr(lib, s_name) and hasattr(lib, d_name):
-                idx = ctypes.c_int64 if ilp64 else ctypes.c_int
-                fns = []
-                for name, real in ((s_name, ctypes.c_float), (d_name, ctypes.c_double)):
-                    fn = getattr(lib, name)
-                    # pointers travel as 64-bit integers (same registers as a pointer on x86-64
-                    # and aarch64), so the numba kernel passes addresses it computed itself
-                    ptr = ctypes.c_int64
-                    fn.argtypes = [
-                        ctypes.c_int,
-                        ctypes.c_int,
-                        ctypes.c_int,
-                        idx,
-                        idx,
-                        idx,
-                        real,
-                        ptr,
-                        idx,
-                        ptr,
-                        idx,
-                        real,
-                        ptr,
-                        idx,
-                    ]
-                    fn.restype = None
-                    fns.append(fn)
-                return tuple(fns)
-    return None
+    # order, transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc
+    return find_cblas(
+        paths,
+        "gemm",
+        lambda idx, real, ptr: (
+            [ctypes.c_int] * 3 + [idx] * 3 + [real, ptr, idx, ptr, idx] + [real, ptr, idx]
+        ),
+    )
 
 
 def _compile(gemm, itemsize: int):

@@ -22,14 +22,10 @@ import threading
 
 import numpy as np
 
-# (sgemv, dgemv) symbol names and whether their integers are 64-bit, in the order tried (as
-# gemm_numba's: numpy >= 2 ships scipy-openblas, ILP64 and prefixed; numpy 1.x openblas64_)
-_SYMBOLS = (
-    ("scipy_cblas_sgemv64_", "scipy_cblas_dgemv64_", True),
-    ("cblas_sgemv64_", "cblas_dgemv64_", True),
-    ("scipy_cblas_sgemv", "scipy_cblas_dgemv", False),
-    ("cblas_sgemv", "cblas_dgemv", False),
-)
+
+from .gemm_numba import cblas_symbols, find_cblas
+
+_SYMBOLS = cblas_symbols("gemv")
 _ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
 
 _lock = threading.RLock()
@@ -41,25 +37,14 @@ def _find_gemvs():
     """ctypes (sgemv, dgemv) of numpy's BLAS, or None."""
     from .numpy.threads import blas_libraries
 
-    for path in blas_libraries():
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for s_name, d_name, ilp64 in _SYMBOLS:
-            if hasattr(lib, s_name) and hasattr(lib, d_name):
-                idx = ctypes.c_int64 if ilp64 else ctypes.c_int
-                fns = []
-                for name, real in ((s_name, ctypes.c_float), (d_name, ctypes.c_double)):
-                    fn = getattr(lib, name)
-                    ptr = ctypes.c_int64  # addresses computed in the numba loop
-                    # order, trans, M, N, alpha, A, lda, X, incX, beta, Y, incY
-                    fn.argtypes = [ctypes.c_int, ctypes.c_int, idx, idx, real, ptr, idx]
-                    fn.argtypes += [ptr, idx, real, ptr, idx]
-                    fn.restype = None
-                    fns.append(fn)
-                return tuple(fns)
-    return None
+    # order, trans, M, N, alpha, A, lda, X, incX, beta, Y, incY
+    return find_cblas(
+        blas_libraries(),
+        "gemv",
+        lambda idx, real, ptr: (
+            [ctypes.c_int] * 2 + [idx] * 2 + [real, ptr, idx, ptr, idx] + [real, ptr, idx]
+        ),
+    )
 
 
 def _compile(gemv, itemsize: int):
