@@ -24,9 +24,10 @@ import numpy as np
 
 
 from .gemm_numba import cblas_symbols, find_cblas
+from .mkl import batch_offsets, blas_layout
 
 _SYMBOLS = cblas_symbols("gemv")
-_ROW_MAJOR, _NO_TRANS, _TRANS = 101, 111, 112
+_ROW_MAJOR, _NO_TRANS = 101, 111
 
 _lock = threading.RLock()
 _gemvs: dict | None = None  # dtype name -> (ctypes gemv, item size); {} when unavailable
@@ -128,19 +129,9 @@ def _offsets(x: np.ndarray, batch: tuple[int, ...]) -> np.ndarray:
     """Element offset of every batch entry of ``x`` (C order over ``batch``; an axis of size 1
     is broadcast)."""
     it = x.itemsize
-    return _offsets_of(
+    return batch_offsets(
         batch, tuple(0 if d == 1 else s // it for d, s in zip(x.shape[:-2], x.strides[:-2]))
     )
-
-
-@functools.lru_cache(maxsize=512)
-def _offsets_of(batch: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarray:
-    if not batch:
-        return np.zeros(1, np.int64)
-    idx = np.indices(batch, dtype=np.int64).reshape(len(batch), -1)
-    offsets = (idx * np.array(strides, np.int64)[:, None]).sum(axis=0)
-    offsets.flags.writeable = False  # shared by every call of this layout
-    return offsets
 
 
 def _as_column(A: np.ndarray, B: np.ndarray, out: np.ndarray):
@@ -149,23 +140,6 @@ def _as_column(A: np.ndarray, B: np.ndarray, out: np.ndarray):
     if out.shape[-1] == 1:
         return A, B, out
     return B.swapaxes(-1, -2), A.swapaxes(-1, -2), out.swapaxes(-1, -2)
-
-
-def _layout(M: np.ndarray) -> tuple[int, int] | None:
-    """(transpose flag, leading dim) under which row-major BLAS reads the rows x k matrices of
-    ``M`` as they lie, or None when neither axis has a unit stride (sizes of 1 take any)."""
-    it = M.itemsize
-    rows, k = M.shape[-2:]
-    s0, s1 = M.strides[-2:]
-    if k <= 1:
-        s1 = it
-    if rows <= 1:
-        s0 = max(1, k) * it
-    if s1 == it and s0 % it == 0 and s0 >= max(1, k) * it:
-        return _NO_TRANS, s0 // it
-    if s0 == it and s1 % it == 0 and s1 >= max(1, rows) * it:
-        return _TRANS, s1 // it
-    return None
 
 
 def _step(x: np.ndarray, axis: int) -> int:
@@ -190,14 +164,14 @@ def usable(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
     if any(s < 0 or s % it for x in (A, B, out) for s in x.strides):
         return False
     M, X, Y = _as_column(A, B, out)
-    return _layout(M) is not None and _step(X, -2) > 0 and _step(Y, -2) > 0 and available()
+    return blas_layout(M) is not None and _step(X, -2) > 0 and _step(Y, -2) > 0 and available()
 
 
 def matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray, parts: int) -> np.ndarray:
     """``out = A @ B`` for a batch of matrix-vector products (``usable``), cut into about
     ``parts`` GEMV blocks run on numba's threads."""
     M, X, Y = _as_column(A, B, out)
-    trans, lda = _layout(M)
+    trans, lda = blas_layout(M)
     rows, k = M.shape[-2:]
     batch = out.shape[:-2]
     nb = int(np.prod(batch)) if batch else 1

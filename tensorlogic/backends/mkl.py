@@ -300,7 +300,9 @@ def batch_offsets(batch: tuple[int, ...], strides: tuple[int, ...]) -> np.ndarra
     if not batch:
         return np.zeros(1, np.int64)
     idx = np.indices(batch, dtype=np.int64).reshape(len(batch), -1)
-    return (idx * np.array(strides, np.int64)[:, None]).sum(axis=0)
+    offsets = (idx * np.array(strides, np.int64)[:, None]).sum(axis=0)
+    offsets.flags.writeable = False  # shared by every call of this layout
+    return offsets
 
 
 @functools.lru_cache(maxsize=512)
