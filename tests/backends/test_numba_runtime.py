@@ -264,18 +264,22 @@ def _gelu_ref(x):
         return x / (1 + np.exp(-2 * u))
 
 
+def _numba_unary(op: str, x: np.ndarray, fast: bool) -> np.ndarray:
+    """``op`` applied to ``x`` by a one-op numba fused kernel."""
+    body = FusedBody((FusedOp(op, (("in", 0),)),), x.shape)
+    k = get_backend("numba").kernel_for(body, [x.shape], x.dtype.name, fast=fast, threshold=0)
+    return k([x], np.empty_like(x))
+
+
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_gelu_relative_accuracy_and_special_values(dtype, fast):
     # the numba kernel computes gelu as x / (1 + exp(-2u)): relative error stays small where
     # 1 + tanh(u) would cancel (x down to -10), bounded by the rounding of the exp argument 2u
-    be = get_backend("numba")
     eps = float(np.finfo(dtype).eps)
     xs = np.concatenate([np.linspace(-10, 10, 400_001), np.linspace(-1e-3, 1e-3, 1001)])
     xs = xs.astype(dtype)
-    body = FusedBody((FusedOp("gelu", (("in", 0),)),), (xs.size,))
-    k = be.kernel_for(body, [xs.shape], dtype, fast=fast, threshold=0)
-    got = k([xs], np.empty_like(xs)).astype(np.longdouble)
+    got = _numba_unary("gelu", xs, fast).astype(np.longdouble)
     ref = _gelu_ref(xs)
     two_u = np.abs(2 * 0.7978845608028654 * (xs + 0.044715 * xs.astype(np.float64) ** 3))
     tiny = float(np.finfo(dtype).tiny)
@@ -283,15 +287,8 @@ def test_gelu_relative_accuracy_and_special_values(dtype, fast):
     bound = 8 * eps * (1 + two_u) * np.abs(ref) + tiny
     assert np.all(err <= bound), float(np.max(err / (np.abs(ref) + tiny)))
     sp = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, -50.0, -1e30, 50.0], dtype)
-    ks = be.kernel_for(
-        FusedBody((FusedOp("gelu", (("in", 0),)),), sp.shape),
-        [sp.shape],
-        dtype,
-        fast=fast,
-        threshold=0,
-    )
     with np.errstate(all="ignore"):
-        t = ks([sp], np.empty_like(sp))
+        t = _numba_unary("gelu", sp, fast)
         want = 0.5 * sp * (1 + np.tanh(0.7978845608028654 * (sp + 0.044715 * sp**3)))
     # nan -> nan, inf -> inf, -inf -> nan (inf * 0 in the tanh form too), zeros and the far
     # negative side -> 0, large x -> x
@@ -305,32 +302,17 @@ def test_gelu_relative_accuracy_and_special_values(dtype, fast):
 def test_sigmoid_relative_accuracy_and_special_values(dtype, fast):
     # the numba kernel computes sigmoid as 1 / (1 + exp(-x)): relative error stays small on the
     # negative side, where 0.5 tanh(x/2) + 0.5 cancels, bounded by exp's error on -x
-    be = get_backend("numba")
     eps = float(np.finfo(dtype).eps)
     xs = np.concatenate([np.linspace(-80, 30, 400_001), np.linspace(-1e-3, 1e-3, 1001)])
     xs = xs.astype(dtype)
-    k = be.kernel_for(
-        FusedBody((FusedOp("sigmoid", (("in", 0),)),), (xs.size,)),
-        [xs.shape],
-        dtype,
-        fast=fast,
-        threshold=0,
-    )
-    got = k([xs], np.empty_like(xs)).astype(np.longdouble)
+    got = _numba_unary("sigmoid", xs, fast).astype(np.longdouble)
     ref = 1 / (1 + np.exp(-xs.astype(np.longdouble)))
     tiny = float(np.finfo(dtype).tiny)
     bound = 8 * eps * (1 + np.abs(xs.astype(np.float64))) * np.abs(ref) + tiny
     assert np.all(np.abs(got - ref) <= bound)
     sp = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, -1e30, 1e30, -200.0], dtype)
-    ks = be.kernel_for(
-        FusedBody((FusedOp("sigmoid", (("in", 0),)),), sp.shape),
-        [sp.shape],
-        dtype,
-        fast=fast,
-        threshold=0,
-    )
     with np.errstate(all="ignore"):
-        t = ks([sp], np.empty_like(sp))
+        t = _numba_unary("sigmoid", sp, fast)
         want = (1 / (1 + np.exp(-sp.astype(np.longdouble)))).astype(dtype)  # nan, 1, 0, ...
     np.testing.assert_allclose(t, want, rtol=4 * eps, atol=tiny)  # NaN where want is NaN
     np.testing.assert_array_equal(t[:7], np.array([np.nan, 1, 0, 0.5, 0.5, 0, 1], dtype))
