@@ -20,6 +20,7 @@ import threading
 
 import numpy as np
 
+from ..runtime.memo import build_once
 from .mkl import batch_offsets, blas_layout
 
 _ROW_MAJOR = 101
@@ -122,28 +123,19 @@ def _compile(gemm, itemsize: int):
 
 def _load(library: str) -> dict:
     """dtype name -> the library's CBLAS gemm (empty where it has none we can enter)."""
-    found = _gemms.get(library)
-    if found is None:
-        with _lock:
-            found = _gemms.get(library)
-            if found is None:
-                fns = _find_gemms(library)
-                found = {} if fns is None else {"float32": (fns[0], 4), "float64": (fns[1], 8)}
-                _gemms[library] = found
-    return found
+
+    def find() -> dict:
+        fns = _find_gemms(library)
+        return {} if fns is None else {"float32": (fns[0], 4), "float64": (fns[1], 8)}
+
+    return build_once(_gemms, library, _lock, find)
 
 
 def _kernel(dtype: str):
     """The split loop for one dtype, compiled on first use (about a second; not cacheable on
     disk, since it holds the library's function address)."""
     key = (_library(), dtype)
-    k = _kernels.get(key)
-    if k is None:
-        with _lock:
-            k = _kernels.get(key)
-            if k is None:
-                k = _kernels[key] = _compile(*_load(key[0])[dtype])
-    return k
+    return build_once(_kernels, key, _lock, lambda: _compile(*_load(key[0])[dtype]))
 
 
 def available() -> bool:

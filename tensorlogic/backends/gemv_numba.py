@@ -24,6 +24,7 @@ import numpy as np
 
 
 from .gemm_numba import cblas_symbols, find_cblas
+from ..runtime.memo import build_once
 from .mkl import batch_offsets, blas_layout
 
 _SYMBOLS = cblas_symbols("gemv")
@@ -88,13 +89,7 @@ def _load() -> dict:
 def _kernel(dtype: str):
     """The split loop for one dtype, compiled on first use (not cacheable on disk: it holds
     the library's function address)."""
-    k = _kernels.get(dtype)
-    if k is None:
-        with _lock:
-            k = _kernels.get(dtype)
-            if k is None:
-                k = _kernels[dtype] = _compile(*_load()[dtype])
-    return k
+    return build_once(_kernels, dtype, _lock, lambda: _compile(*_load()[dtype]))
 
 
 def available() -> bool:

@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..runtime.memo import build_once
+
 BLOCK = 16384  # numba: elements per block (its four arrays stay in L1/L2 while it is updated)
 NUMPY_BLOCK = 65536  # numpy: a block amortizes its 13 ufunc calls, its arrays stay in L2/L3
 PARALLEL_MIN = 1 << 16  # elements from which a parameter's blocks run on several threads
@@ -33,13 +35,7 @@ _numba_kernels: dict[bool, Callable] = {}
 
 
 def _numba_kernel(parallel: bool) -> Callable:
-    k = _numba_kernels.get(parallel)
-    if k is None:
-        with _lock:
-            k = _numba_kernels.get(parallel)
-            if k is None:
-                k = _numba_kernels[parallel] = _compile_numba(parallel)
-    return k
+    return build_once(_numba_kernels, parallel, _lock, lambda: _compile_numba(parallel))
 
 
 def _compile_numba(parallel: bool) -> Callable:

@@ -31,6 +31,7 @@ import numpy as np
 
 from .. import config
 from ..errors import BackendError
+from ..runtime.memo import build_once
 
 _ROW_MAJOR = 101
 _THREADING_GNU, _INTERFACE_LP64 = 3, 0  # MKL_Set_Threading_Layer / MKL_Set_Interface_Layer
@@ -163,13 +164,7 @@ def faster_here(path: str) -> bool:
     2-vCPU AMD EPYC development machine its single-threaded products ran 10-20% slower than
     OpenBLAS's; on the 16-core Xeon host its blocks ran 1.0-1.4x faster).
     """
-    found = _faster.get(path)
-    if found is None:
-        with _lock:
-            found = _faster.get(path)
-            if found is None:
-                found = _faster[path] = _cached_race(path)
-    return found
+    return build_once(_faster, path, _lock, lambda: _cached_race(path))
 
 
 def _race_key(path: str) -> str:
