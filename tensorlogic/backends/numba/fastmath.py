@@ -159,7 +159,8 @@ def exp_f64(x):
     p = _D_ONE + r * p
     n1 = n >> 1
     n2 = n - n1
-    y = p * _f64_from_bits((n1 + 1023) << 52) * _f64_from_bits((n2 + 1023) << 52)
+    b2 = np.int64(0) if x < _D_LO else (n2 + 1023) << 52  # exactly 0 there (see exp_f32)
+    y = p * _f64_from_bits((n1 + 1023) << 52) * _f64_from_bits(b2)
     return x if x != x else y
 
 
@@ -235,7 +236,10 @@ def exp_f32(x):
     p = _F_ONE + r * p
     n1 = n >> 1
     n2 = n - n1
-    y = p * _f32_from_bits((n1 + 127) << 23) * _f32_from_bits((n2 + 127) << 23)
+    # below _F_LO the result rounds to 0: a zero second factor gives it exactly, where the
+    # subnormal product would take a microcode assist (-inf, a masked score, ran 1.6x slower)
+    b2 = np.int32(0) if x < _F_LO else (n2 + 127) << 23
+    y = p * _f32_from_bits((n1 + 127) << 23) * _f32_from_bits(b2)
     return x if x != x else y
 
 
