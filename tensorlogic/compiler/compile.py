@@ -221,7 +221,12 @@ def _build_plan(
             return False
         kernel = as_prepared(kernel, f"node {node.name!r}")
         kernels.append(kernel)
-        steps.append(step.evolve({"info": kernel.info}) if kernel.info else step)
+        changes: dict[str, Any] = {"info": kernel.info} if kernel.info else {}
+        if kernel.flops is not None:  # the contraction's share, which node_flops leaves out
+            changes["flops"] = int(kernel.flops)
+        if kernel.threads:
+            changes["threads"] = int(kernel.threads)
+        steps.append(step.evolve(changes) if changes else step)
         return True
 
     # contractions the backend runs together with their only consumer (cuBLASLt epilogues)

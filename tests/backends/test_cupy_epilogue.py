@@ -1,5 +1,5 @@
 """Which contraction + elementwise pairs the cupy backend runs as one cuBLASLt epilogue call
-(the decision, ``backends/cupy/epilogue.py``, needs no GPU), and the compiler's folding of such a
+(the decision, ``backends/epilogue.py``, needs no GPU), and the compiler's folding of such a
 pair into one step, checked with a host backend that runs pairs with numpy."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import tensorlogic as tl
 from tensorlogic.backends import register_backend, unregister_backend
 from tensorlogic.backends.base import PreparedKernel
-from tensorlogic.backends.cupy import epilogue
+from tensorlogic.backends import epilogue
 from tensorlogic.backends.numpy.backend import NumpyBackend
 from tensorlogic.compiler.schedule import make_buffers, needed_nodes
 from tensorlogic.optimizer import optimize
@@ -252,8 +252,10 @@ def test_compiler_folds_pairs_into_one_step(host_pairs, dtype):
         x = x.astype(ml_dtypes.bfloat16)
     got = np.asarray(compiled(x=x)["y"], np.float64)
     want = np.asarray(ref_plan(x=x)["y"], np.float64)
+    # bfloat16: both plans round each layer's result to 8 bits, in different places (the pair
+    # rounds once, the two steps twice), so a value near 0 may differ by a rounding of the layer
     tol = 1e-5 if dtype == "float32" else 0.1
-    np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * max(1.0, np.abs(want).max()))
     assert plan.memory.peak_bytes <= ref.memory.peak_bytes
 
 

@@ -17,11 +17,10 @@ from ... import dtypes
 from ...errors import GraphError, InputError
 from ...ir import ops
 from ...ir.fused import FusedBody
-from .. import kernels as generic, widen
+from .. import epilogue, kernels as generic, widen
 from ..base import Backend, Capabilities, PreparedKernel
 from ..inputs import plain_host_array, strided_copy_bytes
-from . import cuda_c, launch, pdl, ptx
-from . import cublas, cublaslt, epilogue
+from . import cublas, cublaslt, cuda_c, launch, pdl, ptx
 from .cache import KernelCache
 from .compiler import KernelCompiler
 from .graphs import CAPTURE_GATE, PlanRunner
@@ -360,7 +359,8 @@ class CupyBackend(Backend):
         if not kernel.available:
             return None
         info = pair.describe(graph.node(pair.gemm).name)
-        return PreparedKernel(kernel, info=info, impl=kernel)
+        flops = 2 * pair.m * pair.n * pair.k + step.flops
+        return PreparedKernel(kernel, flops=flops, info=info, impl=kernel)
 
     def _einsum(self, node, in_nodes):
         """cuBLAS for contractions. 16-bit einsums whose sums all happen inside GEMMs run as

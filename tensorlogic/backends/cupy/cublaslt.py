@@ -19,7 +19,7 @@ import cupy
 
 from ...errors import BackendError
 from . import cublas
-from .epilogue import Epilogue
+from ..epilogue import Epilogue
 
 _CUDA_R = cublas._CUDA_R
 _COMPUTE_32F, _COMPUTE_32F_FAST_TF32 = cublas._COMPUTE_32F, cublas._COMPUTE_32F_FAST_TF32

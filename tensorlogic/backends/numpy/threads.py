@@ -155,6 +155,68 @@ def parallel_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray
     return call(A, B, out)
 
 
+def matmul_epilogue(
+    A: np.ndarray,
+    B: np.ndarray,
+    out: np.ndarray,
+    bias: np.ndarray,
+    residual: np.ndarray | None,
+    act: str | None,
+) -> np.ndarray:
+    """``out = act(A @ B + bias [+ residual])`` for a 2-D product (A (m, k), B (k, n), ``out``
+    (m, n) C-contiguous, ``bias`` (n,), ``act`` None, "relu" or "gelu"; a residual only
+    without an activation): GEMM blocks that each finish their own tile while it is in cache
+    (``gemm_numba.prepare_epilogue``), split over the threads like ``parallel_matmul``'s.
+    Where that loop is unavailable (no CBLAS entry, MKL whole on its own threads, dtypes it
+    does not take) the product runs as ``parallel_matmul`` and the epilogue after it."""
+    settings = _CALL.get() or _settings("free")
+    key = ("epilogue", A.shape, A.strides, A.dtype, B.shape, B.strides, B.dtype, out.shape)
+    key += (out.strides, out.dtype, bias.dtype, act, residual is not None, settings)
+    call = _DISPATCH.get(key)
+    if call is None:
+        call = _remember(key, _dispatch_epilogue(A, B, out, bias, residual, act, settings))
+    return call(A, B, out, bias, residual)
+
+
+def _dispatch_epilogue(A, B, out, bias, residual, act, settings: tuple):
+    where = settings[0]
+    m, k = A.shape
+    n = B.shape[1]
+    dtypes = {A.dtype, B.dtype, bias.dtype} | ({residual.dtype} if residual is not None else set())
+    usable = (
+        SPLIT == "numba"
+        and dtypes == {out.dtype}
+        and _numba_split(A, B, out)
+        and not (mkl.available() and config.mkl_split() is False)
+    )
+    if not usable:
+        return functools.partial(_matmul_then_epilogue, act=act)
+    small = where == "own" or 2 * m * n * k < MIN_SPLIT_FLOPS
+    blocks = _grid_of(1, m, n, 1 if small else _parts())
+    split = gemm_numba.prepare_epilogue(A, B, out, blocks, act, residual is not None)
+    if where == "plan":  # the plan call already holds BLAS on one thread
+        return split
+
+    def limited(A, B, out, bias, residual):
+        with single_threaded_blas():  # BLAS calls from many threads need it
+            return split(A, B, out, bias, residual)
+
+    return limited
+
+
+def _matmul_then_epilogue(A, B, out, bias, residual, act):
+    from ...ir import ops
+
+    parallel_matmul(A, B, out)
+    np.add(out, bias, out=out)
+    if residual is not None:
+        np.add(out, residual, out=out)
+    if act is not None:  # the op table's numpy kernel (gelu's may not write over its input)
+        row = ops.ELEMENTWISE[act]
+        row.numpy(out if row.alias_safe else out.copy(), out=out)
+    return out
+
+
 # (shapes, strides, dtypes, settings) -> call(A, B, out): the way each product runs
 _DISPATCH: dict = {}
 _DISPATCH_SIZE = 4096

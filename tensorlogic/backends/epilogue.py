@@ -1,17 +1,18 @@
-"""Which contractions take their consumer as a cuBLASLt epilogue (no CuPy needed: tested on CI).
+"""Which contractions take their consumer as a GEMM epilogue (no device needed: tested on CI).
 
-cuBLASLt runs a GEMM with a fused epilogue: ``D = act(A @ B + bias [+ C])`` with the bias a
-vector along D's columns (our row-major view) and ``act`` one of nothing, ReLU or the tanh GELU
-(``CUBLASLT_EPILOGUE_BIAS`` / ``RELU_BIAS`` / ``GELU_BIAS``; the residual ``C`` enters with
-``beta = 1``). The cupy backend runs such a pair as one call instead of a GEMM that writes its
-result to memory and an elementwise kernel that reads it back.
+A GEMM with a fused epilogue computes ``D = act(A @ B + bias [+ C])`` with the bias a vector
+along D's columns (our row-major view) and ``act`` one of nothing, ReLU or the tanh GELU. The
+cupy backend runs such a pair as one cuBLASLt call (``CUBLASLT_EPILOGUE_BIAS`` / ``RELU_BIAS`` /
+``GELU_BIAS``; the residual ``C`` enters with ``beta = 1``), the numba backend as GEMM blocks
+that each finish their own tile while it is in cache (``gemm_numba``), instead of a GEMM that
+writes its result to memory and an elementwise kernel that reads it back.
 
 A pair qualifies when, in the optimized graph:
 
 - the producer is a two-operand einsum of one matrix product: a 2-D weight ``W`` over
   ``(k, n)`` or ``(n, k)``, the other operand over ``(m..., k)`` or ``(k, m...)`` with the
   output ``(m..., n)`` (the ``m`` axes flatten into the GEMM's rows), every dtype the same
-  bfloat16, float16 or float32;
+  one of the backend's epilogue dtypes (``find``'s ``dtypes``);
 - its only consumer is an elementwise step (a binary add or a fused group without a tail)
   computing ``gemm + bias``, optionally wrapped in ``gelu`` or ``relu``, or without activation
   ``gemm + bias + residual``, where ``bias`` is a vector along the output's last axis (shape
@@ -25,9 +26,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...ir import ops
-from ...ir.fused import FusedBody
+from ..ir import ops
+from ..ir.fused import FusedBody
 
+# the cupy backend's epilogue dtypes (cuBLASLt's); host backends pass their own
 DTYPES = ("bfloat16", "float16", "float32")
 # cublasLtEpilogue_t values (cublasLt.h)
 EPILOGUES = {None: ("BIAS", 4), "relu": ("RELU_BIAS", 6), "gelu": ("GELU_BIAS", 36)}
@@ -35,7 +37,7 @@ EPILOGUES = {None: ("BIAS", 4), "relu": ("RELU_BIAS", 6), "gelu": ("GELU_BIAS", 
 
 @dataclass(frozen=True)
 class Epilogue:
-    """One GEMM + epilogue step: what it reads and how cuBLASLt sees it."""
+    """One GEMM + epilogue step: what it reads and the GEMM it runs."""
 
     gemm: int  # node id of the contraction folded into the consumer's step
     consumer: int  # node id of the elementwise consumer (the step's node)
@@ -50,7 +52,7 @@ class Epilogue:
 
     @property
     def name(self) -> str:
-        """The cuBLASLt epilogue's name (``GELU_BIAS`` ...)."""
+        """The epilogue's name, cuBLASLt's (``GELU_BIAS`` ...)."""
         return EPILOGUES[self.activation][0]
 
     @property
@@ -58,19 +60,20 @@ class Epilogue:
         """The ``cublasLtEpilogue_t`` value."""
         return EPILOGUES[self.activation][1]
 
-    def describe(self, gemm_name: str) -> str:
-        """What ``print(plan)`` shows for the step."""
-        extra = " + residual (beta=1)" if self.residual else ""
-        return f"cuBLASLt epilogue {self.name}{extra} of {gemm_name!r} ({self.m}x{self.n}x{self.k})"
+    def describe(self, gemm_name: str, runner: str = "cuBLASLt") -> str:
+        """What ``print(plan)`` shows for the step (``runner``: what runs it)."""
+        extra = " + residual" if self.residual else ""
+        return f"{runner} epilogue {self.name}{extra} of {gemm_name!r} ({self.m}x{self.n}x{self.k})"
 
 
-def find(graph, order, views=frozenset()) -> dict[int, Epilogue]:
+def find(graph, order, views=frozenset(), dtypes=DTYPES) -> dict[int, Epilogue]:
     """Consumer node id -> its epilogue pair, for every qualifying pair among ``order``.
 
     Args:
         graph: the optimized graph.
         order: the scheduled node ids.
-        views: node ids whose buffers are views (strided layouts cuBLASLt can't take as is).
+        views: node ids whose buffers are views (strided layouts a GEMM can't take as is).
+        dtypes: the dtypes the backend's epilogue GEMMs compute in.
     """
     uses: dict[int, int] = {}
     for nid in order:
@@ -80,21 +83,21 @@ def find(graph, order, views=frozenset()) -> dict[int, Epilogue]:
     found: dict[int, Epilogue] = {}
     for nid in order:
         node = graph.node(nid)
-        if node.kind not in (ops.BINARY, ops.FUSED) or node.dtype not in DTYPES:
+        if node.kind not in (ops.BINARY, ops.FUSED) or node.dtype not in dtypes:
             continue
         for pos, src in enumerate(node.inputs):
             gemm = graph.node(src)
             if gemm.kind != ops.EINSUM or uses.get(src) != 1 or src in outputs:
                 continue
-            epi = _pair(graph, node, pos, gemm, views)
+            epi = _pair(graph, node, pos, gemm, views, dtypes)
             if epi is not None:
                 found[nid] = epi
             break  # the one einsum operand this consumer can fold (it is used only here)
     return found
 
 
-def _pair(graph, node, pos: int, gemm, views) -> Epilogue | None:
-    layout = gemm_layout(gemm, [graph.node(i) for i in gemm.inputs])
+def _pair(graph, node, pos: int, gemm, views, dtypes) -> Epilogue | None:
+    layout = gemm_layout(gemm, [graph.node(i) for i in gemm.inputs], dtypes)
     if layout is None or node.dtype != gemm.dtype or tuple(node.shape) != tuple(gemm.shape):
         return None
     expr = _consumer_expr(node)
@@ -146,13 +149,13 @@ def _is_row_vector(oshape, shape, n: int) -> bool:
     return 1 <= len(oshape) <= len(shape) and oshape[-1] == n and all(d == 1 for d in oshape[:-1])
 
 
-def gemm_layout(gemm, in_nodes) -> tuple[int, bool, bool, int, int] | None:
+def gemm_layout(gemm, in_nodes, dtypes=DTYPES) -> tuple[int, bool, bool, int, int] | None:
     """(position of x, x transposed, w transposed, m, k) of an einsum that is one matrix
     product of a 2-D weight, else None."""
     spec = gemm.args["spec"]
     if len(in_nodes) != 2 or "." in spec or "->" not in spec:
         return None
-    if gemm.dtype not in DTYPES or any(i.dtype != gemm.dtype for i in in_nodes):
+    if gemm.dtype not in dtypes or any(i.dtype != gemm.dtype for i in in_nodes):
         return None
     lhs, out = spec.split("->")
     terms = lhs.split(",")
