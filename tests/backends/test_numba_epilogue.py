@@ -66,6 +66,11 @@ def test_residual_epilogue_and_batched_rows(rng, dtype):
     assert "+ residual" in plan.steps[0].info
 
 
+def test_matrix_vector_pairs_stay_two_steps(rng):
+    g, feed = _graph(rng, 1, 300, 64, "gelu", "float32")
+    _check(g, feed, "float32", expect_epilogue=False)
+
+
 def test_small_odd_product_runs_as_one_block(rng):
     g, feed = _graph(rng, 5, 3, 7, "gelu", "float32")
     plan = _check(g, feed, "float32")
@@ -146,3 +151,17 @@ def test_epilogue_property(m, n, k, act, dtype, x_t, w_t, seed):
     want = tl.compile(g, backend="numpy", cache=False)(**feed)["y"]
     scale = max(1.0, float(np.abs(want).max()))
     np.testing.assert_allclose(plan(**feed)["y"], want, rtol=TOL[dtype], atol=TOL[dtype] * scale)
+
+
+@pytest.mark.parametrize("m,n", [(1, 300), (300, 1)])
+def test_matrix_vector_products_keep_their_gemv_path(rng, monkeypatch, m, n):
+    a = rng.standard_normal((m, 64)).astype(np.float32)
+    b = rng.standard_normal((64, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    called = []
+    monkeypatch.setattr(gemm_numba, "prepare_epilogue", lambda *args: called.append(args) or None)
+    cpu_threads.clear_dispatch()
+    got = cpu_threads.matmul_epilogue(a, b, np.empty((m, n), np.float32), bias, None, "relu")
+    cpu_threads.clear_dispatch()
+    assert not called
+    np.testing.assert_allclose(got, np.maximum(a @ b + bias, 0), rtol=2e-5, atol=2e-5)

@@ -232,11 +232,16 @@ class NumbaBackend(NumpyBackend):
     def epilogue_pairs(self, graph, order, views):
         """Contractions whose bias (+ GELU / ReLU, or + residual) consumer runs inside the GEMM's
         blocks (``epilogue.find``): in the "pool" thread mode, where products are split over
-        numba's loop; GELU only with ``fast_math`` (the blocks compute it through the fast exp)."""
+        numba's loop; GELU only with ``fast_math`` (the blocks compute it through the fast exp);
+        not for matrix-vector products, which run as GEMV blocks (no GEMM packing)."""
         if not FUSE_EPILOGUES or self.thread_mode != "pool" or not gemm_numba.available():
             return {}
         pairs = epilogue.find(graph, order, views, EPILOGUE_DTYPES)
-        return {c: p for c, p in pairs.items() if self.fast_math or p.activation != "gelu"}
+        return {
+            c: p
+            for c, p in pairs.items()
+            if min(p.m, p.n) > 1 and (self.fast_math or p.activation != "gelu")
+        }
 
     def prepare_epilogue(self, step, pair, graph):
         """One step for a contraction and its epilogue (``_epilogue_kernel``)."""

@@ -168,7 +168,8 @@ def matmul_epilogue(
     without an activation): GEMM blocks that each finish their own tile while it is in cache
     (``gemm_numba.prepare_epilogue``), split over the threads like ``parallel_matmul``'s.
     Where that loop is unavailable (no CBLAS entry, MKL whole on its own threads, dtypes it
-    does not take) the product runs as ``parallel_matmul`` and the epilogue after it."""
+    does not take) or the product is a matrix-vector one, the product runs as
+    ``parallel_matmul`` and the epilogue after it."""
     settings = _CALL.get() or _settings("free")
     key = ("epilogue", A.shape, A.strides, A.dtype, B.shape, B.strides, B.dtype, out.shape)
     key += (out.strides, out.dtype, bias.dtype, act, residual is not None, settings)
@@ -185,6 +186,7 @@ def _dispatch_epilogue(A, B, out, bias, residual, act, settings: tuple):
     dtypes = {A.dtype, B.dtype, bias.dtype} | ({residual.dtype} if residual is not None else set())
     usable = (
         SPLIT == "numba"
+        and min(m, n) > 1  # a matrix-vector product keeps its GEMV blocks (no GEMM packing)
         and dtypes == {out.dtype}
         and _numba_split(A, B, out)
         and not (mkl.available() and config.mkl_split() is False)
