@@ -275,10 +275,11 @@ def prepare(A: np.ndarray, B: np.ndarray, out: np.ndarray, blocks: np.ndarray):
     shapes, strides and dtypes (any data): layouts, leading dims and batch offsets are worked
     out here once, so that a call reads three pointers and launches the loop once."""
     split, args = _prepared(A, B, out)
+    launch = _launcher(split, blocks)
 
     def call(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
         pointers, _held = args(A, B, out)
-        _launch(split, blocks, *pointers)
+        launch(*pointers)
         return out
 
     return call
@@ -294,26 +295,33 @@ def prepare_epilogue(
     if out.ndim != 2 or (res and act is not None):
         raise ValueError("prepare_epilogue: a 2-D product; a residual only without activation")
     split, args = _prepared(A, B, out, epilogue=True)
+    launch = _launcher(split, blocks)
     code = ACTIVATIONS[act]
-    dummy = np.zeros((1, 1), out.dtype)
+    no_residual = np.zeros((1, 1), out.dtype)  # the loop's typed stand-in
 
     def call(A, B, out, bias, residual=None):
-        extra = (out, bias, dummy if residual is None else residual, code, residual is not None)
         pointers, _held = args(A, B, out)
-        _launch(split, blocks, *pointers, *extra)
+        launch(*pointers, out, bias, residual if res else no_residual, code, res)
         return out
 
     return call
 
 
-def _launch(split, blocks, *args) -> None:
+def _launcher(split, blocks):
+    """``launch(*args)`` running ``split(blocks, *args)``, under the launch lock only on a
+    threading layer that is not thread-safe."""
     from .numba import threads as numba_threads
 
-    if numba_threads.launch_is_free():
-        split(blocks, *args)
-    else:  # serializes launches only on a non-thread-safe layer
-        with numba_threads.launch_lock():
+    free, lock = numba_threads.launch_is_free, numba_threads.launch_lock
+
+    def launch(*args) -> None:
+        if free():
             split(blocks, *args)
+        else:
+            with lock():
+                split(blocks, *args)
+
+    return launch
 
 
 def _prepared(A: np.ndarray, B: np.ndarray, out: np.ndarray, epilogue: bool = False):

@@ -165,3 +165,23 @@ def test_matrix_vector_products_keep_their_gemv_path(rng, monkeypatch, m, n):
     cpu_threads.clear_dispatch()
     assert not called
     np.testing.assert_allclose(got, np.maximum(a @ b + bias, 0), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("layout", ["arena view", "strided"])
+def test_step_writes_views_in_place_and_strided_outputs_back(rng, layout):
+    from tensorlogic.backends import epilogue
+    from tensorlogic.backends.numba.backend import _epilogue_kernel
+
+    m, n, k = 48, 40, 24
+    pair = epilogue.Epilogue(1, 2, (0, 1, 3), "relu", False, m, n, k, False, False)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    if layout == "arena view":  # a plan buffer: a C-contiguous view into the plan's arena
+        arena = np.zeros(m * n + 64, np.float32)
+        out = arena[32 : 32 + m * n].reshape(m, n)
+    else:
+        out = np.zeros((n, m), np.float32).T
+    got = _epilogue_kernel(pair, 0, "").fn([x, w, b], out)
+    assert got is out
+    np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), rtol=2e-5, atol=2e-5)

@@ -148,10 +148,13 @@ def _epilogue_kernel(pair: epilogue.Epilogue, flops: int, info: str) -> Prepared
     def kernel(args, out):
         x, w, bias = args[0], args[1], args[2]
         a = x.reshape(k, m).T if x_t else x.reshape(m, k)
-        o = out.reshape(m, n) if out.flags.c_contiguous else np.empty((m, n), out.dtype)
         res = args[3].reshape(m, n) if pair.residual else None
+        if out.flags.c_contiguous:  # plan buffers are: the blocks write the result in place
+            o = out.reshape(m, n)
+        else:
+            o = np.empty((m, n), out.dtype)
         cpu_threads.matmul_epilogue(a, w.T if w_t else w, o, bias.reshape(n), res, act)
-        if o.base is not out and o is not out:  # a strided output: written back
+        if o.base is None:  # a strided output: written back
             out[...] = o.reshape(out.shape)
         return out
 

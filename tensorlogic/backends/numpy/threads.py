@@ -195,13 +195,21 @@ def _dispatch_epilogue(A, B, out, bias, residual, act, settings: tuple):
         return functools.partial(_matmul_then_epilogue, act=act)
     small = where == "own" or 2 * m * n * k < MIN_SPLIT_FLOPS
     blocks = _grid_of(1, m, n, 1 if small else _parts())
-    split = gemm_numba.prepare_epilogue(A, B, out, blocks, act, residual is not None)
-    if where == "plan":  # the plan call already holds BLAS on one thread
+    return _blas_limited(
+        gemm_numba.prepare_epilogue(A, B, out, blocks, act, residual is not None), where
+    )
+
+
+def _blas_limited(split, where: str):
+    """``split`` (a numba loop of BLAS calls) as it runs from ``where``: inside a "pool"-mode
+    plan call, which already holds BLAS on one thread, as it is; elsewhere with BLAS limited
+    around it (BLAS called from many threads at once needs it)."""
+    if where == "plan":
         return split
 
-    def limited(A, B, out, bias, residual):
-        with single_threaded_blas():  # BLAS calls from many threads need it
-            return split(A, B, out, bias, residual)
+    def limited(*args):
+        with single_threaded_blas():
+            return split(*args)
 
     return limited
 
@@ -286,15 +294,7 @@ def _dispatch(A: np.ndarray, B: np.ndarray, out: np.ndarray, settings: tuple):
     if SPLIT == "numba" and _gemv_split(A, B, out):  # GEMV blocks: no GEMM packing
         return functools.partial(_gemv_blocks, parts=_parts(), limit=where != "plan")
     if (SPLIT == "numba" or use_mkl) and _numba_split(A, B, out):
-        split = gemm_numba.prepare(A, B, out, _grid(nb, m, n))
-        if where == "plan":  # the plan call already holds BLAS on one thread
-            return split
-
-        def limited(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
-            with single_threaded_blas():  # BLAS calls from many threads need it
-                return split(A, B, out)
-
-        return limited
+        return _blas_limited(gemm_numba.prepare(A, B, out, _grid(nb, m, n)), where)
     if out.ndim > 3 or not A.shape[:-2] == B.shape[:-2] == out.shape[:-2]:
         # several batch axes (strided views) or a broadcast one: numpy's own loop over them
         return _np_matmul
