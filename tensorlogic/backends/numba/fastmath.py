@@ -136,6 +136,24 @@ _D_ZERO = np.float64(0.0)
 
 
 @njit(fastmath={"contract"}, error_model="numpy", nogil=True)
+def _nan_clamp_f64(x):
+    """x clamped to [_D_LO, _D_HI] with NaN kept: the exps below carry a NaN through their
+    polynomial instead of selecting it back at the end. Such a select, in a loop that writes
+    exp(x) over x, compiles to a masked store, which AMD's cores microcode (an in-place exp
+    ran 1.5 ns per element instead of 0.5). The exponent bits come from the NaN-free clamp:
+    converting NaN to an integer has no defined result."""
+    x = _D_LO if x < _D_LO else x
+    return _D_HI if x > _D_HI else x
+
+
+@njit(fastmath={"contract"}, error_model="numpy", nogil=True)
+def _nan_clamp_f32(x):
+    """``_nan_clamp_f64`` for float32."""
+    x = _F_LO if x < _F_LO else x
+    return _F_HI if x > _F_HI else x
+
+
+@njit(fastmath={"contract"}, error_model="numpy", nogil=True)
 def exp_f64(x):
     """exp of a float64 (vectorizable; see the module docstring for accuracy)."""
     xc = min(max(x, _D_LO), _D_HI)
@@ -143,7 +161,7 @@ def exp_f64(x):
     # scalar libm call that keeps the loop from vectorizing
     fn = (xc * _D_LOG2E + _D_SHIFT) - _D_SHIFT
     n = np.int64(fn)
-    r = (xc - fn * _D_LN2_HI) - fn * _D_LN2_LO
+    r = (_nan_clamp_f64(x) - fn * _D_LN2_HI) - fn * _D_LN2_LO
     p = _D_P12 + r * _D_P13
     p = _D_P11 + r * p
     p = _D_P10 + r * p
@@ -160,8 +178,7 @@ def exp_f64(x):
     n1 = n >> 1
     n2 = n - n1
     b2 = np.int64(0) if x < _D_LO else (n2 + 1023) << 52  # exactly 0 there (see exp_f32)
-    y = p * _f64_from_bits((n1 + 1023) << 52) * _f64_from_bits(b2)
-    return x if x != x else y
+    return p * _f64_from_bits((n1 + 1023) << 52) * _f64_from_bits(b2)
 
 
 @njit(fastmath={"contract"}, error_model="numpy", nogil=True)
@@ -226,7 +243,7 @@ def exp_f32(x):
     xc = min(max(x, _F_LO), _F_HI)
     fn = (xc * _F_LOG2E + _F_SHIFT) - _F_SHIFT  # round to nearest (see exp_f64)
     n = np.int32(fn)
-    r = (xc - fn * _F_LN2_HI) - fn * _F_LN2_LO
+    r = (_nan_clamp_f32(x) - fn * _F_LN2_HI) - fn * _F_LN2_LO
     p = _F_P6 + r * _F_P7
     p = _F_P5 + r * p
     p = _F_P4 + r * p
@@ -239,8 +256,7 @@ def exp_f32(x):
     # below _F_LO the result rounds to 0: a zero second factor gives it exactly, where the
     # subnormal product would take a microcode assist (-inf, a masked score, ran 1.6x slower)
     b2 = np.int32(0) if x < _F_LO else (n2 + 127) << 23
-    y = p * _f32_from_bits((n1 + 127) << 23) * _f32_from_bits(b2)
-    return x if x != x else y
+    return p * _f32_from_bits((n1 + 127) << 23) * _f32_from_bits(b2)
 
 
 @njit(fastmath={"contract"}, error_model="numpy", nogil=True)
@@ -299,11 +315,11 @@ def tanh_f64(x):
     small = x + x * z * (
         ((_D_TP0 * z + _D_TP1) * z + _D_TP2) / (((z + _D_TQ0) * z + _D_TQ1) * z + _D_TQ2)
     )
-    a = min(abs(x), _D_TANH_BIG)
+    a = abs(x)
+    a = _D_TANH_BIG if a > _D_TANH_BIG else a  # NaN stays NaN through exp (no select of x)
     big = _D_ONE - _D_TWO / (exp_f64(a + a) + _D_ONE)
-    big = big if x >= _D_ZERO else -big
-    small = x if z == _D_ZERO else small  # keeps the sign of -0.0 (and tanh(x) = x there)
-    return small if abs(x) < _D_TANH_SMALL else (x if x != x else big)
+    # tanh is odd: the sign of x, -0.0 included, by bits rather than a select of x
+    return np.copysign(small if a < _D_TANH_SMALL else big, x)
 
 
 @njit(fastmath={"contract"}, error_model="numpy", nogil=True, inline="always")
@@ -311,11 +327,11 @@ def tanh_f32(x):
     """tanh of a float32 (vectorizable; see the module docstring for accuracy)."""
     z = x * x
     small = x + x * z * ((((_F_TP0 * z + _F_TP1) * z + _F_TP2) * z + _F_TP3) * z + _F_TP4)
-    a = min(abs(x), _F_TANH_BIG)
+    a = abs(x)
+    a = _F_TANH_BIG if a > _F_TANH_BIG else a  # NaN stays NaN through exp (no select of x)
     big = _F_ONE - _F_TWO / (exp_f32(a + a) + _F_ONE)
-    big = big if x >= _F_ZERO else -big
-    small = x if z == _F_ZERO else small  # keeps the sign of -0.0 (and tanh(x) = x there)
-    return small if abs(x) < _F_TANH_SMALL else (x if x != x else big)
+    # tanh is odd: the sign of x, -0.0 included, by bits rather than a select of x
+    return np.copysign(small if a < _F_TANH_SMALL else big, x)
 
 
 @njit(fastmath={"contract"}, error_model="numpy", nogil=True)
