@@ -51,6 +51,11 @@ class Epilogue:
     w_transposed: bool  # w stored as (n, k) instead of (k, n)
 
     @property
+    def gemm_flops(self) -> int:
+        """FLOPs of the folded product (its consumer's step counts only its own)."""
+        return 2 * self.m * self.n * self.k
+
+    @property
     def name(self) -> str:
         """The epilogue's name, cuBLASLt's (``GELU_BIAS`` ...)."""
         return EPILOGUES[self.activation][0]

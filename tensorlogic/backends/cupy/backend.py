@@ -359,8 +359,7 @@ class CupyBackend(Backend):
         if not kernel.available:
             return None
         info = pair.describe(graph.node(pair.gemm).name)
-        flops = 2 * pair.m * pair.n * pair.k + step.flops
-        return PreparedKernel(kernel, flops=flops, info=info, impl=kernel)
+        return PreparedKernel(kernel, flops=pair.gemm_flops + step.flops, info=info, impl=kernel)
 
     def _einsum(self, node, in_nodes):
         """cuBLAS for contractions. 16-bit einsums whose sums all happen inside GEMMs run as

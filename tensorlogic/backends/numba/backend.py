@@ -149,18 +149,18 @@ def _epilogue_kernel(pair: epilogue.Epilogue, flops: int, info: str) -> Prepared
         x, w, bias = args[0], args[1], args[2]
         a = x.reshape(k, m).T if x_t else x.reshape(m, k)
         res = args[3].reshape(m, n) if pair.residual else None
-        if out.flags.c_contiguous:  # plan buffers are: the blocks write the result in place
-            o = out.reshape(m, n)
-        else:
-            o = np.empty((m, n), out.dtype)
+        # plan buffers are C-contiguous: the blocks write the result in place; a strided
+        # output gets it through a buffer
+        strided = not out.flags.c_contiguous
+        o = np.empty((m, n), out.dtype) if strided else out.reshape(m, n)
         cpu_threads.matmul_epilogue(a, w.T if w_t else w, o, bias.reshape(n), res, act)
-        if o.base is None:  # a strided output: written back
+        if strided:
             out[...] = o.reshape(out.shape)
         return out
 
-    split = 2 * m * n * k >= cpu_threads.MIN_SPLIT_FLOPS
-    threads = min(numba_threads.thread_count(), cpu_threads.host_pool.helper_count() + 1)
-    return PreparedKernel(kernel, flops=flops, threads=threads if split else 1, info=info)
+    split = pair.gemm_flops >= cpu_threads.MIN_SPLIT_FLOPS
+    threads = cpu_threads.split_parts() if split else 1
+    return PreparedKernel(kernel, flops=flops, threads=threads, info=info)
 
 
 class NumbaBackend(NumpyBackend):
@@ -248,9 +248,8 @@ class NumbaBackend(NumpyBackend):
 
     def prepare_epilogue(self, step, pair, graph):
         """One step for a contraction and its epilogue (``_epilogue_kernel``)."""
-        flops = 2 * pair.m * pair.n * pair.k + step.flops  # the step's: its consumer's
         info = pair.describe(graph.node(pair.gemm).name, "GEMM-block")
-        return _epilogue_kernel(pair, flops, info)
+        return _epilogue_kernel(pair, pair.gemm_flops + step.flops, info)
 
     def kernel_for(
         self,

@@ -194,7 +194,7 @@ def _dispatch_epilogue(A, B, out, bias, residual, act, settings: tuple):
     if not usable:
         return functools.partial(_matmul_then_epilogue, act=act)
     small = where == "own" or 2 * m * n * k < MIN_SPLIT_FLOPS
-    blocks = _grid_of(1, m, n, 1 if small else _parts())
+    blocks = _grid_of(1, m, n, 1 if small else split_parts())
     return _blas_limited(
         gemm_numba.prepare_epilogue(A, B, out, blocks, act, residual is not None), where
     )
@@ -292,7 +292,7 @@ def _dispatch(A: np.ndarray, B: np.ndarray, out: np.ndarray, settings: tuple):
         A = A.reshape((1,) * (out.ndim - A.ndim) + A.shape)
         B = B.reshape((1,) * (out.ndim - B.ndim) + B.shape)
     if SPLIT == "numba" and _gemv_split(A, B, out):  # GEMV blocks: no GEMM packing
-        return functools.partial(_gemv_blocks, parts=_parts(), limit=where != "plan")
+        return functools.partial(_gemv_blocks, parts=split_parts(), limit=where != "plan")
     if (SPLIT == "numba" or use_mkl) and _numba_split(A, B, out):
         return _blas_limited(gemm_numba.prepare(A, B, out, _grid(nb, m, n)), where)
     if out.ndim > 3 or not A.shape[:-2] == B.shape[:-2] == out.shape[:-2]:
@@ -451,7 +451,7 @@ def _gemv_blocks(
         return gemv_numba.matmul(A, B, out, parts)
 
 
-def _parts() -> int:
+def split_parts() -> int:
     """Blocks of a split product: one per thread, at most TL_NUM_THREADS (config.host_threads)."""
     from ..numba import threads as numba_threads
 
@@ -459,7 +459,7 @@ def _parts() -> int:
 
 
 def _grid(nb: int, m: int, n: int) -> np.ndarray:
-    return _grid_of(nb, m, n, _parts())
+    return _grid_of(nb, m, n, split_parts())
 
 
 @functools.lru_cache(maxsize=256)
