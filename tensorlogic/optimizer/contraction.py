@@ -28,8 +28,9 @@ import numpy as np
 from ..errors import MemoryBudgetError
 from ..ir import ops, pairwise, sliced, spec as einspec
 from ..ir.graph import EinsumGraph, Node
-from . import path_search, slicing
+from . import constant_pairs, path_search, slicing
 from .base import PassResult, function_pass
+from .util import remove_if_unused
 
 
 def choose_path(
@@ -199,15 +200,26 @@ def _contraction(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     if not todo:
         return PassResult(graph, False, {})
     g = graph.copy()
-    flops = largest = 0
+    flops = largest = hoisted = 0
     for node in todo:
         new = plan_node(g, node, limit)
+        # pairs of constants on the path are contracted now, once (``constant_pairs``)
+        while (fewer := constant_pairs.hoist(g, new, options)) is not None:
+            old_inputs = new.inputs
+            new = fewer if len(fewer.inputs) < 3 else plan_node(g, fewer, limit)
+            g.replace_node(node.id, new)
+            for gone in set(old_inputs) - set(new.inputs):
+                remove_if_unused(g, gone)
+            hoisted += 1
         g.replace_node(node.id, new)
-        flops += new.args["path_info"]["flops"]
-        largest = max(largest, new.args["path_info"]["largest_intermediate"])
-    return PassResult(
-        g, True, {"planned": len(todo), "flops": flops, "largest_intermediate": largest}
-    )
+        info = new.args.get("path_info")
+        if info is not None:
+            flops += info["flops"]
+            largest = max(largest, info["largest_intermediate"])
+    if hoisted:
+        g.reorder()
+    stats = {"planned": len(todo), "flops": flops, "largest_intermediate": largest}
+    return PassResult(g, True, {**stats, **({"constant_pairs": hoisted} if hoisted else {})})
 
 
 contraction = function_pass("contraction", _contraction)

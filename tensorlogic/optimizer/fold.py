@@ -47,6 +47,16 @@ def _foldable(g: EinsumGraph, node: Node) -> bool:
     return size <= MAX_FOLD_ELEMENTS or size <= sum(g.constants[i].size for i in node.inputs)
 
 
+def fold_node(g: EinsumGraph, node: Node, evaluator: Evaluator | None = None) -> None:
+    """Make ``node`` (whose inputs are constants of ``g``) a constant holding its value, in
+    place: it keeps its id and name."""
+    value = evaluate(node, [g.constants[i] for i in node.inputs], evaluator)
+    g.replace_node(
+        node.id, replace(node, kind=ops.CONSTANT, op=None, inputs=(), args=MappingProxyType({}))
+    )
+    g.constants[node.id] = value
+
+
 def _fold(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
     """Replace every node whose inputs are all constants by its value."""
     evaluator = options.get("fold_evaluator")
@@ -56,13 +66,9 @@ def _fold(graph: EinsumGraph, options: Mapping[str, Any]) -> PassResult:
         cur = g if g is not None else graph
         if not _foldable(cur, node):
             continue
-        value = evaluate(node, [cur.constants[i] for i in node.inputs], evaluator)
         if g is None:
             g = graph.copy()
-        g.replace_node(
-            node.id, replace(node, kind=ops.CONSTANT, op=None, inputs=(), args=MappingProxyType({}))
-        )
-        g.constants[node.id] = value
+        fold_node(g, node, evaluator)
         folded += 1
     if g is None:
         return PassResult(graph, False, {})
