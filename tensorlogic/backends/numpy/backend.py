@@ -56,9 +56,10 @@ class PoolRunner(PlanRunner):
 
     def __init__(self, mode: str) -> None:
         self.mode = mode
+        self.settings = cpu_threads.plan_settings()
 
     def __call__(self, plan, inputs, out):
-        with cpu_threads.pool_call():
+        with cpu_threads.pool_call(self.settings):
             return plan.run_steps(inputs, out)
 
     def __str__(self) -> str:
@@ -69,8 +70,11 @@ class BlasBoundRunner(PlanRunner):
     """Runs a "pool"-mode plan of unbatched GEMMs alone (``cpu_threads.blas_bound``) with each
     product one call on BLAS's own threads."""
 
+    def __init__(self) -> None:
+        self.settings = cpu_threads.plan_settings(blas_own=True)
+
     def __call__(self, plan, inputs, out):
-        with cpu_threads.blas_own_threads():
+        with cpu_threads.blas_own_threads(self.settings):
             return plan.run_steps(inputs, out)
 
     def __str__(self) -> str:

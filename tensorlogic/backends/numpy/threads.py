@@ -392,11 +392,21 @@ def blas_bound(step_gemms) -> bool:
 _BLAS_OWN = contextvars.ContextVar("tensorlogic_blas_own", default=False)
 
 
+def plan_settings(blas_own: bool = False) -> tuple:
+    """The settings a plan's products are dispatched by (``_settings``), read when its runner
+    is built: reading them on every call (environment, affinity and thread counts) cost 8 us
+    alone and 107 us inside a plan's rhythm on the 2-vCPU machine, where the products had just
+    evicted that code from the caches. A plan compiled after TL_BLAS, TL_MKL_SPLIT or
+    TL_NUM_THREADS change sees the new values."""
+    return _settings("own" if blas_own else "plan")
+
+
 @contextlib.contextmanager
-def blas_own_threads() -> Iterator[None]:
-    """Products of ``parallel_matmul`` run unsplit on BLAS's own threads in this context."""
+def blas_own_threads(settings: tuple | None = None) -> Iterator[None]:
+    """Products of ``parallel_matmul`` run unsplit on BLAS's own threads in this context
+    (``settings``: ``plan_settings(blas_own=True)`` read before, else read now)."""
     token = _BLAS_OWN.set(True)
-    call = _CALL.set(_settings("own"))
+    call = _CALL.set(settings or _settings("own"))
     try:
         yield
     finally:
@@ -405,11 +415,12 @@ def blas_own_threads() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def pool_call() -> Iterator[None]:
-    """A "pool"-mode plan call: BLAS on one thread (``single_threaded_blas``) and the
-    settings its products are dispatched by read once for the whole call."""
+def pool_call(settings: tuple | None = None) -> Iterator[None]:
+    """A "pool"-mode plan call: BLAS on one thread (``single_threaded_blas``) and the settings
+    its products are dispatched by (``plan_settings``, read now where not given) for the whole
+    call."""
     with single_threaded_blas():
-        token = _CALL.set(_settings("plan"))
+        token = _CALL.set(settings or _settings("plan"))
         try:
             yield
         finally:
