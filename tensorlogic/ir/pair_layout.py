@@ -71,6 +71,8 @@ class StridedPair:
     swap_b: bool
     mm_shape: tuple[int, ...]
     calls: int  # matrices in the batch (BLAS calls)
+    rows: str = ""  # the letters of the product's rows and columns (the end of ``result``)
+    cols: str = ""
 
     def views(self, A, B):
         """The operands as matmul stacks (views of their memory)."""
@@ -160,6 +162,8 @@ def strided_pair(
         b_nk,
         tuple(lead) + (m, n),
         math.prod(lead),
+        m_letters,
+        n_letters,
     )
 
 

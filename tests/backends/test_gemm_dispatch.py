@@ -121,3 +121,28 @@ def test_mkl_prepared_calls_follow_data_and_strides(rng, monkeypatch, dtype):
             tol = 1e-4 if dtype in ("float32", "complex64") else 1e-10
             np.testing.assert_allclose(out, want, rtol=tol, atol=tol * np.abs(want).max())
     assert len(mkl._calls) == len(cases)
+
+
+def test_products_into_strided_results(rng, path):
+    """``out`` a view whose matrices are rows of unit-stride columns apart (an intermediate
+    written in its reader's letter order): every path writes the product in place, the numba
+    loop without a copy; views BLAS cannot write (no unit stride, rows that overlap, negative
+    strides) take numpy's matmul."""
+    a = rng.standard_normal((2, 3, 40, 24)).astype(np.float32)
+    b = rng.standard_normal((2, 3, 24, 16)).astype(np.float32)
+    want = np.matmul(a.astype(np.float64), b.astype(np.float64))
+    buf = np.full((2, 40, 3, 16), np.nan, np.float32)  # (b, q, h, k) written as (b, h, q, k)
+    wide = np.full((2, 3, 40, 32), np.nan, np.float32)
+    for name, out in [
+        ("heads apart", buf.transpose(0, 2, 1, 3)),
+        ("wide rows", wide[..., :16]),
+        ("columns stepping", np.full((2, 3, 40, 32), np.nan, np.float32)[..., ::2]),
+        ("reversed rows", np.full((2, 3, 40, 16), np.nan, np.float32)[:, :, ::-1]),
+    ]:
+        assert cpu_threads._rows_of_columns(out) == (name in ("heads apart", "wide rows")), name
+        with cpu_threads.single_threaded_blas():
+            cpu_threads.parallel_matmul(a, b, out)
+        np.testing.assert_allclose(
+            out, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=name
+        )
+    assert not np.isnan(wide[..., :16]).any() and np.isnan(wide[..., 16:]).all()

@@ -264,3 +264,111 @@ def test_strided_pairs_on_split_gemms_match_numpy(split, case, seed):
         with cpu_threads.single_threaded_blas():
             got = _run(plan, es, arrays, np.float64, True)
     np.testing.assert_allclose(got, np.einsum(spec, *arrays), rtol=1e-12)
+
+
+# a pair whose result the next pair reads in another letter order: the value product of
+# attention and the output projection that sums over heads (the reader takes the result first
+# or second), a chain whose middle result is read transposed, and a batch letter between rows
+READ_ORDER_CASES = [
+    ("bhqs,bshk,hkd->bqd", [(2, 3, 5, 4), (2, 4, 3, 6), (3, 6, 7)], [(0, 1), (0, 1)]),
+    ("hkd,bhqs,bshk->bqd", [(3, 6, 7), (2, 3, 5, 4), (2, 4, 3, 6)], [(1, 2), (0, 1)]),
+    ("ij,jk,lki->l", [(5, 4), (4, 6), (3, 6, 5)], [(0, 1), (0, 1)]),
+    ("bij,bjk,kbl->il", [(2, 5, 4), (2, 4, 6), (6, 2, 3)], [(0, 1), (0, 1)]),
+]
+
+
+@pytest.mark.parametrize("spec,shapes,path", READ_ORDER_CASES)
+@pytest.mark.parametrize("dtype", ["float32", "float64", "complex128", "int16"])
+def test_results_land_in_the_order_their_reader_takes(spec, shapes, path, dtype, monkeypatch):
+    rng = np.random.default_rng(7)
+    arrays = _arrays(rng, shapes, dtype)
+    # strided layouts preferred, no timing: the copy-free candidates
+    es, plan = _plan(spec, shapes, [dtype] * len(shapes), monkeypatch, True, path)
+    got = _run(plan, es, arrays, np.result_type(*arrays), True)
+    ref = np.einsum(spec, *[a.astype(np.complex128) for a in arrays])
+    if np.dtype(dtype).kind in "iu":  # integer products keep their letter order: exact
+        np.testing.assert_array_equal(got, np.einsum(spec, *arrays))
+    else:
+        tol = 1e-5 if dtype == "float32" else 1e-12
+        want = ref if np.iscomplexobj(got) else ref.real
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    if spec.startswith("bhqs") and dtype == "float64":
+        assert plan.copied == 0  # the head transpose before the projection is gone
+
+
+@pytest.mark.parametrize("pick", [0, 1, 2, 3])
+@pytest.mark.parametrize("spec,shapes,path", READ_ORDER_CASES)
+def test_every_candidate_writes_a_result_its_reader_takes(pick, spec, shapes, path, monkeypatch):
+    monkeypatch.setattr(
+        pair_layout.Chooser,
+        "choose",
+        lambda self, est, build, shapes, key=None: min(pick, len(est) - 1),
+    )
+    arrays = _arrays(np.random.default_rng(pick), shapes, "float64")
+    es = einspec.parse(spec, [len(s) for s in shapes])
+    sizes = einspec.letter_sizes(es, shapes)
+    plan = pairwise.plan_einsum(es, shapes, sizes, path, ["float64"] * len(shapes), host=True)
+    for scratch in (True, False):
+        np.testing.assert_allclose(
+            _run(plan, es, arrays, np.float64, scratch), np.einsum(spec, *arrays), rtol=1e-12
+        )
+
+
+@pytest.mark.parametrize("split", ["numba", "python"])
+@pytest.mark.parametrize("spec,shapes,path", READ_ORDER_CASES[:2])
+def test_reader_ordered_results_on_split_gemms(split, spec, shapes, path, rng):
+    from tensorlogic.backends import gemm_numba
+    from tensorlogic.backends.numpy import threads as cpu_threads
+
+    arrays = _arrays(rng, shapes, "float64")
+    outs = []
+    with pytest.MonkeyPatch.context() as mp:
+        es, plan = _split_plan(mp, split, spec, shapes, path)
+        real = gemm_numba.prepare
+        mp.setattr(
+            gemm_numba,
+            "prepare",
+            lambda A, B, out, g: outs.append(out.flags.c_contiguous) or real(A, B, out, g),
+        )
+        mp.setattr(cpu_threads, "_DISPATCH", {})
+        with cpu_threads.single_threaded_blas():
+            got = _run(plan, es, arrays, np.float64, True)
+    np.testing.assert_allclose(got, np.einsum(spec, *arrays), rtol=1e-12)
+    assert plan.copied == 0
+    if split == "numba" and gemm_numba.available():
+        assert False in outs  # the value product wrote its strided result in numba's loop
+
+
+@st.composite
+def _read_chains(draw):
+    """A pair (batch, row, column and summed letters in random order on both sides) and a third
+    operand that reads its result with some of its letters, in random order."""
+    pool = iter("abcdefghij")
+    groups = [[next(pool) for _ in range(draw(st.integers(lo, 2)))] for lo in (0, 1, 1, 1)]
+    batch, left, right, contr = groups
+    sizes = {c: draw(st.integers(1, 4)) for g in groups for c in g}
+    a = "".join(draw(st.permutations(batch + left + contr)))
+    b = "".join(draw(st.permutations(batch + contr + right)))
+    res = batch + left + right
+    read = draw(st.lists(st.sampled_from(res), min_size=1, max_size=len(res), unique=True))
+    extra = [next(pool) for _ in range(draw(st.integers(0, 2)))]
+    sizes.update({c: draw(st.integers(1, 4)) for c in extra})
+    c = "".join(draw(st.permutations(read + extra)))
+    # the result's letters the reader does not take stay to the output; of its own, some
+    kept = [x for x in res if x not in read] + [x for x in read + extra if draw(st.booleans())]
+    out = "".join(draw(st.permutations(kept)))
+    first = draw(st.booleans())
+    terms = (a, b, c) if first else (c, a, b)
+    path = [(0, 1), (0, 1)] if first else [(1, 2), (0, 1)]
+    return ",".join(terms) + "->" + out, [tuple(sizes[x] for x in t) for t in terms], path
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=_read_chains(), strided=st.booleans(), seed=st.integers(0, 2**16))
+def test_read_ordered_chains_match_numpy(case, strided, seed):
+    spec, shapes, path = case
+    arrays = _arrays(np.random.default_rng(seed), shapes, "float64")
+    with pytest.MonkeyPatch.context() as mp:
+        es, plan = _plan(spec, shapes, ["float64"] * 3, mp, strided, path)
+        got = _run(plan, es, arrays, np.float64, True)
+    np.testing.assert_allclose(got, np.einsum(spec, *arrays), rtol=1e-12, atol=1e-12)

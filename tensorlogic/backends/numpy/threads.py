@@ -428,17 +428,30 @@ def pool_call(settings: tuple | None = None) -> Iterator[None]:
 
 
 def _numba_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
-    """Whether this product runs as one numba loop of BLAS blocks (``gemm_numba``)."""
+    """Whether this product runs as one numba loop of BLAS blocks (``gemm_numba``): ``out``
+    C-contiguous, or each of its matrices rows of unit-stride columns apart (an intermediate
+    an einsum writes in the letter order its next product reads, ``ir.pairwise``)."""
     return (
         out.dtype.name in ("float32", "float64")
         and A.dtype == out.dtype
         and B.dtype == out.dtype
-        and out.flags.c_contiguous
+        and _rows_of_columns(out)
         and A.ndim == B.ndim == out.ndim
         and all(a in (1, o) and b in (1, o) for a, b, o in zip(A.shape, B.shape, out.shape[:-2]))
         and A.shape[-1] > 0
         and gemm_numba.available()
     )
+
+
+def _rows_of_columns(out: np.ndarray) -> bool:
+    """Whether BLAS writes each matrix of ``out`` as it lies: C-contiguous, or unit-stride
+    columns and positive row and batch strides in whole elements, rows that do not overlap."""
+    if out.flags.c_contiguous:
+        return True
+    it = out.itemsize
+    if out.ndim < 2 or out.strides[-1] != it or any(s <= 0 or s % it for s in out.strides):
+        return False
+    return out.shape[-2] == 1 or out.strides[-2] >= out.shape[-1] * it
 
 
 def _gemv_split(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
