@@ -22,7 +22,6 @@ from ..errors import DTypeError, GraphError, InputError, MemoryBudgetError, Shap
 from ..ir.graph import EinsumGraph
 from ..options import CompileOptions
 from ..runtime import fperrors, hooks
-from ..runtime.outputs import OutputBuffers
 from ..runtime.pool import Arena, TensorPool
 from ..runtime.steps import run_program
 from ..runtime.units import format_bytes
@@ -96,9 +95,6 @@ class ConcretePlan:
         ]
         self.flops = sum(s.flops for s in self.steps)
         self.host = not self.backend.capabilities.device
-        # host outputs come from memory earlier calls' outputs let go of (``runtime.outputs``)
-        host_arrays = self.backend.capabilities.native_array is np.ndarray
-        self.output_buffers = OutputBuffers() if self.host and host_arrays else None
         # per-call tables, built once (the GPU runner reads them too): where inputs go, which
         # outputs get a fresh array, and which are handed back as copies (inputs or constants)
         self.input_slots = tuple(self.input_ids.items())
@@ -158,12 +154,7 @@ class ConcretePlan:
                 if arr is None:
                     arr = env[bid]  # two output names on one buffer share the array
                     if arr is None:
-                        fresh = self.output_buffers
-                        arr = (
-                            backend.empty(shape, dtype)
-                            if fresh is None
-                            else fresh.empty(shape, dtype)
-                        )
+                        arr = backend.empty(shape, dtype)
                 env[bid] = arr
             obs = hooks.active()
             hook = None if obs is None else obs.step_hook(self, env)

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 import tensorlogic as tl
-from tensorlogic.runtime import outputs
 from tensorlogic.runtime.pool import Arena, TensorPool
 from conftest import run_in_threads
 
@@ -52,9 +51,8 @@ def attention_graph(rng, batch=4, seq=64, width=128, heads=4):
     return g
 
 
-def _extra_bytes_per_call(plan, inputs, out=None, minus_outputs=True):
-    """Bytes a steady-state call allocates (traced peak above the start), less the output
-    bytes unless ``minus_outputs`` is False."""
+def _extra_bytes_per_call(plan, inputs, out=None):
+    """Bytes a steady-state call allocates (traced peak above the start) and the output bytes."""
     for _ in range(3):
         plan(inputs, out=out)
     gc.collect()
@@ -66,7 +64,7 @@ def _extra_bytes_per_call(plan, inputs, out=None, minus_outputs=True):
             start, _ = tracemalloc.get_traced_memory()
             res = plan(inputs, out=out)
             _, peak = tracemalloc.get_traced_memory()
-            outs = 0 if out or not minus_outputs else sum(a.nbytes for a in res.values())
+            outs = 0 if out else sum(a.nbytes for a in res.values())
             worst = max(worst, peak - start - outs)
             del res
     finally:
@@ -93,9 +91,6 @@ def test_steady_state_allocates_only_outputs(make, rng):
     )
     assert smallest > SLACK
     assert _extra_bytes_per_call(plan, inputs) < SLACK
-    # outputs of size come from memory the previous call's outputs let go of (runtime.outputs)
-    if all(a.nbytes >= outputs.MIN_BYTES for a in plan(inputs).values()):
-        assert _extra_bytes_per_call(plan, inputs, minus_outputs=False) < SLACK
     # with caller-provided outputs nothing of size is allocated at all
     out = {k: np.empty_like(v) for k, v in plan(inputs).items()}
     assert _extra_bytes_per_call(plan, inputs, out=out) < SLACK
@@ -106,7 +101,6 @@ def test_unpooled_plan_allocates_every_call(rng):
     g = mlp_graph(rng, layers=2)
     pooled = tl.compile(g, backend="numpy", cache=False)
     fresh = tl.compile(g, backend="numpy", pool=False, cache=False)
-    fresh.concrete.output_buffers = None  # its outputs from new memory too: one count per call
     x = {"x": rng.standard_normal((128, 512)).astype(np.float32)}
     np.testing.assert_allclose(fresh(x)["y"], pooled(x)["y"], rtol=1e-6, atol=1e-7)
     for _ in range(3):
