@@ -628,23 +628,15 @@ def _gemm(
     nb, nl, nr, nc = (math.prod(sizes[c] for c in g) for g in (batch, left, right, contr))
     # per operand the matrix layout that is a view of its memory
     lay = lay or _merged_layout(a, b, batch, contr, left, right, sizes)
-    a_lc, b_cr, perm_a, perm_b = lay.a_lc, lay.b_cr, lay.perm_a, lay.perm_b
-    shp_a = (nb, nl, nc) if a_lc else (nb, nc, nl)
-    shp_b = (nb, nc, nr) if b_cr else (nb, nr, nc)
-    # operands are C-contiguous in their term order (inputs, or results of earlier steps)
-    k_a = -1 if lay.view_a else scr.add(shp_a, da)
-    k_b = -1 if lay.view_b else scr.add(shp_b, db)
-    if k_a >= 0 or not lay.unit_a:
-        scr.copied += nb * nl * nc
-    if k_b >= 0 or not lay.unit_b:
-        scr.copied += nb * nc * nr
+    a_lc, b_cr = lay.a_lc, lay.b_cr
+    ops_ = _plan_operands(lay, nb, nl, nr, nc, dts, scr)
+    k_a, k_b, tr_a, tr_b = ops_.k_a, ops_.k_b, ops_.tr_a, ops_.tr_b
     squeeze = nb == 1
     mm_shape = (nl, nr) if squeeze else (nb, nl, nr)
-    scr.gemms.append((nb, nl, nr, nc))
     # everything a call needs is decided here: a small call is mostly Python overhead
-    shp_a2, shp_b2 = (shp_a[1:], shp_b[1:]) if squeeze else (shp_a, shp_b)
-    tr_a = None if perm_a == sorted(perm_a) else perm_a  # None: no transpose needed
-    tr_b = None if perm_b == sorted(perm_b) else perm_b
+    shp_a2, shp_b2 = (
+        (ops_.shape_a[1:], ops_.shape_b[1:]) if squeeze else (ops_.shape_a, ops_.shape_b)
+    )
     int_mm = _int_matmul(squeeze) if np.dtype(rdt).kind in "iu" else None
     small = 2 * nb * nl * nr * nc < getattr(matmul, "min_flops", 0)
     plain_mm = None if matmul is None or small else matmul  # None: the array module's own
@@ -671,6 +663,38 @@ def _gemm(
     return result, mm
 
 
+@dataclass(frozen=True)
+class _Operands:
+    """How a merged-layout product reads its operands: each as (batch, rows, cols) in the
+    grouping that is a view of it (``shape_*``), through scratch ``k_*`` where that reshape
+    copies (else -1), after the transpose ``tr_*`` (None: none)."""
+
+    shape_a: tuple[int, ...]
+    shape_b: tuple[int, ...]
+    k_a: int
+    k_b: int
+    tr_a: list[int] | None
+    tr_b: list[int] | None
+
+
+def _plan_operands(lay: _Merged, nb: int, nl: int, nr: int, nc: int, dts, scr) -> _Operands:
+    """The operands of a merged-layout product (``_Operands``); registers their copies and the
+    GEMM with ``scr``."""
+    shp_a = (nb, nl, nc) if lay.a_lc else (nb, nc, nl)
+    shp_b = (nb, nc, nr) if lay.b_cr else (nb, nr, nc)
+    # operands are C-contiguous in their term order (inputs, or results of earlier steps)
+    k_a = -1 if lay.view_a else scr.add(shp_a, dts[0])
+    k_b = -1 if lay.view_b else scr.add(shp_b, dts[1])
+    if k_a >= 0 or not lay.unit_a:
+        scr.copied += nb * nl * nc
+    if k_b >= 0 or not lay.unit_b:
+        scr.copied += nb * nc * nr
+    scr.gemms.append((nb, nl, nr, nc))
+    tr_a = None if lay.perm_a == sorted(lay.perm_a) else lay.perm_a  # None: no transpose needed
+    tr_b = None if lay.perm_b == sorted(lay.perm_b) else lay.perm_b
+    return _Operands(shp_a, shp_b, k_a, k_b, tr_a, tr_b)
+
+
 def _gemm_into(a, b, batch, contr, left, right, sizes, dts, rdt, scr, matmul, lay, want: str):
     """``_gemm`` of an intermediate written in the letter order ``want``: a buffer of that
     order, seen through a transpose as (*batch, rows, cols) with the columns innermost, so that
@@ -685,24 +709,14 @@ def _gemm_into(a, b, batch, contr, left, right, sizes, dts, rdt, scr, matmul, la
     mm_shape = (*bshape, nl, nr)
     lay = lay or _merged_layout(a, b, batch, contr, left, right, sizes)
     nb = math.prod(bshape)
-    shp_a = (nb, nl, nc) if lay.a_lc else (nb, nc, nl)
-    shp_b = (nb, nc, nr) if lay.b_cr else (nb, nr, nc)
-    k_a = -1 if lay.view_a else scr.add(shp_a, da)
-    k_b = -1 if lay.view_b else scr.add(shp_b, db)
-    if k_a >= 0 or not lay.unit_a:
-        scr.copied += nb * nl * nc
-    if k_b >= 0 or not lay.unit_b:
-        scr.copied += nb * nc * nr
-    scr.gemms.append((nb, nl, nr, nc))
-    tr_a = None if lay.perm_a == sorted(lay.perm_a) else lay.perm_a
-    tr_b = None if lay.perm_b == sorted(lay.perm_b) else lay.perm_b
+    ops_ = _plan_operands(lay, nb, nl, nr, nc, dts, scr)
     small = 2 * nb * nl * nr * nc < getattr(matmul, "min_flops", 0)
     host_mm = np.matmul if matmul is None or small else matmul  # floats only (``_pair``)
     split_a, split_b = (*bshape, nl, nc), (*bshape, nc, nr)
 
     def mm(xp, A, B, out, scratch):
-        A2 = _operand(xp, A, tr_a, shp_a, k_a, da, scratch)
-        B2 = _operand(xp, B, tr_b, shp_b, k_b, db, scratch)
+        A2 = _operand(xp, A, ops_.tr_a, ops_.shape_a, ops_.k_a, da, scratch)
+        B2 = _operand(xp, B, ops_.tr_b, ops_.shape_b, ops_.k_b, db, scratch)
         if not lay.a_lc:
             A2 = A2.swapaxes(-1, -2)
         if not lay.b_cr:
