@@ -18,7 +18,7 @@ from dataclasses import replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from ..errors import GraphError, TensorLogicError
+from ..errors import TensorLogicError
 from ..ir import infer, ops
 from ..ir.graph import EinsumGraph, Node
 from .fold import fold_node
@@ -82,7 +82,7 @@ def hoist(g: EinsumGraph, node: Node, options: Mapping[str, Any]) -> Node | None
         return None
     inputs = [x for k, x in enumerate(node.inputs) if k not in (i, j)]
     spec = ",".join([*rest, term]) + "->" + es.output
-    pair_id = g.add_node(ops.EINSUM, None, [a, b], {"spec": pair_spec}, name=_free_name(g, node))
+    pair_id = g.add_node(ops.EINSUM, None, [a, b], {"spec": pair_spec})
     try:
         infer.infer(ops.EINSUM, None, [g.node(x) for x in [*inputs, pair_id]], {"spec": spec}, "")
     except TensorLogicError:
@@ -92,15 +92,3 @@ def hoist(g: EinsumGraph, node: Node, options: Mapping[str, Any]) -> Node | None
     args = {k: v for k, v in node.args.items() if k not in ("path_strategy", "path_info")}
     args["spec"] = spec
     return replace(node, inputs=(*inputs, pair_id), args=MappingProxyType(args))
-
-
-def _free_name(g: EinsumGraph, node: Node) -> str:
-    """``<einsum>_const``, numbered where the einsum already has such a constant."""
-    k = 0
-    while True:
-        name = f"{node.name}_const{k or ''}"
-        try:
-            g.node(name)
-        except GraphError:
-            return name
-        k += 1
