@@ -153,6 +153,25 @@ def _compile_epilogue(gemm, itemsize: int, dtype: str):
     return split_epilogue
 
 
+def _compile_finish(dtype: str):
+    """The loop that finishes every tile of a product another call computed whole (MKL on its
+    own threads), one block per thread as the split loop's epilogue does."""
+    import numba
+
+    from .numba import threads as numba_threads
+
+    numba_threads.configure()
+    finish = _finisher(dtype)
+
+    @numba.njit(parallel=True, nogil=True, cache=False)
+    def finish_tiles(blocks, out, bias, res, act, has_res):
+        for i in numba.prange(blocks.shape[0]):
+            r0, r1, c0, c1 = blocks[i, 1], blocks[i, 2], blocks[i, 3], blocks[i, 4]
+            finish(out, bias, res, r0, r1, c0, c1, act, has_res)
+
+    return finish_tiles
+
+
 def _finisher(dtype: str):
     """``finish(out, bias, res, r0, r1, c0, c1, act, has_res)``: one tile's epilogue, in its
     own function so that its loops vectorize (numpy's error model: no division checks)."""
@@ -211,6 +230,23 @@ def _kernel(dtype: str, epilogue: bool = False):
             _kernels, key, _lock, lambda: _compile_epilogue(*_load(key[0])[dtype], dtype)
         )
     return build_once(_kernels, key, _lock, lambda: _compile(*_load(key[0])[dtype]))
+
+
+def then_epilogue(product, blocks: np.ndarray, dtype: str, act: str | None, res: bool):
+    """``call(A, B, out, bias, residual)``: ``product(A, B, out)`` (a whole GEMM on another
+    pool of threads) and then ``act(out + bias [+ residual])`` over ``blocks`` of ``out`` on
+    numba's threads, the tiles ``prepare_epilogue``'s blocks would finish."""
+    finish = build_once(_kernels, ("finish", dtype), _lock, lambda: _compile_finish(dtype))
+    launch = _launcher(finish, blocks)
+    code = ACTIVATIONS[act]
+    no_residual = np.zeros((1, 1), dtype)
+
+    def call(A, B, out, bias, residual=None):
+        product(A, B, out)
+        launch(out, bias, residual if res else no_residual, code, res)
+        return out
+
+    return call
 
 
 def available() -> bool:

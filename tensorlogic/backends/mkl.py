@@ -19,18 +19,18 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib.metadata
-import json
-import os
 import platform
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 import numpy as np
 
 from .. import config
 from ..errors import BackendError
+from ..runtime import json_cache
 from ..runtime.memo import build_once
 
 _ROW_MAJOR = 101
@@ -95,6 +95,19 @@ class _Mkl:
             fn.argtypes = [I] + [P] * 13 + [I, P]
             fn.restype = None
             self.batch[dtype] = fn
+        # packed-operand GEMMs (real types; absent from old MKLs, which then never pack)
+        self.pack_size, self.pack, self.compute = {}, {}, {}
+        for dtype, p in (("float32", "s"), ("float64", "d")):
+            names = [f"cblas_{p}gemm_pack_get_size", f"cblas_{p}gemm_pack"]
+            names.append(f"cblas_{p}gemm_compute")
+            if not all(hasattr(lib, x) for x in names):
+                continue
+            s = ctypes.c_float if p == "s" else ctypes.c_double
+            size, pack, compute = (getattr(lib, x) for x in names)
+            size.argtypes, size.restype = [I, I, I, I], ctypes.c_size_t
+            pack.argtypes, pack.restype = [I, I, I, I, I, I, s, P, I, P], None
+            compute.argtypes, compute.restype = [I, I, I, I, I, I, P, I, P, I, s, P, I], None
+            self.pack_size[dtype], self.pack[dtype], self.compute[dtype] = size, pack, compute
 
 
 def wanted() -> bool:
@@ -167,7 +180,7 @@ def faster_here(path: str) -> bool:
     return build_once(_faster, path, _lock, lambda: _cached_race(path))
 
 
-def _race_key(path: str) -> str:
+def race_key(path: str) -> str:
     cpu = platform.processor()
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
@@ -181,28 +194,17 @@ def _race_key(path: str) -> str:
 
 def _cached_race(lib_path: str) -> bool:
     path = config.cache_dir() / CHOICE_FILE
-    key = _race_key(lib_path)
-    try:
-        known = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        known = {}
-    if not isinstance(known, dict):
-        known = {}
+    key = race_key(lib_path)
+    known = json_cache.read_entries(path)
     if key in known:
         return known[key] == "mkl"
     mkl = _load()
     if mkl is None:
         return False
     t_mkl, t_numpy = race(mkl)
-    known[key] = "mkl" if t_mkl < t_numpy else "numpy"
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known, indent=1), encoding="utf-8")
-        os.replace(tmp, path)  # atomic: concurrent processes never read half a file
-    except OSError:
-        pass  # an unwritable cache only costs the race again next time
-    return known[key] == "mkl"
+    choice = "mkl" if t_mkl < t_numpy else "numpy"
+    json_cache.store_entry(path, key, choice)
+    return choice == "mkl"
 
 
 def race(mkl: _Mkl, reps: int = 5) -> tuple[float, float]:
@@ -268,6 +270,7 @@ def supports(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
 
 
 _NO_TRANS, _TRANS = 111, 112
+_PACKED, _A_MATRIX, _B_MATRIX = 151, 161, 162  # CBLAS_STORAGE, CBLAS_IDENTIFIER values
 
 
 def blas_layout(x: np.ndarray) -> tuple[int, int] | None:
@@ -424,3 +427,70 @@ def prepare(A: np.ndarray, B: np.ndarray, out: np.ndarray):
         return out
 
     return grouped
+
+
+def can_pack(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
+    """Whether ``prepare_packed`` takes these operands: one float32/float64 product (2-D), both
+    operands readable by BLAS as they lie, ``out`` C-contiguous, the packed routines present."""
+    mkl = _load()
+    return (
+        mkl is not None
+        and out.dtype.name in mkl.compute
+        and A.dtype == B.dtype == out.dtype
+        and A.ndim == B.ndim == out.ndim == 2
+        and min(out.shape) > 0
+        and A.shape[1] > 0
+        and out.flags.c_contiguous
+        and blas_layout(A) is not None
+        and blas_layout(B) is not None
+    )
+
+
+def prepare_packed(A: np.ndarray, B: np.ndarray, out: np.ndarray, which: str = "B"):
+    """``call(A, B, out)`` computing ``A @ B`` on MKL's threads with one operand (``which``,
+    "A" or "B") in MKL's internal packed format (``cblas_?gemm_pack`` once,
+    ``cblas_?gemm_compute`` per call), for operands of these shapes and strides that
+    ``can_pack`` takes. The operand is packed on the first call that passes it, once per plan
+    constant (``constants.constant_root``: its data never changes); a call whose operand is no
+    constant runs the plain MKL call. Packing saves the copy into MKL's panels that every call
+    otherwise makes of a weight."""
+    from . import constants
+
+    mkl = _load()
+    plain = prepare(A, B, out)
+    name = out.dtype.name
+    m, k, n = A.shape[0], A.shape[1], B.shape[1]
+    ta, lda = blas_layout(A)
+    tb, ldb = blas_layout(B)
+    ident, trans, ld = (_B_MATRIX, tb, ldb) if which == "B" else (_A_MATRIX, ta, lda)
+    size, pack, compute = mkl.pack_size[name](ident, m, n, k), mkl.pack[name], mkl.compute[name]
+    packs: dict[int, tuple] = {}  # the operand's address -> (weak ref to its constant, packed)
+    lock = threading.Lock()
+
+    def packed(x: np.ndarray) -> np.ndarray | None:
+        addr = x.ctypes.data
+        hit = packs.get(addr)
+        if hit is not None and hit[0]() is not None:  # alive: the same data at that address
+            return hit[1]
+        root = constants.constant_root(x)
+        if root is None:
+            return None
+        with lock:
+            for dead in [a for a, (ref, _) in packs.items() if ref() is None]:
+                del packs[dead]
+            raw = np.empty(size + 64, np.uint8)  # MKL's panels want 64-byte alignment
+            buf = raw[-raw.ctypes.data % 64 :][:size]
+            pack(_ROW_MAJOR, ident, trans, m, n, k, 1.0, addr, ld, buf.ctypes.data)
+            packs[addr] = (weakref.ref(root), buf)
+        return buf
+
+    def call(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
+        buf = packed(B if which == "B" else A)
+        if buf is None:
+            return plain(A, B, out)
+        pa, fa = (A.ctypes.data, ta) if which == "B" else (buf.ctypes.data, _PACKED)
+        pb, fb = (buf.ctypes.data, _PACKED) if which == "B" else (B.ctypes.data, tb)
+        compute(_ROW_MAJOR, fa, fb, m, n, k, pa, lda, pb, ldb, 0.0, out.ctypes.data, n)
+        return out
+
+    return call

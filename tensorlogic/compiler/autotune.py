@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 import statistics
 import time
@@ -33,6 +32,7 @@ import numpy as np
 from .. import config
 from ..backends import get_backend
 from ..errors import BackendError
+from ..runtime import json_cache
 
 DEFAULT_BUDGET = 10.0
 TUNABLE_PASSES = ("merge", "fusion", "attention")  # passes whose absence is a candidate
@@ -150,20 +150,8 @@ def _cache_path(plan, binding: dict[str, int], backends: tuple[str, ...]) -> Any
 
 
 def _read(path) -> dict | None:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _write(path, doc: dict) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc, indent=1))
-        os.replace(tmp, path)  # atomic: a concurrent reader sees the old file or the new one
-    except OSError:
-        pass  # a read-only cache only costs the next process a new search
+    doc = json_cache.read(path)
+    return doc if isinstance(doc, dict) else None
 
 
 def _inputs_for(cp) -> dict[str, np.ndarray]:
@@ -311,7 +299,7 @@ def autotune(plan, binding: dict[str, int], build: Callable) -> Any:
     )
     cp.autotune = report
     if path is not None:
-        _write(
+        json_cache.write(
             path,
             {
                 "winner": winner.to_json(),

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..backends import get_backend
 from ..backends.base import PreparedKernel, as_prepared
+from ..backends.constants import register as register_constants
 from .. import dtypes
 from ..errors import BackendError, DTypeError, GraphError
 from ..ir import cost, ops
@@ -278,6 +279,7 @@ def _build_plan(
             if nodes[nid].kind == ops.CONSTANT
         }
     )
+    register_constants(cp.constants.values())  # kernels may prepare them once (packed GEMMs)
     if backend.capabilities.own_runner:
         cp.runner = backend.plan_runner(cp)
     hooks.compile_event(

@@ -32,7 +32,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from ... import config
-from .. import gemm_numba, gemv_numba, mkl
+from .. import gemm_choice, gemm_numba, gemv_numba, mkl
 from . import host_pool
 
 THREAD_MODES = ("pool", "blas")
@@ -195,9 +195,12 @@ def _dispatch_epilogue(A, B, out, bias, residual, act, settings: tuple):
         return functools.partial(_matmul_then_epilogue, act=act)
     small = where == "own" or 2 * m * n * k < MIN_SPLIT_FLOPS
     blocks = _grid_of(1, m, n, 1 if small else split_parts())
-    return _blas_limited(
+    split = _blas_limited(
         gemm_numba.prepare_epilogue(A, B, out, blocks, act, residual is not None), where
     )
+    if not small and gemm_choice.races(A, B, out, settings):
+        return gemm_choice.epilogue(A, B, out, bias, residual, act, split, blocks)
+    return split
 
 
 def _blas_limited(split, where: str):
@@ -294,7 +297,10 @@ def _dispatch(A: np.ndarray, B: np.ndarray, out: np.ndarray, settings: tuple):
     if SPLIT == "numba" and _gemv_split(A, B, out):  # GEMV blocks: no GEMM packing
         return functools.partial(_gemv_blocks, parts=split_parts(), limit=where != "plan")
     if (SPLIT == "numba" or use_mkl) and _numba_split(A, B, out):
-        return _blas_limited(gemm_numba.prepare(A, B, out, _grid(nb, m, n)), where)
+        split = _blas_limited(gemm_numba.prepare(A, B, out, _grid(nb, m, n)), where)
+        if use_mkl and gemm_choice.races(A, B, out, settings):
+            return gemm_choice.product(A, B, out, split)
+        return split
     if out.ndim > 3 or not A.shape[:-2] == B.shape[:-2] == out.shape[:-2]:
         # several batch axes (strided views) or a broadcast one: numpy's own loop over them
         return _np_matmul
@@ -502,7 +508,8 @@ def describe(mode: str, blas_own: bool = False) -> str:
         how = (
             "whole on MKL's threads (numba's OpenMP pool)"
             if config.mkl_split() is False
-            else "split into single-threaded MKL blocks on one numba loop"
+            else "split into single-threaded MKL blocks on one numba loop, or whole where "
+            "that timed faster for the product"
         )
         return f"threads: pool ({threads} threads for every step; GEMMs {how})"
     if mode == "blas" and lib == "MKL":

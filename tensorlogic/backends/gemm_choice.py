@@ -1,0 +1,142 @@
+"""How a large product of a "pool"-mode plan runs on MKL: split blocks, or whole on MKL's threads
+(with its constant operand packed once where it has one), timed on its first call, kept per
+machine.
+
+The split (``gemm_numba``: one single-threaded MKL call per block on numba's threads) lets a
+plan's GEMMs and its other kernels share one pool, and its blocks finish their tiles in cache;
+but every block packs its own panels of both operands. MKL's own threads pack each panel once
+and share it, and a weight packed once in MKL's format (``mkl.prepare_packed``) is never packed
+again. Neither wins every shape: on the 16-core Xeon host (one process, interleaved, medians)
+1024x2048x512 ran 1.82 ms split against 2.30 whole, 2048x1024x1024 4.25 split against 4.04 whole
+and 3.66 whole with its constant weight packed, 1024x512x2048 2.12 split against 1.74 whole
+packed. So the first call of a product of at least ``RACE_MIN_FLOPS`` times each candidate on
+its real operands (alternating, ``REPS`` rounds, medians) and keeps the fastest; the split stays
+unless another way is at least ``MARGIN`` faster. The choice is remembered per machine, threads
+and product (shape, layout, dtype, epilogue, whether the weight is a constant) in
+``TL_CACHE_DIR``, so later processes pay nothing. TL_MKL_SPLIT set either way skips it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from .. import config
+from ..runtime import json_cache
+from . import constants, gemm_numba, mkl
+
+RACE_MIN_FLOPS = 64_000_000
+REPS = 5
+MARGIN = 0.03
+CHOICE_FILE = "gemm_choice.json"
+
+_lock = threading.Lock()
+_chosen: dict[str, str] = {}  # cache key -> the candidate's name
+
+
+def races(A: np.ndarray, B: np.ndarray, out: np.ndarray, settings: tuple) -> bool:
+    """Whether this product's way is chosen by timing: one 2-D product on MKL of at least
+    ``RACE_MIN_FLOPS`` in a "pool"-mode plan call whose settings (``numpy.threads._settings``)
+    leave TL_MKL_SPLIT unset."""
+    where, mkl_split = settings[0], settings[2]
+    return (
+        where == "plan"
+        and mkl_split is None
+        and out.ndim == A.ndim == B.ndim == 2
+        and 2 * out.size * A.shape[1] >= RACE_MIN_FLOPS
+        and mkl.available()
+        and mkl.supports(A, B, out)
+        and out.flags.c_contiguous
+    )
+
+
+def _packed(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> Callable | None:
+    """MKL whole with the operand that is a plan constant packed once (B where both are), or
+    None where neither is or MKL cannot pack them."""
+    for which, x in (("B", B), ("A", A)):
+        if constants.constant_root(x) is not None and mkl.can_pack(A, B, out):
+            return mkl.prepare_packed(A, B, out, which)
+    return None
+
+
+def product(A: np.ndarray, B: np.ndarray, out: np.ndarray, split: Callable) -> Callable:
+    """``call(A, B, out)``: the fastest of ``split`` and MKL whole (packed where B is a plan
+    constant) for these operands, timed now on them unless known."""
+    ways = {"split": split, "whole": mkl.prepare(A, B, out)}
+    packed = _packed(A, B, out)
+    if packed is not None:
+        ways["whole packed"] = packed
+    return _choose("product", ways, (A, B, out))
+
+
+def epilogue(A, B, out, bias, residual, act: str | None, split, blocks: np.ndarray) -> Callable:
+    """``call(A, B, out, bias, residual)``: ``product``'s choice for a product with an epilogue
+    (``split`` finishes each tile in its block; the whole ways finish the same tiles after)."""
+    res = residual is not None
+    dtype = out.dtype.name
+
+    def then(call):
+        return gemm_numba.then_epilogue(call, blocks, dtype, act, res)
+
+    ways = {"split": split, "whole": then(mkl.prepare(A, B, out))}
+    packed = _packed(A, B, out)
+    if packed is not None:
+        ways["whole packed"] = then(packed)
+    return _choose(f"epilogue {act} residual={res}", ways, (A, B, out, bias, residual))
+
+
+def _key(kind: str, ways: dict, A: np.ndarray, B: np.ndarray, out: np.ndarray) -> str:
+    lib = mkl.loaded_path()
+    layout = (mkl.blas_layout(A), mkl.blas_layout(B))
+    return "|".join(
+        map(
+            str,
+            (
+                mkl.race_key(lib),
+                mkl.threads(),
+                kind,
+                A.shape,
+                B.shape,
+                layout,
+                out.dtype.name,
+                constants.constant_root(B) is not None,
+                constants.constant_root(A) is not None,
+                sorted(ways),
+            ),
+        )
+    )
+
+
+def _choose(kind: str, ways: dict[str, Callable], args: tuple) -> Callable:
+    key = _key(kind, ways, *args[:3])
+    name = _chosen.get(key)
+    path = config.cache_dir() / CHOICE_FILE
+    if name is None:
+        name = json_cache.read_entries(path).get(key)
+    if name not in ways:
+        with _lock:
+            name = race(ways, args)
+        json_cache.store_entry(path, key, name)
+    _chosen[key] = name
+    return ways[name]
+
+
+def race(ways: dict[str, Callable], args: tuple, reps: int = REPS) -> str:
+    """The name of the fastest way to run ``args`` (median of ``reps`` alternating rounds after
+    one warm-up call each); "split" unless another is ``MARGIN`` faster."""
+    times: dict[str, list[float]] = {name: [] for name in ways}
+    for call in ways.values():
+        call(*args)  # packs a constant, compiles a loop: not timed
+    order = list(ways.items())
+    for r in range(reps):
+        for name, call in order if r % 2 == 0 else order[::-1]:
+            t0 = time.perf_counter()
+            call(*args)
+            times[name].append(time.perf_counter() - t0)
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    best = min(med, key=med.__getitem__)
+    return best if med[best] < (1 - MARGIN) * med["split"] else "split"
