@@ -1,18 +1,20 @@
-"""How a large product of a "pool"-mode plan runs on MKL: split blocks, or whole on MKL's threads
-(with its constant operand packed once where it has one), timed on its first call, kept per
-machine.
+"""How a large product of a "pool"-mode plan runs on MKL: split into blocks on numba's threads or
+whole on MKL's, with its constant operand packed once where it has one; timed on its first call
+and kept per machine.
 
 The split (``gemm_numba``: one single-threaded MKL call per block on numba's threads) lets a
 plan's GEMMs and its other kernels share one pool, and its blocks finish their tiles in cache;
-but every block packs its own panels of both operands. MKL's own threads pack each panel once
-and share it, and a weight packed once in MKL's format (``mkl.prepare_packed``) is never packed
-again. Neither wins every shape: on the 16-core Xeon host (one process, interleaved, medians)
-1024x2048x512 ran 1.82 ms split against 2.30 whole, 2048x1024x1024 4.25 split against 4.04 whole
-and 3.66 whole with its constant weight packed, 1024x512x2048 2.12 split against 1.74 whole
+but every block packs its own panels of both operands on every call. MKL's own threads pack each
+panel once and share it; and a weight (a plan constant, ``constants``) can be packed in MKL's
+format once (``cblas_?gemm_pack``), for the whole product (``mkl.prepare_packed``) or per block
+(``gemm_numba.prepare_packed``), and never again. Neither way wins every shape: on the 16-core
+Xeon host (one process, interleaved, medians) 1024x2048x512 ran 1.82 ms split against 2.30
+whole; 2048x1024x1024 4.25 split, 4.04 whole, 3.66 whole with its weight packed; 256x1024x1024
+0.77 split, 0.50 split with the weight packed per block; 1024x512x2048 2.12 split, 1.74 whole
 packed. So the first call of a product of at least ``RACE_MIN_FLOPS`` times each candidate on
 its real operands (alternating, ``REPS`` rounds, medians) and keeps the fastest; the split stays
 unless another way is at least ``MARGIN`` faster. The choice is remembered per machine, threads
-and product (shape, layout, dtype, epilogue, whether the weight is a constant) in
+and product (shapes, layout, dtype, epilogue, which operands are constants) in
 ``TL_CACHE_DIR``, so later processes pay nothing. TL_MKL_SPLIT set either way skips it.
 """
 
@@ -54,38 +56,46 @@ def races(A: np.ndarray, B: np.ndarray, out: np.ndarray, settings: tuple) -> boo
     )
 
 
-def _packed(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> Callable | None:
-    """MKL whole with the operand that is a plan constant packed once (B where both are), or
-    None where neither is or MKL cannot pack them."""
+def _constant_operand(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> str | None:
+    """Which operand MKL may pack once ("B" before "A"): one that is a plan constant, in a
+    product ``mkl.can_pack`` takes; None where neither is."""
+    if not mkl.can_pack(A, B, out):
+        return None
     for which, x in (("B", B), ("A", A)):
-        if constants.constant_root(x) is not None and mkl.can_pack(A, B, out):
-            return mkl.prepare_packed(A, B, out, which)
+        if constants.constant_root(x) is not None:
+            return which
     return None
 
 
-def product(A: np.ndarray, B: np.ndarray, out: np.ndarray, split: Callable) -> Callable:
-    """``call(A, B, out)``: the fastest of ``split`` and MKL whole (packed where B is a plan
-    constant) for these operands, timed now on them unless known."""
-    ways = {"split": split, "whole": mkl.prepare(A, B, out)}
-    packed = _packed(A, B, out)
-    if packed is not None:
-        ways["whole packed"] = packed
+def product(A: np.ndarray, B: np.ndarray, out: np.ndarray, split, blocks) -> Callable:
+    """``call(A, B, out)``: the fastest way to run this product, timed now on these operands
+    unless known: ``split`` (over ``blocks``), MKL whole, and where an operand is a plan
+    constant the same two with that operand packed once."""
+    ways = {"split": lambda: split, "whole": lambda: mkl.prepare(A, B, out)}
+    which = _constant_operand(A, B, out)
+    if which is not None:
+        ways["split packed"] = lambda: gemm_numba.prepare_packed(A, B, out, blocks, which, split)
+        ways["whole packed"] = lambda: mkl.prepare_packed(A, B, out, which)
     return _choose("product", ways, (A, B, out))
 
 
 def epilogue(A, B, out, bias, residual, act: str | None, split, blocks: np.ndarray) -> Callable:
     """``call(A, B, out, bias, residual)``: ``product``'s choice for a product with an epilogue
-    (``split`` finishes each tile in its block; the whole ways finish the same tiles after)."""
+    (the split ways finish each tile in its block; the whole ways finish the same tiles after,
+    on numba's threads)."""
     res = residual is not None
     dtype = out.dtype.name
 
     def then(call):
         return gemm_numba.then_epilogue(call, blocks, dtype, act, res)
 
-    ways = {"split": split, "whole": then(mkl.prepare(A, B, out))}
-    packed = _packed(A, B, out)
-    if packed is not None:
-        ways["whole packed"] = then(packed)
+    ways = {"split": lambda: split, "whole": lambda: then(mkl.prepare(A, B, out))}
+    which = _constant_operand(A, B, out)
+    if which is not None:
+        ways["split packed"] = lambda: gemm_numba.prepare_packed(
+            A, B, out, blocks, which, split, act, res
+        )
+        ways["whole packed"] = lambda: then(mkl.prepare_packed(A, B, out, which))
     return _choose(f"epilogue {act} residual={res}", ways, (A, B, out, bias, residual))
 
 
@@ -111,18 +121,23 @@ def _key(kind: str, ways: dict, A: np.ndarray, B: np.ndarray, out: np.ndarray) -
     )
 
 
-def _choose(kind: str, ways: dict[str, Callable], args: tuple) -> Callable:
+def _choose(kind: str, ways: dict[str, Callable[[], Callable]], args: tuple) -> Callable:
+    """The chosen way, built (``ways`` hold factories: a way's loop compiles, about a second,
+    only where it runs): known for ``args``' key, or raced among all of them now."""
     key = _key(kind, ways, *args[:3])
     name = _chosen.get(key)
     path = config.cache_dir() / CHOICE_FILE
     if name is None:
         name = json_cache.read_entries(path).get(key)
-    if name not in ways:
-        with _lock:
-            name = race(ways, args)
-        json_cache.store_entry(path, key, name)
+    if name in ways:
+        _chosen[key] = name
+        return ways[name]()
+    built = {n: make() for n, make in ways.items()}
+    with _lock:
+        name = race(built, args)
+    json_cache.store_entry(path, key, name)
     _chosen[key] = name
-    return ways[name]
+    return built[name]
 
 
 def race(ways: dict[str, Callable], args: tuple, reps: int = REPS) -> str:

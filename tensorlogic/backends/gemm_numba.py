@@ -153,6 +153,96 @@ def _compile_epilogue(gemm, itemsize: int, dtype: str):
     return split_epilogue
 
 
+def _compile_packed(compute, itemsize: int, dtype: str):
+    """The split loop whose blocks call ``cblas_?gemm_compute`` with one operand's block
+    packed beforehand (``packed[i]``: its address for block i; ``pack_b``: B's, else A's),
+    finishing their tiles as ``_compile_epilogue``'s do where ``act`` >= 0."""
+    import numba
+
+    from . import mkl
+    from .numba import threads as numba_threads
+
+    numba_threads.configure()
+    finish = _finisher(dtype)
+    packed_flag = mkl.PACKED
+
+    @numba.njit(parallel=True, nogil=True, cache=False)
+    def split_packed(
+        blocks, packed, pack_b, a_ptr, a_sr, ta, lda, b_ptr, b_sc, tb, ldb, c_ptr, c_sr, k,
+        out, bias, res, act, has_res,
+    ):  # fmt: skip
+        for i in numba.prange(blocks.shape[0]):
+            r0, r1 = blocks[i, 1], blocks[i, 2]
+            c0, c1 = blocks[i, 3], blocks[i, 4]
+            pc = c_ptr + (r0 * c_sr + c0) * itemsize
+            if pack_b:
+                pa, fa = a_ptr + r0 * a_sr * itemsize, ta
+                pb, fb = packed[i], packed_flag
+            else:
+                pa, fa = packed[i], packed_flag
+                pb, fb = b_ptr + c0 * b_sc * itemsize, tb
+            compute(_ROW_MAJOR, fa, fb, r1 - r0, c1 - c0, k, pa, lda, pb, ldb, 0.0, pc, c_sr)
+            if act >= 0:
+                finish(out, bias, res, r0, r1, c0, c1, act, has_res)
+
+    return split_packed
+
+
+def _find_compute(dtype: str):
+    """MKL's ``cblas_?gemm_compute`` as numba calls it (pointers as 64-bit integers)."""
+    from . import mkl
+
+    lib = ctypes.CDLL(mkl.loaded_path())
+    fn = getattr(lib, f"cblas_{'s' if dtype == 'float32' else 'd'}gemm_compute")
+    real = ctypes.c_float if dtype == "float32" else ctypes.c_double
+    i, ptr = ctypes.c_int, ctypes.c_int64
+    fn.argtypes = [i] * 6 + [ptr, i, ptr, i, real, ptr, i]
+    fn.restype = None
+    return fn
+
+
+def prepare_packed(A, B, out, blocks: np.ndarray, which: str, unpacked, act=None, res=False):
+    """``call(A, B, out, bias=None, residual=None)``: ``prepare``'s split (``prepare_epilogue``'s
+    where ``act``/``res`` or a bias is given) with the constant operand ``which`` ("A" or "B")
+    packed by MKL once per block shape and place (``mkl.ConstantPacks``) instead of by every
+    block on every call; ``unpacked`` runs where that operand is no plan constant. A (m, k), B
+    (k, n), ``out`` (m, n) C-contiguous, operands ``mkl.can_pack`` takes."""
+    from . import mkl
+
+    dtype = out.dtype.name
+    itemsize = out.itemsize
+    key = ("packed", dtype)
+    loop = build_once(
+        _kernels, key, _lock, lambda: _compile_packed(_find_compute(dtype), itemsize, dtype)
+    )
+    ta, lda = mkl.blas_layout(A)
+    tb, ldb = mkl.blas_layout(B)
+    a_sr, b_sc, k = A.strides[0] // itemsize, B.strides[1] // itemsize, A.shape[1]
+    if which == "B":
+        pieces = [(c0 * b_sc, r1 - r0, c1 - c0, k) for _, r0, r1, c0, c1 in blocks]
+        packs = mkl.ConstantPacks("B", tb, ldb, dtype, pieces)
+    else:
+        pieces = [(r0 * a_sr, r1 - r0, c1 - c0, k) for _, r0, r1, c0, c1 in blocks]
+        packs = mkl.ConstantPacks("A", ta, lda, dtype, pieces)
+    launch = _launcher(loop, blocks)
+    code = ACTIVATIONS[act]  # -1 below: a product alone, no epilogue
+    no_bias, no_residual = np.zeros(1, dtype), np.zeros((1, 1), dtype)
+    n = out.shape[1]
+
+    def call(A, B, out, bias=None, residual=None):
+        addrs = packs.addresses(B if which == "B" else A)
+        if addrs is None:
+            return unpacked(A, B, out) if bias is None else unpacked(A, B, out, bias, residual)
+        launch(
+            addrs, which == "B", A.ctypes.data, a_sr, ta, lda, B.ctypes.data, b_sc, tb, ldb,
+            out.ctypes.data, n, k, out, no_bias if bias is None else bias,
+            residual if res else no_residual, code if bias is not None else -1, res,
+        )  # fmt: skip
+        return out
+
+    return call
+
+
 def _compile_finish(dtype: str):
     """The loop that finishes every tile of a product another call computed whole (MKL on its
     own threads), one block per thread as the split loop's epilogue does."""

@@ -270,7 +270,7 @@ def supports(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
 
 
 _NO_TRANS, _TRANS = 111, 112
-_PACKED, _A_MATRIX, _B_MATRIX = 151, 161, 162  # CBLAS_STORAGE, CBLAS_IDENTIFIER values
+PACKED, _A_MATRIX, _B_MATRIX = 151, 161, 162  # CBLAS_STORAGE, CBLAS_IDENTIFIER values
 
 
 def blas_layout(x: np.ndarray) -> tuple[int, int] | None:
@@ -446,50 +446,76 @@ def can_pack(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> bool:
     )
 
 
-def prepare_packed(A: np.ndarray, B: np.ndarray, out: np.ndarray, which: str = "B"):
-    """``call(A, B, out)`` computing ``A @ B`` on MKL's threads with one operand (``which``,
-    "A" or "B") in MKL's internal packed format (``cblas_?gemm_pack`` once,
-    ``cblas_?gemm_compute`` per call), for operands of these shapes and strides that
-    ``can_pack`` takes. The operand is packed on the first call that passes it, once per plan
-    constant (``constants.constant_root``: its data never changes); a call whose operand is no
-    constant runs the plain MKL call. Packing saves the copy into MKL's panels that every call
-    otherwise makes of a weight."""
-    from . import constants
+class ConstantPacks:
+    """MKL-packed copies of one operand of a product, made the first time a plan constant
+    (``constants.constant_root``: its data never changes) arrives there and kept while it
+    lives, one set per address, so that one prepared call serves every constant of its shapes.
 
-    mkl = _load()
-    plain = prepare(A, B, out)
-    name = out.dtype.name
-    m, k, n = A.shape[0], A.shape[1], B.shape[1]
-    ta, lda = blas_layout(A)
-    tb, ldb = blas_layout(B)
-    ident, trans, ld = (_B_MATRIX, tb, ldb) if which == "B" else (_A_MATRIX, ta, lda)
-    size, pack, compute = mkl.pack_size[name](ident, m, n, k), mkl.pack[name], mkl.compute[name]
-    packs: dict[int, tuple] = {}  # the operand's address -> (weak ref to its constant, packed)
-    lock = threading.Lock()
+    ``pieces`` lists what to pack, each ``(offset, m, n, k)``: the piece starting ``offset``
+    elements into the operand (a block's rows of A or columns of B), packed as the operand of a
+    ``m x n x k`` product (``cblas_?gemm_pack_get_size``: the format depends on all three).
+    ``addresses(x)`` gives the packed pieces' addresses in that order (equal pieces packed once),
+    or None where ``x`` is no constant."""
 
-    def packed(x: np.ndarray) -> np.ndarray | None:
+    def __init__(self, which: str, trans: int, ld: int, dtype: str, pieces) -> None:
+        mkl = _load()
+        self.ident = _A_MATRIX if which == "A" else _B_MATRIX
+        self.trans, self.ld, self.itemsize = trans, ld, np.dtype(dtype).itemsize
+        self.size, self.pack = mkl.pack_size[dtype], mkl.pack[dtype]
+        pieces = [tuple(int(v) for v in p) for p in pieces]
+        self.pieces = sorted(set(pieces))  # blocks of one size and place share a pack
+        self.index = np.array([self.pieces.index(p) for p in pieces], np.int64)
+        self._packs: dict[int, tuple] = {}  # address -> (weak ref to the constant, packs, addrs)
+        self._lock = threading.Lock()
+
+    def addresses(self, x: np.ndarray) -> np.ndarray | None:
+        from . import constants
+
         addr = x.ctypes.data
-        hit = packs.get(addr)
+        hit = self._packs.get(addr)
         if hit is not None and hit[0]() is not None:  # alive: the same data at that address
-            return hit[1]
+            return hit[2]
         root = constants.constant_root(x)
         if root is None:
             return None
-        with lock:
-            for dead in [a for a, (ref, _) in packs.items() if ref() is None]:
-                del packs[dead]
-            raw = np.empty(size + 64, np.uint8)  # MKL's panels want 64-byte alignment
-            buf = raw[-raw.ctypes.data % 64 :][:size]
-            pack(_ROW_MAJOR, ident, trans, m, n, k, 1.0, addr, ld, buf.ctypes.data)
-            packs[addr] = (weakref.ref(root), buf)
+        with self._lock:
+            for dead in [a for a, (ref, *_) in self._packs.items() if ref() is None]:
+                del self._packs[dead]
+            bufs = [self._packed(addr, *piece) for piece in self.pieces]
+            addrs = np.array([b.ctypes.data for b in bufs], np.int64)[self.index]
+            self._packs[addr] = (weakref.ref(root), bufs, addrs)
+        return addrs
+
+    def _packed(self, addr: int, offset: int, m: int, n: int, k: int) -> np.ndarray:
+        size = self.size(self.ident, m, n, k)
+        raw = np.empty(size + 64, np.uint8)  # MKL's panels want 64-byte alignment
+        buf = raw[-raw.ctypes.data % 64 :][:size]
+        src = addr + offset * self.itemsize
+        self.pack(_ROW_MAJOR, self.ident, self.trans, m, n, k, 1.0, src, self.ld, buf.ctypes.data)
         return buf
 
+
+def prepare_packed(A: np.ndarray, B: np.ndarray, out: np.ndarray, which: str = "B"):
+    """``call(A, B, out)`` computing ``A @ B`` on MKL's threads with one operand (``which``,
+    "A" or "B") in MKL's internal packed format (``cblas_?gemm_pack`` once per plan constant,
+    ``ConstantPacks``; ``cblas_?gemm_compute`` per call), for operands ``can_pack`` takes; a
+    call whose operand is no constant runs the plain MKL call. Packing saves the copy into
+    MKL's panels that every call otherwise makes of a weight."""
+    plain = prepare(A, B, out)
+    m, k, n = A.shape[0], A.shape[1], B.shape[1]
+    ta, lda = blas_layout(A)
+    tb, ldb = blas_layout(B)
+    name = out.dtype.name
+    trans, ld = (tb, ldb) if which == "B" else (ta, lda)
+    packs = ConstantPacks(which, trans, ld, name, [(0, m, n, k)])
+    compute = _load().compute[name]
+
     def call(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
-        buf = packed(B if which == "B" else A)
-        if buf is None:
+        addrs = packs.addresses(B if which == "B" else A)
+        if addrs is None:
             return plain(A, B, out)
-        pa, fa = (A.ctypes.data, ta) if which == "B" else (buf.ctypes.data, _PACKED)
-        pb, fb = (buf.ctypes.data, _PACKED) if which == "B" else (B.ctypes.data, tb)
+        pa, fa = (A.ctypes.data, ta) if which == "B" else (int(addrs[0]), PACKED)
+        pb, fb = (int(addrs[0]), PACKED) if which == "B" else (B.ctypes.data, tb)
         compute(_ROW_MAJOR, fa, fb, m, n, k, pa, lda, pb, ldb, 0.0, out.ctypes.data, n)
         return out
 

@@ -132,6 +132,47 @@ def test_what_cannot_be_packed(use_mkl, rng):
     assert not mkl.can_pack(A, B, np.empty((5, 8), np.float32).T)  # out not C-contiguous
 
 
+@needs_mkl
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("which", ["A", "B"])
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("epilogue", [None, "bias", "relu", "gelu", "residual"])
+@pytest.mark.parametrize("parts", [1, 3, 4])
+def test_split_products_on_packed_blocks(use_mkl, rng, dtype, which, trans, epilogue, parts):
+    """Blocks of uneven sizes (shared packs for equal ones), either operand packed, transposed
+    or not, with and without a tile epilogue; a non-constant operand takes the unpacked way."""
+    m, k, n = 70, 45, 100
+    a = rng.standard_normal((k, m) if trans else (m, k)).astype(dtype)
+    b = rng.standard_normal((n, k) if trans else (k, n)).astype(dtype)
+    a, b = (_constant(a), b) if which == "A" else (a, _constant(b))
+    A, B = (a.T, b.T) if trans else (a, b)
+    bias = rng.standard_normal(n).astype(dtype)
+    res = rng.standard_normal((m, n)).astype(dtype) if epilogue == "residual" else None
+    act = None if epilogue in ("bias", "residual") else epilogue
+    blocks = gemm_numba.grid(1, m, n, parts, 8, 16)
+    unpacked = []
+    call = gemm_numba.prepare_packed(
+        A, B, np.empty((m, n), dtype), blocks, which, lambda *args: unpacked.append(args),
+        act, res is not None,
+    )  # fmt: skip
+    want = A.astype(np.float64) @ B
+    if epilogue is not None:
+        want = want + bias + (0 if res is None else res)
+        if act == "relu":
+            want = np.maximum(want, 0)
+        elif act == "gelu":
+            want = 0.5 * want * (1 + np.tanh(np.sqrt(2 / np.pi) * (want + 0.044715 * want**3)))
+    for _ in range(2):
+        out = np.full((m, n), np.nan, dtype)
+        got = call(A, B, out) if epilogue is None else call(A, B, out, bias, res)
+        tol = 1e-5 if act == "gelu" and dtype == "float32" else TOL[dtype]
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+    assert not unpacked
+    free = (A.copy(), B) if which == "A" else (A, B.copy())
+    call(*free, out)
+    assert len(unpacked) == 1
+
+
 # ------------------------------------------------------------------ whole GEMMs, tiles after
 @pytest.mark.parametrize(
     "act, residual", [(None, False), ("relu", False), ("gelu", False), (None, True)]
@@ -190,14 +231,17 @@ def test_a_choice_is_timed_once_and_kept_per_machine(use_mkl, rng, monkeypatch, 
     def split(A, B, out):
         raise AssertionError("the split was not chosen")
 
-    call = gemm_choice.product(A, B, out, split)
-    assert raced == [["split", "whole", "whole packed"]]
+    blocks = gemm_numba.grid(1, 64, 48, 2)
+    call = gemm_choice.product(A, B, out, split, blocks)
+    assert raced == [["split", "split packed", "whole", "whole packed"]]
     _close(call(A, B, out), A.astype(np.float64) @ B, "float32")
-    gemm_choice._chosen.clear()  # a new process: the file answers
-    gemm_choice.product(A, B, out, split)
+    gemm_choice._chosen.clear()  # a new process: the file answers, only "whole" is built
+    for unused in (mkl, gemm_numba):
+        monkeypatch.setattr(unused, "prepare_packed", lambda *a, **k: pytest.fail("built"))
+    gemm_choice.product(A, B, out, split, blocks)
     assert len(raced) == 1 and (tmp_path / gemm_choice.CHOICE_FILE).is_file()
     free = B.copy()  # no constant: another product key, and no packed way offered
-    gemm_choice.product(A, free, out, split)
+    gemm_choice.product(A, free, out, split, blocks)
     assert raced[-1] == ["split", "whole"]
 
 
@@ -206,22 +250,23 @@ def _mlp(rng, w_scale: float):
         "w1": (w_scale * rng.standard_normal((384, 512))).astype(np.float32),
         "b1": rng.standard_normal(512).astype(np.float32),
         "w2": (w_scale * rng.standard_normal((512, 384))).astype(np.float32),
+        "b2": rng.standard_normal(384).astype(np.float32),
     }
     g = tl.EinsumGraph()
     x = g.input("x", (256, 384))
     c = {n: g.constant(v, name=n) for n, v in w.items()}
     h = g.relu(g.einsum("bi,ij->bj", x, c["w1"]) + c["b1"])
-    g.output(g.einsum("bj,jk->bk", h, c["w2"]), name="y")
+    g.output(g.einsum("bj,jk->bk", h, c["w2"]) + c["b2"], name="y")  # a bias-only epilogue
     return g, w
 
 
 def _mlp_want(x, w):
     h = np.maximum(x.astype(np.float64) @ w["w1"] + w["b1"], 0)
-    return h @ w["w2"]
+    return h @ w["w2"] + w["b2"]
 
 
 @needs_mkl
-@pytest.mark.parametrize("forced", ["whole packed", "whole", "split", None])
+@pytest.mark.parametrize("forced", ["whole packed", "split packed", "whole", "split", None])
 @pytest.mark.parametrize("backend", ["numba", "numpy"])
 def test_plans_give_the_same_products_every_way(use_mkl, rng, monkeypatch, forced, backend):
     """Two plans of the same shapes and other weights, called in turn, each on every way a
@@ -241,7 +286,7 @@ def test_plans_give_the_same_products_every_way(use_mkl, rng, monkeypatch, force
             x = rng.standard_normal((256, 384)).astype(np.float32)
             _close(p(x=x)["y"], _mlp_want(x, w), "float32")
     assert gemm_choice._chosen  # the products were chosen for
-    if forced in ("whole packed", "whole"):
+    if forced != "split" and forced is not None:
         assert forced in gemm_choice._chosen.values()
 
 

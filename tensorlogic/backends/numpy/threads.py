@@ -297,9 +297,10 @@ def _dispatch(A: np.ndarray, B: np.ndarray, out: np.ndarray, settings: tuple):
     if SPLIT == "numba" and _gemv_split(A, B, out):  # GEMV blocks: no GEMM packing
         return functools.partial(_gemv_blocks, parts=split_parts(), limit=where != "plan")
     if (SPLIT == "numba" or use_mkl) and _numba_split(A, B, out):
-        split = _blas_limited(gemm_numba.prepare(A, B, out, _grid(nb, m, n)), where)
+        blocks = _grid(nb, m, n)
+        split = _blas_limited(gemm_numba.prepare(A, B, out, blocks), where)
         if use_mkl and gemm_choice.races(A, B, out, settings):
-            return gemm_choice.product(A, B, out, split)
+            return gemm_choice.product(A, B, out, split, blocks)
         return split
     if out.ndim > 3 or not A.shape[:-2] == B.shape[:-2] == out.shape[:-2]:
         # several batch axes (strided views) or a broadcast one: numpy's own loop over them
