@@ -347,8 +347,9 @@ def mkl_splits(nb: int, m: int, n: int, k: int) -> bool:
     loop (True, the default) rather than handed whole to MKL's own threads; TL_MKL_SPLIT
     (``config.mkl_split``) overrides. On the 16-core Xeon host the split matched or beat MKL's
     own threading on six of the seven bench models (causal block 3.67 vs 4.56 ms, MLP 2.92 vs
-    3.02; results/bench_models_16core_mkl.json); the "blas" thread mode, which O3 also times,
-    keeps each product one MKL call on MKL's threads."""
+    3.02; results/bench_models_16core_mkl.json); a large 2-D product is then timed both ways,
+    and with a constant operand packed once, on its first call (``gemm_choice``). The "blas"
+    thread mode, which O3 also times, keeps each product one MKL call on MKL's threads."""
     forced = config.mkl_split()
     return True if forced is None else forced
 
