@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +26,7 @@ import opt_einsum
 
 from .. import config
 from ..ir import pair_layout, pairwise, spec as einspec
+from ..runtime import json_cache
 
 # Cost model for the budget: a conservative rate for the pairwise GEMMs of small networks and a
 # per-pair overhead (transpose/reshape bookkeeping); it only has to get the order of magnitude.
@@ -201,10 +200,7 @@ def _valid_path(path, n: int) -> bool:
 
 
 def _read(file: Path, n: int):
-    try:
-        doc = json.loads(file.read_text())
-    except (OSError, ValueError):
-        return None
+    doc = json_cache.read(file)
     if not isinstance(doc, dict) or not _valid_path(doc.get("path"), n):
         return None
     strategy = doc.get("strategy")
@@ -213,14 +209,7 @@ def _read(file: Path, n: int):
 
 def _write(file: Path, path, strategy: str) -> None:
     """Write atomically; a cache that cannot be written only costs the next process a search."""
-    try:
-        file.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=file.parent, suffix=".tmp")
-        with os.fdopen(fd, "w") as f:
-            json.dump({"path": [list(p) for p in path], "strategy": strategy}, f)
-        os.replace(tmp, file)
-    except OSError:
-        pass
+    json_cache.write(file, {"path": [list(p) for p in path], "strategy": strategy})
 
 
 def find_path(

@@ -10,7 +10,6 @@ uses measured peaks, never datasheet numbers, and pays the measurement once.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -24,6 +23,7 @@ import numpy as np
 
 from .. import config
 from ..errors import TensorLogicError
+from ..runtime import json_cache
 from ..runtime.steps import run_program
 
 CACHE_FILE = "calibration.json"
@@ -128,27 +128,16 @@ def _cache_path() -> Any:
 
 
 def _load_cache() -> dict[str, Any]:
-    try:
-        with open(_cache_path(), encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {}
+    data = json_cache.read(_cache_path())
     if not isinstance(data, dict) or data.get("format") != _FORMAT:
         return {}
     return data
 
 
 def _save_cache(key: str, peaks: Peaks) -> None:
-    path = _cache_path()
     data = _load_cache() or {"format": _FORMAT, "entries": {}}
     data.setdefault("entries", {})[key] = peaks.to_dict()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-        os.replace(tmp, path)  # atomic: concurrent processes never read half a file
-    except OSError:
-        pass  # an unwritable cache only costs a re-measurement next time
+    json_cache.write(_cache_path(), data)  # unwritable: a re-measurement next time
 
 
 class _Timer:
