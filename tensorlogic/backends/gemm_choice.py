@@ -132,11 +132,14 @@ def _choose(kind: str, ways: dict[str, Callable[[], Callable]], args: tuple) -> 
     if name in ways:
         _chosen[key] = name
         return ways[name]()
-    built = {n: make() for n, make in ways.items()}
-    with _lock:
+    with _lock:  # one race at a time; a call that waited here finds the choice made
+        name = _chosen.get(key)
+        if name in ways:
+            return ways[name]()
+        built = {n: make() for n, make in ways.items()}
         name = race(built, args)
-    json_cache.store_entry(path, key, name)
-    _chosen[key] = name
+        json_cache.store_entry(path, key, name)
+        _chosen[key] = name
     return built[name]
 
 

@@ -300,3 +300,34 @@ def test_no_race_when_the_split_setting_is_set(use_mkl, rng, monkeypatch):
     x = rng.standard_normal((256, 384)).astype(np.float32)
     _close(plan(x=x)["y"], _mlp_want(x, w), "float32")
     assert not gemm_choice._chosen
+
+
+@needs_mkl
+def test_concurrent_first_calls_race_once(use_mkl, rng, monkeypatch):
+    import threading
+
+    raced = []
+
+    def slow_race(ways, args):
+        raced.append(1)
+        time.sleep(0.05)
+        return "whole"
+
+    monkeypatch.setattr(gemm_choice, "race", slow_race)
+    A = rng.standard_normal((64, 32)).astype(np.float32)
+    B = rng.standard_normal((32, 48)).astype(np.float32)
+    outs = [np.empty((64, 48), np.float32) for _ in range(4)]
+    blocks = gemm_numba.grid(1, 64, 48, 2)
+    calls = []
+
+    def first_call(out):
+        calls.append(gemm_choice.product(A, B, out, None, blocks))
+
+    threads = [threading.Thread(target=first_call, args=(o,)) for o in outs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(raced) == 1 and len(calls) == 4
+    for call, out in zip(calls, outs):
+        _close(call(A, B, out), A.astype(np.float64) @ B, "float32")
