@@ -465,7 +465,7 @@ class ConstantPacks:
         pieces = [tuple(int(v) for v in p) for p in pieces]
         self.pieces = sorted(set(pieces))  # blocks of one size and place share a pack
         self.index = np.array([self.pieces.index(p) for p in pieces], np.int64)
-        self._packs: dict[int, tuple] = {}  # address -> (weak ref to the constant, packs, addrs)
+        self._packs: dict[int, tuple] = {}  # address -> (weak ref to its constant, packs, addrs)
         self._lock = threading.Lock()
 
     def addresses(self, x: np.ndarray) -> np.ndarray | None:
@@ -479,12 +479,21 @@ class ConstantPacks:
         if root is None:
             return None
         with self._lock:
-            for dead in [a for a, (ref, *_) in self._packs.items() if ref() is None]:
-                del self._packs[dead]
             bufs = [self._packed(addr, *piece) for piece in self.pieces]
             addrs = np.array([b.ctypes.data for b in bufs], np.int64)[self.index]
-            self._packs[addr] = (weakref.ref(root), bufs, addrs)
+            # the packs go when the constant does (a deleted plan's weights are not held here)
+            self._packs[addr] = (weakref.ref(root, self._forget_at(addr)), bufs, addrs)
         return addrs
+
+    def _forget_at(self, addr: int):
+        owner = weakref.ref(self)
+
+        def forget(ref: weakref.ref) -> None:
+            packs = owner()
+            if packs is not None and packs._packs.get(addr, (None,))[0] is ref:
+                packs._packs.pop(addr, None)
+
+        return forget
 
     def _packed(self, addr: int, offset: int, m: int, n: int, k: int) -> np.ndarray:
         size = self.size(self.ident, m, n, k)

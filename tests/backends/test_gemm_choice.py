@@ -119,6 +119,19 @@ def test_a_dead_constants_pack_is_not_reused(use_mkl, rng):
 
 
 @needs_mkl
+def test_packs_go_with_their_constant(use_mkl, rng):
+    w = _constant(rng.standard_normal((24, 32)).astype(np.float32))
+    packs = mkl.ConstantPacks("B", 111, 32, "float32", [(0, 16, 32, 24)])
+    assert packs.addresses(w) is not None and len(packs._packs) == 1
+    keep = _constant(rng.standard_normal((24, 32)).astype(np.float32))
+    packs.addresses(keep)
+    del w
+    gc.collect()
+    assert list(packs._packs) == [keep.ctypes.data]  # the dead one's packs are freed
+    assert packs.addresses(keep) is not None
+
+
+@needs_mkl
 def test_what_cannot_be_packed(use_mkl, rng):
     A = rng.standard_normal((8, 6)).astype(np.float32)
     B = rng.standard_normal((6, 5)).astype(np.float32)
@@ -331,3 +344,24 @@ def test_concurrent_first_calls_race_once(use_mkl, rng, monkeypatch):
     assert len(raced) == 1 and len(calls) == 4
     for call, out in zip(calls, outs):
         _close(call(A, B, out), A.astype(np.float64) @ B, "float32")
+
+
+@needs_mkl
+def test_whole_products_under_the_whole_setting_finish_on_numbas_threads(use_mkl, rng, monkeypatch):
+    """TL_MKL_SPLIT=0: each product one MKL call; an epilogue pair's bias and ReLU run on the
+    tile loop, not as numpy ufuncs on the calling thread afterwards."""
+    monkeypatch.setenv("TL_MKL_SPLIT", "0")
+    monkeypatch.setattr(cpu_threads, "split_parts", lambda: 3)
+    monkeypatch.setattr(
+        cpu_threads, "_matmul_then_epilogue", lambda *a, **k: pytest.fail("numpy epilogue")
+    )
+    finished = []
+    real = gemm_numba.then_epilogue
+    monkeypatch.setattr(
+        gemm_numba, "then_epilogue", lambda *a, **k: finished.append(a[3]) or real(*a, **k)
+    )
+    g, w = _mlp(rng, 0.05)
+    plan = tl.compile(g, backend="numba", cache=False)
+    x = rng.standard_normal((256, 384)).astype(np.float32)
+    _close(plan(x=x)["y"], _mlp_want(x, w), "float32")
+    assert sorted(finished, key=str) == [None, "relu"]  # both layers' epilogues

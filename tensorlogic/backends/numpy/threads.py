@@ -167,9 +167,10 @@ def matmul_epilogue(
     (m, n) C-contiguous, ``bias`` (n,), ``act`` None, "relu" or "gelu"; a residual only
     without an activation): GEMM blocks that each finish their own tile while it is in cache
     (``gemm_numba.prepare_epilogue``), split over the threads like ``parallel_matmul``'s.
-    Where that loop is unavailable (no CBLAS entry, MKL whole on its own threads, dtypes it
-    does not take) or the product is a matrix-vector one, the product runs as
-    ``parallel_matmul`` and the epilogue after it."""
+    With MKL whole on its own threads (TL_MKL_SPLIT=0, or as ``gemm_choice`` timed it) the
+    same tiles are finished on numba's threads after the product. Where the loop is
+    unavailable (no CBLAS entry, dtypes it does not take) or the product is a matrix-vector
+    one, the product runs as ``parallel_matmul`` and the epilogue after it."""
     settings = _CALL.get() or _settings("free")
     key = ("epilogue", A.shape, A.strides, A.dtype, B.shape, B.strides, B.dtype, out.shape)
     key += (out.strides, out.dtype, bias.dtype, act, residual is not None, settings)
@@ -189,12 +190,15 @@ def _dispatch_epilogue(A, B, out, bias, residual, act, settings: tuple):
         and min(m, n) > 1  # a matrix-vector product keeps its GEMV blocks (no GEMM packing)
         and dtypes == {out.dtype}
         and _numba_split(A, B, out)
-        and not (mkl.available() and config.mkl_split() is False)
     )
-    if not usable:
+    whole = mkl.available() and settings[2] is False  # TL_MKL_SPLIT=0: MKL's threads
+    if not usable or (whole and not out.flags.c_contiguous):
         return functools.partial(_matmul_then_epilogue, act=act)
     small = where == "own" or 2 * m * n * k < MIN_SPLIT_FLOPS
     blocks = _grid_of(1, m, n, 1 if small else split_parts())
+    if whole:  # the product whole, then its tiles on numba's threads (not numpy on one)
+        product = mkl.prepare(A, B, out)
+        return gemm_numba.then_epilogue(product, blocks, out.dtype.name, act, residual is not None)
     split = _blas_limited(
         gemm_numba.prepare_epilogue(A, B, out, blocks, act, residual is not None), where
     )
