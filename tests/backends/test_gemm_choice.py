@@ -365,3 +365,45 @@ def test_whole_products_under_the_whole_setting_finish_on_numbas_threads(use_mkl
     x = rng.standard_normal((256, 384)).astype(np.float32)
     _close(plan(x=x)["y"], _mlp_want(x, w), "float32")
     assert sorted(finished, key=str) == [None, "relu"]  # both layers' epilogues
+
+
+@needs_mkl
+@pytest.mark.parametrize("how", ["threads=blas", "TL_MKL_SPLIT=0"])
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+def test_whole_products_pack_their_constant_weights(use_mkl, rng, monkeypatch, how, backend):
+    """Products that run whole on MKL's threads (the "blas" thread mode, TL_MKL_SPLIT=0) read
+    a constant weight packed once; one plan's weights and another's stay apart."""
+    options = {}
+    if how == "threads=blas":
+        options["threads"] = "blas"
+    else:
+        monkeypatch.setenv("TL_MKL_SPLIT", "0")
+    packed = []
+    real = mkl.prepare_packed
+    monkeypatch.setattr(mkl, "prepare_packed", lambda *a: packed.append(a[3]) or real(*a))
+    (g1, w1), (g2, w2) = _mlp(rng, 0.05), _mlp(rng, -0.1)
+    p1 = tl.compile(g1, backend=backend, cache=False, **options)
+    p2 = tl.compile(g2, backend=backend, cache=False, **options)
+    for _ in range(2):
+        for p, w in ((p1, w1), (p2, w2)):
+            x = rng.standard_normal((256, 384)).astype(np.float32)
+            _close(p(x=x)["y"], _mlp_want(x, w), "float32")
+    assert packed and set(packed) == {"B"}
+
+
+@needs_mkl
+@pytest.mark.parametrize("constant", ["A", "B", "both", "neither"])
+def test_whole_calls_pack_the_operand_that_is_constant(use_mkl, rng, monkeypatch, constant):
+    a = rng.standard_normal((48, 40)).astype(np.float64)
+    b = rng.standard_normal((40, 56)).astype(np.float64)
+    A = _constant(a) if constant in ("A", "both") else a
+    B = _constant(b) if constant in ("B", "both") else b
+    out = np.empty((48, 56))
+    packed = []
+    real = mkl.prepare_packed
+    monkeypatch.setattr(mkl, "prepare_packed", lambda *x: packed.append(x[3]) or real(*x))
+    call = mkl.prepare_whole(A, B, out)
+    _close(call(A, B, out), a @ b, "float64")
+    assert packed == [{"A": "A", "both": "B"}.get(constant, "B")]
+    assert mkl.prepare_whole(A[None], B[None], out[None]) is not None  # batches: plain calls
+    assert len(packed) == 1

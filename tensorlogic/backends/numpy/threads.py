@@ -197,7 +197,7 @@ def _dispatch_epilogue(A, B, out, bias, residual, act, settings: tuple):
     small = where == "own" or 2 * m * n * k < MIN_SPLIT_FLOPS
     blocks = _grid_of(1, m, n, 1 if small else split_parts())
     if whole:  # the product whole, then its tiles on numba's threads (not numpy on one)
-        product = mkl.prepare(A, B, out)
+        product = mkl.prepare_whole(A, B, out)
         return gemm_numba.then_epilogue(product, blocks, out.dtype.name, act, residual is not None)
     split = _blas_limited(
         gemm_numba.prepare_epilogue(A, B, out, blocks, act, residual is not None), where
@@ -292,7 +292,7 @@ def _dispatch(A: np.ndarray, B: np.ndarray, out: np.ndarray, settings: tuple):
     threads = helpers + 1
     blas_own = where == "own"
     if use_mkl and (blas_own or threads == 1 or not mkl_splits(nb, m, n, k)):
-        return mkl.prepare(A, B, out)  # on MKL's threads: numba's OpenMP pool
+        return mkl.prepare_whole(A, B, out)  # on MKL's threads: numba's OpenMP pool
     if blas_own or threads == 1:
         return _np_matmul
     if A.ndim < out.ndim or B.ndim < out.ndim:  # leading 1s broadcast like numpy's (views)
@@ -367,7 +367,7 @@ def whole_matmul(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> np.ndarray:
     call = _DISPATCH.get(key)
     if call is None:
         use = mkl.available() and mkl.supports(A, B, out) and out.flags.c_contiguous
-        call = _remember(key, mkl.prepare(A, B, out) if use else _np_matmul)
+        call = _remember(key, mkl.prepare_whole(A, B, out) if use else _np_matmul)
     return call(A, B, out)
 
 
