@@ -249,6 +249,31 @@ def _prepare_operand(
     return target, prep
 
 
+@dataclass(frozen=True, eq=False)
+class _Groups:
+    """A contracting pair's letters: the operands' terms ``a`` and ``b``, the ``batch`` letters
+    both keep, the ``contr`` letters summed, each operand's own letters (``left`` of a,
+    ``right`` of b), in the order the product lays them out, and every letter's size."""
+
+    a: str
+    b: str
+    batch: list[str]
+    contr: list[str]
+    left: list[str]
+    right: list[str]
+    sizes: dict[str, int]
+
+    def flipped(self) -> "_Groups":
+        """The same pair with the operands exchanged (C^T = B^T A^T)."""
+        return _Groups(self.b, self.a, self.batch, self.contr, self.right, self.left, self.sizes)
+
+    def counts(self) -> tuple[int, int, int, int]:
+        """(batch, rows, cols, contracted) sizes of the pair's GEMMs."""
+        size = self.sizes
+        groups = (self.batch, self.left, self.right, self.contr)
+        return tuple(math.prod(size[c] for c in g) for g in groups)  # type: ignore[return-value]
+
+
 def _pair(
     a: str,
     b: str,
@@ -330,35 +355,19 @@ def _pair(
 
         return result, rdt, dot, flops
 
-    lay = _merged_layout(a, b, batch, contr, left, right, sizes)
+    groups = _Groups(a, b, batch, contr, left, right, sizes)
+    lay = _merged_layout(groups)
     # an intermediate's reader, for its letter order (floats: the integer products are einsums)
     usable = consumer is not None and out_order is None and np.dtype(rdt).kind in "fc"
     reader = consumer if usable else None
     if chooser is not None:
         picked = _choose_layout(
-            a,
-            b,
-            batch,
-            contr,
-            left,
-            right,
-            sizes,
-            out_order,
-            (da, db),
-            rdt,
-            scr,
-            matmul,
-            chooser,
-            flops,
-            lay,
-            reader,
+            groups, out_order, (da, db), rdt, scr, matmul, chooser, flops, lay, reader
         )
         if picked is not None:
             result, fn = picked
             return result, rdt, (_swapped(fn) if swap else fn), flops
-    result, fn = _gemm(
-        a, b, batch, contr, left, right, sizes, out_order, (da, db), rdt, scr, matmul, lay, reader
-    )
+    result, fn = _gemm(groups, out_order, (da, db), rdt, scr, matmul, lay, reader)
     return result, rdt, (_swapped(fn) if swap else fn), flops
 
 
@@ -404,13 +413,7 @@ def _consumer_order(natural: str, rows: str, cols: str, consumer: _Consumer | No
 
 
 def _choose_layout(
-    a,
-    b,
-    batch,
-    contr,
-    left,
-    right,
-    sizes,
+    groups: _Groups,
     out_order,
     dts,
     rdt,
@@ -425,17 +428,19 @@ def _choose_layout(
     None for the merged layout as planned: the merged (copying where needed) or the strided
     layout, each in both orientations (C = A B, or C^T = B^T A^T through the same BLAS call
     with the roles exchanged, which differs in speed for skinny products)."""
+    a, b, sizes, contr = groups.a, groups.b, groups.sizes, groups.contr
     size = _itemsize(rdt)
-    nb = math.prod(sizes[c] for c in batch)
-    copies = sum(_gemm_copies(a, b, batch, contr, left, right, sizes, lay))
+    nb = groups.counts()[0]
+    copies = sum(_gemm_copies(groups, lay))
     if not copies and pair_layout.estimate_ns(0, nb, flops) < pair_layout.MEASURE_MIN_NS:
         return None  # no copy to save, too small to time the orientations: as planned
-    flipped = (b, a, batch, contr, right, left, sizes)
-    cands = []  # (estimate, flipped, strided layout or None, result term)
-    for flip, args in ((False, (a, b, batch, contr, left, right, sizes)), (True, flipped)):
-        res = "".join(batch + args[4] + args[5])  # batch + the first operand's free + ...
+    cands = []  # (flipped, strided layout or None, result term, elements copied, calls)
+    for flip, g in ((False, groups), (True, groups.flipped())):
+        res = "".join(g.batch + g.left + g.right)  # batch + the first operand's free + ...
         cands.append((flip, None, res, copies, nb))
-        sp = pair_layout.strided_pair(*args) if copies else None
+        sp = None
+        if copies:
+            sp = pair_layout.strided_pair(g.a, g.b, g.batch, g.contr, g.left, g.right, sizes)
         if sp is not None:
             cands.append((flip, sp, sp.result, 0, sp.calls))
     if out_order is not None:
@@ -451,15 +456,13 @@ def _choose_layout(
 
     def build(i: int, s: _Scratch):
         flip, sp, _res, _c, _n = cands[i]
-        x, y, dx, dy = (b, a, dts[1], dts[0]) if flip else (a, b, dts[0], dts[1])
-        lx, ly = (right, left) if flip else (left, right)
         if sp is not None:
             res, fn = _strided(sp, out_order, sizes, rdt, s, matmul, reader)
+        elif flip:  # the flipped pair has its own layout
+            g, fdts = groups.flipped(), (dts[1], dts[0])
+            res, fn = _gemm(g, out_order, fdts, rdt, s, matmul, None, reader)
         else:
-            same = lay if not flip else None  # the flipped pair has its own layout
-            res, fn = _gemm(
-                x, y, batch, contr, lx, ly, sizes, out_order, (dx, dy), rdt, s, matmul, same, reader
-            )
+            res, fn = _gemm(groups, out_order, dts, rdt, s, matmul, lay, reader)
         return res, (_swapped(fn) if flip else fn)
 
     def trial(i: int):
@@ -508,9 +511,11 @@ class _Merged:
     unit_b: bool
 
 
-def _merged_layout(a: str, b: str, batch, contr, left, right, sizes) -> _Merged:
+def _merged_layout(groups: _Groups) -> _Merged:
     """The merged layout of a pair (planned once per pair: both the choice between layouts and
     the program read it)."""
+    a, b, batch, contr = groups.a, groups.b, groups.batch, groups.contr
+    left, right, sizes = groups.left, groups.right, groups.sizes
     a_lc = _first_layout(a, [batch, left, contr], [batch, contr, left])
     b_cr = _first_layout(b, [batch, contr, right], [batch, right, contr])
     order_a = batch + (left + contr if a_lc else contr + left)
@@ -533,10 +538,10 @@ def _merged_layout(a: str, b: str, batch, contr, left, right, sizes) -> _Merged:
     )
 
 
-def _gemm_copies(a: str, b: str, batch, contr, left, right, sizes, lay=None) -> tuple[int, int]:
+def _gemm_copies(groups: _Groups, lay: _Merged | None = None) -> tuple[int, int]:
     """Elements of each operand copied into the merged (batch, rows, cols) matmul layout."""
-    lay = lay or _merged_layout(a, b, batch, contr, left, right, sizes)
-    nb, nl, nr, nc = (math.prod(sizes[c] for c in g) for g in (batch, left, right, contr))
+    lay = lay or _merged_layout(groups)
+    nb, nl, nr, nc = groups.counts()
     return (
         0 if lay.view_a and lay.unit_a else nb * nl * nc,
         0 if lay.view_b and lay.unit_b else nb * nc * nr,
@@ -598,13 +603,7 @@ def _strided(
 
 
 def _gemm(
-    a: str,
-    b: str,
-    batch,
-    contr,
-    left,
-    right,
-    sizes,
+    groups: _Groups,
     out_order,
     dts,
     rdt,
@@ -617,17 +616,18 @@ def _gemm(
     each operand that is not a view of that layout (``lay``: the pair's ``_merged_layout``).
     ``reader``: the pair that reads the result; where it reads another letter order than
     batch + left + right as a view (``_consumer_order``), the GEMMs write that order."""
+    batch, left, right, sizes = groups.batch, groups.left, groups.right, groups.sizes
     want = _consumer_order("".join(batch + left + right), "".join(left), "".join(right), reader)
     if want is not None:
-        return _gemm_into(a, b, batch, contr, left, right, sizes, dts, rdt, scr, matmul, lay, want)
+        return _gemm_into(groups, dts, rdt, scr, matmul, lay, want)
     da, db = dts
     result = "".join(batch + left + right)
     res_shape = tuple(sizes[c] for c in result)
     direct = out_order is not None and out_order == result
     k_res = -1 if direct else scr.add(res_shape, rdt, value=True)
-    nb, nl, nr, nc = (math.prod(sizes[c] for c in g) for g in (batch, left, right, contr))
+    nb, nl, nr, nc = groups.counts()
     # per operand the matrix layout that is a view of its memory
-    lay = lay or _merged_layout(a, b, batch, contr, left, right, sizes)
+    lay = lay or _merged_layout(groups)
     a_lc, b_cr = lay.a_lc, lay.b_cr
     ops_ = _plan_operands(lay, nb, nl, nr, nc, dts, scr)
     k_a, k_b, tr_a, tr_b = ops_.k_a, ops_.k_b, ops_.tr_a, ops_.tr_b
@@ -695,20 +695,20 @@ def _plan_operands(lay: _Merged, nb: int, nl: int, nr: int, nc: int, dts, scr) -
     return _Operands(shp_a, shp_b, k_a, k_b, tr_a, tr_b)
 
 
-def _gemm_into(a, b, batch, contr, left, right, sizes, dts, rdt, scr, matmul, lay, want: str):
+def _gemm_into(groups: _Groups, dts, rdt, scr, matmul, lay, want: str):
     """``_gemm`` of an intermediate written in the letter order ``want``: a buffer of that
     order, seen through a transpose as (*batch, rows, cols) with the columns innermost, so that
     each GEMM writes its block with a row stride (batch axes stay apart: any strides)."""
     da, db = dts
+    sizes = groups.sizes
     shape = tuple(sizes[c] for c in want)
     k_res = scr.add(shape, rdt, value=True)
-    order = batch + left + right
+    order = groups.batch + groups.left + groups.right
     perm = [want.index(c) for c in order]
-    nl, nr, nc = (math.prod(sizes[c] for c in g) for g in (left, right, contr))
-    bshape = tuple(sizes[c] for c in batch)
+    nb, nl, nr, nc = groups.counts()
+    bshape = tuple(sizes[c] for c in groups.batch)
     mm_shape = (*bshape, nl, nr)
-    lay = lay or _merged_layout(a, b, batch, contr, left, right, sizes)
-    nb = math.prod(bshape)
+    lay = lay or _merged_layout(groups)
     ops_ = _plan_operands(lay, nb, nl, nr, nc, dts, scr)
     small = 2 * nb * nl * nr * nc < getattr(matmul, "min_flops", 0)
     host_mm = np.matmul if matmul is None or small else matmul  # floats only (``_pair``)
