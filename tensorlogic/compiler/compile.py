@@ -230,9 +230,10 @@ def _build_plan(
         steps.append(step.evolve(changes) if changes else step)
         return True
 
-    # contractions the backend runs together with their only consumer (cuBLASLt epilogues)
+    # contractions the backend runs together with their only consumer (cuBLASLt epilogues,
+    # GEMM-block epilogues on the CPU): a fusion, so from O2 (O0 and O1 run nodes as written)
     views = frozenset(nid for nid, b in bufs.items() if b.view_of is not None)
-    pairs = backend.epilogue_pairs(optimized, order, views)
+    pairs = backend.epilogue_pairs(optimized, order, views) if opt_level >= 2 else {}
     folded = {p.gemm for p in pairs.values()}
     for nid in order:
         if nodes[nid].kind in (ops.INPUT, ops.CONSTANT) or nid in folded:

@@ -241,7 +241,8 @@ def test_compiler_folds_pairs_into_one_step(host_pairs, dtype):
     g = _block(dtype)
     compiled = tl.compile(g, backend=host_pairs, cache=False)
     plan = compiled.specialize()
-    ref_plan = tl.compile(g, backend="numpy", cache=False)
+    # the reference without pairs: the numpy backend runs its own GEMM-block pairs in "pool"
+    ref_plan = tl.compile(g, backend="numpy", cache=False, threads="blas")
     ref = ref_plan.specialize()
     text = str(compiled)
     assert text.count("cuBLASLt epilogue") == 3, text
@@ -270,7 +271,7 @@ def test_backend_without_pairs_keeps_both_steps(host_pairs):
     try:
         g = _block("float32")
         compiled = tl.compile(g, backend=_Declines.name, cache=False)
-        ref_plan = tl.compile(g, backend="numpy", cache=False)
+        ref_plan = tl.compile(g, backend="numpy", cache=False, threads="blas")  # no pairs
         plan, ref = compiled.specialize(), ref_plan.specialize()
         assert "cuBLASLt" not in plan.table()
         assert [s.label for s in plan.steps] == [s.label for s in ref.steps]

@@ -1,6 +1,7 @@
-"""GEMM epilogues on the numba backend: a contraction and its bias (+ ReLU / GELU, or +
+"""GEMM epilogues on the CPU backends: a contraction and its bias (+ ReLU / GELU, or +
 residual) consumer run as one step of GEMM blocks that each finish their own tile
-(``gemm_numba.prepare_epilogue``, ``threads.matmul_epilogue``), checked against numpy."""
+(``gemm_numba.prepare_epilogue``, ``threads.matmul_epilogue``), checked against the numpy
+backend at O0, which runs every node as written."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def _graph(rng, m, n, k, act, dtype, x_t=False, w_t=False, residual=False, lead=
 def _check(g, feed, dtype, expect_epilogue=True, **opts):
     plan = tl.compile(g, backend="numba", cache=False, **opts)
     got = plan(**feed)["y"]
-    want = tl.compile(g, backend="numpy", cache=False)(**feed)["y"]
+    want = tl.compile(g, backend="numpy", opt_level=0, cache=False)(**feed)["y"]
     scale = max(1.0, float(np.abs(want).max()))
     np.testing.assert_allclose(got, want, rtol=TOL[dtype], atol=TOL[dtype] * scale)
     infos = [s.info for s in plan.steps]
@@ -82,7 +83,7 @@ def test_nan_and_inf_propagate_like_numpy(rng):
     feed["x"][3, 2] = np.nan
     feed["x"][5, :] = np.inf
     plan = tl.compile(g, backend="numba", cache=False)
-    want = tl.compile(g, backend="numpy", cache=False)(**feed)["y"]
+    want = tl.compile(g, backend="numpy", opt_level=0, cache=False)(**feed)["y"]
     got = plan(**feed)["y"]
     np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
     ok = np.isfinite(want)
@@ -148,7 +149,7 @@ def test_epilogue_property(m, n, k, act, dtype, x_t, w_t, seed):
     rng = np.random.default_rng(seed)
     g, feed = _graph(rng, m, n, k, act, dtype, x_t, w_t)
     plan = tl.compile(g, backend="numba", cache=False)
-    want = tl.compile(g, backend="numpy", cache=False)(**feed)["y"]
+    want = tl.compile(g, backend="numpy", opt_level=0, cache=False)(**feed)["y"]
     scale = max(1.0, float(np.abs(want).max()))
     np.testing.assert_allclose(plan(**feed)["y"], want, rtol=TOL[dtype], atol=TOL[dtype] * scale)
 
@@ -170,7 +171,7 @@ def test_matrix_vector_products_keep_their_gemv_path(rng, monkeypatch, m, n):
 @pytest.mark.parametrize("layout", ["arena view", "strided"])
 def test_step_writes_views_in_place_and_strided_outputs_back(rng, layout):
     from tensorlogic.backends import epilogue
-    from tensorlogic.backends.numba.backend import _epilogue_kernel
+    from tensorlogic.backends.numpy.backend import _epilogue_kernel
 
     m, n, k = 48, 40, 24
     pair = epilogue.Epilogue(1, 2, (0, 1, 3), "relu", False, m, n, k, False, False)
@@ -185,3 +186,18 @@ def test_step_writes_views_in_place_and_strided_outputs_back(rng, layout):
     got = _epilogue_kernel(pair, 0, "").fn([x, w, b], out)
     assert got is out
     np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("act", [None, "relu", "gelu", "residual"])
+@pytest.mark.parametrize("backend", ["numpy", "numba"])
+@pytest.mark.parametrize("opt_level", [0, 1, 2])
+def test_pairs_are_a_fusion_of_o2(rng, act, backend, opt_level):
+    """From O2 (O0 and O1 run nodes as written); on the numpy backend bias, ReLU and residual
+    (exact), GELU only on numba (its blocks compute it through the fast exp)."""
+    residual = act == "residual"
+    g, feed = _graph(rng, 96, 80, 48, None if residual else act, "float32", residual=residual)
+    plan = tl.compile(g, backend=backend, opt_level=opt_level, cache=False)
+    want = tl.compile(g, backend="numpy", opt_level=0, cache=False)(**feed)["y"]
+    np.testing.assert_allclose(plan(**feed)["y"], want, rtol=2e-5, atol=2e-5 * np.abs(want).max())
+    paired = any("GEMM-block epilogue" in s.info for s in plan.steps)
+    assert paired == (opt_level >= 2 and (backend == "numba" or act != "gelu"))

@@ -33,9 +33,9 @@ def _mlp(rng, batch: int, width: int, layers: int, dtype: str = "float32"):
 @pytest.mark.parametrize("threshold", [0, 1 << 30])  # parallel and serial kernels
 def test_bias_relu_runs_in_place_over_the_gemm_result(threshold, monkeypatch):
     # the bias + ReLU as a step of its own (not inside its GEMM's blocks, the default)
-    from tensorlogic.backends.numba import backend as numba_backend
+    from tensorlogic.backends.numpy import backend as numpy_backend  # the CPU backends' pairs
 
-    monkeypatch.setattr(numba_backend, "FUSE_EPILOGUES", False)
+    monkeypatch.setattr(numpy_backend, "FUSE_EPILOGUES", False)
     rng = _rng(1)
     g = _mlp(rng, 64, 96, 3)
     x = rng.standard_normal((64, 96)).astype(np.float32)

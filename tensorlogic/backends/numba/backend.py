@@ -25,10 +25,9 @@ from ... import dtypes
 from ...errors import BackendError
 from ...ir import ops
 from ...ir.fused import FusedBody, FusedOp
-from .. import epilogue, gemm_numba, widen
+from .. import widen
 from ..base import Capabilities, PreparedKernel
 from ..inputs import strided_copy_bytes
-from ..numpy import threads as cpu_threads
 from ..numpy.backend import NumpyBackend
 from . import cache as numba_cache, rowgrad, threads as numba_threads
 from .codegen import generates, render
@@ -134,35 +133,6 @@ def _attention_kernel(node, in_nodes, fast: bool):
     return attention_kernel(node, in_nodes, exp_rows(compute_dtype(node.dtype)))
 
 
-# a contraction's bias (+ GELU / ReLU, or + residual) consumer runs inside its GEMM blocks
-FUSE_EPILOGUES = True
-EPILOGUE_DTYPES = ("float32", "float64")
-
-
-def _epilogue_kernel(pair: epilogue.Epilogue, flops: int, info: str) -> PreparedKernel:
-    """The step of a contraction and its bias (+ activation or residual) consumer: GEMM
-    blocks that each finish their tile (``cpu_threads.matmul_epilogue``)."""
-    m, n, k = pair.m, pair.n, pair.k
-    x_t, w_t, act = pair.x_transposed, pair.w_transposed, pair.activation
-
-    def kernel(args, out):
-        x, w, bias = args[0], args[1], args[2]
-        a = x.reshape(k, m).T if x_t else x.reshape(m, k)
-        res = args[3].reshape(m, n) if pair.residual else None
-        # plan buffers are C-contiguous: the blocks write the result in place; a strided
-        # output gets it through a buffer
-        strided = not out.flags.c_contiguous
-        o = np.empty((m, n), out.dtype) if strided else out.reshape(m, n)
-        cpu_threads.matmul_epilogue(a, w.T if w_t else w, o, bias.reshape(n), res, act)
-        if strided:
-            out[...] = o.reshape(out.shape)
-        return out
-
-    split = pair.gemm_flops >= cpu_threads.MIN_SPLIT_FLOPS
-    threads = cpu_threads.split_parts() if split else 1
-    return PreparedKernel(kernel, flops=flops, threads=threads, info=info)
-
-
 class NumbaBackend(NumpyBackend):
     """Generated, parallel numba kernels; memory and input handling are the numpy backend's."""
 
@@ -232,24 +202,10 @@ class NumbaBackend(NumpyBackend):
             # fused node may be huge): numpy's kernel computes the same without compiling
             return NumpyBackend.prepare(self, step, node, in_nodes, graph)
 
-    def epilogue_pairs(self, graph, order, views):
-        """Contractions whose bias (+ GELU / ReLU, or + residual) consumer runs inside the GEMM's
-        blocks (``epilogue.find``): in the "pool" thread mode, where products are split over
-        numba's loop; GELU only with ``fast_math`` (the blocks compute it through the fast exp);
-        not for matrix-vector products, which run as GEMV blocks (no GEMM packing)."""
-        if not FUSE_EPILOGUES or self.thread_mode != "pool" or not gemm_numba.available():
-            return {}
-        pairs = epilogue.find(graph, order, views, EPILOGUE_DTYPES)
-        return {
-            c: p
-            for c, p in pairs.items()
-            if min(p.m, p.n) > 1 and (self.fast_math or p.activation != "gelu")
-        }
-
-    def prepare_epilogue(self, step, pair, graph):
-        """One step for a contraction and its epilogue (``_epilogue_kernel``)."""
-        info = pair.describe(graph.node(pair.gemm).name, "GEMM-block")
-        return _epilogue_kernel(pair, pair.gemm_flops + step.flops, info)
+    def _epilogue_activations(self) -> tuple:
+        """GELU too, with ``fast_math``: the blocks compute it through the fast exp, as the
+        fused kernels do."""
+        return (None, "relu", "gelu") if self.fast_math else (None, "relu")
 
     def kernel_for(
         self,

@@ -14,7 +14,7 @@ from ...dtypes import SUPPORTED
 from ...errors import BackendError, InputError
 from ...ir import ops, pair_layout
 from ...ir.fused import FusedBody, FusedOp
-from .. import kernels, widen
+from .. import epilogue, gemm_numba, kernels, widen
 from ..base import Backend, Capabilities, PlanRunner, PreparedKernel, register_backend
 from ..inputs import plain_host_array
 from . import host_pool, threads as cpu_threads
@@ -93,6 +93,35 @@ def step_gemms(plan) -> list:
     return found
 
 
+# a contraction's bias (+ ReLU, GELU on numba, or + residual) consumer runs in its GEMM blocks
+FUSE_EPILOGUES = True
+EPILOGUE_DTYPES = ("float32", "float64")
+
+
+def _epilogue_kernel(pair: epilogue.Epilogue, flops: int, info: str) -> PreparedKernel:
+    """The step of a contraction and its bias (+ activation or residual) consumer: GEMM
+    blocks that each finish their tile (``cpu_threads.matmul_epilogue``)."""
+    m, n, k = pair.m, pair.n, pair.k
+    x_t, w_t, act = pair.x_transposed, pair.w_transposed, pair.activation
+
+    def kernel(args, out):
+        x, w, bias = args[0], args[1], args[2]
+        a = x.reshape(k, m).T if x_t else x.reshape(m, k)
+        res = args[3].reshape(m, n) if pair.residual else None
+        # plan buffers are C-contiguous: the blocks write the result in place; a strided
+        # output gets it through a buffer
+        strided = not out.flags.c_contiguous
+        o = np.empty((m, n), out.dtype) if strided else out.reshape(m, n)
+        cpu_threads.matmul_epilogue(a, w.T if w_t else w, o, bias.reshape(n), res, act)
+        if strided:
+            out[...] = o.reshape(out.shape)
+        return out
+
+    split = pair.gemm_flops >= cpu_threads.MIN_SPLIT_FLOPS
+    threads = cpu_threads.split_parts() if split else 1
+    return PreparedKernel(kernel, flops=flops, threads=threads, info=info)
+
+
 class NumpyBackend(Backend):
     """Runs steps with numpy ufuncs (``out=``) and BLAS matmuls."""
 
@@ -123,6 +152,26 @@ class NumpyBackend(Backend):
     def _settings(self, options: Mapping[str, Any]) -> dict[str, Any]:
         """The backend's attributes that a plan's options set."""
         return {"thread_mode": cpu_threads.check_mode(options.get("threads"))}
+
+    def epilogue_pairs(self, graph, order, views):
+        """Contractions whose bias (+ activation, or + residual) consumer runs inside the
+        GEMM's blocks (``epilogue.find``), each block finishing its tile while it is in cache:
+        in the "pool" thread mode, where products are split over numba's loop; not for
+        matrix-vector products, which run as GEMV blocks (no GEMM packing). The activations
+        are ``_epilogue_activations``: ReLU here (exact, as numpy's ``maximum``)."""
+        if not FUSE_EPILOGUES or self.thread_mode != "pool" or not gemm_numba.available():
+            return {}
+        pairs = epilogue.find(graph, order, views, EPILOGUE_DTYPES)
+        acts = self._epilogue_activations()
+        return {c: p for c, p in pairs.items() if min(p.m, p.n) > 1 and p.activation in acts}
+
+    def _epilogue_activations(self) -> tuple:
+        return (None, "relu")
+
+    def prepare_epilogue(self, step, pair, graph):
+        """One step for a contraction and its epilogue (``_epilogue_kernel``)."""
+        info = pair.describe(graph.node(pair.gemm).name, "GEMM-block")
+        return _epilogue_kernel(pair, pair.gemm_flops + step.flops, info)
 
     def prepare(self, step, node, in_nodes, graph) -> PreparedKernel:
         """Kernel for a step; einsum steps get their contraction path here, once.
