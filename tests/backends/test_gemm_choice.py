@@ -212,23 +212,40 @@ def test_whole_products_finish_their_tiles(rng, act, residual, dtype):
 
 
 # ------------------------------------------------------------------ the timed choice
-def _slow(seconds: float, calls: list, name: str):
-    def call(*args):
-        calls.append(name)
-        time.sleep(seconds)
+class _Clock:
+    """A clock that only the fake ways below advance: timings without a machine's jitter."""
 
-    return call
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def way(self, seconds: float, calls: list, name: str):
+        def call(*args):
+            calls.append(name)
+            self.now += seconds
+
+        return call
 
 
-def test_the_race_keeps_the_split_unless_another_way_is_clearly_faster():
+@pytest.mark.parametrize(
+    "costs, winner",
+    [
+        ({"split": 4.0, "whole": 1.0}, "whole"),
+        ({"split": 2.0, "whole": 2.0}, "split"),  # a tie: the split stays
+        ({"split": 2.0, "whole": 1.95}, "split"),  # 2.5% faster: within the margin
+        ({"split": 2.0, "whole": 1.9, "whole packed": 1.5}, "whole packed"),
+        ({"split": 1.0, "whole packed": 4.0}, "split"),
+    ],
+)
+def test_the_race_keeps_the_split_unless_another_way_is_clearly_faster(monkeypatch, costs, winner):
+    clock = _Clock()
+    monkeypatch.setattr(gemm_choice, "time", clock)
     calls: list[str] = []
-    ways = {"split": _slow(0.004, calls, "split"), "whole": _slow(0.001, calls, "whole")}
-    assert gemm_choice.race(ways, (), reps=3) == "whole"
-    assert calls.count("split") == calls.count("whole") == 4  # a warm-up and three rounds
-    even = {"split": _slow(0.002, [], "split"), "whole": _slow(0.002, [], "whole")}
-    assert gemm_choice.race(even, (), reps=3) == "split"  # within the margin: no change
-    slower = {"split": _slow(0.001, [], "split"), "whole packed": _slow(0.004, [], "w")}
-    assert gemm_choice.race(slower, (), reps=3) == "split"
+    ways = {name: clock.way(cost, calls, name) for name, cost in costs.items()}
+    assert gemm_choice.race(ways, (), reps=3) == winner
+    assert all(calls.count(name) == 4 for name in costs)  # a warm-up and three rounds each
 
 
 @needs_mkl
