@@ -8,8 +8,10 @@ next process the measurement again.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -22,14 +24,20 @@ def read(path: Path) -> object | None:
 
 
 def write(path: Path, doc: object) -> None:
-    """Replace the file with ``doc`` as JSON (creating its folder); errors are ignored."""
+    """Replace the file with ``doc`` as JSON (creating its folder); errors are ignored. The
+    temporary file is unique per call (``mkstemp``), so threads of one process writing the same
+    file at once never rename each other's half-written text."""
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(doc, indent=1))
         os.replace(tmp, path)
     except OSError:
-        pass
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def read_entries(path: Path) -> dict:
