@@ -14,8 +14,8 @@ whole; 2048x1024x1024 4.25 split, 4.04 whole, 3.66 whole with its weight packed;
 packed. So the first call of a product of at least ``RACE_MIN_FLOPS`` times each candidate on
 its real operands (alternating, ``REPS`` rounds, medians) and keeps the fastest; the split stays
 unless another way is at least ``MARGIN`` faster. The choice is remembered per machine, threads
-and product (shapes, layout, dtype, epilogue, which operands are constants) in
-``TL_CACHE_DIR``, so later processes pay nothing. TL_MKL_SPLIT set either way skips it.
+and product (shapes, layout, dtype, epilogue, the operand packed) in ``TL_CACHE_DIR``, so
+later processes pay nothing. TL_MKL_SPLIT set either way skips it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import config
 from ..runtime import json_cache
-from . import constants, gemm_numba, mkl
+from . import gemm_numba, mkl
 
 RACE_MIN_FLOPS = 64_000_000
 REPS = 5
@@ -56,27 +56,12 @@ def races(A: np.ndarray, B: np.ndarray, out: np.ndarray, settings: tuple) -> boo
     )
 
 
-def _constant_operand(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> str | None:
-    """Which operand MKL may pack once ("B" before "A"): one that is a plan constant, in a
-    product ``mkl.can_pack`` takes; None where neither is."""
-    if not mkl.can_pack(A, B, out):
-        return None
-    for which, x in (("B", B), ("A", A)):
-        if constants.constant_root(x) is not None:
-            return which
-    return None
-
-
 def product(A: np.ndarray, B: np.ndarray, out: np.ndarray, split, blocks) -> Callable:
     """``call(A, B, out)``: the fastest way to run this product, timed now on these operands
     unless known: ``split`` (over ``blocks``), MKL whole, and where an operand is a plan
     constant the same two with that operand packed once."""
-    ways = {"split": lambda: split, "whole": lambda: mkl.prepare(A, B, out)}
-    which = _constant_operand(A, B, out)
-    if which is not None:
-        ways["split packed"] = lambda: gemm_numba.prepare_packed(A, B, out, blocks, which, split)
-        ways["whole packed"] = lambda: mkl.prepare_packed(A, B, out, which)
-    return _choose("product", ways, (A, B, out))
+    ways, which = _ways(A, B, out, split, blocks, None)
+    return _choose(f"product packs={which}", ways, (A, B, out))
 
 
 def epilogue(A, B, out, bias, residual, act: str | None, split, blocks: np.ndarray) -> Callable:
@@ -84,63 +69,54 @@ def epilogue(A, B, out, bias, residual, act: str | None, split, blocks: np.ndarr
     (the split ways finish each tile in its block; the whole ways finish the same tiles after,
     on numba's threads)."""
     res = residual is not None
-    dtype = out.dtype.name
+    ways, which = _ways(A, B, out, split, blocks, (act, res))
+    kind = f"epilogue {act} residual={res} packs={which}"
+    return _choose(kind, ways, (A, B, out, bias, residual))
 
-    def then(call):
-        return gemm_numba.then_epilogue(call, blocks, dtype, act, res)
 
-    ways = {"split": lambda: split, "whole": lambda: then(mkl.prepare(A, B, out))}
-    which = _constant_operand(A, B, out)
+def _ways(A, B, out, split, blocks, finish: tuple | None) -> tuple[dict, str | None]:
+    """(name -> factory of each way's call, the operand the packed ways pack or None);
+    ``finish``: the epilogue's (activation, residual?), None for a product alone."""
+    act, res = finish or (None, False)
+
+    def whole(call):  # MKL whole, then the epilogue's tiles on numba's threads
+        if finish is None:
+            return call
+        return gemm_numba.then_epilogue(call, blocks, out.dtype.name, act, res)
+
+    ways = {"split": lambda: split, "whole": lambda: whole(mkl.prepare(A, B, out))}
+    which = mkl.constant_side(A, B, out)
     if which is not None:
         ways["split packed"] = lambda: gemm_numba.prepare_packed(
             A, B, out, blocks, which, split, act, res
         )
-        ways["whole packed"] = lambda: then(mkl.prepare_packed(A, B, out, which))
-    return _choose(f"epilogue {act} residual={res}", ways, (A, B, out, bias, residual))
+        ways["whole packed"] = lambda: whole(mkl.prepare_packed(A, B, out, which))
+    return ways, which
 
 
-def _key(kind: str, ways: dict, A: np.ndarray, B: np.ndarray, out: np.ndarray) -> str:
-    lib = mkl.loaded_path()
+def _key(kind: str, A: np.ndarray, B: np.ndarray, out: np.ndarray) -> str:
     layout = (mkl.blas_layout(A), mkl.blas_layout(B))
-    return "|".join(
-        map(
-            str,
-            (
-                mkl.race_key(lib),
-                mkl.threads(),
-                kind,
-                A.shape,
-                B.shape,
-                layout,
-                out.dtype.name,
-                constants.constant_root(B) is not None,
-                constants.constant_root(A) is not None,
-                sorted(ways),
-            ),
-        )
-    )
+    parts = (mkl.race_key(mkl.loaded_path()), mkl.threads(), kind, A.shape, B.shape, layout)
+    return "|".join(map(str, (*parts, out.dtype.name)))
 
 
 def _choose(kind: str, ways: dict[str, Callable[[], Callable]], args: tuple) -> Callable:
     """The chosen way, built (``ways`` hold factories: a way's loop compiles, about a second,
     only where it runs): known for ``args``' key, or raced among all of them now."""
-    key = _key(kind, ways, *args[:3])
-    name = _chosen.get(key)
+    key = _key(kind, *args[:3])
     path = config.cache_dir() / CHOICE_FILE
-    if name is None:
-        name = json_cache.read_entries(path).get(key)
-    if name in ways:
-        _chosen[key] = name
-        return ways[name]()
-    with _lock:  # one race at a time; a call that waited here finds the choice made
-        name = _chosen.get(key)
-        if name in ways:
-            return ways[name]()
-        built = {n: make() for n, make in ways.items()}
-        name = race(built, args)
-        json_cache.store_entry(path, key, name)
-        _chosen[key] = name
-    return built[name]
+    name = _chosen.get(key) or json_cache.read_entries(path).get(key)
+    if name not in ways:
+        with _lock:  # one race at a time; a call that waited here finds the choice made
+            name = _chosen.get(key)
+            if name not in ways:
+                built = {n: make() for n, make in ways.items()}
+                name = race(built, args)
+                json_cache.store_entry(path, key, name)
+                _chosen[key] = name
+                return built[name]
+    _chosen[key] = name
+    return ways[name]()
 
 
 def race(ways: dict[str, Callable], args: tuple, reps: int = REPS) -> str:

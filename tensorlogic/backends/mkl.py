@@ -98,8 +98,7 @@ class _Mkl:
         # packed-operand GEMMs (real types; absent from old MKLs, which then never pack)
         self.pack_size, self.pack, self.compute = {}, {}, {}
         for dtype, p in (("float32", "s"), ("float64", "d")):
-            names = [f"cblas_{p}gemm_pack_get_size", f"cblas_{p}gemm_pack"]
-            names.append(f"cblas_{p}gemm_compute")
+            names = [f"cblas_{p}gemm_{x}" for x in ("pack_get_size", "pack", "compute")]
             if not all(hasattr(lib, x) for x in names):
                 continue
             s = ctypes.c_float if p == "s" else ctypes.c_double
@@ -504,18 +503,27 @@ class ConstantPacks:
         return buf
 
 
-def prepare_whole(A: np.ndarray, B: np.ndarray, out: np.ndarray):
-    """``prepare``'s call for a product that runs whole on MKL's threads, with a constant
-    operand packed once where ``can_pack`` takes the product (``prepare_packed``; the B side
-    unless only A is a constant now): on the 16-core Xeon host the packed call was the faster
-    on every product shape measured (2048x1024x1024 3.66-4.07 ms against 4.04-4.19,
-    256x1024x1024 0.55-0.62 against 0.78-1.01, 1024x2048x512 2.14 against 2.30)."""
+def constant_side(A: np.ndarray, B: np.ndarray, out: np.ndarray) -> str | None:
+    """Which operand of a product ``can_pack`` takes is a plan constant (``constants``), "B"
+    before "A", or None where neither is: the one to pack."""
     from . import constants
 
     if not can_pack(A, B, out):
-        return prepare(A, B, out)
-    only_a = constants.constant_root(B) is None and constants.constant_root(A) is not None
-    return prepare_packed(A, B, out, "A" if only_a else "B")
+        return None
+    for which, x in (("B", B), ("A", A)):
+        if constants.constant_root(x) is not None:
+            return which
+    return None
+
+
+def prepare_whole(A: np.ndarray, B: np.ndarray, out: np.ndarray):
+    """``prepare``'s call for a product that runs whole on MKL's threads, with a constant
+    operand packed once where it has one now (``constant_side``, ``prepare_packed``; a later
+    call that passes no constant there runs the plain call): on the 16-core Xeon host the packed
+    call was the faster on every product shape measured (2048x1024x1024 3.66-4.07 ms against
+    4.04-4.19, 256x1024x1024 0.55-0.62 against 0.78-1.01, 1024x2048x512 2.14 against 2.30)."""
+    which = constant_side(A, B, out)
+    return prepare(A, B, out) if which is None else prepare_packed(A, B, out, which)
 
 
 def prepare_packed(A: np.ndarray, B: np.ndarray, out: np.ndarray, which: str = "B"):
